@@ -1,0 +1,87 @@
+/*
+ * tshm: the C core of tritonshm.
+ *
+ * POSIX shared-memory segments (shm_open + mmap) and reference-counted
+ * mappings, with bounds-checked copies.  Plain C, no Python: every function
+ * returns 0 on success or a negative errno value on failure, so the binding
+ * layer can turn failures into exceptions that carry errno.
+ */
+#ifndef TSHM_H
+#define TSHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Longest segment name we produce or accept, including the leading '/'.
+ * NAME_MAX (255) is the limit of a file name in /dev/shm. */
+#define TSHM_NAME_MAX 255
+
+/* Prefix of every segment this library creates: "/tritonshm-<pid>-<16 hex>". */
+#define TSHM_NAME_PREFIX "/tritonshm-"
+
+/*
+ * A mapping of a shared-memory segment, shared by every export of it.
+ *
+ * `refs` counts the owners of the mapping: the region object holds one
+ * reference until close(), every buffer export and every in-flight copy
+ * holds one more.  The memory is unmapped when the count drops to zero, so
+ * no export can ever see unmapped memory.  The count is atomic because
+ * some consumers (DLPack deleters) release without holding the GIL.
+ */
+typedef struct tshm_mapping {
+    uint8_t *addr;     /* start of the mapping; never NULL while refs > 0 */
+    size_t nbytes;     /* usable size: the segment's size, and the mmap length */
+    int readonly;      /* mapped PROT_READ only */
+    size_t refs;       /* accessed atomically only */
+} tshm_mapping;
+
+/* Create a new segment of `nbytes` (> 0) with O_CREAT|O_EXCL and mode 0600,
+ * named TSHM_NAME_PREFIX "<pid>-<16 hex>" from getrandom(); retries on a
+ * name clash.  On success writes the name to `name_out` (capacity `name_cap`)
+ * and the open descriptor to `*fd_out`. */
+int tshm_segment_create(size_t nbytes, char *name_out, size_t name_cap, int *fd_out);
+
+/* Open an existing segment read-write or read-only; its size goes to
+ * `*nbytes_out`.  Refuses names that are not a single '/'-prefixed
+ * component (-EINVAL). */
+int tshm_segment_open(const char *name, int readonly, int *fd_out, size_t *nbytes_out);
+
+/* Remove a segment's name.  Existing mappings stay valid. */
+int tshm_segment_unlink(const char *name);
+
+/* Check that `name` is a well-formed POSIX shm name: '/' then 1..254
+ * characters, none of them '/' or NUL.  Returns 0 or -EINVAL. */
+int tshm_name_check(const char *name);
+
+/* Map `nbytes` of `fd` shared (PROT_READ, plus PROT_WRITE unless readonly)
+ * into a new mapping whose reference count is 1.  The descriptor may be
+ * closed afterwards. */
+int tshm_mapping_new(int fd, size_t nbytes, int readonly, tshm_mapping **out);
+
+/* Take one more reference. */
+void tshm_mapping_incref(tshm_mapping *m);
+
+/* Drop one reference; the last one unmaps and frees the mapping. */
+void tshm_mapping_decref(tshm_mapping *m);
+
+/* Current reference count (for diagnostics and tests). */
+size_t tshm_mapping_refs(const tshm_mapping *m);
+
+/* 0 when [offset, offset + len) lies within `capacity` bytes, else
+ * -ERANGE.  Written so that no addition can wrap. */
+int tshm_check_range(size_t capacity, size_t offset, size_t len);
+
+/* Bounds-checked copies between a mapping and ordinary memory. */
+int tshm_copy_in(tshm_mapping *m, size_t offset, const void *src, size_t len);
+int tshm_copy_out(const tshm_mapping *m, size_t offset, void *dst, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TSHM_H */

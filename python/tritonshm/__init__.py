@@ -1,0 +1,53 @@
+"""tritonshm: zero-copy shared memory for NVIDIA Triton Inference Server.
+
+Layers, bottom up (each imports only the ones below it):
+
+1. ``csrc/``               -- the C core: segments, mappings, checked copies
+2. :mod:`tritonshm._region` -- :class:`SystemRegion`, reference-counted regions
+3. :mod:`tritonshm.cuda`    -- CUDA IPC and pinned memory (imported lazily)
+4. :mod:`tritonshm.triton`  -- registration with tritonclient clients
+5. :mod:`tritonshm.client`  -- the high-level :class:`Client`
+6. :mod:`tritonshm.server`, :mod:`tritonshm.cli` -- a local Triton, the command
+
+``import tritonshm`` never needs CUDA, a driver or a GPU.
+"""
+
+from ._region import SystemRegion
+from .errors import (
+    CudaUnavailable,
+    DTypeMismatch,
+    Error,
+    OutOfBounds,
+    PoolExhausted,
+    ReadOnlyRegion,
+    RegionClosed,
+    RegionNotRegistered,
+    RegistrationError,
+    ServerError,
+    ServerUnavailable,
+    ShapeMismatch,
+    SharedMemoryOSError,
+    SharedMemoryRefused,
+    UnsupportedBuffer,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SystemRegion",
+    "Error",
+    "RegionClosed",
+    "OutOfBounds",
+    "DTypeMismatch",
+    "ShapeMismatch",
+    "ReadOnlyRegion",
+    "UnsupportedBuffer",
+    "SharedMemoryOSError",
+    "CudaUnavailable",
+    "ServerError",
+    "ServerUnavailable",
+    "RegistrationError",
+    "RegionNotRegistered",
+    "SharedMemoryRefused",
+    "PoolExhausted",
+]

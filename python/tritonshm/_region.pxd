@@ -1,0 +1,16 @@
+# The region type, for other Cython modules (pinned and CUDA memory later).
+from ._tshm cimport tshm_mapping
+
+cdef class SystemRegion:
+    cdef tshm_mapping *_mapping   # NULL once closed; we own one reference
+    cdef str _key
+    cdef size_t _nbytes
+    cdef bint _owner
+    cdef bint _readonly
+    cdef long _creator_pid        # a forked child never unlinks its parent's segment
+    cdef Py_ssize_t _exports      # live buffer exports of this object
+    cdef Py_ssize_t _buffer_shape[1]
+    cdef object __weakref__
+
+    cdef tshm_mapping *_live_mapping(self) except NULL
+    cdef _map_fd(self, int fd, str key, size_t size, bint readonly)

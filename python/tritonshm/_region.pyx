@@ -1,0 +1,436 @@
+# cython: language_level=3, embedsignature=True
+"""POSIX shared-memory regions (layer 2 of tritonshm).
+
+A :class:`SystemRegion` owns one reference to a native, reference-counted
+mapping (``tshm_mapping`` in csrc/).  Every buffer export -- a memoryview,
+the base of a numpy view -- takes a reference of its own, so the memory is
+unmapped only when the region is closed *and* the last export is released.
+A view that outlives ``close()`` therefore stays valid, and nothing can ever
+touch unmapped memory.
+"""
+
+from cpython.buffer cimport (
+    PyBUF_C_CONTIGUOUS,
+    PyBUF_FORMAT,
+    PyBUF_ND,
+    PyBUF_STRIDES,
+    PyBUF_WRITABLE,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
+from cpython.pyport cimport PY_SSIZE_T_MAX
+from posix.unistd cimport close as c_close, getpid
+
+from ._tshm cimport (
+    TSHM_NAME_MAX,
+    tshm_check_range,
+    tshm_copy_in,
+    tshm_copy_out,
+    tshm_mapping,
+    tshm_mapping_decref,
+    tshm_mapping_incref,
+    tshm_mapping_new,
+    tshm_segment_create,
+    tshm_segment_open,
+    tshm_segment_unlink,
+)
+
+import errno
+import operator
+import warnings
+
+import numpy as np
+
+from .errors import (
+    DTypeMismatch,
+    OutOfBounds,
+    ReadOnlyRegion,
+    RegionClosed,
+    ShapeMismatch,
+    UnsupportedBuffer,
+    os_error,
+)
+
+__all__ = ["SystemRegion"]
+
+# Copies at least this large run with the GIL released: below it the
+# release/re-acquire costs more than it lets other threads gain.
+cdef size_t _NOGIL_COPY_BYTES = 64 * 1024
+
+# The buffer format of a region: unsigned bytes.
+cdef char *_BYTE_FORMAT = b"B"
+
+
+def _index(value, str what):
+    """``operator.index(value)`` with an error that names the argument."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise OutOfBounds(f"{what} must be an integer, not {type(value).__name__}") from None
+
+
+def _dtype_of(dtype):
+    """A numpy dtype that can live in shared memory, or DTypeMismatch."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise DTypeMismatch(f"not a numpy dtype: {dtype!r} ({exc})") from None
+    if dt.hasobject:
+        raise DTypeMismatch(
+            f"dtype {dt} holds Python object pointers, which mean nothing in shared memory"
+        )
+    if dt.itemsize == 0:
+        raise DTypeMismatch(f"dtype {dt} has no size")
+    return dt
+
+
+def _shape_of(shape):
+    """A shape tuple of non-negative ints from an int or a sequence of ints."""
+    try:
+        dims = (operator.index(shape),)
+    except TypeError:
+        try:
+            dims = tuple(operator.index(d) for d in shape)
+        except TypeError:
+            raise ShapeMismatch(f"shape must be an int or a sequence of ints, not {shape!r}") from None
+    for d in dims:
+        if d < 0:
+            raise ShapeMismatch(f"shape {dims} has a negative dimension")
+    return dims
+
+
+def _unpickle(str key, bint readonly):
+    """Pickle support: attach to the segment by its key in this process."""
+    return SystemRegion.attach(key, readonly=readonly)
+
+
+cdef class SystemRegion:
+    """A POSIX shared-memory segment mapped into this process.
+
+    Make one with :meth:`create` (a new segment, which this object owns and
+    unlinks on close) or :meth:`attach` (an existing one, by key).  The
+    region exports the buffer protocol, hands out zero-copy numpy views with
+    :meth:`ndarray`, and copies with :meth:`write` and :meth:`read`.
+    """
+
+    def __cinit__(self):
+        self._mapping = NULL
+        self._key = None
+        self._creator_pid = -1
+        self._exports = 0
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use SystemRegion.create(nbytes) or SystemRegion.attach(key)")
+
+    def __dealloc__(self):
+        # Last resort when finalisation did not run (interpreter shutdown):
+        # release our reference without calling into Python.
+        if self._mapping != NULL:
+            tshm_mapping_decref(self._mapping)
+            self._mapping = NULL
+
+    def __del__(self):
+        if self._mapping == NULL:
+            return
+        if self._owner and getpid() == self._creator_pid:
+            try:
+                warnings.warn(
+                    f"unclosed {self!r}: unlinking its segment; use close() or a with-block",
+                    ResourceWarning,
+                    source=self,
+                )
+            except Exception:
+                pass  # warnings may be gone at interpreter shutdown
+        self.close()
+
+    # -- construction -----------------------------------------------------
+
+    @classmethod
+    def create(cls, nbytes):
+        """Create a new segment of *nbytes* bytes, mapped read-write.
+
+        The segment is created with ``O_CREAT | O_EXCL`` and mode 0600 under
+        an unguessable name (``/tritonshm-<pid>-<16 hex>``); its pages are
+        reserved now, so a full /dev/shm fails here rather than later.  The
+        returned region owns the segment: ``close()`` unlinks it.
+        """
+        cdef SystemRegion self
+        cdef size_t size
+        cdef char name[TSHM_NAME_MAX + 1]
+        cdef int fd = -1
+        cdef int rc
+        n = _index(nbytes, "nbytes")
+        if n <= 0:
+            raise OutOfBounds(f"a region needs a positive size, not nbytes={n}")
+        if n > PY_SSIZE_T_MAX:
+            raise OutOfBounds(f"nbytes={n} is larger than any segment this system can map")
+        size = n
+        with nogil:
+            rc = tshm_segment_create(size, name, sizeof(name), &fd)
+        if rc != 0:
+            raise os_error(-rc, f"cannot create a shared-memory segment of {n} bytes")
+        key = name.decode("ascii")
+        self = cls.__new__(cls)
+        try:
+            self._map_fd(fd, key, size, False)
+        except BaseException:
+            tshm_segment_unlink(name)
+            raise
+        finally:
+            c_close(fd)
+        self._owner = True
+        self._creator_pid = getpid()
+        return self
+
+    @classmethod
+    def attach(cls, key, *, readonly=False):
+        """Map the existing segment named *key* (e.g. another region's ``key``).
+
+        The region does not own the segment: ``close()`` unmaps but never
+        unlinks.  With ``readonly=True`` the memory is mapped read-only,
+        writable buffer exports are refused and numpy views are read-only.
+        """
+        cdef SystemRegion self
+        cdef int fd = -1
+        cdef size_t size = 0
+        cdef int rc
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str, not {type(key).__name__}")
+        ckey = key.encode("utf-8")
+        if b"\0" in ckey:
+            raise OutOfBounds(f"segment key {key!r} contains a NUL byte")
+        rc = tshm_segment_open(ckey, readonly, &fd, &size)
+        if rc == -errno.EINVAL:
+            raise OutOfBounds(
+                f"{key!r} is not a shared-memory key: it must be '/' then 1-254 characters without '/'"
+            )
+        if rc != 0:
+            raise os_error(-rc, f"cannot attach to shared-memory segment {key!r}", key)
+        self = cls.__new__(cls)
+        try:
+            self._map_fd(fd, key, size, readonly)
+        finally:
+            c_close(fd)
+        self._owner = False
+        return self
+
+    cdef _map_fd(self, int fd, str key, size_t size, bint readonly):
+        cdef tshm_mapping *m = NULL
+        cdef int rc
+        rc = tshm_mapping_new(fd, size, readonly, &m)
+        if rc != 0:
+            raise os_error(-rc, f"cannot map shared-memory segment {key!r} ({size} bytes)", key)
+        self._mapping = m
+        self._key = key
+        self._nbytes = size
+        self._readonly = readonly
+        self._buffer_shape[0] = <Py_ssize_t>size
+
+    # -- state ------------------------------------------------------------
+
+    @property
+    def key(self):
+        """The POSIX name of the segment, with its leading slash."""
+        return self._key
+
+    @property
+    def nbytes(self):
+        """The usable size of the region in bytes."""
+        return self._nbytes
+
+    @property
+    def owner(self):
+        """True when this object created the segment (and unlinks it on close)."""
+        return self._owner
+
+    @property
+    def readonly(self):
+        """True when the memory is mapped read-only."""
+        return self._readonly
+
+    @property
+    def closed(self):
+        """True after :meth:`close`."""
+        return self._mapping == NULL
+
+    @property
+    def exports(self):
+        """The number of live buffer exports (memoryviews, numpy views) of this region."""
+        return self._exports
+
+    def __repr__(self):
+        state = "closed" if self._mapping == NULL else ("owner" if self._owner else "attached")
+        ro = " readonly" if self._readonly else ""
+        return f"<{type(self).__name__} {self._key!r} nbytes={self._nbytes} {state}{ro}>"
+
+    cdef tshm_mapping *_live_mapping(self) except NULL:
+        if self._mapping == NULL:
+            raise RegionClosed(f"{self!r} is closed")
+        return self._mapping
+
+    def span(self, offset=0, nbytes=None):
+        """Validate a byte range of this region and return it as ``(offset, nbytes)``.
+
+        *nbytes* defaults to the rest of the region after *offset*.  Negative,
+        non-integer, oversized or wrapping values raise :class:`OutOfBounds`;
+        nothing is ever truncated.
+        """
+        self._live_mapping()
+        off = _index(offset, "offset")
+        if off < 0 or off > self._nbytes:
+            raise OutOfBounds(f"{self!r}: offset={off} is outside its {self._nbytes} bytes")
+        size = self._nbytes - off if nbytes is None else _index(nbytes, "nbytes")
+        if size < 0 or size > self._nbytes - off:
+            raise OutOfBounds(
+                f"{self!r}: {size} bytes at offset={off} do not fit in its {self._nbytes} bytes"
+                f" ({self._nbytes - off} available)"
+            )
+        return off, size
+
+    # -- lifetime ---------------------------------------------------------
+
+    def close(self):
+        """Release this region; idempotent.
+
+        An owner unlinks the segment's name at once (never in a forked
+        child: the parent still owns it).  The memory is unmapped when the
+        last export (memoryview, numpy view) is released, so views that
+        outlive ``close()`` stay valid.
+        """
+        cdef tshm_mapping *m = self._mapping
+        cdef int rc = 0
+        if m == NULL:
+            return
+        self._mapping = NULL
+        if self._owner and getpid() == self._creator_pid:
+            rc = tshm_segment_unlink(self._key.encode("utf-8"))
+        tshm_mapping_decref(m)
+        if rc != 0 and rc != -errno.ENOENT:
+            raise os_error(-rc, f"cannot unlink shared-memory segment {self._key!r}", self._key)
+
+    def __enter__(self):
+        self._live_mapping()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __reduce__(self):
+        self._live_mapping()
+        return (_unpickle, (self._key, self._readonly))
+
+    # -- buffer protocol --------------------------------------------------
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        cdef tshm_mapping *m = self._live_mapping()
+        if (flags & PyBUF_WRITABLE) and m.readonly:
+            raise ReadOnlyRegion(f"{self!r} is mapped read-only: no writable buffer")
+        # The export holds the mapping itself (view.internal), not only this
+        # object, so close() cannot unmap memory a consumer still uses.
+        tshm_mapping_incref(m)
+        view.internal = <void *>m
+        view.buf = <void *>m.addr
+        view.obj = self
+        view.len = <Py_ssize_t>m.nbytes
+        view.readonly = m.readonly
+        view.itemsize = 1
+        view.format = _BYTE_FORMAT if (flags & PyBUF_FORMAT) else NULL
+        view.ndim = 1
+        view.shape = self._buffer_shape if (flags & PyBUF_ND) == PyBUF_ND else NULL
+        view.strides = &view.itemsize if (flags & PyBUF_STRIDES) == PyBUF_STRIDES else NULL
+        view.suboffsets = NULL
+        self._exports += 1
+
+    def __releasebuffer__(self, Py_buffer *view):
+        tshm_mapping_decref(<tshm_mapping *>view.internal)
+        self._exports -= 1
+
+    # -- numpy and copies -------------------------------------------------
+
+    def ndarray(self, dtype, shape, offset=0):
+        """A zero-copy numpy view of *shape* x *dtype* starting at byte *offset*.
+
+        The view keeps the mapping alive (it is a buffer export), so it stays
+        valid after :meth:`close`.  Read-only regions give read-only views.
+        """
+        self._live_mapping()
+        dt = _dtype_of(dtype)
+        dims = _shape_of(shape)
+        count = 1
+        for d in dims:
+            count *= d
+        off, _ = self.span(offset, count * dt.itemsize)
+        flat = np.frombuffer(self, dtype=dt, count=count, offset=off)
+        return flat.reshape(dims)
+
+    def write(self, obj, offset=0):
+        """Copy the bytes of *obj* (any C-contiguous buffer) in at *offset*.
+
+        Returns the number of bytes written.  Nothing is written unless the
+        whole of *obj* fits.
+        """
+        cdef Py_buffer src
+        cdef tshm_mapping *m = self._live_mapping()
+        cdef size_t off, length
+        cdef int rc
+        if m.readonly:
+            raise ReadOnlyRegion(f"{self!r} is mapped read-only: cannot write")
+        if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
+            raise DTypeMismatch(f"cannot write an array of dtype {obj.dtype} (Python objects) to shared memory")
+        try:
+            PyObject_GetBuffer(obj, &src, PyBUF_C_CONTIGUOUS)
+        except (BufferError, TypeError, ValueError) as exc:
+            if isinstance(obj, np.ndarray) and obj.flags.c_contiguous:
+                # numpy cannot export some dtypes (datetime64, ...) through
+                # the buffer protocol; their bytes are still plain memory.
+                return self.write(obj.reshape(-1).view(np.uint8), offset)
+            raise UnsupportedBuffer(
+                f"write() needs an object exporting a C-contiguous buffer; "
+                f"{type(obj).__name__} does not ({exc}); try numpy.ascontiguousarray()"
+            ) from None
+        try:
+            py_off, py_len = self.span(offset, src.len)
+            off = py_off
+            length = py_len
+            tshm_mapping_incref(m)  # a concurrent close() must not unmap under the copy
+            if length >= _NOGIL_COPY_BYTES:
+                with nogil:
+                    rc = tshm_copy_in(m, off, src.buf, length)
+            else:
+                rc = tshm_copy_in(m, off, src.buf, length)
+            tshm_mapping_decref(m)
+        finally:
+            PyBuffer_Release(&src)
+        if rc != 0:
+            raise os_error(-rc, f"cannot write to {self!r}", self._key)
+        return py_len
+
+    def read(self, dtype, shape, offset=0):
+        """A copy of *shape* x *dtype* read from byte *offset*, as a new numpy array."""
+        cdef Py_buffer dst
+        cdef tshm_mapping *m = self._live_mapping()
+        cdef size_t off, length
+        cdef int rc
+        dt = _dtype_of(dtype)
+        dims = _shape_of(shape)
+        count = 1
+        for d in dims:
+            count *= d
+        py_off, py_len = self.span(offset, count * dt.itemsize)
+        # Copy into a byte array and reinterpret it: every dtype works,
+        # including those numpy cannot export through the buffer protocol.
+        out = np.empty(py_len, dtype=np.uint8)
+        PyObject_GetBuffer(out, &dst, PyBUF_WRITABLE)
+        off = py_off
+        length = py_len
+        tshm_mapping_incref(m)
+        if length >= _NOGIL_COPY_BYTES:
+            with nogil:
+                rc = tshm_copy_out(m, off, dst.buf, length)
+        else:
+            rc = tshm_copy_out(m, off, dst.buf, length)
+        tshm_mapping_decref(m)
+        PyBuffer_Release(&dst)
+        if rc != 0:
+            raise os_error(-rc, f"cannot read from {self!r}", self._key)
+        return out.view(dt).reshape(dims)

@@ -1,0 +1,108 @@
+"""The exception hierarchy of tritonshm.
+
+Everything the library raises derives from :class:`Error`.  Each concrete
+class also derives from the built-in exception a caller would naturally
+catch (``ValueError`` for bad arguments, ``OSError`` for system failures,
+...), so ``except ValueError`` keeps working in code that does not know us.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import os as _os
+
+__all__ = [
+    "Error",
+    "RegionClosed",
+    "OutOfBounds",
+    "DTypeMismatch",
+    "ShapeMismatch",
+    "ReadOnlyRegion",
+    "UnsupportedBuffer",
+    "SharedMemoryOSError",
+    "CudaUnavailable",
+    "ServerError",
+    "ServerUnavailable",
+    "RegistrationError",
+    "RegionNotRegistered",
+    "SharedMemoryRefused",
+    "PoolExhausted",
+]
+
+
+class Error(Exception):
+    """Base class of every exception tritonshm raises."""
+
+
+class RegionClosed(Error, ValueError):
+    """An operation was attempted on a region after ``close()``."""
+
+
+class OutOfBounds(Error, ValueError):
+    """An offset or size (or their sum) does not fit in the region."""
+
+
+class DTypeMismatch(Error, TypeError):
+    """A dtype is unsupported, or does not match what the model expects."""
+
+
+class ShapeMismatch(Error, ValueError):
+    """A shape is invalid, or does not match what the model expects."""
+
+
+class ReadOnlyRegion(Error, BufferError):
+    """A write, or a writable export, was requested of a read-only mapping."""
+
+
+class UnsupportedBuffer(Error, TypeError):
+    """An object does not export the (C-contiguous) buffer an operation needs."""
+
+
+class SharedMemoryOSError(Error, OSError):
+    """The operating system refused a shared-memory operation (carries errno)."""
+
+
+class CudaUnavailable(Error, RuntimeError):
+    """CUDA (cuda-python, a driver or a GPU) is not available here."""
+
+
+class ServerError(Error):
+    """The Triton server refused a request; the message says what to do."""
+
+
+class ServerUnavailable(ServerError, ConnectionError):
+    """The Triton server could not be reached or is not ready."""
+
+
+class RegistrationError(ServerError, ValueError):
+    """Registering or binding a shared-memory region failed."""
+
+
+class RegionNotRegistered(RegistrationError):
+    """The server does not know a region we reference (unregistered, or restarted)."""
+
+
+class SharedMemoryRefused(RegistrationError):
+    """The server cannot open our memory (not co-located, or client shm disabled)."""
+
+
+class PoolExhausted(Error, TimeoutError):
+    """Every slot of a pool stayed busy for the whole timeout."""
+
+
+def os_error(err: int, what: str, key: str | None = None) -> SharedMemoryOSError:
+    """Build a :class:`SharedMemoryOSError` for ``errno`` *err* while doing *what*.
+
+    The message carries the strerror text and a hint for the usual causes.
+    """
+    hint = ""
+    if err == _errno.ENOSPC or err == _errno.ENOMEM:
+        hint = " (is /dev/shm large enough? Docker's default is 64 MB: use --shm-size)"
+    elif err == _errno.EACCES:
+        hint = " (segments are created mode 0600: only their owner's user may attach)"
+    elif err == _errno.ENOENT:
+        hint = " (no such segment: it was closed by its owner, or lives in another IPC namespace)"
+    exc = SharedMemoryOSError(err, f"{what}: {_os.strerror(err)}{hint}")
+    if key is not None:
+        exc.filename = key
+    return exc
