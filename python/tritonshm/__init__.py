@@ -12,7 +12,7 @@ Layers, bottom up (each imports only the ones below it):
 ``import tritonshm`` never needs CUDA, a driver or a GPU.
 """
 
-from ._region import SystemRegion
+from ._region import SystemRegion, Window
 from .errors import (
     CudaUnavailable,
     DTypeMismatch,
@@ -35,6 +35,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SystemRegion",
+    "Window",
     "Error",
     "RegionClosed",
     "OutOfBounds",

@@ -14,3 +14,13 @@ cdef class SystemRegion:
 
     cdef tshm_mapping *_live_mapping(self) except NULL
     cdef _map_fd(self, int fd, str key, size_t size, bint readonly)
+
+
+cdef class Window:
+    cdef tshm_mapping *_mapping   # one reference, dropped when the window dies
+    cdef str _key
+    cdef size_t _offset
+    cdef size_t _nbytes
+    cdef Py_ssize_t _exports
+    cdef Py_ssize_t _buffer_shape[1]
+    cdef object __weakref__

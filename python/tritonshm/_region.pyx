@@ -51,7 +51,7 @@ from .errors import (
     os_error,
 )
 
-__all__ = ["SystemRegion"]
+__all__ = ["SystemRegion", "Window"]
 
 # Copies at least this large run with the GIL released: below it the
 # release/re-acquire costs more than it lets other threads gain.
@@ -97,6 +97,46 @@ def _shape_of(shape):
         if d < 0:
             raise ShapeMismatch(f"shape {dims} has a negative dimension")
     return dims
+
+
+def _layout(dtype, shape):
+    """``(dtype, dims, nbytes)`` of an array of *shape* x *dtype*, validated."""
+    dt = _dtype_of(dtype)
+    dims = _shape_of(shape)
+    count = 1
+    for d in dims:
+        count *= d
+    return dt, dims, count * dt.itemsize
+
+
+cdef int _export(Py_buffer *view, object owner, tshm_mapping *m, size_t offset,
+                 size_t length, Py_ssize_t *shape, int flags) except -1:
+    """Fill *view* with bytes [offset, offset + length) of *m* for *owner*.
+
+    The export takes a reference on the mapping itself (``view.internal``),
+    not only on *owner*, so closing a region cannot unmap memory that a
+    consumer still uses; :func:`_release` drops it.
+    """
+    if (flags & PyBUF_WRITABLE) and m.readonly:
+        raise ReadOnlyRegion(f"{owner!r} is mapped read-only: no writable buffer")
+    tshm_mapping_incref(m)
+    view.internal = <void *>m
+    view.buf = <void *>(m.addr + offset)
+    view.obj = owner
+    view.len = <Py_ssize_t>length
+    view.readonly = m.readonly
+    view.itemsize = 1
+    view.format = _BYTE_FORMAT if (flags & PyBUF_FORMAT) else NULL
+    view.ndim = 1
+    shape[0] = <Py_ssize_t>length
+    view.shape = shape if (flags & PyBUF_ND) == PyBUF_ND else NULL
+    view.strides = &view.itemsize if (flags & PyBUF_STRIDES) == PyBUF_STRIDES else NULL
+    view.suboffsets = NULL
+    return 0
+
+
+cdef inline void _release(Py_buffer *view) noexcept:
+    tshm_mapping_decref(<tshm_mapping *>view.internal)
 
 
 def _unpickle(str key, bint readonly):
@@ -322,28 +362,29 @@ cdef class SystemRegion:
     # -- buffer protocol --------------------------------------------------
 
     def __getbuffer__(self, Py_buffer *view, int flags):
-        cdef tshm_mapping *m = self._live_mapping()
-        if (flags & PyBUF_WRITABLE) and m.readonly:
-            raise ReadOnlyRegion(f"{self!r} is mapped read-only: no writable buffer")
-        # The export holds the mapping itself (view.internal), not only this
-        # object, so close() cannot unmap memory a consumer still uses.
-        tshm_mapping_incref(m)
-        view.internal = <void *>m
-        view.buf = <void *>m.addr
-        view.obj = self
-        view.len = <Py_ssize_t>m.nbytes
-        view.readonly = m.readonly
-        view.itemsize = 1
-        view.format = _BYTE_FORMAT if (flags & PyBUF_FORMAT) else NULL
-        view.ndim = 1
-        view.shape = self._buffer_shape if (flags & PyBUF_ND) == PyBUF_ND else NULL
-        view.strides = &view.itemsize if (flags & PyBUF_STRIDES) == PyBUF_STRIDES else NULL
-        view.suboffsets = NULL
+        _export(view, self, self._live_mapping(), 0, self._nbytes, self._buffer_shape, flags)
         self._exports += 1
 
     def __releasebuffer__(self, Py_buffer *view):
-        tshm_mapping_decref(<tshm_mapping *>view.internal)
+        _release(view)
         self._exports -= 1
+
+    def window(self, offset=0, nbytes=None):
+        """A :class:`Window` on bytes [offset, offset + nbytes) of this region.
+
+        The window holds the mapping itself, so it (and every view made from
+        it) stays valid after this region is closed.  *nbytes* defaults to
+        the rest of the region.
+        """
+        cdef Window w
+        off, size = self.span(offset, nbytes)
+        w = Window.__new__(Window)
+        tshm_mapping_incref(self._mapping)
+        w._mapping = self._mapping
+        w._key = self._key
+        w._offset = off
+        w._nbytes = size
+        return w
 
     # -- numpy and copies -------------------------------------------------
 
@@ -353,15 +394,9 @@ cdef class SystemRegion:
         The view keeps the mapping alive (it is a buffer export), so it stays
         valid after :meth:`close`.  Read-only regions give read-only views.
         """
-        self._live_mapping()
-        dt = _dtype_of(dtype)
-        dims = _shape_of(shape)
-        count = 1
-        for d in dims:
-            count *= d
-        off, _ = self.span(offset, count * dt.itemsize)
-        flat = np.frombuffer(self, dtype=dt, count=count, offset=off)
-        return flat.reshape(dims)
+        dt, dims, nbytes = _layout(dtype, shape)
+        off, _ = self.span(offset, nbytes)
+        return np.frombuffer(self, dtype=dt, count=nbytes // dt.itemsize, offset=off).reshape(dims)
 
     def write(self, obj, offset=0):
         """Copy the bytes of *obj* (any C-contiguous buffer) in at *offset*.
@@ -411,12 +446,8 @@ cdef class SystemRegion:
         cdef tshm_mapping *m = self._live_mapping()
         cdef size_t off, length
         cdef int rc
-        dt = _dtype_of(dtype)
-        dims = _shape_of(shape)
-        count = 1
-        for d in dims:
-            count *= d
-        py_off, py_len = self.span(offset, count * dt.itemsize)
+        dt, dims, nbytes = _layout(dtype, shape)
+        py_off, py_len = self.span(offset, nbytes)
         # Copy into a byte array and reinterpret it: every dtype works,
         # including those numpy cannot export through the buffer protocol.
         out = np.empty(py_len, dtype=np.uint8)
@@ -434,3 +465,75 @@ cdef class SystemRegion:
         if rc != 0:
             raise os_error(-rc, f"cannot read from {self!r}", self._key)
         return out.view(dt).reshape(dims)
+
+
+cdef class Window:
+    """A byte range of a region that exports the buffer protocol on its own.
+
+    Made by :meth:`SystemRegion.window`.  A window holds a reference on the
+    region's mapping, so it and every view made from it stay valid after the
+    region is closed; the reference goes when the window and its views do.
+    That makes a window a lease: ``weakref.finalize(window, ...)`` runs once
+    nothing can touch its bytes any more (the client's slot pools use this).
+    """
+
+    def __cinit__(self):
+        self._mapping = NULL
+        self._exports = 0
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use SystemRegion.window(offset, nbytes)")
+
+    def __dealloc__(self):
+        if self._mapping != NULL:
+            tshm_mapping_decref(self._mapping)
+            self._mapping = NULL
+
+    @property
+    def key(self):
+        """The key of the region this window belongs to."""
+        return self._key
+
+    @property
+    def offset(self):
+        """Where the window starts in its region, in bytes."""
+        return self._offset
+
+    @property
+    def nbytes(self):
+        """The size of the window in bytes."""
+        return self._nbytes
+
+    @property
+    def readonly(self):
+        """True when the memory is mapped read-only."""
+        return bool(self._mapping.readonly)
+
+    @property
+    def exports(self):
+        """The number of live buffer exports (memoryviews, numpy views) of this window."""
+        return self._exports
+
+    def __repr__(self):
+        return f"<Window {self._key!r} offset={self._offset} nbytes={self._nbytes}>"
+
+    def __reduce__(self):
+        raise TypeError("a Window cannot be pickled; pickle its region and call window() there")
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        _export(view, self, self._mapping, self._offset, self._nbytes, self._buffer_shape, flags)
+        self._exports += 1
+
+    def __releasebuffer__(self, Py_buffer *view):
+        _release(view)
+        self._exports -= 1
+
+    def ndarray(self, dtype, shape, offset=0):
+        """A zero-copy numpy view of *shape* x *dtype* at byte *offset* of the window."""
+        dt, dims, nbytes = _layout(dtype, shape)
+        off = _index(offset, "offset")
+        if off < 0 or nbytes > self._nbytes or off > self._nbytes - nbytes:
+            raise OutOfBounds(
+                f"{self!r}: {nbytes} bytes at offset={off} do not fit in its {self._nbytes} bytes"
+            )
+        return np.frombuffer(self, dtype=dt, count=nbytes // dt.itemsize, offset=off).reshape(dims)

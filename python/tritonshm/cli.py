@@ -1,0 +1,125 @@
+"""The ``tritonshm`` command (also ``python -m tritonshm``).
+
+Subcommands: ``demo``, ``server``, ``bench``, ``ls``, ``gc``, ``doctor``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Sequence
+
+from . import _segments
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def _human(nbytes: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", KiB)):
+        if nbytes >= size and nbytes % size == 0:
+            return f"{nbytes // size} {unit}"
+    return f"{nbytes} B"
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    segments = _segments.list_segments()
+    if not segments:
+        print("no tritonshm segments in /dev/shm")
+        return 0
+    print(f"{'key':<45} {'pid':>8} {'state':<6} {'size':>12}")
+    for seg in segments:
+        state = "live" if seg.alive else "dead"
+        print(f"{seg.key:<45} {seg.pid:>8} {state:<6} {_human(seg.nbytes):>12}")
+    return 0
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    removed = _segments.collect_garbage(dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for seg in removed:
+        print(f"{verb} {seg.key} (pid {seg.pid} is gone, {_human(seg.nbytes)})")
+    print(f"{verb} {len(removed)} segment(s)")
+    return 0
+
+
+def _cmd_server(args: argparse.Namespace) -> int:
+    from .server import LocalServer
+
+    if args.install_only:
+        print(LocalServer.ensure_installed(progress=True))
+        return 0
+    with LocalServer(model_repository=args.model_repository) as srv:
+        print(f"Triton is ready: gRPC {srv.grpc_url}  HTTP {srv.http_url}  log {srv.log_path}")
+        print("press Ctrl-C to stop")
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            print("stopping")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(sizes=[s * KiB for s in args.sizes_kib], seconds=args.seconds)
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import run_doctor
+
+    return run_doctor(server_url=args.url)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``tritonshm`` command."""
+    parser = argparse.ArgumentParser(
+        prog="tritonshm", description="Zero-copy shared memory for NVIDIA Triton Inference Server."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="start a local Triton and compare plain gRPC with shared memory")
+    demo.add_argument("--sizes-kib", nargs="+", type=int, default=[4, 64, 1024, 16 * 1024, 64 * 1024],
+                      metavar="KIB", help="tensor sizes in KiB (default: 4 KiB to 64 MiB)")
+    demo.add_argument("--seconds", type=float, default=0.5,
+                      help="time spent measuring each size and transport (default 0.5)")
+    demo.set_defaults(func=_cmd_demo)
+
+    server = sub.add_parser("server", help="run a local Triton with the demo models until Ctrl-C")
+    server.add_argument("--model-repository", default=None, help="default: the bundled demo models")
+    server.add_argument("--install-only", action="store_true",
+                        help="only install the server environment, print its path")
+    server.set_defaults(func=_cmd_server)
+
+    bench = sub.add_parser("bench", help="end-to-end benchmark against plain gRPC and tritonclient's shm utilities")
+    bench.add_argument("--sizes-kib", nargs="+", type=int, default=[4, 1024, 16 * 1024])
+    bench.add_argument("--seconds", type=float, default=1.0)
+    bench.set_defaults(func=_cmd_bench)
+
+    ls = sub.add_parser("ls", help="list this library's segments in /dev/shm")
+    ls.set_defaults(func=_cmd_ls)
+
+    gc = sub.add_parser("gc", help="remove segments whose creating process is dead")
+    gc.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    gc.set_defaults(func=_cmd_gc)
+
+    doctor = sub.add_parser("doctor", help="diagnose /dev/shm, permissions and server co-location")
+    doctor.add_argument("--url", default=None, help="a Triton gRPC URL to check (host:port)")
+    doctor.set_defaults(func=_cmd_doctor)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tritonshm`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
