@@ -31,9 +31,18 @@ from .errors import (
     UnsupportedBuffer,
 )
 
+from .triton import bind_input, bind_output, register, status, unregister
+from .client import Client
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "Client",
+    "register",
+    "unregister",
+    "status",
+    "bind_input",
+    "bind_output",
     "SystemRegion",
     "Window",
     "Error",

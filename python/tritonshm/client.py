@@ -1,0 +1,772 @@
+"""The high-level client (layer 5): pooled, zero-copy inference.
+
+    with tritonshm.Client("localhost:8001") as c:      # "http://host:port" for HTTP
+        out = c.infer("model", {"INPUT0": x})          # dict of numpy arrays (copies)
+
+        with c.request("model", batch_size=8) as req:   # the zero-copy path
+            req.inputs["INPUT0"][:] = x                 # numpy views into a slot
+            out = req.run()                             # numpy views into the slot
+
+How it works:
+
+* **Discovery.**  The client reads each model's metadata and config once
+  (names, datatypes, dims, ``max_batch_size``), so callers never declare
+  shapes, and checks every input against it before anything is sent.
+* **Slot pools.**  Per model, one shared-memory region is registered once
+  and carved into page-aligned slots, each holding a full batch of every
+  input and output.  A request leases a slot, copies its inputs in once and
+  names offsets in the request; nothing is registered or allocated per
+  request.  When a request needs more room than the slots have (variable
+  dims), a larger pool replaces the old one, which is retired once its
+  slots come back.
+* **Leases.**  A slot is a :class:`~tritonshm.Window` of the pool's region.
+  It returns to the pool only when the window and every numpy view made
+  from it are gone (``weakref.finalize`` on the window, whose views hold
+  it), so results handed out with ``copy=False`` are never overwritten.
+* **Backpressure.**  With every slot busy, a request waits up to its
+  timeout, then raises :class:`~tritonshm.PoolExhausted`.
+* **Chunking.**  A batch larger than ``max_batch_size`` is split, run on
+  several slots at once and reassembled in order.
+* **Self-healing.**  If the server lost our registrations (it restarted),
+  the pool is registered again and the request retried once; if the server
+  cannot open our memory, ``transport="auto"`` falls back to plain gRPC/HTTP
+  with one warning.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import math
+import mmap
+import threading
+import warnings
+import weakref
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from . import _dtypes, triton
+from ._region import SystemRegion
+from .errors import (
+    DTypeMismatch,
+    Error,
+    PoolExhausted,
+    RegionNotRegistered,
+    RegistrationError,
+    ServerError,
+    ShapeMismatch,
+    SharedMemoryRefused,
+)
+
+__all__ = ["Client", "Request", "ModelInfo", "TensorSpec"]
+
+_PAGE = mmap.PAGESIZE
+_TENSOR_ALIGN = 64  # each tensor of a slot starts on a cache line
+_TRANSPORTS = ("auto", "shm", "wire")
+
+
+def _round_up(value: int, to: int) -> int:
+    return (value + to - 1) // to * to
+
+
+# --------------------------------------------------------------------------
+# Model discovery
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a model, as the server describes it."""
+
+    name: str
+    datatype: str               #: Triton datatype, e.g. "FP32"
+    dims: tuple[int, ...]       #: per-item dims, without the batch dim; -1 = variable
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy dtype (object for BYTES)."""
+        return _dtypes.numpy_dtype(self.datatype)
+
+    @property
+    def fixed(self) -> bool:
+        """True when no dim is variable and the datatype has a fixed size."""
+        return -1 not in self.dims and self.datatype != "BYTES"
+
+    @property
+    def item_bytes(self) -> int | None:
+        """Bytes of one batch item, or None when not fixed."""
+        return math.prod(self.dims) * self.dtype.itemsize if self.fixed else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What the client knows about a model: read from the server, never declared."""
+
+    name: str
+    version: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int         #: 0 when the model does not batch
+
+    @property
+    def batched(self) -> bool:
+        """True when inputs carry a leading batch dim."""
+        return self.max_batch_size > 0
+
+    def shape_of(self, spec: TensorSpec, batch: int) -> tuple[int, ...]:
+        """The full tensor shape for a batch of *batch* items (dims may hold -1)."""
+        return (batch, *spec.dims) if self.batched else spec.dims
+
+    @classmethod
+    def from_server(cls, metadata: Mapping[str, Any], config: Mapping[str, Any],
+                    version: str) -> "ModelInfo":
+        """Build from the JSON forms of model metadata and model config."""
+        max_batch = int(config.get("max_batch_size", 0) or 0)
+
+        def specs(entries: Iterable[Mapping[str, Any]]) -> tuple[TensorSpec, ...]:
+            out = []
+            for entry in entries:
+                shape = tuple(int(d) for d in entry.get("shape", ()))
+                dims = shape[1:] if max_batch > 0 else shape
+                out.append(TensorSpec(entry["name"], entry["datatype"], dims))
+            return tuple(out)
+
+        return cls(metadata["name"], version, specs(metadata.get("inputs", ())),
+                   specs(metadata.get("outputs", ())), max_batch)
+
+
+# --------------------------------------------------------------------------
+# Slot pools
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Where each tensor lives inside a slot, and how much room it has."""
+
+    offsets: Mapping[str, int]
+    capacities: Mapping[str, int]
+    slot_bytes: int
+
+    @classmethod
+    def for_capacities(cls, capacities: Mapping[str, int]) -> "_Layout":
+        offsets, cursor = {}, 0
+        for name, capacity in capacities.items():
+            offsets[name] = cursor
+            cursor = _round_up(cursor + max(capacity, 1), _TENSOR_ALIGN)
+        return cls(offsets, dict(capacities), _round_up(max(cursor, 1), _PAGE))
+
+    def fits(self, needs: Mapping[str, int]) -> bool:
+        return all(self.capacities.get(name, -1) >= size for name, size in needs.items())
+
+
+class _SlotPool:
+    """One registered region carved into equal slots, leased one at a time."""
+
+    def __init__(self, client: "Client", info: ModelInfo, layout: _Layout, nslots: int):
+        self.info = info
+        self.layout = layout
+        self.nslots = nslots
+        self.region = SystemRegion.create(layout.slot_bytes * nslots)
+        self._tritonclient = client.tritonclient
+        # Weak: the client's finalizer holds its pools, which must not keep it alive.
+        self._owner = weakref.ref(client)
+        self._cond = threading.Condition(threading.RLock())  # finalizers may run under it
+        self._free = collections.deque(range(nslots))
+        self._running = 0                # leased, request in flight
+        self._retired = False
+        self._generation = 0             # bumped on every (re-)registration
+        # Per slot: InferInput / InferRequestedOutput objects, reused across requests.
+        self.request_objects: list[dict[str, Any]] = [{} for _ in range(nslots)]
+        try:
+            self.name = triton.register(self._tritonclient, self.region)
+        except BaseException:
+            self.region.close()
+            raise
+
+    @property
+    def held(self) -> int:
+        """Slots out of the pool whose request is over but whose views live on."""
+        return self.nslots - len(self._free) - self._running
+
+    def acquire(self, timeout: float | None) -> tuple[int, Any]:
+        """Lease a free slot: ``(index, window)``; waits up to *timeout* seconds."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._free, timeout):
+                raise PoolExhausted(
+                    f"all {self.nslots} slots of the pool for model {self.info.name!r} stayed busy "
+                    f"for {timeout} s: {self._running} running a request, {self.held} held by live "
+                    f"result views (copy=False results or request() views still referenced). "
+                    f"Drop arrays you no longer need, or raise slots= or the timeout."
+                )
+            index = self._free.popleft()
+            self._running += 1
+        offset = index * self.layout.slot_bytes
+        window = self.region.window(offset, self.layout.slot_bytes)
+        finalizer = weakref.finalize(window, self._release, index)
+        finalizer.atexit = False
+        return index, window
+
+    def finished(self) -> None:
+        """A leased slot's request is over (its views may still hold it)."""
+        with self._cond:
+            self._running -= 1
+
+    def _release(self, index: int) -> None:
+        with self._cond:
+            self._free.append(index)
+            self._cond.notify()
+            drained = self._retired and len(self._free) == self.nslots
+        if drained:
+            self._drained()
+
+    def retire(self) -> None:
+        """Stop leasing from this pool; it is dropped once every slot is back."""
+        with self._cond:
+            self._retired = True
+            drained = len(self._free) == self.nslots
+        if drained:
+            self._drained()
+
+    def _drained(self) -> None:
+        owner = self._owner()
+        if owner is not None:
+            owner._drop_pool(self)
+        else:
+            self.close()
+
+    def reregister(self, seen_generation: int) -> None:
+        """Register the region again after the server lost it (once per loss)."""
+        with self._cond:
+            if self._generation != seen_generation:
+                return  # another thread already did it
+            triton.register(self._tritonclient, self.region, self.name)
+            self._generation += 1
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def close(self) -> None:
+        """Unregister and close the region; live views keep their memory."""
+        try:
+            triton.unregister(self._tritonclient, self.name)
+        except ServerError:
+            pass  # a dead server has forgotten it anyway
+        finally:
+            self.region.close()
+
+
+# --------------------------------------------------------------------------
+# The client
+# --------------------------------------------------------------------------
+
+
+class Request:
+    """A leased slot with numpy views for the inputs: the zero-copy path.
+
+    Made by :meth:`Client.request`.  Fill ``inputs[name]`` in place, then
+    :meth:`run` returns the outputs as views into the same slot.  The slot
+    goes back to the pool once this request and every view of it are gone.
+    """
+
+    def __init__(self, client: "Client", info: ModelInfo, pool: _SlotPool, index: int,
+                 window: Any, shapes: Mapping[str, tuple[int, ...]]):
+        self._client = client
+        self._info = info
+        self._pool = pool
+        self._index = index
+        self._window: Any = window
+        self._shapes = dict(shapes)
+        self.inputs: dict[str, np.ndarray] = {
+            spec.name: window.ndarray(spec.dtype, shapes[spec.name], pool.layout.offsets[spec.name])
+            for spec in info.inputs
+        }
+
+    @property
+    def model(self) -> ModelInfo:
+        """What the client knows about the model."""
+        return self._info
+
+    def run(self, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Run the inference on the inputs as they are now; outputs are slot views."""
+        if self._window is None:
+            raise Error("this request is closed")
+        return self._client._run_in_slot(self._info, self._pool, self._index, self._window,
+                                         self._shapes, outputs, copy=False)
+
+    def close(self) -> None:
+        """Give up this request's hold on the slot (views keep it until they go)."""
+        if self._window is not None:
+            self._window = None
+            self.inputs = {}
+            self._pool.finished()
+
+    def __enter__(self) -> "Request":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Client:
+    """A Triton client that moves tensors through pooled shared memory.
+
+    *url* is ``"host:port"`` for gRPC or ``"http://host:port"`` for HTTP.
+    *transport* is ``"auto"`` (shared memory, falling back to the wire with a
+    warning when the server cannot open it), ``"shm"`` (never fall back) or
+    ``"wire"`` (plain gRPC/HTTP).  *slots* is the number of slots per model
+    pool, *max_pool_bytes* caps one pool's size, and *timeout* is how long a
+    request waits for a free slot before :class:`PoolExhausted`.
+    """
+
+    def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
+                 max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0,
+                 verbose: bool = False):
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {_TRANSPORTS}, not {transport!r}")
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, not {slots}")
+        self.url = url
+        self.transport = transport
+        self.slots = slots
+        self.max_pool_bytes = max_pool_bytes
+        self.timeout = timeout
+        self._http = url.startswith(("http://", "https://"))
+        if self._http:
+            import tritonclient.http as protocol
+
+            self._address = url.split("://", 1)[1]
+            self._ssl = url.startswith("https://")
+        else:
+            import tritonclient.grpc as protocol
+
+            self._address = url
+            self._ssl = False
+        self._protocol = protocol
+        self._verbose = verbose
+        self._tritonclient = self._new_tritonclient()
+        self._local = threading.local()
+        self._lock = threading.RLock()
+        self._models: dict[tuple[str, str], ModelInfo] = {}
+        self._pools: dict[tuple[str, str], _SlotPool] = {}
+        self._retired: set[_SlotPool] = set()
+        self._wire_only = transport == "wire"
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._chunk_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = False
+        # Runs close()'s work if the user forgets: at garbage collection or exit.
+        self._connections = [self._tritonclient]  # every tritonclient client we made
+        self._finalizer = weakref.finalize(self, Client._cleanup, self._connections,
+                                           self._pools, self._retired)
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _new_tritonclient(self) -> Any:
+        if self._http:
+            return self._protocol.InferenceServerClient(self._address, verbose=self._verbose,
+                                                        ssl=self._ssl)
+        return self._protocol.InferenceServerClient(self._address, verbose=self._verbose)
+
+    @property
+    def tritonclient(self) -> Any:
+        """The underlying tritonclient client: every standard call stays available."""
+        return self._tritonclient
+
+    def _thread_client(self) -> Any:
+        """The client for this thread: gRPC clients are thread-safe, HTTP ones are not."""
+        if not self._http:
+            return self._tritonclient
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self._new_tritonclient()
+            with self._lock:
+                self._connections.append(client)
+        return client
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Error(f"{self!r} is closed")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("wire" if self._wire_only else self.transport)
+        return f"<tritonshm.Client {self.url!r} {state}>"
+
+    # -- discovery --------------------------------------------------------
+
+    def model_info(self, model: str, version: str = "") -> ModelInfo:
+        """What the server says about *model* (cached per model and version)."""
+        self._check_open()
+        key = (model, version)
+        info = self._models.get(key)
+        if info is not None:
+            return info
+        doing = f"reading metadata of model {model!r}"
+        try:
+            if self._http:
+                metadata = self._tritonclient.get_model_metadata(model, version)
+                config = self._tritonclient.get_model_config(model, version)
+            else:
+                metadata = self._tritonclient.get_model_metadata(model, version, as_json=True)
+                config = self._tritonclient.get_model_config(model, version, as_json=True)
+                config = config.get("config", config)
+        except Exception as exc:
+            raise triton.translate_error(exc, doing) from exc
+        info = ModelInfo.from_server(metadata, config, version)
+        with self._lock:
+            self._models[key] = info
+        return info
+
+    def _check_inputs(self, info: ModelInfo, inputs: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+        """Inputs as arrays, checked against the model; and the batch size (1 if unbatched)."""
+        expected = {spec.name for spec in info.inputs}
+        missing = expected - set(inputs)
+        unknown = set(inputs) - expected
+        if missing or unknown:
+            raise ShapeMismatch(
+                f"model {info.name!r} takes inputs {sorted(expected)}; "
+                + (f"missing {sorted(missing)}" if missing else "")
+                + ("; " if missing and unknown else "")
+                + (f"unknown {sorted(unknown)}" if unknown else "")
+            )
+        arrays: dict[str, np.ndarray] = {}
+        batch = None
+        for spec in info.inputs:
+            value = inputs[spec.name]
+            array = value if isinstance(value, np.ndarray) else np.asarray(value)
+            if spec.datatype == "BYTES":
+                if array.dtype.kind not in "OSU":
+                    raise DTypeMismatch(
+                        f"input {spec.name!r} of model {info.name!r} is BYTES: give bytes/str "
+                        f"(an object or bytes array), not {array.dtype}"
+                    )
+            elif array.dtype != spec.dtype:
+                raise DTypeMismatch(
+                    f"input {spec.name!r} of model {info.name!r} is {spec.datatype} ({spec.dtype}), "
+                    f"got {array.dtype}; convert it explicitly (no silent casts)"
+                )
+            want = info.shape_of(spec, -1)
+            if array.ndim != len(want) or any(w != -1 and w != g for w, g in zip(want, array.shape)):
+                raise ShapeMismatch(
+                    f"input {spec.name!r} of model {info.name!r} has shape {list(want)} "
+                    f"(-1 = any), got {list(array.shape)}"
+                )
+            if info.batched:
+                if batch is not None and array.shape[0] != batch:
+                    raise ShapeMismatch(
+                        f"inputs of model {info.name!r} disagree on the batch size: "
+                        f"{spec.name!r} has {array.shape[0]}, others {batch}"
+                    )
+                batch = array.shape[0]
+            arrays[spec.name] = array
+        return arrays, (batch if batch is not None else 1)
+
+    def _output_names(self, info: ModelInfo, outputs: Sequence[str] | None) -> list[str]:
+        known = [spec.name for spec in info.outputs]
+        if outputs is None:
+            return known
+        unknown = [name for name in outputs if name not in known]
+        if unknown:
+            raise ShapeMismatch(f"model {info.name!r} has outputs {known}; unknown {unknown}")
+        return list(outputs)
+
+    # -- pools ------------------------------------------------------------
+
+    def _needs(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
+        """Bytes each shared-memory tensor needs for a request of these input shapes.
+
+        Fixed outputs are sized for a full batch; variable ones are guessed as
+        large as the largest input (right for elementwise models) and grown if
+        the server says they were too small.
+        """
+        rows = info.max_batch_size if info.batched else 1
+        needs: dict[str, int] = {}
+        for spec in info.inputs:
+            if spec.datatype == "BYTES":
+                continue
+            if spec.fixed:
+                needs[spec.name] = spec.item_bytes * rows
+            else:
+                per_row = math.prod(shapes[spec.name][1:] if info.batched else shapes[spec.name])
+                needs[spec.name] = per_row * spec.dtype.itemsize * rows
+        largest = max(needs.values(), default=0)
+        for spec in info.outputs:
+            if spec.datatype == "BYTES":
+                continue
+            needs[spec.name] = spec.item_bytes * rows if spec.fixed else largest
+        return needs
+
+    def _pool(self, info: ModelInfo, needs: Mapping[str, int]) -> _SlotPool | None:
+        """The model's pool, made or grown to fit *needs*; None for the wire."""
+        key = (info.name, info.version)
+        with self._lock:
+            pool = self._pools.get(key)
+            if pool is not None and pool.layout.fits(needs):
+                return pool
+            capacities = dict(needs)
+            if pool is not None:  # grow: keep what the old pool had room for
+                for name, capacity in pool.layout.capacities.items():
+                    capacities[name] = max(capacities.get(name, 0), capacity)
+            layout = _Layout.for_capacities(capacities)
+            if layout.slot_bytes * self.slots > self.max_pool_bytes:
+                raise Error(
+                    f"a pool for model {info.name!r} would need {layout.slot_bytes * self.slots} "
+                    f"bytes ({self.slots} slots x {layout.slot_bytes}), over max_pool_bytes="
+                    f"{self.max_pool_bytes}; raise max_pool_bytes or lower slots"
+                )
+            try:
+                new_pool = _SlotPool(self, info, layout, self.slots)
+            except SharedMemoryRefused as exc:
+                if self.transport == "shm":
+                    raise
+                warnings.warn(
+                    f"tritonshm: falling back to plain {'HTTP' if self._http else 'gRPC'}: {exc}",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+                self._wire_only = True
+                return None
+            self._pools[key] = new_pool
+            if pool is not None:
+                self._retired.add(pool)
+                pool.retire()
+            return new_pool
+
+    def _drop_pool(self, pool: _SlotPool) -> None:
+        with self._lock:
+            self._retired.discard(pool)
+        pool.close()
+
+    # -- inference --------------------------------------------------------
+
+    def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
+              version: str = "", copy: bool = True, timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Run *model* on *inputs* (name -> array-like) and return its outputs.
+
+        Inputs must match the model's datatypes and shapes exactly (no silent
+        casts).  Batches larger than ``max_batch_size`` are split, run on
+        several slots at once and reassembled in order.  With ``copy=False``
+        the outputs are read-write views into the slot, which stays out of
+        the pool until they are gone.  *timeout* bounds the wait for a slot
+        (default: the client's).
+        """
+        self._check_open()
+        info = self.model_info(model, version)
+        arrays, batch = self._check_inputs(info, inputs)
+        names = self._output_names(info, outputs)
+        wait = self.timeout if timeout is None else timeout
+        if not info.batched or batch <= info.max_batch_size:
+            return self._infer_chunk(info, arrays, names, copy, wait)
+        if not copy:
+            raise ValueError(
+                f"copy=False needs one slot, but a batch of {batch} on model {info.name!r} "
+                f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
+            )
+        step = info.max_batch_size
+        if self._chunk_executor is None:
+            with self._lock:
+                if self._chunk_executor is None:
+                    self._chunk_executor = concurrent.futures.ThreadPoolExecutor(
+                        self.slots, thread_name_prefix="tritonshm-chunk")
+        futures = [
+            self._chunk_executor.submit(
+                self._infer_chunk, info, {n: a[start:start + step] for n, a in arrays.items()},
+                names, True, wait)
+            for start in range(0, batch, step)
+        ]
+        parts = [f.result() for f in futures]
+        return {name: np.concatenate([p[name] for p in parts]) for name in names}
+
+    def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
+        """:meth:`infer` in a background thread; returns a ``concurrent.futures.Future``."""
+        self._check_open()
+        if self._executor is None:
+            with self._lock:
+                if self._executor is None:
+                    self._executor = concurrent.futures.ThreadPoolExecutor(
+                        self.slots, thread_name_prefix="tritonshm-infer")
+        return self._executor.submit(self.infer, model, inputs, **kwargs)
+
+    def request(self, model: str, batch_size: int | None = None, *,
+                shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",
+                timeout: float | None = None) -> Request:
+        """Lease a slot for a zero-copy request (see :class:`Request`).
+
+        *batch_size* is required for batching models; *shapes* gives the
+        full shape of inputs whose dims are variable.
+        """
+        self._check_open()
+        if self._wire_only:
+            raise Error("request() needs shared memory, but this client is on the wire transport")
+        info = self.model_info(model, version)
+        shapes = {k: tuple(v) for k, v in (shapes or {}).items()}
+        if info.batched:
+            if batch_size is None or not 1 <= batch_size <= info.max_batch_size:
+                raise ShapeMismatch(
+                    f"model {info.name!r} batches up to {info.max_batch_size}: "
+                    f"give 1 <= batch_size <= {info.max_batch_size}, not {batch_size}"
+                )
+        elif batch_size is not None:
+            raise ShapeMismatch(f"model {info.name!r} does not batch: leave batch_size out")
+        full: dict[str, tuple[int, ...]] = {}
+        for spec in info.inputs:
+            if spec.datatype == "BYTES":
+                raise DTypeMismatch(f"input {spec.name!r} is BYTES, which request() cannot view")
+            shape = shapes.get(spec.name) or info.shape_of(spec, batch_size or 1)
+            want = info.shape_of(spec, batch_size or 1)
+            if len(shape) != len(want) or any(w != -1 and w != s for w, s in zip(want, shape)) \
+                    or any(s < 0 for s in shape):
+                raise ShapeMismatch(
+                    f"input {spec.name!r} of model {info.name!r} needs a shape like {list(want)} "
+                    f"(give variable dims with shapes=), got {list(shape)}"
+                )
+            full[spec.name] = shape
+        pool = self._pool(info, self._needs(info, full))
+        if pool is None:
+            raise Error("request() needs shared memory, but the server cannot open ours")
+        index, window = pool.acquire(self.timeout if timeout is None else timeout)
+        return Request(self, info, pool, index, window, full)
+
+    def _infer_chunk(self, info: ModelInfo, arrays: Mapping[str, np.ndarray], names: list[str],
+                     copy: bool, timeout: float | None) -> dict[str, np.ndarray]:
+        shapes = {name: array.shape for name, array in arrays.items()}
+        pool = None if self._wire_only else self._pool(info, self._needs(info, shapes))
+        if pool is None:
+            return self._infer_wire(info, arrays, names)
+        index, window = pool.acquire(timeout)
+        try:
+            for spec in info.inputs:
+                if spec.datatype != "BYTES":
+                    view = window.ndarray(spec.dtype, shapes[spec.name], pool.layout.offsets[spec.name])
+                    np.copyto(view, arrays[spec.name], casting="no")
+            return self._run_in_slot(info, pool, index, window, shapes, names, copy, arrays)
+        finally:
+            pool.finished()
+            # Drop the lease now, not when a traceback holding this frame dies.
+            del window
+
+    def _run_in_slot(self, info: ModelInfo, pool: _SlotPool, index: int, window: Any,
+                     shapes: Mapping[str, tuple[int, ...]], names: Sequence[str] | None, copy: bool,
+                     arrays: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Infer with the inputs already in slot *index*; outputs land there too."""
+        names = self._output_names(info, names)
+        protocol = self._protocol
+        cache = pool.request_objects[index]
+        slot_base = window.offset
+        inputs = []
+        for spec in info.inputs:
+            shape = list(shapes[spec.name])
+            if spec.datatype == "BYTES":  # variable-size serialisation: over the wire
+                wire = protocol.InferInput(spec.name, shape, "BYTES")
+                wire.set_data_from_numpy(np.asarray(arrays[spec.name], dtype=np.object_))
+                inputs.append(wire)
+                continue
+            infer_input = cache.get(spec.name)
+            if infer_input is None:
+                infer_input = cache[spec.name] = protocol.InferInput(spec.name, shape, spec.datatype)
+            else:
+                infer_input.set_shape(shape)
+            nbytes = math.prod(shape) * spec.dtype.itemsize
+            triton.bind_input(infer_input, pool.region, slot_base + pool.layout.offsets[spec.name],
+                              nbytes, name=pool.name)
+            inputs.append(infer_input)
+        requested = []
+        for name in names:
+            spec = next(s for s in info.outputs if s.name == name)
+            if spec.datatype == "BYTES":
+                requested.append(self._requested_output(name))
+                continue
+            key = "out:" + name
+            requested_output = cache.get(key)
+            if requested_output is None:
+                requested_output = cache[key] = self._requested_output(name)
+                triton.bind_output(requested_output, pool.region,
+                                   slot_base + pool.layout.offsets[name],
+                                   pool.layout.capacities[name], name=pool.name)
+            requested.append(requested_output)
+
+        generation = pool.generation
+        try:
+            result = self._send(info, inputs, requested)
+        except RegionNotRegistered:
+            pool.reregister(generation)  # the server restarted: register again, retry once
+            result = self._send(info, inputs, requested)
+
+        outputs = {}
+        for name in names:
+            spec = next(s for s in info.outputs if s.name == name)
+            if spec.datatype == "BYTES":
+                outputs[name] = result.as_numpy(name)
+                continue
+            tensor = result.get_output(name)
+            shape = [int(d) for d in (tensor["shape"] if isinstance(tensor, dict) else tensor.shape)]
+            offset = pool.layout.offsets[name]
+            view = window.ndarray(spec.dtype, shape, offset)
+            outputs[name] = view.copy() if copy else view
+        return outputs
+
+    def _requested_output(self, name: str) -> Any:
+        if self._http:
+            return self._protocol.InferRequestedOutput(name, binary_data=True)
+        return self._protocol.InferRequestedOutput(name)
+
+    def _send(self, info: ModelInfo, inputs: list, outputs: list) -> Any:
+        try:
+            return self._thread_client().infer(info.name, inputs, model_version=info.version,
+                                               outputs=outputs)
+        except ServerError:
+            raise
+        except Exception as exc:
+            raise triton.translate_error(exc, f"inferring with model {info.name!r}") from exc
+
+    def _infer_wire(self, info: ModelInfo, arrays: Mapping[str, np.ndarray],
+                    names: list[str]) -> dict[str, np.ndarray]:
+        """The plain gRPC/HTTP path: tensors travel inside the messages."""
+        inputs = []
+        for spec in info.inputs:
+            array = arrays[spec.name]
+            if spec.datatype == "BYTES":
+                array = np.asarray(array, dtype=np.object_)
+            wire = self._protocol.InferInput(spec.name, list(array.shape), spec.datatype)
+            wire.set_data_from_numpy(array)
+            inputs.append(wire)
+        result = self._send(info, inputs, [self._requested_output(n) for n in names])
+        return {name: result.as_numpy(name) for name in names}
+
+    # -- lifetime ---------------------------------------------------------
+
+    @staticmethod
+    def _cleanup(tritonclients: list, pools: dict, retired: set) -> None:
+        for pool in list(pools.values()) + list(retired):
+            pool.close()
+        pools.clear()
+        retired.clear()
+        for tritonclient in tritonclients:
+            try:
+                tritonclient.close()
+            except Exception:
+                pass  # closing a connection to a dead server may fail; nothing to keep
+
+    def close(self) -> None:
+        """Unregister and unlink this client's regions and close its connections; idempotent.
+
+        Result views handed out earlier stay valid: they keep their memory.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for executor in (self._executor, self._chunk_executor):
+            if executor is not None:
+                executor.shutdown(wait=True)
+        self._finalizer()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
