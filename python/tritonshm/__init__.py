@@ -18,6 +18,7 @@ from .errors import (
     DTypeMismatch,
     Error,
     OutOfBounds,
+    OutputTooSmall,
     PoolExhausted,
     ReadOnlyRegion,
     RegionClosed,
@@ -59,5 +60,6 @@ __all__ = [
     "RegistrationError",
     "RegionNotRegistered",
     "SharedMemoryRefused",
+    "OutputTooSmall",
     "PoolExhausted",
 ]

@@ -427,6 +427,9 @@ cdef class SystemRegion:
             py_off, py_len = self.span(offset, src.len)
             off = py_off
             length = py_len
+            # Converting the arguments can run Python code (__index__) that
+            # closes us and frees `m`: look the mapping up again.
+            m = self._live_mapping()
             tshm_mapping_incref(m)  # a concurrent close() must not unmap under the copy
             if length >= _NOGIL_COPY_BYTES:
                 with nogil:
@@ -454,6 +457,10 @@ cdef class SystemRegion:
         PyObject_GetBuffer(out, &dst, PyBUF_WRITABLE)
         off = py_off
         length = py_len
+        m = self._mapping  # as in write(): the conversions above may have closed us
+        if m == NULL:
+            PyBuffer_Release(&dst)
+            self._live_mapping()  # raises RegionClosed
         tshm_mapping_incref(m)
         if length >= _NOGIL_COPY_BYTES:
             with nogil:

@@ -100,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="end-to-end benchmark against plain gRPC and tritonclient's shm utilities")
     bench.add_argument("--sizes-kib", nargs="+", type=int, default=[4, 1024, 16 * 1024])
-    bench.add_argument("--seconds", type=float, default=1.0)
+    bench.add_argument("--seconds", type=float, default=1.0,
+                       help="time spent measuring each size and way (default 1)")
+    bench.add_argument("--url", default=None, help="a running server's gRPC host:port (default: start one)")
     bench.set_defaults(func=_cmd_bench)
 
     ls = sub.add_parser("ls", help="list this library's segments in /dev/shm")

@@ -40,10 +40,11 @@ import concurrent.futures
 import dataclasses
 import math
 import mmap
+import queue
 import threading
 import warnings
 import weakref
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -52,6 +53,7 @@ from ._region import SystemRegion
 from .errors import (
     DTypeMismatch,
     Error,
+    OutputTooSmall,
     PoolExhausted,
     RegionNotRegistered,
     RegistrationError,
@@ -65,6 +67,7 @@ __all__ = ["Client", "Request", "ModelInfo", "TensorSpec"]
 _PAGE = mmap.PAGESIZE
 _TENSOR_ALIGN = 64  # each tensor of a slot starts on a cache line
 _TRANSPORTS = ("auto", "shm", "wire")
+_GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 
 
 def _round_up(value: int, to: int) -> int:
@@ -162,6 +165,144 @@ class _Layout:
         return all(self.capacities.get(name, -1) >= size for name, size in needs.items())
 
 
+class _Workers:
+    """A fixed set of worker threads fed from a queue, returning Futures.
+
+    Unlike ``ThreadPoolExecutor`` each worker runs *on_exit* in its own
+    thread before it ends, so per-thread state (an HTTP connection and its
+    gevent hub) is released by the thread that owns it.
+    """
+
+    def __init__(self, count: int, name: str, on_exit: Callable[[], None] | None = None):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._on_exit = on_exit
+        self._idents: set[int] = set()
+        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
+                         for i in range(count)]
+        for thread in self._threads:
+            thread.start()
+
+    def owns_current_thread(self) -> bool:
+        """True inside one of these workers."""
+        return threading.get_ident() in self._idents
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        """Run ``fn(*args, **kwargs)`` on a worker; its Future."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((future, fn, args, kwargs))
+        return future
+
+    def _run(self) -> None:
+        self._idents.add(threading.get_ident())
+        try:
+            while (item := self._queue.get()) is not None:
+                future, fn, args, kwargs = item
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:  # handed to whoever waits on the future
+                    future.set_exception(exc)
+                del future, fn, args, kwargs, item  # drop leases before waiting again
+        finally:
+            if self._on_exit is not None:
+                self._on_exit()
+
+    def shutdown(self) -> None:
+        """Finish queued work, then stop every worker and wait for it."""
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
+
+
+class _Connector:
+    """Runs tritonclient calls for one server; holds no reference to a Client.
+
+    gRPC clients are thread-safe, so one shared client serves every thread.
+    HTTP clients run on gevent and work only in the thread that made them,
+    so HTTP calls are carried out by a few I/O threads of our own, each with
+    its own client, which it closes (and its gevent hub with it) on exit.
+    User threads never touch gevent.
+    """
+
+    def __init__(self, url: str, verbose: bool, io_threads: int):
+        self.http = url.startswith(("http://", "https://"))
+        if self.http:
+            import tritonclient.http as protocol
+
+            self.address = url.split("://", 1)[1]
+        else:
+            import tritonclient.grpc as protocol
+
+            self.address = url
+        self.protocol = protocol
+        self.ssl = url.startswith("https://")
+        self.verbose = verbose
+        self.shared = self.new()
+        self._io_threads = io_threads
+        self._io: _Workers | None = None
+        self._local = threading.local()   # an I/O thread's own HTTP client
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def new(self) -> Any:
+        """A new tritonclient client."""
+        if self.http:
+            return self.protocol.InferenceServerClient(self.address, verbose=self.verbose, ssl=self.ssl)
+        return self.protocol.InferenceServerClient(self.address, verbose=self.verbose)
+
+    def call(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn(client)`` with a tritonclient client that is safe in this thread."""
+        if not self.http:
+            return fn(self.shared)
+        io = self._io_workers()
+        if io is None:
+            # Closing (or closed): a short-lived client of this thread's own.
+            client = self.new()
+            try:
+                return fn(client)
+            finally:
+                client.close()
+        if io.owns_current_thread():
+            return fn(self._thread_client())
+        return io.submit(lambda: fn(self._thread_client())).result()
+
+    def _io_workers(self) -> _Workers | None:
+        with self._lock:
+            if self._io is None and not self._closed:
+                self._io = _Workers(self._io_threads, "tritonshm-http", self._release_thread_client)
+            return self._io
+
+    def _thread_client(self) -> Any:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = self.new()
+        return client
+
+    def _release_thread_client(self) -> None:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            return
+        self._local.client = None
+        client.close()
+        import gevent
+
+        gevent.get_hub().destroy(destroy_loop=True)
+
+    def close(self) -> None:
+        """Stop the I/O threads and close the shared client; idempotent."""
+        with self._lock:
+            io, self._io, self._closed = self._io, None, True
+        if io is not None:
+            io.shutdown()
+        try:
+            self.shared.close()
+        except Exception:
+            pass  # closing a connection to a dead server may fail; nothing to keep
+
+
 class _SlotPool:
     """One registered region carved into equal slots, leased one at a time."""
 
@@ -170,7 +311,7 @@ class _SlotPool:
         self.layout = layout
         self.nslots = nslots
         self.region = SystemRegion.create(layout.slot_bytes * nslots)
-        self._tritonclient = client.tritonclient
+        self._connector = client._connector
         # Weak: the client's finalizer holds its pools, which must not keep it alive.
         self._owner = weakref.ref(client)
         self._cond = threading.Condition(threading.RLock())  # finalizers may run under it
@@ -181,7 +322,7 @@ class _SlotPool:
         # Per slot: InferInput / InferRequestedOutput objects, reused across requests.
         self.request_objects: list[dict[str, Any]] = [{} for _ in range(nslots)]
         try:
-            self.name = triton.register(self._tritonclient, self.region)
+            self.name = self._connector.call(lambda tc: triton.register(tc, self.region))
         except BaseException:
             self.region.close()
             raise
@@ -242,7 +383,7 @@ class _SlotPool:
         with self._cond:
             if self._generation != seen_generation:
                 return  # another thread already did it
-            triton.register(self._tritonclient, self.region, self.name)
+            self._connector.call(lambda tc: triton.register(tc, self.region, self.name))
             self._generation += 1
 
     @property
@@ -252,8 +393,8 @@ class _SlotPool:
     def close(self) -> None:
         """Unregister and close the region; live views keep their memory."""
         try:
-            triton.unregister(self._tritonclient, self.name)
-        except ServerError:
+            self._connector.call(lambda tc: triton.unregister(tc, self.name))
+        except (ServerError, OSError):
             pass  # a dead server has forgotten it anyway
         finally:
             self.region.close()
@@ -337,57 +478,28 @@ class Client:
         self.slots = slots
         self.max_pool_bytes = max_pool_bytes
         self.timeout = timeout
-        self._http = url.startswith(("http://", "https://"))
-        if self._http:
-            import tritonclient.http as protocol
-
-            self._address = url.split("://", 1)[1]
-            self._ssl = url.startswith("https://")
-        else:
-            import tritonclient.grpc as protocol
-
-            self._address = url
-            self._ssl = False
-        self._protocol = protocol
-        self._verbose = verbose
-        self._tritonclient = self._new_tritonclient()
-        self._local = threading.local()
+        self._connector = _Connector(url, verbose, io_threads=slots)
+        self._http = self._connector.http
+        self._protocol = self._connector.protocol
+        self._tritonclient = self._connector.shared
         self._lock = threading.RLock()
         self._models: dict[tuple[str, str], ModelInfo] = {}
         self._pools: dict[tuple[str, str], _SlotPool] = {}
         self._retired: set[_SlotPool] = set()
         self._wire_only = transport == "wire"
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._chunk_executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._async_workers: _Workers | None = None   # infer_async
+        self._chunk_workers: _Workers | None = None   # chunks of large batches
         self._closed = False
         # Runs close()'s work if the user forgets: at garbage collection or exit.
-        self._connections = [self._tritonclient]  # every tritonclient client we made
-        self._finalizer = weakref.finalize(self, Client._cleanup, self._connections,
+        self._finalizer = weakref.finalize(self, Client._cleanup, self._connector,
                                            self._pools, self._retired)
 
     # -- plumbing ---------------------------------------------------------
-
-    def _new_tritonclient(self) -> Any:
-        if self._http:
-            return self._protocol.InferenceServerClient(self._address, verbose=self._verbose,
-                                                        ssl=self._ssl)
-        return self._protocol.InferenceServerClient(self._address, verbose=self._verbose)
 
     @property
     def tritonclient(self) -> Any:
         """The underlying tritonclient client: every standard call stays available."""
         return self._tritonclient
-
-    def _thread_client(self) -> Any:
-        """The client for this thread: gRPC clients are thread-safe, HTTP ones are not."""
-        if not self._http:
-            return self._tritonclient
-        client = getattr(self._local, "client", None)
-        if client is None:
-            client = self._local.client = self._new_tritonclient()
-            with self._lock:
-                self._connections.append(client)
-        return client
 
     def _check_open(self) -> None:
         if self._closed:
@@ -407,14 +519,15 @@ class Client:
         if info is not None:
             return info
         doing = f"reading metadata of model {model!r}"
+        if self._http:
+            def fetch(tc: Any) -> tuple[Any, Any]:
+                return tc.get_model_metadata(model, version), tc.get_model_config(model, version)
+        else:
+            def fetch(tc: Any) -> tuple[Any, Any]:
+                config = tc.get_model_config(model, version, as_json=True)
+                return tc.get_model_metadata(model, version, as_json=True), config.get("config", config)
         try:
-            if self._http:
-                metadata = self._tritonclient.get_model_metadata(model, version)
-                config = self._tritonclient.get_model_config(model, version)
-            else:
-                metadata = self._tritonclient.get_model_metadata(model, version, as_json=True)
-                config = self._tritonclient.get_model_config(model, version, as_json=True)
-                config = config.get("config", config)
+            metadata, config = self._connector.call(fetch)
         except Exception as exc:
             raise triton.translate_error(exc, doing) from exc
         info = ModelInfo.from_server(metadata, config, version)
@@ -568,13 +681,11 @@ class Client:
                 f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
             )
         step = info.max_batch_size
-        if self._chunk_executor is None:
-            with self._lock:
-                if self._chunk_executor is None:
-                    self._chunk_executor = concurrent.futures.ThreadPoolExecutor(
-                        self.slots, thread_name_prefix="tritonshm-chunk")
+        with self._lock:
+            if self._chunk_workers is None:
+                self._chunk_workers = _Workers(self.slots, "tritonshm-chunk")
         futures = [
-            self._chunk_executor.submit(
+            self._chunk_workers.submit(
                 self._infer_chunk, info, {n: a[start:start + step] for n, a in arrays.items()},
                 names, True, wait)
             for start in range(0, batch, step)
@@ -585,12 +696,10 @@ class Client:
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
         """:meth:`infer` in a background thread; returns a ``concurrent.futures.Future``."""
         self._check_open()
-        if self._executor is None:
-            with self._lock:
-                if self._executor is None:
-                    self._executor = concurrent.futures.ThreadPoolExecutor(
-                        self.slots, thread_name_prefix="tritonshm-infer")
-        return self._executor.submit(self.infer, model, inputs, **kwargs)
+        with self._lock:
+            if self._async_workers is None:
+                self._async_workers = _Workers(self.slots, "tritonshm-async")
+        return self._async_workers.submit(self.infer, model, inputs, **kwargs)
 
     def request(self, model: str, batch_size: int | None = None, *,
                 shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",
@@ -635,20 +744,31 @@ class Client:
     def _infer_chunk(self, info: ModelInfo, arrays: Mapping[str, np.ndarray], names: list[str],
                      copy: bool, timeout: float | None) -> dict[str, np.ndarray]:
         shapes = {name: array.shape for name, array in arrays.items()}
-        pool = None if self._wire_only else self._pool(info, self._needs(info, shapes))
-        if pool is None:
-            return self._infer_wire(info, arrays, names)
-        index, window = pool.acquire(timeout)
-        try:
-            for spec in info.inputs:
-                if spec.datatype != "BYTES":
-                    view = window.ndarray(spec.dtype, shapes[spec.name], pool.layout.offsets[spec.name])
-                    np.copyto(view, arrays[spec.name], casting="no")
-            return self._run_in_slot(info, pool, index, window, shapes, names, copy, arrays)
-        finally:
-            pool.finished()
-            # Drop the lease now, not when a traceback holding this frame dies.
-            del window
+        needs = self._needs(info, shapes)
+        for attempt in range(_GROW_ATTEMPTS):
+            pool = None if self._wire_only else self._pool(info, needs)
+            if pool is None:
+                return self._infer_wire(info, arrays, names)
+            index, window = pool.acquire(timeout)
+            try:
+                for spec in info.inputs:
+                    if spec.datatype != "BYTES":
+                        view = window.ndarray(spec.dtype, shapes[spec.name],
+                                              pool.layout.offsets[spec.name])
+                        np.copyto(view, arrays[spec.name], casting="no")
+                        del view
+                return self._run_in_slot(info, pool, index, window, shapes, names, copy, arrays)
+            except OutputTooSmall as exc:
+                # A variable-size output outgrew its guess: grow to what the
+                # server asked for and run again on a slot of the new pool.
+                if exc.output not in needs or exc.needed is None or attempt == _GROW_ATTEMPTS - 1:
+                    raise
+                needs = {**needs, exc.output: exc.needed}
+            finally:
+                pool.finished()
+                # Drop the lease now, not when a traceback holding this frame dies.
+                del window
+        raise AssertionError("unreachable")
 
     def _run_in_slot(self, info: ModelInfo, pool: _SlotPool, index: int, window: Any,
                      shapes: Mapping[str, tuple[int, ...]], names: Sequence[str] | None, copy: bool,
@@ -717,8 +837,8 @@ class Client:
 
     def _send(self, info: ModelInfo, inputs: list, outputs: list) -> Any:
         try:
-            return self._thread_client().infer(info.name, inputs, model_version=info.version,
-                                               outputs=outputs)
+            return self._connector.call(
+                lambda tc: tc.infer(info.name, inputs, model_version=info.version, outputs=outputs))
         except ServerError:
             raise
         except Exception as exc:
@@ -741,16 +861,12 @@ class Client:
     # -- lifetime ---------------------------------------------------------
 
     @staticmethod
-    def _cleanup(tritonclients: list, pools: dict, retired: set) -> None:
+    def _cleanup(connector: _Connector, pools: dict, retired: set) -> None:
         for pool in list(pools.values()) + list(retired):
             pool.close()
         pools.clear()
         retired.clear()
-        for tritonclient in tritonclients:
-            try:
-                tritonclient.close()
-            except Exception:
-                pass  # closing a connection to a dead server may fail; nothing to keep
+        connector.close()
 
     def close(self) -> None:
         """Unregister and unlink this client's regions and close its connections; idempotent.
@@ -760,9 +876,9 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        for executor in (self._executor, self._chunk_executor):
-            if executor is not None:
-                executor.shutdown(wait=True)
+        for workers in (self._async_workers, self._chunk_workers):
+            if workers is not None:
+                workers.shutdown()
         self._finalizer()
 
     def __enter__(self) -> "Client":

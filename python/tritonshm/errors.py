@@ -26,6 +26,7 @@ __all__ = [
     "RegistrationError",
     "RegionNotRegistered",
     "SharedMemoryRefused",
+    "OutputTooSmall",
     "PoolExhausted",
 ]
 
@@ -84,6 +85,19 @@ class RegionNotRegistered(RegistrationError):
 
 class SharedMemoryRefused(RegistrationError):
     """The server cannot open our memory (not co-located, or client shm disabled)."""
+
+
+class OutputTooSmall(RegistrationError):
+    """The room bound for an output is smaller than the result.
+
+    ``output`` names the output and ``needed`` is the size the server asked
+    for, in bytes (None when the server did not say).
+    """
+
+    def __init__(self, message: str, output: str | None = None, needed: int | None = None):
+        super().__init__(message)
+        self.output = output
+        self.needed = needed
 
 
 class PoolExhausted(Error, TimeoutError):

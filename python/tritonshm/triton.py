@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 import threading
 import weakref
 from typing import Any
 
 from . import _dtypes
 from .errors import (
+    OutputTooSmall,
     RegionNotRegistered,
     RegistrationError,
     ServerError,
@@ -38,6 +40,9 @@ __all__ = ["register", "unregister", "status", "bind_input", "bind_output", "reg
 # Region -> the name it was registered under.  Weak, so registering does
 # not keep a region alive.
 _region_names: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+# Triton's words for an undersized output region.
+_TOO_SMALL = re.compile(r"for output '(?P<output>[^']*)' \((?P<given>\d+) bytes\) should be at least (?P<needed>\d+) bytes")
+
 # Every name this process registered; unregister() refuses any other.
 _own_names: set[str] = set()
 _lock = threading.Lock()
@@ -89,10 +94,13 @@ def translate_error(exc: BaseException, doing: str) -> ServerError:
             f"{doing}: the server does not know this region: it was unregistered, or the "
             f"server restarted since it was registered; register it again. Server said: {message}"
         )
-    if "shared memory" in lowered and ("at least" in lowered or "too small" in lowered):
-        return RegistrationError(
-            f"{doing}: the output region is too small for the result; "
-            f"bind a larger nbytes. Server said: {message}"
+    too_small = _TOO_SMALL.search(message)
+    if too_small is not None:
+        return OutputTooSmall(
+            f"{doing}: output {too_small['output']!r} needs {too_small['needed']} bytes but only "
+            f"{too_small['given']} were bound; bind a larger nbytes. Server said: {message}",
+            too_small["output"],
+            int(too_small["needed"]),
         )
     if (
         isinstance(exc, ConnectionError)

@@ -1,0 +1,73 @@
+"""``tritonshm doctor``: why shared memory might not work here, in plain words.
+
+Checks /dev/shm (mounted, size, free space), that a segment can be created
+with the expected name and mode, this library's stale segments, and -- given
+a server URL -- that the server can open our memory.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from . import _segments
+from ._region import SystemRegion
+from .errors import Error
+
+_SMALL_SHM = 256 * 1024 * 1024  # below this, large tensors will not fit (Docker's default is 64 MB)
+
+
+def _report(ok: bool | None, what: str) -> bool:
+    mark = {True: "ok  ", False: "FAIL", None: "warn"}[ok]
+    print(f"[{mark}] {what}")
+    return ok is not False
+
+
+def run_doctor(server_url: str | None = None) -> int:
+    """Print one line per check; 0 when nothing failed."""
+    healthy = True
+    try:
+        fs = os.statvfs(_segments.SHM_DIR)
+    except OSError as exc:
+        _report(False, f"/dev/shm is not usable: {exc}")
+        return 1
+    total, free = fs.f_blocks * fs.f_frsize, fs.f_bavail * fs.f_frsize
+    healthy &= _report(
+        None if total < _SMALL_SHM else True,
+        f"/dev/shm: {total / 2**20:.0f} MiB, {free / 2**20:.0f} MiB free"
+        + (" (small: in Docker use --shm-size=1g or --ipc=host)" if total < _SMALL_SHM else ""),
+    )
+    try:
+        with SystemRegion.create(4096) as region:
+            mode = stat.S_IMODE(os.stat(_segments.SHM_DIR / region.key.lstrip("/")).st_mode)
+            healthy &= _report(mode == 0o600, f"created {region.key} with mode {mode:o} (want 600)")
+            probe = SystemRegion.attach(region.key, readonly=True)
+            probe.close()
+            healthy &= _report(True, "attach by key works")
+    except Error as exc:
+        healthy &= _report(False, f"cannot create a segment: {exc}")
+    dead = [s for s in _segments.list_segments() if not s.alive]
+    healthy &= _report(
+        None if dead else True,
+        f"{len(dead)} segment(s) of dead processes" + (" (run `tritonshm gc`)" if dead else ""),
+    )
+    if server_url is not None:
+        healthy &= _check_server(server_url)
+    return 0 if healthy else 1
+
+
+def _check_server(url: str) -> bool:
+    from . import triton
+    from .client import _Connector
+
+    connector = _Connector(url, verbose=False, io_threads=1)
+    try:
+        with SystemRegion.create(4096) as region:
+            try:
+                name = connector.call(lambda tc: triton.register(tc, region))
+            except Error as exc:
+                return _report(False, f"the server at {url} cannot use our memory: {exc}")
+            connector.call(lambda tc: triton.unregister(tc, name))
+        return _report(True, f"the server at {url} opened a segment of ours: shared memory works")
+    finally:
+        connector.close()

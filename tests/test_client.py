@@ -1,0 +1,270 @@
+"""tritonshm.Client against a real Triton server, over gRPC and HTTP."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gc
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import tritonshm
+from triton_fixtures import client_url
+
+
+@pytest.fixture
+def client(server, protocol):
+    with tritonshm.Client(client_url(server, protocol)) as c:
+        yield c
+
+
+def floats(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# -- discovery -------------------------------------------------------------
+
+
+def test_model_info_is_read_from_the_server_and_cached(client):
+    info = client.model_info("batched_fp32")
+    assert info.max_batch_size == 8 and info.batched
+    assert [(t.name, t.datatype, t.dims) for t in info.inputs] == [("INPUT0", "FP32", (4,))]
+    assert [(t.name, t.datatype, t.dims) for t in info.outputs] == [("OUTPUT0", "FP32", (4,))]
+    assert client.model_info("batched_fp32") is info
+    variable = client.model_info("variable_fp32")
+    assert variable.max_batch_size == 0 and variable.inputs[0].dims == (-1, -1)
+
+
+def test_unknown_model_is_a_clear_server_error(client):
+    with pytest.raises(tritonshm.ServerError, match="no_such_model"):
+        client.infer("no_such_model", {"INPUT0": floats(4)})
+
+
+# -- inference -------------------------------------------------------------
+
+IDENTITY = {
+    "identity_fp32": np.float32,
+    "identity_fp16": np.float16,
+    "identity_int8": np.int8,
+    "identity_uint8": np.uint8,
+    "identity_int32": np.int32,
+    "identity_int64": np.int64,
+    "identity_bool": np.bool_,
+}
+
+
+@pytest.mark.parametrize("model", sorted(IDENTITY))
+def test_every_dtype_round_trips(client, model):
+    data = (np.arange(1000) % 7 == 0) if IDENTITY[model] is np.bool_ else np.arange(1000).astype(IDENTITY[model])
+    out = client.infer(model, {"INPUT0": data})
+    assert out["OUTPUT0"].dtype == data.dtype
+    assert np.array_equal(out["OUTPUT0"], data)
+
+
+def test_bytes_tensors_round_trip(client):
+    data = np.array([b"a", b"", "\u00e9".encode(), b"\x00" * 100], dtype=object)
+    out = client.infer("identity_bytes", {"INPUT0": data})
+    assert list(out["OUTPUT0"]) == list(data)
+
+
+def test_two_inputs_two_outputs_and_output_selection(client):
+    a, b = floats(16, seed=1), floats(16, seed=2)
+    out = client.infer("add_sub", {"INPUT0": a, "INPUT1": b})
+    assert np.array_equal(out["OUTPUT0"], a + b) and np.array_equal(out["OUTPUT1"], a - b)
+    only = client.infer("add_sub", {"INPUT0": a, "INPUT1": b}, outputs=["OUTPUT1"])
+    assert list(only) == ["OUTPUT1"] and np.array_equal(only["OUTPUT1"], a - b)
+
+
+def test_accepts_array_likes_with_the_right_dtype(client):
+    out = client.infer("identity_int64", {"INPUT0": [1, 2, 3]})
+    assert out["OUTPUT0"].tolist() == [1, 2, 3]
+    # A non-contiguous input is copied into the slot once, correctly.
+    strided = np.arange(20, dtype=np.float32)[::2]
+    assert np.array_equal(client.infer("identity_fp32", {"INPUT0": strided})["OUTPUT0"], strided)
+
+
+def test_bad_inputs_are_refused_before_anything_is_sent(client):
+    with pytest.raises(tritonshm.DTypeMismatch, match="'INPUT0'.*FP32.*float64") as exc:
+        client.infer("identity_fp32", {"INPUT0": np.zeros(4)})
+    assert isinstance(exc.value, TypeError)
+    with pytest.raises(tritonshm.DTypeMismatch, match="no silent casts"):
+        client.infer("identity_fp32", {"INPUT0": [1.0, 2.0]})
+    with pytest.raises(tritonshm.ShapeMismatch, match=r"\[-1, 4\]") as exc:
+        client.infer("batched_fp32", {"INPUT0": floats(2, 5)})
+    assert isinstance(exc.value, ValueError)
+    with pytest.raises(tritonshm.ShapeMismatch, match=r"\[16\]"):
+        client.infer("add_sub", {"INPUT0": floats(15), "INPUT1": floats(15)})
+    with pytest.raises(tritonshm.ShapeMismatch, match="missing.*INPUT1"):
+        client.infer("add_sub", {"INPUT0": floats(16)})
+    with pytest.raises(tritonshm.ShapeMismatch, match="unknown.*BOGUS"):
+        client.infer("identity_fp32", {"INPUT0": floats(4), "BOGUS": floats(4)})
+    with pytest.raises(tritonshm.ShapeMismatch, match="unknown.*NOPE"):
+        client.infer("identity_fp32", {"INPUT0": floats(4)}, outputs=["NOPE"])
+
+
+def test_large_batches_are_chunked_and_reassembled_in_order(client):
+    batch = floats(100, 4)  # max_batch_size is 8: 13 chunks over 4 slots
+    out = client.infer("batched_fp32", {"INPUT0": batch})
+    assert out["OUTPUT0"].shape == (100, 4)
+    assert np.array_equal(out["OUTPUT0"], batch * 2)
+    with pytest.raises(ValueError, match="copy=False"):
+        client.infer("batched_fp32", {"INPUT0": batch}, copy=False)
+
+
+def test_unbatched_models_are_not_chunked(client):
+    data = floats(200_000)
+    assert np.array_equal(client.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)
+
+
+def test_variable_dims_grow_the_pool_and_retire_the_old_one(client):
+    small, large = floats(2, 3), floats(64, 128)
+    assert np.array_equal(client.infer("variable_fp32", {"INPUT0": small})["OUTPUT0"], small + 1)
+    first = client._pools[("variable_fp32", "")]
+    assert np.array_equal(client.infer("variable_fp32", {"INPUT0": large})["OUTPUT0"], large + 1)
+    second = client._pools[("variable_fp32", "")]
+    assert second is not first and second.layout.slot_bytes > first.layout.slot_bytes
+    assert first.region.closed  # every slot was back, so it was dropped at once
+    names = tritonshm.status(client.tritonclient)
+    assert second.name in names and first.name not in names
+    # Smaller requests keep using the larger pool.
+    assert np.array_equal(client.infer("variable_fp32", {"INPUT0": small})["OUTPUT0"], small + 1)
+    assert client._pools[("variable_fp32", "")] is second
+
+
+def test_undersized_variable_output_is_grown_and_retried(client):
+    data = floats(1000)
+    out = client.infer("tile_fp32", {"INPUT0": data})  # output is twice the input
+    assert np.array_equal(out["OUTPUT0"], np.concatenate([data, data]))
+
+
+def test_infer_async_returns_a_future(client):
+    data = floats(64)
+    futures = [client.infer_async("identity_fp32", {"INPUT0": data + i}) for i in range(10)]
+    assert all(isinstance(f, concurrent.futures.Future) for f in futures)
+    for i, f in enumerate(futures):
+        assert np.array_equal(f.result(timeout=60)["OUTPUT0"], data + i)
+
+
+# -- the zero-copy path and slot lifetimes ---------------------------------
+
+
+def test_request_gives_views_into_the_slot(client):
+    with client.request("batched_fp32", batch_size=3) as req:
+        x = req.inputs["INPUT0"]
+        assert x.shape == (3, 4) and x.dtype == np.float32 and x.flags.writeable
+        x[:] = floats(3, 4)
+        out = req.run()
+        assert np.array_equal(out["OUTPUT0"], x * 2)
+        # Running again on changed inputs reuses the slot.
+        x += 1
+        again = req.run()
+    assert np.array_equal(again["OUTPUT0"], x * 2)
+    assert not out["OUTPUT0"].flags.owndata  # a view of the slot, not a copy
+
+
+def test_request_checks_its_arguments(client):
+    with pytest.raises(tritonshm.ShapeMismatch, match="batch_size"):
+        client.request("batched_fp32", batch_size=9)
+    with pytest.raises(tritonshm.ShapeMismatch, match="does not batch"):
+        client.request("identity_fp32", batch_size=2)
+    with pytest.raises(tritonshm.ShapeMismatch, match="shapes="):
+        client.request("variable_fp32")
+    with client.request("variable_fp32", shapes={"INPUT0": (5, 7)}) as req:
+        req.inputs["INPUT0"][:] = 1
+        assert np.array_equal(req.run()["OUTPUT0"], np.full((5, 7), 2, np.float32))
+
+
+def test_slot_returns_only_when_every_view_is_gone(server, protocol):
+    with tritonshm.Client(client_url(server, protocol), slots=1) as c:
+        data = floats(16)
+        view = c.infer("identity_fp32", {"INPUT0": data}, copy=False)["OUTPUT0"]
+        derived = view[4:8]  # a view of the view also holds the slot
+        del view
+        with pytest.raises(tritonshm.PoolExhausted, match="1 held by live result views") as exc:
+            c.infer("identity_fp32", {"INPUT0": data}, timeout=0.2)
+        assert isinstance(exc.value, TimeoutError)
+        assert np.array_equal(derived, data[4:8])
+        del derived
+        gc.collect()
+        assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data}, timeout=5)["OUTPUT0"], data)
+
+
+def test_copy_false_results_survive_many_later_requests(server, protocol):
+    with tritonshm.Client(client_url(server, protocol), slots=4) as c:
+        kept = [(floats(256, seed=i), None) for i in range(3)]
+        kept = [(x, c.infer("identity_fp32", {"INPUT0": x}, copy=False)["OUTPUT0"]) for x, _ in kept]
+        for i in range(60):  # only one slot left for these
+            noise = floats(256, seed=100 + i)
+            assert np.array_equal(c.infer("identity_fp32", {"INPUT0": noise})["OUTPUT0"], noise)
+        for x, view in kept:
+            assert np.array_equal(view, x)
+
+
+def test_waiting_request_gets_a_slot_when_views_go(server, protocol):
+    with tritonshm.Client(client_url(server, protocol), slots=1) as c:
+        data = floats(8)
+        held = c.infer("identity_fp32", {"INPUT0": data}, copy=False)
+        released = threading.Timer(0.3, held.clear)  # drop the views from another thread
+        released.start()
+        out = c.infer("identity_fp32", {"INPUT0": data}, timeout=30)
+        released.join()
+        assert np.array_equal(out["OUTPUT0"], data)
+
+
+def test_results_outlive_the_client(server, protocol):
+    c = tritonshm.Client(client_url(server, protocol))
+    data = floats(32)
+    view = c.infer("identity_fp32", {"INPUT0": data}, copy=False)["OUTPUT0"]
+    c.close()
+    c.close()  # idempotent
+    assert np.array_equal(view, data)  # its memory stays mapped while the view lives
+    with pytest.raises(tritonshm.Error, match="closed"):
+        c.infer("identity_fp32", {"INPUT0": data})
+
+
+# -- threads ---------------------------------------------------------------
+
+
+def test_many_threads_share_one_client_and_keep_their_data_apart(server, protocol):
+    threads, per_thread = 8, 200
+    with tritonshm.Client(client_url(server, protocol), slots=4) as c:
+
+        def worker(t):
+            rng = np.random.default_rng(t)
+            for i in range(per_thread):
+                x = rng.standard_normal(rng.integers(1, 512)).astype(np.float32)
+                x[0] = t * 1000 + i  # a signature: each result must be this request's
+                out = c.infer("identity_fp32_2inst", {"INPUT0": x})["OUTPUT0"]
+                if not np.array_equal(out, x):
+                    return f"thread {t} request {i} got someone else's data"
+            return None
+
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            problems = [p for p in pool.map(worker, range(threads)) if p]
+    assert problems == []
+
+
+# -- self-healing ----------------------------------------------------------
+
+
+def test_server_restart_mid_stream_reregisters(fresh_server, protocol):
+    with tritonshm.Client(client_url(fresh_server, protocol)) as c:
+        data = floats(128)
+        for i in range(5):
+            assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data + i})["OUTPUT0"], data + i)
+        fresh_server.restart()
+        for i in range(5):
+            assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data - i})["OUTPUT0"], data - i)
+        pool = c._pools[("identity_fp32", "")]
+        assert pool.name in tritonshm.status(c.tritonclient)
+
+
+def test_wire_transport_never_touches_shared_memory(server, protocol):
+    with tritonshm.Client(client_url(server, protocol), transport="wire") as c:
+        data = floats(64)
+        assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)
+        assert c._pools == {}
+        with pytest.raises(tritonshm.Error, match="wire"):
+            c.request("identity_fp32")
