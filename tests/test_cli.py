@@ -1,0 +1,91 @@
+"""The ``tritonshm`` command: demo, ls, gc, doctor -- run as a user would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import tritonshm
+from tritonshm import _segments
+
+
+def tritonshm_cmd(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "tritonshm", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_demo_runs_end_to_end_and_checks_every_output():
+    done = tritonshm_cmd("demo", "--sizes-kib", "4", "1024", "--seconds", "0.05")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.split()[:2] == ["4", "KiB"] for line in lines), done.stdout
+    assert any(line.split()[:2] == ["1", "MiB"] for line in lines), done.stdout
+    assert "every output checked" in done.stdout
+
+
+def test_ls_lists_live_segments_with_pid_and_size():
+    with tritonshm.SystemRegion.create(8192) as region:
+        done = tritonshm_cmd("ls")
+        assert done.returncode == 0
+        line = next(l for l in done.stdout.splitlines() if region.key in l)
+        assert str(os.getpid()) in line and "live" in line and "8 KiB" in line
+
+
+def test_gc_removes_segments_of_a_client_killed_with_sigkill(server):
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time, numpy as np, tritonshm
+            c = tritonshm.Client({server.grpc_url!r})
+            c.infer("identity_fp32", {{"INPUT0": np.ones(8, np.float32)}})
+            print("ready", flush=True)
+            time.sleep(600)
+        """)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        theirs = [s for s in _segments.list_segments() if s.pid == child.pid]
+        assert theirs and all(s.alive for s in theirs)
+        assert theirs[0].key not in tritonshm_cmd("gc").stdout  # its creator lives: kept
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+    assert all(not s.alive for s in _segments.list_segments() if s.pid == child.pid)
+    dry = tritonshm_cmd("gc", "--dry-run")
+    assert theirs[0].key in dry.stdout and os.path.exists("/dev/shm" + theirs[0].key)
+    done = tritonshm_cmd("gc")
+    assert done.returncode == 0 and theirs[0].key in done.stdout
+    assert not [s for s in _segments.list_segments() if s.pid == child.pid]
+
+
+def test_gc_never_touches_live_segments():
+    with tritonshm.SystemRegion.create(4096) as region:
+        tritonshm_cmd("gc")
+        assert os.path.exists("/dev/shm" + region.key)
+
+
+def test_doctor_checks_shm_and_the_server(server):
+    done = tritonshm_cmd("doctor", "--url", server.grpc_url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "mode 600" in done.stdout
+    assert "shared memory works" in done.stdout
+
+
+def test_module_and_console_script_agree():
+    done = tritonshm_cmd("--help")
+    assert done.returncode == 0 and "demo" in done.stdout and "gc" in done.stdout
+
+
+def test_readme_test_command_is_what_ci_runs():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md")).read()
+    ci = open(os.path.join(root, ".ci", "run")).read().splitlines()
+    command = ci[-1].strip()
+    assert command in readme, f"README must show CI's test command: {command}"
+    assert "tritonshm demo" in readme
