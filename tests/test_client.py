@@ -268,3 +268,30 @@ def test_wire_transport_never_touches_shared_memory(server, protocol):
         assert c._pools == {}
         with pytest.raises(tritonshm.Error, match="wire"):
             c.request("identity_fp32")
+
+
+@pytest.fixture(scope="module")
+def isolated_server():
+    """A real server with a /dev/shm of its own: it cannot open our segments,
+    exactly like a server on another machine or in another IPC namespace."""
+    from tritonshm.server import LocalServer
+
+    with LocalServer(private_shm=True) as srv:
+        yield srv
+
+
+def test_falls_back_to_the_wire_when_the_server_cannot_see_our_memory(isolated_server, protocol):
+    url = client_url(isolated_server, protocol)
+    data = floats(256)
+    with tritonshm.Client(url) as c:
+        with pytest.warns(RuntimeWarning, match="falling back.*cannot open our shared memory"):
+            out = c.infer("identity_fp32", {"INPUT0": data})
+        assert np.array_equal(out["OUTPUT0"], data)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # one warning, not one per request
+            batch = floats(20, 4)
+            assert np.array_equal(c.infer("batched_fp32", {"INPUT0": batch})["OUTPUT0"], batch * 2)
+        assert c._pools == {}
+    with tritonshm.Client(url, transport="shm") as strict:
+        with pytest.raises(tritonshm.SharedMemoryRefused, match="--ipc=host"):
+            strict.infer("identity_fp32", {"INPUT0": data})

@@ -15,12 +15,16 @@ from tritonshm.server import LocalServer
 def server():
     """A running LocalServer with the bundled models, shared by the session."""
     with LocalServer() as srv:
-        # tritonclient.http runs on gevent, whose hub opens an epoll and an
-        # eventfd per thread on first use and keeps them: make them exist
+        # tritonclient.http's gevent hub keeps an epoll and an eventfd per
+        # thread once used, gRPC its own process-wide pollers: create them
         # before the leak checks take their first snapshot.
+        import tritonclient.grpc
         import tritonclient.http
 
         tritonclient.http.InferenceServerClient(srv.http_url).close()
+        warm = tritonclient.grpc.InferenceServerClient(srv.grpc_url)
+        warm.is_server_live()
+        warm.close()
         yield srv
 
 

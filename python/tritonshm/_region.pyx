@@ -117,6 +117,8 @@ cdef int _export(Py_buffer *view, object owner, tshm_mapping *m, size_t offset,
     not only on *owner*, so closing a region cannot unmap memory that a
     consumer still uses; :func:`_release` drops it.
     """
+    if m == NULL:  # a Window made with Window.__new__, not by SystemRegion.window()
+        raise RegionClosed(f"{owner!r} has no memory")
     if (flags & PyBUF_WRITABLE) and m.readonly:
         raise ReadOnlyRegion(f"{owner!r} is mapped read-only: no writable buffer")
     tshm_mapping_incref(m)
@@ -377,10 +379,12 @@ cdef class SystemRegion:
         the rest of the region.
         """
         cdef Window w
+        cdef tshm_mapping *m
         off, size = self.span(offset, nbytes)
+        m = self._live_mapping()  # span() can run __index__ code that closes us
         w = Window.__new__(Window)
-        tshm_mapping_incref(self._mapping)
-        w._mapping = self._mapping
+        tshm_mapping_incref(m)
+        w._mapping = m
         w._key = self._key
         w._offset = off
         w._nbytes = size
@@ -514,7 +518,7 @@ cdef class Window:
     @property
     def readonly(self):
         """True when the memory is mapped read-only."""
-        return bool(self._mapping.readonly)
+        return self._mapping != NULL and bool(self._mapping.readonly)
 
     @property
     def exports(self):

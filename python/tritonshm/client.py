@@ -240,7 +240,9 @@ class _Connector:
         self.protocol = protocol
         self.ssl = url.startswith("https://")
         self.verbose = verbose
-        self.shared = self.new()
+        # gRPC: the one client every call uses.  HTTP: made only if the user
+        # asks for Client.tritonclient, as gevent ties it to the asking thread.
+        self._shared = None if self.http else self.new()
         self._io_threads = io_threads
         self._io: _Workers | None = None
         self._local = threading.local()   # an I/O thread's own HTTP client
@@ -253,10 +255,19 @@ class _Connector:
             return self.protocol.InferenceServerClient(self.address, verbose=self.verbose, ssl=self.ssl)
         return self.protocol.InferenceServerClient(self.address, verbose=self.verbose)
 
+    @property
+    def shared(self) -> Any:
+        """The client handed to users as ``Client.tritonclient``."""
+        if self._shared is None:
+            with self._lock:
+                if self._shared is None:
+                    self._shared = self.new()
+        return self._shared
+
     def call(self, fn: Callable[[Any], Any]) -> Any:
         """``fn(client)`` with a tritonclient client that is safe in this thread."""
         if not self.http:
-            return fn(self.shared)
+            return fn(self._shared)
         io = self._io_workers()
         if io is None:
             # Closing (or closed): a short-lived client of this thread's own.
@@ -297,10 +308,11 @@ class _Connector:
             io, self._io, self._closed = self._io, None, True
         if io is not None:
             io.shutdown()
-        try:
-            self.shared.close()
-        except Exception:
-            pass  # closing a connection to a dead server may fail; nothing to keep
+        if self._shared is not None:
+            try:
+                self._shared.close()
+            except Exception:
+                pass  # closing a connection to a dead server may fail; nothing to keep
 
 
 class _SlotPool:
@@ -332,6 +344,15 @@ class _SlotPool:
         """Slots out of the pool whose request is over but whose views live on."""
         return self.nslots - len(self._free) - self._running
 
+    def try_acquire(self) -> tuple[int, Any] | None:
+        """Lease a free slot without waiting: ``(index, window)``, or None."""
+        with self._cond:
+            if not self._free:
+                return None
+            index = self._free.popleft()
+            self._running += 1
+        return self._lease(index)
+
     def acquire(self, timeout: float | None) -> tuple[int, Any]:
         """Lease a free slot: ``(index, window)``; waits up to *timeout* seconds."""
         with self._cond:
@@ -344,8 +365,10 @@ class _SlotPool:
                 )
             index = self._free.popleft()
             self._running += 1
-        offset = index * self.layout.slot_bytes
-        window = self.region.window(offset, self.layout.slot_bytes)
+        return self._lease(index)
+
+    def _lease(self, index: int) -> tuple[int, Any]:
+        window = self.region.window(index * self.layout.slot_bytes, self.layout.slot_bytes)
         finalizer = weakref.finalize(window, self._release, index)
         finalizer.atexit = False
         return index, window
@@ -435,8 +458,9 @@ class Request:
         """Run the inference on the inputs as they are now; outputs are slot views."""
         if self._window is None:
             raise Error("this request is closed")
-        return self._client._run_in_slot(self._info, self._pool, self._index, self._window,
-                                         self._shapes, outputs, copy=False)
+        client = self._client
+        return client._drive(client._slot_steps(self._info, self._pool, self._index, self._window,
+                                                self._shapes, outputs, copy=False))
 
     def close(self) -> None:
         """Give up this request's hold on the slot (views keep it until they go)."""
@@ -481,7 +505,6 @@ class Client:
         self._connector = _Connector(url, verbose, io_threads=slots)
         self._http = self._connector.http
         self._protocol = self._connector.protocol
-        self._tritonclient = self._connector.shared
         self._lock = threading.RLock()
         self._models: dict[tuple[str, str], ModelInfo] = {}
         self._pools: dict[tuple[str, str], _SlotPool] = {}
@@ -498,8 +521,12 @@ class Client:
 
     @property
     def tritonclient(self) -> Any:
-        """The underlying tritonclient client: every standard call stays available."""
-        return self._tritonclient
+        """The underlying tritonclient client: every standard call stays available.
+
+        An HTTP one (like every tritonclient HTTP client) works only in the
+        thread that first asked for it.
+        """
+        return self._connector.shared
 
     def _check_open(self) -> None:
         if self._closed:
@@ -613,6 +640,11 @@ class Client:
                 continue
             needs[spec.name] = spec.item_bytes * rows if spec.fixed else largest
         return needs
+
+    def _ready_pool(self, info: ModelInfo, needs: Mapping[str, int]) -> _SlotPool | None:
+        """The model's pool if it exists and fits *needs* (no I/O), else None."""
+        pool = self._pools.get((info.name, info.version))
+        return pool if pool is not None and pool.layout.fits(needs) else None
 
     def _pool(self, info: ModelInfo, needs: Mapping[str, int]) -> _SlotPool | None:
         """The model's pool, made or grown to fit *needs*; None for the wire."""
@@ -741,15 +773,24 @@ class Client:
         index, window = pool.acquire(self.timeout if timeout is None else timeout)
         return Request(self, info, pool, index, window, full)
 
-    def _infer_chunk(self, info: ModelInfo, arrays: Mapping[str, np.ndarray], names: list[str],
-                     copy: bool, timeout: float | None) -> dict[str, np.ndarray]:
+    # A request is written once, as generators of steps with no I/O in them
+    # ("sans-I/O"): they yield what needs doing -- ("pool", info, needs),
+    # ("acquire", pool, timeout), ("send", info, inputs, outputs),
+    # ("reregister", pool, generation) -- and get the outcome sent back (or
+    # its exception thrown in).  _drive() carries the steps out blocking;
+    # tritonshm.aio carries the same steps out with asyncio.
+
+    def _chunk_steps(self, info: ModelInfo, arrays: Mapping[str, np.ndarray], names: list[str],
+                     copy: bool, timeout: float | None):
+        """Steps of one request that fits a slot: lease, copy in, run, collect."""
         shapes = {name: array.shape for name, array in arrays.items()}
         needs = self._needs(info, shapes)
         for attempt in range(_GROW_ATTEMPTS):
-            pool = None if self._wire_only else self._pool(info, needs)
+            pool = None if self._wire_only else (yield ("pool", info, needs))
             if pool is None:
-                return self._infer_wire(info, arrays, names)
-            index, window = pool.acquire(timeout)
+                result = yield ("send", info, *self._wire_request(info, arrays, names))
+                return {name: result.as_numpy(name) for name in names}
+            index, window = yield ("acquire", pool, timeout)
             try:
                 for spec in info.inputs:
                     if spec.datatype != "BYTES":
@@ -757,7 +798,8 @@ class Client:
                                               pool.layout.offsets[spec.name])
                         np.copyto(view, arrays[spec.name], casting="no")
                         del view
-                return self._run_in_slot(info, pool, index, window, shapes, names, copy, arrays)
+                return (yield from self._slot_steps(info, pool, index, window, shapes, names, copy,
+                                                    arrays))
             except OutputTooSmall as exc:
                 # A variable-size output outgrew its guess: grow to what the
                 # server asked for and run again on a slot of the new pool.
@@ -770,11 +812,67 @@ class Client:
                 del window
         raise AssertionError("unreachable")
 
-    def _run_in_slot(self, info: ModelInfo, pool: _SlotPool, index: int, window: Any,
-                     shapes: Mapping[str, tuple[int, ...]], names: Sequence[str] | None, copy: bool,
-                     arrays: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Infer with the inputs already in slot *index*; outputs land there too."""
+    def _slot_steps(self, info: ModelInfo, pool: _SlotPool, index: int, window: Any,
+                    shapes: Mapping[str, tuple[int, ...]], names: Sequence[str] | None, copy: bool,
+                    arrays: Mapping[str, np.ndarray] | None = None):
+        """Steps of running the inputs already in slot *index*; outputs land there too."""
         names = self._output_names(info, names)
+        inputs, requested = self._slot_request(info, pool, index, window, shapes, names, arrays)
+        generation = pool.generation
+        try:
+            result = yield ("send", info, inputs, requested)
+        except RegionNotRegistered:
+            yield ("reregister", pool, generation)  # the server restarted: register, retry once
+            result = yield ("send", info, inputs, requested)
+        outputs = {}
+        for name in names:
+            spec = next(s for s in info.outputs if s.name == name)
+            if spec.datatype == "BYTES":
+                outputs[name] = result.as_numpy(name)
+                continue
+            tensor = result.get_output(name)
+            shape = [int(d) for d in (tensor["shape"] if isinstance(tensor, dict) else tensor.shape)]
+            view = window.ndarray(spec.dtype, shape, pool.layout.offsets[name])
+            outputs[name] = view.copy() if copy else view
+        return outputs
+
+    def _drive(self, steps) -> Any:
+        """Carry out request steps, blocking; the steps' result."""
+        outcome: Any = None
+        failure: BaseException | None = None
+        while True:
+            try:
+                step = steps.throw(failure) if failure is not None else steps.send(outcome)
+            except StopIteration as stop:
+                return stop.value
+            outcome, failure = None, None
+            kind = step[0]
+            try:
+                if kind == "send":
+                    outcome = self._send(*step[1:])
+                elif kind == "acquire":
+                    outcome = step[1].acquire(step[2])
+                elif kind == "pool":
+                    outcome = self._pool(step[1], step[2])
+                elif kind == "reregister":
+                    outcome = step[1].reregister(step[2])
+                else:
+                    raise AssertionError(f"unknown step {kind!r}")
+            except Exception as exc:
+                failure = exc
+
+    def _infer_chunk(self, info: ModelInfo, arrays: Mapping[str, np.ndarray], names: list[str],
+                     copy: bool, timeout: float | None) -> dict[str, np.ndarray]:
+        return self._drive(self._chunk_steps(info, arrays, names, copy, timeout))
+
+    def _slot_request(self, info: ModelInfo, pool: _SlotPool, index: int, window: Any,
+                      shapes: Mapping[str, tuple[int, ...]], names: Sequence[str],
+                      arrays: Mapping[str, np.ndarray] | None) -> tuple[list, list]:
+        """InferInputs and InferRequestedOutputs naming the slot's offsets.
+
+        They are made once per slot and reused: only shapes change between
+        requests, and an output's binding (its offset and room) never does.
+        """
         protocol = self._protocol
         cache = pool.request_objects[index]
         slot_base = window.offset
@@ -809,26 +907,7 @@ class Client:
                                    slot_base + pool.layout.offsets[name],
                                    pool.layout.capacities[name], name=pool.name)
             requested.append(requested_output)
-
-        generation = pool.generation
-        try:
-            result = self._send(info, inputs, requested)
-        except RegionNotRegistered:
-            pool.reregister(generation)  # the server restarted: register again, retry once
-            result = self._send(info, inputs, requested)
-
-        outputs = {}
-        for name in names:
-            spec = next(s for s in info.outputs if s.name == name)
-            if spec.datatype == "BYTES":
-                outputs[name] = result.as_numpy(name)
-                continue
-            tensor = result.get_output(name)
-            shape = [int(d) for d in (tensor["shape"] if isinstance(tensor, dict) else tensor.shape)]
-            offset = pool.layout.offsets[name]
-            view = window.ndarray(spec.dtype, shape, offset)
-            outputs[name] = view.copy() if copy else view
-        return outputs
+        return inputs, requested
 
     def _requested_output(self, name: str) -> Any:
         if self._http:
@@ -844,9 +923,9 @@ class Client:
         except Exception as exc:
             raise triton.translate_error(exc, f"inferring with model {info.name!r}") from exc
 
-    def _infer_wire(self, info: ModelInfo, arrays: Mapping[str, np.ndarray],
-                    names: list[str]) -> dict[str, np.ndarray]:
-        """The plain gRPC/HTTP path: tensors travel inside the messages."""
+    def _wire_request(self, info: ModelInfo, arrays: Mapping[str, np.ndarray],
+                      names: list[str]) -> tuple[list, list]:
+        """Inputs and outputs for the plain gRPC/HTTP path: tensors inside the messages."""
         inputs = []
         for spec in info.inputs:
             array = arrays[spec.name]
@@ -855,8 +934,7 @@ class Client:
             wire = self._protocol.InferInput(spec.name, list(array.shape), spec.datatype)
             wire.set_data_from_numpy(array)
             inputs.append(wire)
-        result = self._send(info, inputs, [self._requested_output(n) for n in names])
-        return {name: result.as_numpy(name) for name in names}
+        return inputs, [self._requested_output(n) for n in names]
 
     # -- lifetime ---------------------------------------------------------
 

@@ -1,0 +1,127 @@
+"""The asyncio client: :class:`tritonshm.Client` on tritonclient's aio clients.
+
+    async with tritonshm.aio.Client("localhost:8001") as c:
+        out = await c.infer("model", {"INPUT0": x})
+
+It runs exactly the request steps of :class:`tritonshm.Client` (discovery,
+slot pools, chunking, re-registration, output growth, wire fallback): only
+the way each step is carried out differs.  Inference goes through
+``tritonclient.grpc.aio`` / ``tritonclient.http.aio`` on the event loop; the
+rare control steps (making a pool and registering it, waiting for a slot
+when all are busy) run in a worker thread so the loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import triton
+from .client import Client as _SyncClient
+from .client import ModelInfo
+from .errors import ServerError
+
+__all__ = ["Client"]
+
+
+class Client:
+    """An asyncio Triton client that moves tensors through pooled shared memory.
+
+    Takes the same arguments as :class:`tritonshm.Client`.  Use it with
+    ``async with``, or call :meth:`close` (a coroutine) when done.
+    """
+
+    def __init__(self, url: str = "localhost:8001", **kwargs: Any):
+        # The blocking client owns discovery, pools and registrations; its
+        # request steps are shared with this one.
+        self._sync = _SyncClient(url, **kwargs)
+        if self._sync._http:
+            import tritonclient.http.aio as protocol
+        else:
+            import tritonclient.grpc.aio as protocol
+        self._aio = protocol.InferenceServerClient(self._sync._connector.address)
+
+    @property
+    def tritonclient(self) -> Any:
+        """The underlying tritonclient aio client."""
+        return self._aio
+
+    async def model_info(self, model: str, version: str = "") -> ModelInfo:
+        """What the server says about *model* (cached per model and version)."""
+        return await asyncio.to_thread(self._sync.model_info, model, version)
+
+    async def infer(self, model: str, inputs: Mapping[str, Any], *,
+                    outputs: Sequence[str] | None = None, version: str = "", copy: bool = True,
+                    timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Like :meth:`tritonshm.Client.infer`; chunks of a large batch run concurrently."""
+        sync = self._sync
+        sync._check_open()
+        info = sync._models.get((model, version)) or await self.model_info(model, version)
+        arrays, batch = sync._check_inputs(info, inputs)
+        names = sync._output_names(info, outputs)
+        wait = sync.timeout if timeout is None else timeout
+        if not info.batched or batch <= info.max_batch_size:
+            return await self._drive(sync._chunk_steps(info, arrays, names, copy, wait))
+        if not copy:
+            raise ValueError(
+                f"copy=False needs one slot, but a batch of {batch} on model {info.name!r} "
+                f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
+            )
+        step = info.max_batch_size
+        parts = await asyncio.gather(*(
+            self._drive(sync._chunk_steps(info, {n: a[i:i + step] for n, a in arrays.items()},
+                                          names, True, wait))
+            for i in range(0, batch, step)
+        ))
+        return {name: np.concatenate([p[name] for p in parts]) for name in names}
+
+    async def _drive(self, steps) -> Any:
+        """Carry out request steps (see ``Client._chunk_steps``) on the event loop."""
+        sync = self._sync
+        outcome: Any = None
+        failure: BaseException | None = None
+        while True:
+            try:
+                step = steps.throw(failure) if failure is not None else steps.send(outcome)
+            except StopIteration as stop:
+                return stop.value
+            outcome, failure = None, None
+            kind = step[0]
+            try:
+                if kind == "send":
+                    outcome = await self._send(*step[1:])
+                elif kind == "acquire":
+                    pool, timeout = step[1], step[2]
+                    outcome = pool.try_acquire() or await asyncio.to_thread(pool.acquire, timeout)
+                elif kind == "pool":
+                    outcome = sync._ready_pool(step[1], step[2])
+                    if outcome is None:
+                        outcome = await asyncio.to_thread(sync._pool, step[1], step[2])
+                elif kind == "reregister":
+                    outcome = await asyncio.to_thread(step[1].reregister, step[2])
+                else:
+                    raise AssertionError(f"unknown step {kind!r}")
+            except Exception as exc:
+                failure = exc
+
+    async def _send(self, info: ModelInfo, inputs: list, outputs: list) -> Any:
+        try:
+            return await self._aio.infer(info.name, inputs, model_version=info.version,
+                                         outputs=outputs)
+        except ServerError:
+            raise
+        except Exception as exc:
+            raise triton.translate_error(exc, f"inferring with model {info.name!r}") from exc
+
+    async def close(self) -> None:
+        """Unregister and unlink this client's regions, close its connections; idempotent."""
+        await asyncio.to_thread(self._sync.close)
+        await self._aio.close()
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
