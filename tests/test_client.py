@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import warnings
 
@@ -295,3 +299,31 @@ def test_falls_back_to_the_wire_when_the_server_cannot_see_our_memory(isolated_s
     with tritonshm.Client(url, transport="shm") as strict:
         with pytest.raises(tritonshm.SharedMemoryRefused, match="--ipc=host"):
             strict.infer("identity_fp32", {"INPUT0": data})
+
+
+def test_forgotten_client_is_cleaned_up_by_gc(server):
+    c = tritonshm.Client(server.grpc_url)
+    c.infer("identity_fp32", {"INPUT0": floats(8)})
+    pool = c._pools[("identity_fp32", "")]
+    key, name = pool.region.key, pool.name
+    del c, pool
+    gc.collect()
+    assert not os.path.exists("/dev/shm" + key)
+    with tritonshm.Client(server.grpc_url) as other:
+        assert name not in tritonshm.status(other.tritonclient)
+
+
+def test_forgotten_client_is_cleaned_up_at_exit(server):
+    script = textwrap.dedent(f"""
+        import numpy as np, tritonshm
+        c = tritonshm.Client({server.grpc_url!r})
+        c.infer("identity_fp32", {{"INPUT0": np.ones(8, np.float32)}})
+        pool = c._pools[("identity_fp32", "")]
+        print(pool.region.key, pool.name)
+    """)  # exits without close()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    key, name = done.stdout.split()
+    assert not os.path.exists("/dev/shm" + key)
+    with tritonshm.Client(server.grpc_url) as other:
+        assert name not in tritonshm.status(other.tritonclient)
