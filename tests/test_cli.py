@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -83,9 +84,9 @@ def test_module_and_console_script_agree():
 
 
 def test_readme_test_command_is_what_ci_runs():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    readme = open(os.path.join(root, "README.md")).read()
-    ci = open(os.path.join(root, ".ci", "run")).read().splitlines()
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    ci = (root / ".ci" / "run").read_text().splitlines()
     command = ci[-1].strip()
     assert command in readme, f"README must show CI's test command: {command}"
     assert "tritonshm demo" in readme

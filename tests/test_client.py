@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tritonshm
-from triton_fixtures import client_url
+from triton_fixtures import NUMERIC_IDENTITY_MODELS, client_url, sample
 
 
 @pytest.fixture
@@ -48,20 +48,9 @@ def test_unknown_model_is_a_clear_server_error(client):
 
 # -- inference -------------------------------------------------------------
 
-IDENTITY = {
-    "identity_fp32": np.float32,
-    "identity_fp16": np.float16,
-    "identity_int8": np.int8,
-    "identity_uint8": np.uint8,
-    "identity_int32": np.int32,
-    "identity_int64": np.int64,
-    "identity_bool": np.bool_,
-}
-
-
-@pytest.mark.parametrize("model", sorted(IDENTITY))
+@pytest.mark.parametrize("model", sorted(NUMERIC_IDENTITY_MODELS))
 def test_every_dtype_round_trips(client, model):
-    data = (np.arange(1000) % 7 == 0) if IDENTITY[model] is np.bool_ else np.arange(1000).astype(IDENTITY[model])
+    data = sample(NUMERIC_IDENTITY_MODELS[model], 1000)
     out = client.infer(model, {"INPUT0": data})
     assert out["OUTPUT0"].dtype == data.dtype
     assert np.array_equal(out["OUTPUT0"], data)

@@ -27,17 +27,12 @@ import tritonclient.http as httpclient
 
 from tritonshm.errors import ServerUnavailable
 from tritonshm.server import LocalServer, bundled_model_repository, group_members
+from triton_fixtures import NUMERIC_IDENTITY_MODELS
 
 MODELS = sorted(p.name for p in bundled_model_repository().iterdir() if (p / "config.pbtxt").is_file())
 
 IDENTITY = {
-    "identity_fp32": np.float32,
-    "identity_fp16": np.float16,
-    "identity_int8": np.int8,
-    "identity_uint8": np.uint8,
-    "identity_int32": np.int32,
-    "identity_int64": np.int64,
-    "identity_bool": np.bool_,
+    **NUMERIC_IDENTITY_MODELS,
     "identity_bytes": np.object_,
     "identity_fp32_2inst": np.float32,
 }
@@ -255,9 +250,10 @@ def test_stop_leaves_no_process_and_no_segment():
     try:
         pgid = srv.pid
         pids = _server_pids(srv)
-        assert len(pids) == 1 + 13  # tritonserver + one Python stub per model instance
+        instances = len(MODELS) + 1  # one per model, two for identity_fp32_2inst
+        assert len(pids) == 1 + instances  # tritonserver + one Python stub per model instance
         segments = _stub_segments(srv)
-        assert len(segments) == 13 and set(segments) <= set(os.listdir("/dev/shm"))
+        assert len(segments) == instances and set(segments) <= set(os.listdir("/dev/shm"))
         grpc_port = int(srv.grpc_url.rsplit(":", 1)[1])
     finally:
         srv.stop()

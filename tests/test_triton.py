@@ -9,30 +9,9 @@ from tritonclient.utils import InferenceServerException, deserialize_bytes_tenso
 import tritonshm
 from tritonshm import triton
 from tritonshm._dtypes import NUMPY_TO_TRITON
-from triton_fixtures import make_client
+from triton_fixtures import NUMERIC_IDENTITY_MODELS, make_client, sample
 
 PAGE = 4096
-
-NUMERIC_MODELS = {
-    "identity_fp32": np.float32,
-    "identity_fp16": np.float16,
-    "identity_int8": np.int8,
-    "identity_uint8": np.uint8,
-    "identity_int32": np.int32,
-    "identity_int64": np.int64,
-    "identity_bool": np.bool_,
-}
-
-
-def sample(dtype, n, seed=0):
-    rng = np.random.default_rng(seed)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, n).astype(bool)
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        return rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
-    return rng.standard_normal(n).astype(dtype)
-
 
 def requested(module, name):
     if module.__name__.endswith("http"):
@@ -46,10 +25,10 @@ def region():
         yield r
 
 
-@pytest.mark.parametrize("model", sorted(NUMERIC_MODELS))
+@pytest.mark.parametrize("model", sorted(NUMERIC_IDENTITY_MODELS))
 def test_every_numeric_dtype_round_trips_through_system_shm(triton_client, region, model):
     module, client = triton_client
-    dtype = np.dtype(NUMERIC_MODELS[model])
+    dtype = np.dtype(NUMERIC_IDENTITY_MODELS[model])
     data = sample(dtype, 37)
     name = tritonshm.register(client, region)
     try:

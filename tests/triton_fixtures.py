@@ -6,9 +6,33 @@ a server start their own with ``fresh_server``.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tritonshm.server import LocalServer
+
+#: The bundled identity models of fixed-size dtypes, and their numpy dtypes.
+NUMERIC_IDENTITY_MODELS = {
+    "identity_fp32": np.float32,
+    "identity_fp16": np.float16,
+    "identity_int8": np.int8,
+    "identity_uint8": np.uint8,
+    "identity_int32": np.int32,
+    "identity_int64": np.int64,
+    "identity_bool": np.bool_,
+}
+
+
+def sample(dtype, n, seed=0):
+    """*n* reproducible values of *dtype* spanning its range."""
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng(seed)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, n).astype(bool)
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+    return rng.standard_normal(n).astype(dtype)
 
 
 @pytest.fixture(scope="session")

@@ -13,24 +13,8 @@ Layers, bottom up (each imports only the ones below it):
 """
 
 from ._region import SystemRegion, Window
-from .errors import (
-    CudaUnavailable,
-    DTypeMismatch,
-    Error,
-    OutOfBounds,
-    OutputTooSmall,
-    PoolExhausted,
-    ReadOnlyRegion,
-    RegionClosed,
-    RegionNotRegistered,
-    RegistrationError,
-    ServerError,
-    ServerUnavailable,
-    ShapeMismatch,
-    SharedMemoryOSError,
-    SharedMemoryRefused,
-    UnsupportedBuffer,
-)
+from . import errors
+from .errors import *  # noqa: F401,F403  (the whole hierarchy, listed in errors.__all__)
 
 from .triton import bind_input, bind_output, register, status, unregister
 from .client import Client
@@ -46,20 +30,5 @@ __all__ = [
     "bind_output",
     "SystemRegion",
     "Window",
-    "Error",
-    "RegionClosed",
-    "OutOfBounds",
-    "DTypeMismatch",
-    "ShapeMismatch",
-    "ReadOnlyRegion",
-    "UnsupportedBuffer",
-    "SharedMemoryOSError",
-    "CudaUnavailable",
-    "ServerError",
-    "ServerUnavailable",
-    "RegistrationError",
-    "RegionNotRegistered",
-    "SharedMemoryRefused",
-    "OutputTooSmall",
-    "PoolExhausted",
+    *errors.__all__,
 ]

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import triton
 from .client import Client as _SyncClient
-from .client import ModelInfo
+from .client import ModelInfo, StepsDone, next_step
 from .errors import ServerError
 
 __all__ = ["Client"]
@@ -79,32 +79,28 @@ class Client:
 
     async def _drive(self, steps) -> Any:
         """Carry out request steps (see ``Client._chunk_steps``) on the event loop."""
-        sync = self._sync
-        outcome: Any = None
-        failure: BaseException | None = None
-        while True:
+        handlers = {
+            "send": self._send,
+            "acquire": self._acquire,
+            "pool": self._pool,
+            "reregister": lambda pool, generation: asyncio.to_thread(pool.reregister, generation),
+        }
+        step = next_step(steps)
+        while not isinstance(step, StepsDone):
             try:
-                step = steps.throw(failure) if failure is not None else steps.send(outcome)
-            except StopIteration as stop:
-                return stop.value
-            outcome, failure = None, None
-            kind = step[0]
-            try:
-                if kind == "send":
-                    outcome = await self._send(*step[1:])
-                elif kind == "acquire":
-                    pool, timeout = step[1], step[2]
-                    outcome = pool.try_acquire() or await asyncio.to_thread(pool.acquire, timeout)
-                elif kind == "pool":
-                    outcome = sync._ready_pool(step[1], step[2])
-                    if outcome is None:
-                        outcome = await asyncio.to_thread(sync._pool, step[1], step[2])
-                elif kind == "reregister":
-                    outcome = await asyncio.to_thread(step[1].reregister, step[2])
-                else:
-                    raise AssertionError(f"unknown step {kind!r}")
+                outcome, failure = await handlers[step[0]](*step[1:]), None
             except Exception as exc:
-                failure = exc
+                outcome, failure = None, exc
+            step = next_step(steps, outcome, failure)
+        return step.value
+
+    async def _acquire(self, pool: Any, timeout: float | None) -> Any:
+        # Waiting for a slot blocks: do it in a thread, and only when none is free.
+        return pool.try_acquire() or await asyncio.to_thread(pool.acquire, timeout)
+
+    async def _pool(self, info: ModelInfo, needs: Mapping[str, int]) -> Any:
+        # Making a pool registers it (blocking I/O): only when the current one won't do.
+        return self._sync._ready_pool(info, needs) or await asyncio.to_thread(self._sync._pool, info, needs)
 
     async def _send(self, info: ModelInfo, inputs: list, outputs: list) -> Any:
         try:

@@ -19,25 +19,14 @@ noisy, so ratios travel better than absolute numbers.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
-from typing import Callable
 
 import numpy as np
 
+from ._timing import median_seconds
+
 MODEL = "identity_fp32"
-
-
-def _median_seconds(run: Callable[[], None], seconds: float, min_runs: int = 5) -> float:
-    run()  # warm-up: first-use costs (pool creation, registration) are not per-request
-    times = []
-    deadline = time.perf_counter() + seconds
-    while len(times) < min_runs or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def measure(grpc_url: str, nbytes: int, seconds: float) -> dict[str, float]:
@@ -63,7 +52,7 @@ def measure(grpc_url: str, nbytes: int, seconds: float) -> dict[str, float]:
         result = raw.infer(MODEL, [infer_input], outputs=[grpcclient.InferRequestedOutput("OUTPUT0")])
         check(result.as_numpy("OUTPUT0"))
 
-    results["grpc"] = _median_seconds(grpc_run, seconds)
+    results["grpc"] = median_seconds(grpc_run, seconds)
 
     # 2. tritonclient's shm utilities
     tag = f"bench-{time.monotonic_ns()}"
@@ -82,7 +71,7 @@ def measure(grpc_url: str, nbytes: int, seconds: float) -> dict[str, float]:
             raw.infer(MODEL, [infer_input], outputs=[out])
             check(tcshm.get_contents_as_numpy(out_handle, np.float32, [count]))
 
-        results["tc-shm"] = _median_seconds(tc_shm_run, seconds)
+        results["tc-shm"] = median_seconds(tc_shm_run, seconds)
     finally:
         raw.unregister_system_shared_memory(f"{tag}-in")
         raw.unregister_system_shared_memory(f"{tag}-out")
@@ -92,7 +81,7 @@ def measure(grpc_url: str, nbytes: int, seconds: float) -> dict[str, float]:
 
     # 3. and 4. tritonshm
     with Client(grpc_url, transport="shm") as client:
-        results["Client"] = _median_seconds(
+        results["Client"] = median_seconds(
             lambda: check(client.infer(MODEL, {"INPUT0": data})["OUTPUT0"]), seconds)
 
         def zero_copy_run() -> None:
@@ -100,7 +89,7 @@ def measure(grpc_url: str, nbytes: int, seconds: float) -> dict[str, float]:
                 request.inputs["INPUT0"][:] = data
                 check(request.run()["OUTPUT0"])
 
-        results["zero-copy"] = _median_seconds(zero_copy_run, seconds)
+        results["zero-copy"] = median_seconds(zero_copy_run, seconds)
     return results
 
 

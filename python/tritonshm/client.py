@@ -428,6 +428,22 @@ class _SlotPool:
 # --------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class StepsDone:
+    """What :func:`next_step` returns once request steps have finished."""
+
+    value: Any
+
+
+def next_step(steps, outcome: Any = None, failure: BaseException | None = None) -> Any:
+    """Hand the last step's *outcome* (or *failure*) to *steps*: the next step,
+    or :class:`StepsDone` with their result."""
+    try:
+        return steps.throw(failure) if failure is not None else steps.send(outcome)
+    except StopIteration as stop:
+        return StepsDone(stop.value)
+
+
 class Request:
     """A leased slot with numpy views for the inputs: the zero-copy path.
 
@@ -838,28 +854,20 @@ class Client:
 
     def _drive(self, steps) -> Any:
         """Carry out request steps, blocking; the steps' result."""
-        outcome: Any = None
-        failure: BaseException | None = None
-        while True:
+        handlers = {
+            "send": self._send,
+            "acquire": lambda pool, timeout: pool.acquire(timeout),
+            "pool": self._pool,
+            "reregister": lambda pool, generation: pool.reregister(generation),
+        }
+        step = next_step(steps)
+        while not isinstance(step, StepsDone):
             try:
-                step = steps.throw(failure) if failure is not None else steps.send(outcome)
-            except StopIteration as stop:
-                return stop.value
-            outcome, failure = None, None
-            kind = step[0]
-            try:
-                if kind == "send":
-                    outcome = self._send(*step[1:])
-                elif kind == "acquire":
-                    outcome = step[1].acquire(step[2])
-                elif kind == "pool":
-                    outcome = self._pool(step[1], step[2])
-                elif kind == "reregister":
-                    outcome = step[1].reregister(step[2])
-                else:
-                    raise AssertionError(f"unknown step {kind!r}")
+                outcome, failure = handlers[step[0]](*step[1:]), None
             except Exception as exc:
-                failure = exc
+                outcome, failure = None, exc
+            step = next_step(steps, outcome, failure)
+        return step.value
 
     def _infer_chunk(self, info: ModelInfo, arrays: Mapping[str, np.ndarray], names: list[str],
                      copy: bool, timeout: float | None) -> dict[str, np.ndarray]:

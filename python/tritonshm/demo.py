@@ -7,25 +7,14 @@ output, and prints the throughput of each and their ratio.
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from ._timing import median_seconds
+
 MODEL = "identity_fp32"
-
-
-def _timed(run: Callable[[], None], seconds: float, min_runs: int = 3) -> float:
-    """Median seconds per call of *run*, calling it for about *seconds*."""
-    times = []
-    deadline = time.perf_counter() + seconds
-    while len(times) < min_runs or time.perf_counter() < deadline:
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def run_demo(sizes: Sequence[int], seconds: float = 0.5, grpc_url: str | None = None) -> int:
@@ -88,8 +77,8 @@ def _compare(grpc_url: str, sizes: Sequence[int], seconds: float) -> int:
                         raise AssertionError("shared-memory output differs from input")
 
                 try:
-                    wire_s = _timed(over_wire, seconds)
-                    shm_s = _timed(over_shm, seconds)
+                    wire_s = median_seconds(over_wire, seconds)
+                    shm_s = median_seconds(over_shm, seconds)
                 except AssertionError as exc:
                     failures += 1
                     print(f"{_size(nbytes):>10}  FAILED: {exc}")
