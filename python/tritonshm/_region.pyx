@@ -43,6 +43,7 @@ import numpy as np
 
 from .errors import (
     DTypeMismatch,
+    InvalidKey,
     OutOfBounds,
     ReadOnlyRegion,
     RegionClosed,
@@ -60,6 +61,9 @@ cdef size_t _NOGIL_COPY_BYTES = 64 * 1024
 # The buffer format of a region: unsigned bytes.
 cdef char *_BYTE_FORMAT = b"B"
 
+# The most dims a numpy array may have (32 before numpy 2, 64 since).
+_MAX_NDIM = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+
 
 def _index(value, str what):
     """``operator.index(value)`` with an error that names the argument."""
@@ -73,8 +77,11 @@ def _dtype_of(dtype):
     """A numpy dtype that can live in shared memory, or DTypeMismatch."""
     try:
         dt = np.dtype(dtype)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise DTypeMismatch(f"not a numpy dtype: {dtype!r} ({exc})") from None
+    if dt.subdtype is not None:
+        # ("f4", (2,)) makes numpy add dims to the shape given: say so instead.
+        raise DTypeMismatch(f"dtype {dt} is a sub-array; put its dims in the shape instead")
     if dt.hasobject:
         raise DTypeMismatch(
             f"dtype {dt} holds Python object pointers, which mean nothing in shared memory"
@@ -93,6 +100,8 @@ def _shape_of(shape):
             dims = tuple(operator.index(d) for d in shape)
         except TypeError:
             raise ShapeMismatch(f"shape must be an int or a sequence of ints, not {shape!r}") from None
+    if len(dims) > _MAX_NDIM:
+        raise ShapeMismatch(f"shape has {len(dims)} dims; numpy allows at most {_MAX_NDIM}")
     for d in dims:
         if d < 0:
             raise ShapeMismatch(f"shape {dims} has a negative dimension")
@@ -103,9 +112,15 @@ def _layout(dtype, shape):
     """``(dtype, dims, nbytes)`` of an array of *shape* x *dtype*, validated."""
     dt = _dtype_of(dtype)
     dims = _shape_of(shape)
-    count = 1
+    count, nonzero = 1, dt.itemsize
     for d in dims:
         count *= d
+        nonzero *= max(d, 1)
+    # An empty array passes every bounds check, but numpy still refuses one
+    # whose other dims multiply past what it can address.  (A non-empty
+    # one that large fails the bounds check: OutOfBounds.)
+    if count == 0 and nonzero > PY_SSIZE_T_MAX:
+        raise ShapeMismatch(f"shape {dims} of {dt} is larger than any array can be")
     return dt, dims, count * dt.itemsize
 
 
@@ -174,16 +189,17 @@ cdef class SystemRegion:
     def __del__(self):
         if self._mapping == NULL:
             return
-        if self._owner and getpid() == self._creator_pid:
-            try:
-                warnings.warn(
-                    f"unclosed {self!r}: unlinking its segment; use close() or a with-block",
-                    ResourceWarning,
-                    source=self,
-                )
-            except Exception:
-                pass  # warnings may be gone at interpreter shutdown
-        self.close()
+        leaked = self._owner and getpid() == self._creator_pid
+        description = repr(self)
+        self.close()  # first: the segment goes whatever the warning filters do
+        if leaked:
+            # Like CPython's own files and sockets: under -W error the warning
+            # becomes an exception, which reaches sys.unraisablehook.
+            warnings.warn(
+                f"unclosed {description}: its segment was unlinked; use close() or a with-block",
+                ResourceWarning,
+                source=self,
+            )
 
     # -- construction -----------------------------------------------------
 
@@ -237,13 +253,16 @@ cdef class SystemRegion:
         cdef size_t size = 0
         cdef int rc
         if not isinstance(key, str):
-            raise TypeError(f"key must be a str, not {type(key).__name__}")
-        ckey = key.encode("utf-8")
+            raise InvalidKey(f"a segment key is a str, not {type(key).__name__}")
+        try:
+            ckey = key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidKey(f"segment key {key!r} cannot be encoded as UTF-8") from None
         if b"\0" in ckey:
-            raise OutOfBounds(f"segment key {key!r} contains a NUL byte")
+            raise InvalidKey(f"segment key {key!r} contains a NUL byte")
         rc = tshm_segment_open(ckey, readonly, &fd, &size)
         if rc == -errno.EINVAL:
-            raise OutOfBounds(
+            raise InvalidKey(
                 f"{key!r} is not a shared-memory key: it must be '/' then 1-254 characters without '/'"
             )
         if rc != 0:

@@ -19,6 +19,7 @@ __all__ = [
     "ShapeMismatch",
     "ReadOnlyRegion",
     "UnsupportedBuffer",
+    "InvalidKey",
     "SharedMemoryOSError",
     "CudaUnavailable",
     "ServerError",
@@ -57,6 +58,10 @@ class ReadOnlyRegion(Error, BufferError):
 
 class UnsupportedBuffer(Error, TypeError):
     """An object does not export the (C-contiguous) buffer an operation needs."""
+
+
+class InvalidKey(Error, ValueError, TypeError):
+    """Not a usable segment key: not a str, or not '/' then 1-254 characters without '/' or NUL."""
 
 
 class SharedMemoryOSError(Error, OSError):
