@@ -14,7 +14,7 @@ def median_seconds(run: Callable[[], None], seconds: float, min_runs: int = 5) -
     registration) are not per-request costs.
     """
     run()
-    times = []
+    times: list[float] = []
     deadline = time.perf_counter() + seconds
     while len(times) < min_runs or time.perf_counter() < deadline:
         start = time.perf_counter()

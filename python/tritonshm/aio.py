@@ -14,7 +14,7 @@ when all are busy) run in a worker thread so the loop never blocks.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -79,7 +79,7 @@ class Client:
 
     async def _drive(self, steps) -> Any:
         """Carry out request steps (see ``Client._chunk_steps``) on the event loop."""
-        handlers = {
+        handlers: dict[str, Callable[..., Any]] = {
             "send": self._send,
             "acquire": self._acquire,
             "pool": self._pool,

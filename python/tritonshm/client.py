@@ -97,11 +97,6 @@ class TensorSpec:
         """True when no dim is variable and the datatype has a fixed size."""
         return -1 not in self.dims and self.datatype != "BYTES"
 
-    @property
-    def item_bytes(self) -> int | None:
-        """Bytes of one batch item, or None when not fixed."""
-        return math.prod(self.dims) * self.dtype.itemsize if self.fixed else None
-
 
 @dataclasses.dataclass(frozen=True)
 class ModelInfo:
@@ -645,16 +640,15 @@ class Client:
         for spec in info.inputs:
             if spec.datatype == "BYTES":
                 continue
-            if spec.fixed:
-                needs[spec.name] = spec.item_bytes * rows
-            else:
-                per_row = math.prod(shapes[spec.name][1:] if info.batched else shapes[spec.name])
-                needs[spec.name] = per_row * spec.dtype.itemsize * rows
+            dims = spec.dims if spec.fixed else (
+                shapes[spec.name][1:] if info.batched else shapes[spec.name])
+            needs[spec.name] = math.prod(dims) * spec.dtype.itemsize * rows
         largest = max(needs.values(), default=0)
         for spec in info.outputs:
             if spec.datatype == "BYTES":
                 continue
-            needs[spec.name] = spec.item_bytes * rows if spec.fixed else largest
+            fixed_size = math.prod(spec.dims) * spec.dtype.itemsize * rows
+            needs[spec.name] = fixed_size if spec.fixed else largest
         return needs
 
     def _ready_pool(self, info: ModelInfo, needs: Mapping[str, int]) -> _SlotPool | None:
@@ -782,7 +776,7 @@ class Client:
                     f"input {spec.name!r} of model {info.name!r} needs a shape like {list(want)} "
                     f"(give variable dims with shapes=), got {list(shape)}"
                 )
-            full[spec.name] = shape
+            full[spec.name] = tuple(shape)
         pool = self._pool(info, self._needs(info, full))
         if pool is None:
             raise Error("request() needs shared memory, but the server cannot open ours")
@@ -854,7 +848,7 @@ class Client:
 
     def _drive(self, steps) -> Any:
         """Carry out request steps, blocking; the steps' result."""
-        handlers = {
+        handlers: dict[str, Callable[..., Any]] = {
             "send": self._send,
             "acquire": lambda pool, timeout: pool.acquire(timeout),
             "pool": self._pool,
@@ -888,6 +882,7 @@ class Client:
         for spec in info.inputs:
             shape = list(shapes[spec.name])
             if spec.datatype == "BYTES":  # variable-size serialisation: over the wire
+                assert arrays is not None, "request() refuses BYTES inputs"
                 wire = protocol.InferInput(spec.name, shape, "BYTES")
                 wire.set_data_from_numpy(np.asarray(arrays[spec.name], dtype=np.object_))
                 inputs.append(wire)

@@ -113,7 +113,7 @@ def _run_checked(cmd: Sequence[str], what: str, quiet: bool, lock_fd: int, hint:
     else:
         # Let pip's own progress through, on stderr so stdout stays clean for callers.
         proc = subprocess.run(cmd, env=_clean_env(), stdout=stderr_fd, stderr=stderr_fd,
-                              pass_fds=(lock_fd,))
+                              text=True, pass_fds=(lock_fd,))
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout or "").splitlines()[-_LOG_TAIL_LINES:])
         raise ServerUnavailable(
@@ -606,6 +606,7 @@ class LocalServer:
         base = f"http://127.0.0.1:{self._http_port}"
         deadline = time.monotonic() + self.startup_timeout
         popen = self._proc.popen
+        assert popen is not None, "_launch() comes first"
         while True:
             code = popen.poll()
             if code is not None:

@@ -69,10 +69,12 @@ def registered_name(region: Any) -> str | None:
 
 def translate_error(exc: BaseException, doing: str) -> ServerError:
     """Turn a tritonclient failure into a :class:`ServerError` that says what to do."""
-    message = exc.message() if callable(getattr(exc, "message", None)) else str(exc)
-    message = message or str(exc)
+    # tritonclient's InferenceServerException has message() and status() methods.
+    message_of = getattr(exc, "message", None)
+    status_of = getattr(exc, "status", None)
+    message = (message_of() if callable(message_of) else "") or str(exc)
     lowered = message.lower()
-    status = str(exc.status()) if callable(getattr(exc, "status", None)) else ""
+    status = str(status_of()) if callable(status_of) else ""
     if "client shared memory is disabled" in lowered:
         return SharedMemoryRefused(
             f"{doing}: the server has client shared memory disabled; "
@@ -185,10 +187,11 @@ def unregister(client: Any, name_or_region: Any) -> Any:
         name = name_or_region
         cuda = False
     else:
-        name = registered_name(name_or_region)
-        cuda = _is_cuda(name_or_region)
-        if name is None:
+        registered = registered_name(name_or_region)
+        if registered is None:
             return _done(client, None)  # never registered: nothing to do
+        name = registered
+        cuda = _is_cuda(name_or_region)
     if not name:
         raise RegistrationError("refusing to unregister without a name: that would remove every client's regions")
     with _lock:
