@@ -344,7 +344,7 @@ class _SlotPool:
         with self._cond:
             if not self._free:
                 return None
-            index = self._free.popleft()
+            index = self._free.pop()  # LIFO: the slot used last is the one still in cache
             self._running += 1
         return self._lease(index)
 
@@ -358,7 +358,7 @@ class _SlotPool:
                     f"result views (copy=False results or request() views still referenced). "
                     f"Drop arrays you no longer need, or raise slots= or the timeout."
                 )
-            index = self._free.popleft()
+            index = self._free.pop()  # LIFO: the slot used last is the one still in cache
             self._running += 1
         return self._lease(index)
 
