@@ -1,59 +1,14 @@
-"""One generic Python-backend model for tritonshm's bundled demo repository.
+"""The model's code is tritonshm/_bundled_model.py, shared by every bundled model.
 
-Every model directory holds an identical copy of this file (Triton wants a
-``1/model.py`` per model); what a model computes comes from the ``op``
-parameter of its ``config.pbtxt``:
-
-- ``identity`` (the default): OUTPUTi = INPUTi for every input, any dtype,
-  BYTES included;
-- ``add_sub``: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1;
-- ``double``: OUTPUT0 = INPUT0 * 2;
-- ``add_one``: OUTPUT0 = INPUT0 + 1;
-- ``tile``: OUTPUT0 = INPUT0 twice over (an output larger than its input).
-
-Outputs keep the shape of the inputs (but for ``tile``) and are cast to the dtype the config
-declares, so a client always gets back exactly what the config promises.
-Runs in the server's own environment (numpy < 2), never in the client's.
+Triton wants a ``1/model.py`` per model; this one only brings the shared
+implementation in.  What the model computes is the ``op`` parameter of its
+``config.pbtxt``.
 """
 
-import json
+import os
+import sys
 
-import numpy as np
-import triton_python_backend_utils as pb_utils
+_TRITONSHM_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, _TRITONSHM_DIR)  # the server's environment has no tritonshm: import the file
 
-OPS = {
-    "identity": lambda *xs: xs,
-    "add_sub": lambda a, b: (a + b, a - b),
-    "double": lambda a: (a * 2,),
-    "add_one": lambda a: (a + 1,),
-    "tile": lambda a: (np.concatenate([a, a]),),
-}
-
-
-class TritonPythonModel:
-    """Applies the configured op to each request, one request at a time."""
-
-    def initialize(self, args):
-        config = json.loads(args["model_config"])
-        op = config.get("parameters", {}).get("op", {}).get("string_value", "identity")
-        if op not in OPS:
-            # Fail the load: a typo in a config must not become a silent identity.
-            raise ValueError(f"unknown op {op!r}; expected one of {sorted(OPS)}")
-        self.op = OPS[op]
-        self.inputs = [i["name"] for i in config["input"]]
-        self.outputs = [
-            (o["name"], pb_utils.triton_string_to_numpy(o["data_type"]))
-            for o in config["output"]
-        ]
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            xs = [pb_utils.get_input_tensor_by_name(request, n).as_numpy() for n in self.inputs]
-            ys = self.op(*xs)
-            tensors = [
-                pb_utils.Tensor(name, y if dtype is np.object_ else np.ascontiguousarray(y, dtype))
-                for (name, dtype), y in zip(self.outputs, ys)
-            ]
-            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
-        return responses
+from _bundled_model import TritonPythonModel  # noqa: E402,F401
