@@ -77,9 +77,12 @@ def _clean_env() -> dict:
     PYTHONPATH/PYTHONHOME would point the venv's interpreter and pip at the
     client's packages (numpy 2); PIP_USER breaks a venv install. (The
     backend's stubs run isolated and ignore PYTHON* variables anyway.)
+    LD_PRELOAD belongs to the client too: a sanitizer or profiler preloaded
+    to check the client must not be loaded into the server.
     """
     env = dict(os.environ)
-    for name in ("PYTHONPATH", "PYTHONHOME", "PIP_USER", "VIRTUAL_ENV", "PYTHONSTARTUP"):
+    for name in ("PYTHONPATH", "PYTHONHOME", "PIP_USER", "VIRTUAL_ENV", "PYTHONSTARTUP",
+                 "LD_PRELOAD"):
         env.pop(name, None)
     return env
 
