@@ -326,6 +326,7 @@ class _SlotPool:
         self._running = 0                # leased, request in flight
         self._retired = False
         self._generation = 0             # bumped on every (re-)registration
+        self._register_lock = threading.Lock()
         # Per slot: InferInput / InferRequestedOutput objects, reused across requests.
         self.request_objects: list[dict[str, Any]] = [{} for _ in range(nslots)]
         try:
@@ -398,7 +399,9 @@ class _SlotPool:
 
     def reregister(self, seen_generation: int) -> None:
         """Register the region again after the server lost it (once per loss)."""
-        with self._cond:
+        # A lock of its own, not _cond: slot releases run from finalizers on
+        # any thread (an HTTP I/O worker too) and must never wait for this I/O.
+        with self._register_lock:
             if self._generation != seen_generation:
                 return  # another thread already did it
             self._connector.call(lambda tc: triton.register(tc, self.region, self.name))
