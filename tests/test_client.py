@@ -126,6 +126,18 @@ def test_variable_dims_grow_the_pool_and_retire_the_old_one(client):
     assert client._pools[("variable_fp32", "")] is second
 
 
+def test_a_replaced_pool_sends_late_requests_to_its_successor(client):
+    """A request that looked the pool up just before another one replaced it
+    must not lease from the old, unregistered region (many threads do race so)."""
+    small, large = floats(4), floats(4096)
+    client.infer("identity_fp32", {"INPUT0": small})
+    old = client._pools[("identity_fp32", "")]
+    client.infer("identity_fp32", {"INPUT0": large})  # grows: the old pool is dropped
+    assert old.region.closed
+    assert old.try_acquire() is None and old.acquire(timeout=5) is None
+    assert np.array_equal(client.infer("identity_fp32", {"INPUT0": small})["OUTPUT0"], small)
+
+
 def test_undersized_variable_output_is_grown_and_retried(client):
     data = floats(1000)
     out = client.infer("tile_fp32", {"INPUT0": data})  # output is twice the input
@@ -316,3 +328,20 @@ def test_forgotten_client_is_cleaned_up_at_exit(server):
     assert not os.path.exists("/dev/shm" + key)
     with tritonshm.Client(server.grpc_url) as other:
         assert name not in tritonshm.status(other.tritonclient)
+
+
+def test_a_forked_child_never_unregisters_the_parents_pool(server):
+    with tritonshm.Client(server.grpc_url) as c:
+        data = floats(16)
+        c.infer("identity_fp32", {"INPUT0": data})
+        pool = c._pools[("identity_fp32", "")]
+        pid = os.fork()
+        if pid == 0:  # the child drops its copy of the client at once
+            try:
+                c._finalizer()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert pool.name in tritonshm.status(c.tritonclient)
+        assert os.path.exists("/dev/shm" + pool.region.key)
+        assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)

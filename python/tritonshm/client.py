@@ -40,6 +40,7 @@ import concurrent.futures
 import dataclasses
 import math
 import mmap
+import os
 import queue
 import threading
 import warnings
@@ -239,6 +240,7 @@ class _Connector:
         # asks for Client.tritonclient, as gevent ties it to the asking thread.
         self._shared = None if self.http else self.new()
         self._io_threads = io_threads
+        self._creator_pid = os.getpid()
         self._io: _Workers | None = None
         self._local = threading.local()   # an I/O thread's own HTTP client
         self._lock = threading.Lock()
@@ -298,7 +300,14 @@ class _Connector:
         gevent.get_hub().destroy(destroy_loop=True)
 
     def close(self) -> None:
-        """Stop the I/O threads and close the shared client; idempotent."""
+        """Stop the I/O threads and close the shared client; idempotent.
+
+        In a forked child this does nothing: the connections (and the
+        threads behind them) belong to the parent, and gRPC's must not be
+        touched after a fork.
+        """
+        if os.getpid() != self._creator_pid:
+            return
         with self._lock:
             io, self._io, self._closed = self._io, None, True
         if io is not None:
@@ -318,6 +327,7 @@ class _SlotPool:
         self.layout = layout
         self.nslots = nslots
         self.region = SystemRegion.create(layout.slot_bytes * nslots)
+        self._creator_pid = os.getpid()  # a forked child must not unregister our name
         self._connector = client._connector
         # Weak: the client's finalizer holds its pools, which must not keep it alive.
         self._owner = weakref.ref(client)
@@ -341,24 +351,31 @@ class _SlotPool:
         return self.nslots - len(self._free) - self._running
 
     def try_acquire(self) -> tuple[int, Any] | None:
-        """Lease a free slot without waiting: ``(index, window)``, or None."""
+        """Lease a free slot without waiting: ``(index, window)``, or None
+        (none free, or the pool was retired)."""
         with self._cond:
-            if not self._free:
+            if not self._free or self._retired:
                 return None
             index = self._free.pop()  # LIFO: the slot used last is the one still in cache
             self._running += 1
         return self._lease(index)
 
-    def acquire(self, timeout: float | None) -> tuple[int, Any]:
-        """Lease a free slot: ``(index, window)``; waits up to *timeout* seconds."""
+    def acquire(self, timeout: float | None) -> tuple[int, Any] | None:
+        """Lease a free slot: ``(index, window)``; waits up to *timeout* seconds.
+
+        None when the pool is retired (a larger one replaced it between the
+        caller's lookup and now): the caller looks the pool up again.
+        """
         with self._cond:
-            if not self._cond.wait_for(lambda: self._free, timeout):
+            if not self._cond.wait_for(lambda: self._free or self._retired, timeout):
                 raise PoolExhausted(
                     f"all {self.nslots} slots of the pool for model {self.info.name!r} stayed busy "
                     f"for {timeout} s: {self._running} running a request, {self.held} held by live "
                     f"result views (copy=False results or request() views still referenced). "
                     f"Drop arrays you no longer need, or raise slots= or the timeout."
                 )
+            if self._retired:
+                return None
             index = self._free.pop()  # LIFO: the slot used last is the one still in cache
             self._running += 1
         return self._lease(index)
@@ -386,6 +403,7 @@ class _SlotPool:
         """Stop leasing from this pool; it is dropped once every slot is back."""
         with self._cond:
             self._retired = True
+            self._cond.notify_all()  # waiters move on to the new pool
             drained = len(self._free) == self.nslots
         if drained:
             self._drained()
@@ -412,9 +430,14 @@ class _SlotPool:
         return self._generation
 
     def close(self) -> None:
-        """Unregister and close the region; live views keep their memory."""
+        """Unregister and close the region; live views keep their memory.
+
+        In a forked child this only lets go of the child's mapping: the
+        registration and the segment still belong to the parent.
+        """
         try:
-            self._connector.call(lambda tc: triton.unregister(tc, self.name))
+            if os.getpid() == self._creator_pid:
+                self._connector.call(lambda tc: triton.unregister(tc, self.name))
         except (ServerError, OSError):
             pass  # a dead server has forgotten it anyway
         finally:
@@ -780,11 +803,14 @@ class Client:
                     f"(give variable dims with shapes=), got {list(shape)}"
                 )
             full[spec.name] = tuple(shape)
-        pool = self._pool(info, self._needs(info, full))
-        if pool is None:
-            raise Error("request() needs shared memory, but the server cannot open ours")
-        index, window = pool.acquire(self.timeout if timeout is None else timeout)
-        return Request(self, info, pool, index, window, full)
+        needs = self._needs(info, full)
+        while True:
+            pool = self._pool(info, needs)
+            if pool is None:
+                raise Error("request() needs shared memory, but the server cannot open ours")
+            lease = pool.acquire(self.timeout if timeout is None else timeout)
+            if lease is not None:  # None: the pool was replaced meanwhile, look again
+                return Request(self, info, pool, *lease, full)
 
     # A request is written once, as generators of steps with no I/O in them
     # ("sans-I/O"): they yield what needs doing -- ("pool", info, needs),
@@ -798,12 +824,16 @@ class Client:
         """Steps of one request that fits a slot: lease, copy in, run, collect."""
         shapes = {name: array.shape for name, array in arrays.items()}
         needs = self._needs(info, shapes)
-        for attempt in range(_GROW_ATTEMPTS):
+        grown = 0
+        while True:
             pool = None if self._wire_only else (yield ("pool", info, needs))
             if pool is None:
                 result = yield ("send", info, *self._wire_request(info, arrays, names))
                 return {name: result.as_numpy(name) for name in names}
-            index, window = yield ("acquire", pool, timeout)
+            lease = yield ("acquire", pool, timeout)
+            if lease is None:
+                continue  # another request replaced the pool meanwhile: use the new one
+            index, window = lease
             try:
                 for spec in info.inputs:
                     if spec.datatype != "BYTES":
@@ -816,14 +846,14 @@ class Client:
             except OutputTooSmall as exc:
                 # A variable-size output outgrew its guess: grow to what the
                 # server asked for and run again on a slot of the new pool.
-                if exc.output not in needs or exc.needed is None or attempt == _GROW_ATTEMPTS - 1:
+                grown += 1
+                if exc.output not in needs or exc.needed is None or grown >= _GROW_ATTEMPTS:
                     raise
                 needs = {**needs, exc.output: exc.needed}
             finally:
                 pool.finished()
                 # Drop the lease now, not when a traceback holding this frame dies.
-                del window
-        raise AssertionError("unreachable")
+                del window, lease
 
     def _slot_steps(self, info: ModelInfo, pool: _SlotPool, index: int, window: Any,
                     shapes: Mapping[str, tuple[int, ...]], names: Sequence[str] | None, copy: bool,
