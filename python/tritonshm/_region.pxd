@@ -14,6 +14,7 @@ cdef class SystemRegion:
 
     cdef tshm_mapping *_live_mapping(self) except NULL
     cdef _map_fd(self, int fd, str key, size_t size, bint readonly)
+    cdef int _copy(self, bint into_region, size_t offset, void *buf, size_t length) except -1
 
 
 cdef class Window:

@@ -428,10 +428,8 @@ cdef class SystemRegion:
         whole of *obj* fits.
         """
         cdef Py_buffer src
-        cdef tshm_mapping *m = self._live_mapping()
-        cdef size_t off, length
-        cdef int rc
-        if m.readonly:
+        self._live_mapping()
+        if self._readonly:
             raise ReadOnlyRegion(f"{self!r} is mapped read-only: cannot write")
         if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
             raise DTypeMismatch(f"cannot write an array of dtype {obj.dtype} (Python objects) to shared memory")
@@ -447,54 +445,45 @@ cdef class SystemRegion:
                 f"{type(obj).__name__} does not ({exc}); try numpy.ascontiguousarray()"
             ) from None
         try:
-            py_off, py_len = self.span(offset, src.len)
-            off = py_off
-            length = py_len
-            # Converting the arguments can run Python code (__index__) that
-            # closes us and frees `m`: look the mapping up again.
-            m = self._live_mapping()
-            tshm_mapping_incref(m)  # a concurrent close() must not unmap under the copy
-            if length >= _NOGIL_COPY_BYTES:
-                with nogil:
-                    rc = tshm_copy_in(m, off, src.buf, length)
-            else:
-                rc = tshm_copy_in(m, off, src.buf, length)
-            tshm_mapping_decref(m)
+            off, length = self.span(offset, src.len)
+            self._copy(True, off, src.buf, length)
         finally:
             PyBuffer_Release(&src)
-        if rc != 0:
-            raise os_error(-rc, f"cannot write to {self!r}", self._key)
-        return py_len
+        return length
 
     def read(self, dtype, shape, offset=0):
         """A copy of *shape* x *dtype* read from byte *offset*, as a new numpy array."""
         cdef Py_buffer dst
-        cdef tshm_mapping *m = self._live_mapping()
-        cdef size_t off, length
-        cdef int rc
         dt, dims, nbytes = _layout(dtype, shape)
-        py_off, py_len = self.span(offset, nbytes)
+        off, length = self.span(offset, nbytes)
         # Copy into a byte array and reinterpret it: every dtype works,
         # including those numpy cannot export through the buffer protocol.
-        out = np.empty(py_len, dtype=np.uint8)
+        out = np.empty(length, dtype=np.uint8)
         PyObject_GetBuffer(out, &dst, PyBUF_WRITABLE)
-        off = py_off
-        length = py_len
-        m = self._mapping  # as in write(): the conversions above may have closed us
-        if m == NULL:
+        try:
+            self._copy(False, off, dst.buf, length)
+        finally:
             PyBuffer_Release(&dst)
-            self._live_mapping()  # raises RegionClosed
-        tshm_mapping_incref(m)
+        return out.view(dt).reshape(dims)
+
+    cdef int _copy(self, bint into_region, size_t offset, void *buf, size_t length) except -1:
+        """Copy *length* bytes between *buf* and the region at *offset* (checked in C too)."""
+        cdef int rc
+        # Look the mapping up only now: converting the caller's arguments can
+        # run Python code (__index__) that closed us and freed the old one.
+        cdef tshm_mapping *m = self._live_mapping()
+        tshm_mapping_incref(m)  # a concurrent close() must not unmap under the copy
         if length >= _NOGIL_COPY_BYTES:
             with nogil:
-                rc = tshm_copy_out(m, off, dst.buf, length)
+                rc = (tshm_copy_in(m, offset, buf, length) if into_region
+                      else tshm_copy_out(m, offset, buf, length))
         else:
-            rc = tshm_copy_out(m, off, dst.buf, length)
+            rc = (tshm_copy_in(m, offset, buf, length) if into_region
+                  else tshm_copy_out(m, offset, buf, length))
         tshm_mapping_decref(m)
-        PyBuffer_Release(&dst)
         if rc != 0:
-            raise os_error(-rc, f"cannot read from {self!r}", self._key)
-        return out.view(dt).reshape(dims)
+            raise os_error(-rc, f"cannot {'write to' if into_region else 'read from'} {self!r}", self._key)
+        return 0
 
 
 cdef class Window:
