@@ -20,7 +20,7 @@ import numpy as np
 
 from . import triton
 from .client import Client as _SyncClient
-from .client import ModelInfo, StepsDone, next_step
+from .client import ModelInfo, StepsDone, join_chunks, next_step
 from .errors import ServerError
 
 __all__ = ["Client"]
@@ -59,23 +59,13 @@ class Client:
         sync = self._sync
         sync._check_open()
         info = sync._models.get((model, version)) or await self.model_info(model, version)
-        arrays, batch = sync._check_inputs(info, inputs)
-        names = sync._output_names(info, outputs)
+        chunks, names = sync._plan(info, inputs, outputs, copy)
         wait = sync.timeout if timeout is None else timeout
-        if not info.batched or batch <= info.max_batch_size:
-            return await self._drive(sync._chunk_steps(info, arrays, names, copy, wait))
-        if not copy:
-            raise ValueError(
-                f"copy=False needs one slot, but a batch of {batch} on model {info.name!r} "
-                f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
-            )
-        step = info.max_batch_size
+        if len(chunks) == 1:
+            return await self._drive(sync._chunk_steps(info, chunks[0], names, copy, wait))
         parts = await asyncio.gather(*(
-            self._drive(sync._chunk_steps(info, {n: a[i:i + step] for n, a in arrays.items()},
-                                          names, True, wait))
-            for i in range(0, batch, step)
-        ))
-        return {name: np.concatenate([p[name] for p in parts]) for name in names}
+            self._drive(sync._chunk_steps(info, chunk, names, True, wait)) for chunk in chunks))
+        return join_chunks(parts, names)
 
     async def _drive(self, steps) -> Any:
         """Carry out request steps (see ``Client._chunk_steps``) on the event loop."""

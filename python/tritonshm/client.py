@@ -75,6 +75,11 @@ def _round_up(value: int, to: int) -> int:
     return (value + to - 1) // to * to
 
 
+def _shape_fits(want: Sequence[int], shape: Sequence[int]) -> bool:
+    """Whether *shape* matches the model's *want*, where -1 matches any size."""
+    return len(shape) == len(want) and all(w == -1 or w == s for w, s in zip(want, shape))
+
+
 # --------------------------------------------------------------------------
 # Model discovery
 # --------------------------------------------------------------------------
@@ -449,6 +454,11 @@ class _SlotPool:
 # --------------------------------------------------------------------------
 
 
+def join_chunks(parts: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The outputs of a chunked batch, reassembled in order."""
+    return {name: np.concatenate([part[name] for part in parts]) for name in names}
+
+
 @dataclasses.dataclass(frozen=True)
 class StepsDone:
     """What :func:`next_step` returns once request steps have finished."""
@@ -628,7 +638,7 @@ class Client:
                     f"got {array.dtype}; convert it explicitly (no silent casts)"
                 )
             want = info.shape_of(spec, -1)
-            if array.ndim != len(want) or any(w != -1 and w != g for w, g in zip(want, array.shape)):
+            if not _shape_fits(want, array.shape):
                 raise ShapeMismatch(
                     f"input {spec.name!r} of model {info.name!r} has shape {list(want)} "
                     f"(-1 = any), got {list(array.shape)}"
@@ -738,28 +748,31 @@ class Client:
         """
         self._check_open()
         info = self.model_info(model, version)
+        chunks, names = self._plan(info, inputs, outputs, copy)
+        wait = self.timeout if timeout is None else timeout
+        if len(chunks) == 1:
+            return self._infer_chunk(info, chunks[0], names, copy, wait)
+        with self._lock:
+            if self._chunk_workers is None:
+                self._chunk_workers = _Workers(self.slots, "tritonshm-chunk")
+        futures = [self._chunk_workers.submit(self._infer_chunk, info, chunk, names, True, wait)
+                   for chunk in chunks]
+        return join_chunks([f.result() for f in futures], names)
+
+    def _plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
+              copy: bool) -> tuple[list[dict[str, np.ndarray]], list[str]]:
+        """Checked inputs split into chunks of at most ``max_batch_size``, and the output names."""
         arrays, batch = self._check_inputs(info, inputs)
         names = self._output_names(info, outputs)
-        wait = self.timeout if timeout is None else timeout
         if not info.batched or batch <= info.max_batch_size:
-            return self._infer_chunk(info, arrays, names, copy, wait)
+            return [arrays], names
         if not copy:
             raise ValueError(
                 f"copy=False needs one slot, but a batch of {batch} on model {info.name!r} "
                 f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
             )
         step = info.max_batch_size
-        with self._lock:
-            if self._chunk_workers is None:
-                self._chunk_workers = _Workers(self.slots, "tritonshm-chunk")
-        futures = [
-            self._chunk_workers.submit(
-                self._infer_chunk, info, {n: a[start:start + step] for n, a in arrays.items()},
-                names, True, wait)
-            for start in range(0, batch, step)
-        ]
-        parts = [f.result() for f in futures]
-        return {name: np.concatenate([p[name] for p in parts]) for name in names}
+        return [{n: a[i:i + step] for n, a in arrays.items()} for i in range(0, batch, step)], names
 
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
         """:meth:`infer` in a background thread; returns a ``concurrent.futures.Future``."""
@@ -796,8 +809,7 @@ class Client:
                 raise DTypeMismatch(f"input {spec.name!r} is BYTES, which request() cannot view")
             shape = shapes.get(spec.name) or info.shape_of(spec, batch_size or 1)
             want = info.shape_of(spec, batch_size or 1)
-            if len(shape) != len(want) or any(w != -1 and w != s for w, s in zip(want, shape)) \
-                    or any(s < 0 for s in shape):
+            if not _shape_fits(want, shape) or any(s < 0 for s in shape):
                 raise ShapeMismatch(
                     f"input {spec.name!r} of model {info.name!r} needs a shape like {list(want)} "
                     f"(give variable dims with shapes=), got {list(shape)}"
