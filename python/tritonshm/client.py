@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import math
 import mmap
 import os
@@ -118,6 +119,14 @@ class ModelInfo:
     def batched(self) -> bool:
         """True when inputs carry a leading batch dim."""
         return self.max_batch_size > 0
+
+    @functools.cached_property
+    def _outputs_by_name(self) -> dict[str, TensorSpec]:
+        return {spec.name: spec for spec in self.outputs}
+
+    def output(self, name: str) -> TensorSpec:
+        """The output called *name*."""
+        return self._outputs_by_name[name]
 
     def shape_of(self, spec: TensorSpec, batch: int) -> tuple[int, ...]:
         """The full tensor shape for a batch of *batch* items (dims may hold -1)."""
@@ -881,7 +890,7 @@ class Client:
             result = yield ("send", info, inputs, requested)
         outputs = {}
         for name in names:
-            spec = next(s for s in info.outputs if s.name == name)
+            spec = info.output(name)
             if spec.datatype == "BYTES":
                 outputs[name] = result.as_numpy(name)
                 continue
@@ -943,7 +952,7 @@ class Client:
             inputs.append(infer_input)
         requested = []
         for name in names:
-            spec = next(s for s in info.outputs if s.name == name)
+            spec = info.output(name)
             if spec.datatype == "BYTES":
                 requested.append(self._requested_output(name))
                 continue
