@@ -1,0 +1,333 @@
+"""Build and drive the FAKE CUDA runtime used by the tests (tests/fake_cudart/).
+
+The fake is a small C library exporting the libcudart entry points that
+tritonshm resolves, with "device memory" backed by POSIX shm segments named
+``/tshm-fakecuda-<pid>-<16hex>``; see the comment at the top of
+``fake_cudart/fake_cudart.c`` for what it models.  It is built at test time
+with the system C compiler and never shipped.
+
+This module needs neither a GPU nor tritonshm: only a C compiler and ctypes.
+
+* :func:`build_fake_cudart` compiles it once per source version into a cache
+  directory and returns the path of the ``.so`` (point ``TRITONSHM_CUDART``
+  or tritonshm's test hook at it, or ``LD_PRELOAD`` it into a tritonserver).
+* :class:`FakeCudart` loads that path with ctypes.  ``dlopen`` of the same
+  path returns the already loaded instance, so the counters it reads
+  (:meth:`FakeCudart.stats`) are those of the copy tritonshm uses.
+* :class:`FakeCudaStats` is a snapshot of the fake's counters; subtracting
+  two snapshots gives what happened in between.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parent / "fake_cudart" / "fake_cudart.c"
+
+#: The compiler command (without output and source); part of the cache key.
+CFLAGS = ("-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-pthread")
+LIBS = ("-lrt",)
+
+#: Environment variables the fake reads on every call.
+ENV_DEVICES = "TSHM_FAKE_CUDA_DEVICES"  # device count, default 1; "0" -> cudaErrorNoDevice
+ENV_DRIVER = "TSHM_FAKE_CUDA_DRIVER"  # "none" -> cudaErrorInsufficientDriver (35)
+ENV_TOTAL_MEM = "TSHM_FAKE_CUDA_TOTAL_MEM"  # bytes per device, default 16 GiB
+ENV_FAIL = "TSHM_FAKE_CUDA_FAIL"  # "cudaMemcpy=700,cudaMalloc=2": fail those calls
+
+SHM_DIR = "/dev/shm"
+#: "tshm-fakecuda-<pid>-<hex>": the fake's segments (never "tritonshm-").
+SEGMENT_NAME = re.compile(r"^tshm-fakecuda-(\d+)-[0-9a-f]+$")
+
+# cudaError_t values the fake returns.
+SUCCESS = 0
+ERROR_INVALID_VALUE = 1
+ERROR_MEMORY_ALLOCATION = 2
+ERROR_INITIALIZATION = 3
+ERROR_INVALID_MEMCPY_DIRECTION = 21
+ERROR_INSUFFICIENT_DRIVER = 35
+ERROR_NO_DEVICE = 100
+ERROR_INVALID_DEVICE = 101
+ERROR_DEVICE_UNINITIALIZED = 201  # "invalid device context" (CUDA_ERROR_INVALID_CONTEXT)
+ERROR_INVALID_RESOURCE_HANDLE = 400
+ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
+ERROR_HOST_MEMORY_NOT_REGISTERED = 713
+
+# tshm_fake_cuda_pointer_kind() results.
+KIND_UNKNOWN, KIND_ALLOC, KIND_OPENED, KIND_HOST_REGISTERED = 0, 1, 2, 3
+
+MEMCPY_DEFAULT = 4
+
+
+def build_fake_cudart(dest_dir: str | os.PathLike) -> Path:
+    """Compile the fake into *dest_dir* (created if needed) and return its path.
+
+    The file name carries a hash of the source and the flags, so a session
+    (or several, sharing *dest_dir*) compiles each version once; the library
+    is written to a temporary name and renamed, so concurrent builders never
+    load a half-written file.
+    """
+    source = SOURCE.read_bytes()
+    cc = os.environ.get("CC") or shutil.which("cc") or "cc"
+    key = hashlib.sha256(source + repr((cc, CFLAGS, LIBS)).encode()).hexdigest()[:16]
+    dest = Path(dest_dir)
+    dest.mkdir(parents=True, exist_ok=True)
+    lib = dest / f"libfakecudart-{key}.so"
+    if lib.exists():
+        return lib
+    fd, tmp = tempfile.mkstemp(prefix=".libfakecudart-", suffix=".so", dir=dest)
+    os.close(fd)
+    try:
+        result = subprocess.run(
+            [cc, *CFLAGS, "-o", tmp, str(SOURCE), *LIBS], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"building the fake cudart failed:\n{result.stderr}")
+        if result.stderr.strip():  # -Wall -Wextra: keep the fake warning-free
+            raise RuntimeError(f"building the fake cudart warned:\n{result.stderr}")
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, lib)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+#: The counters of tshm_fake_cuda_stats(), in the fake's order.
+STAT_NAMES = (
+    "live_allocs",  # cudaMalloc'ed and not yet freed
+    "live_bytes",  # their bytes (all devices)
+    "live_ipc_opens",  # successful cudaIpcOpenMemHandle not yet closed (each open counts)
+    "live_host_registrations",  # cudaHostRegister'ed ranges not yet unregistered
+    "free_calls",  # successful cudaFree of a non-NULL pointer
+    "host_unregister_calls",  # successful cudaHostUnregister
+    "malloc_calls",  # successful cudaMalloc of > 0 bytes
+    "ipc_get_calls",  # successful cudaIpcGetMemHandle
+    "ipc_open_calls",  # successful cudaIpcOpenMemHandle
+    "ipc_close_calls",  # successful cudaIpcCloseMemHandle
+    "host_register_calls",  # successful cudaHostRegister
+    "memcpy_calls",  # successful cudaMemcpy of > 0 bytes
+    "memcpy_bytes",  # their bytes
+    "stream_sync_calls",  # cudaStreamSynchronize
+    "errors",  # calls that returned an error (any entry point)
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeCudaStats:
+    """A snapshot of the fake's counters; ``after - before`` gives the deltas."""
+
+    live_allocs: int = 0
+    live_bytes: int = 0
+    live_ipc_opens: int = 0
+    live_host_registrations: int = 0
+    free_calls: int = 0
+    host_unregister_calls: int = 0
+    malloc_calls: int = 0
+    ipc_get_calls: int = 0
+    ipc_open_calls: int = 0
+    ipc_close_calls: int = 0
+    host_register_calls: int = 0
+    memcpy_calls: int = 0
+    memcpy_bytes: int = 0
+    stream_sync_calls: int = 0
+    errors: int = 0
+
+    def __sub__(self, other: FakeCudaStats) -> FakeCudaStats:
+        return FakeCudaStats(
+            *(getattr(self, n) - getattr(other, n) for n in STAT_NAMES)
+        )
+
+    @property
+    def live(self) -> tuple[int, int, int]:
+        """(allocations, IPC opens, host registrations) still outstanding."""
+        return (self.live_allocs, self.live_ipc_opens, self.live_host_registrations)
+
+
+class IpcHandle(ctypes.Structure):
+    """cudaIpcMemHandle_t: 64 opaque bytes, passed by value."""
+
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> IpcHandle:
+        if len(data) != 64:
+            raise ValueError(f"an IPC handle is 64 bytes, not {len(data)}")
+        return cls.from_buffer_copy(data)
+
+
+class FakeCudaError(RuntimeError):
+    def __init__(self, func: str, code: int, name: str):
+        super().__init__(f"{func} returned {code} ({name})")
+        self.func = func
+        self.code = code
+
+
+_PROTOTYPES = {
+    "cudaGetDeviceCount": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int)]),
+    "cudaGetDevice": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int)]),
+    "cudaSetDevice": (ctypes.c_int, [ctypes.c_int]),
+    "cudaDeviceGetAttribute": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int]),
+    "cudaDriverGetVersion": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int)]),
+    "cudaRuntimeGetVersion": (ctypes.c_int, [ctypes.POINTER(ctypes.c_int)]),
+    "cudaGetErrorName": (ctypes.c_char_p, [ctypes.c_int]),
+    "cudaGetErrorString": (ctypes.c_char_p, [ctypes.c_int]),
+    "cudaGetDeviceProperties": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
+    "cudaGetDeviceProperties_v2": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
+    "cudaMemGetInfo": (ctypes.c_int, [ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]),
+    "cudaMalloc": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]),
+    "cudaFree": (ctypes.c_int, [ctypes.c_void_p]),
+    "cudaMemcpy": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]),
+    "cudaStreamSynchronize": (ctypes.c_int, [ctypes.c_void_p]),
+    "cudaIpcGetMemHandle": (ctypes.c_int, [ctypes.POINTER(IpcHandle), ctypes.c_void_p]),
+    "cudaIpcOpenMemHandle": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), IpcHandle, ctypes.c_uint]),
+    "cudaIpcCloseMemHandle": (ctypes.c_int, [ctypes.c_void_p]),
+    "cudaHostRegister": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]),
+    "cudaHostUnregister": (ctypes.c_int, [ctypes.c_void_p]),
+    "tshm_fake_cuda_stats": (ctypes.c_int, [ctypes.POINTER(ctypes.c_longlong), ctypes.c_int]),
+    "tshm_fake_cuda_pointer_kind": (ctypes.c_int, [ctypes.c_void_p]),
+    "tshm_fake_cuda_owner_pid": (ctypes.c_int, []),
+}
+
+#: The cudart entry points tritonshm resolves (csrc/tshm_cuda.h), all exported by the fake.
+CUDART_SYMBOLS = tuple(n for n in _PROTOTYPES if n.startswith("cuda"))
+
+
+class FakeCudart:
+    """The fake loaded through ctypes, with prototypes set.
+
+    ``self.lib`` gives the raw entry points (return codes, for tests of error
+    paths); the methods below raise :class:`FakeCudaError` on failure.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+        self.lib = ctypes.CDLL(self.path)
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            fn = getattr(self.lib, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+
+    def error_name(self, code: int) -> str:
+        return self.lib.cudaGetErrorName(code).decode()
+
+    def error_string(self, code: int) -> str:
+        return self.lib.cudaGetErrorString(code).decode()
+
+    def check(self, func: str, code: int) -> None:
+        if code != SUCCESS:
+            raise FakeCudaError(func, code, self.error_name(code))
+
+    # --- counters --------------------------------------------------------
+
+    def stats(self) -> FakeCudaStats:
+        out = (ctypes.c_longlong * len(STAT_NAMES))()
+        have = self.lib.tshm_fake_cuda_stats(out, len(STAT_NAMES))
+        if have < len(STAT_NAMES):
+            raise RuntimeError(f"the fake at {self.path} has {have} counters, expected {len(STAT_NAMES)}")
+        return FakeCudaStats(*out)
+
+    def pointer_kind(self, ptr: int) -> int:
+        """KIND_ALLOC, KIND_OPENED, KIND_HOST_REGISTERED or KIND_UNKNOWN."""
+        return self.lib.tshm_fake_cuda_pointer_kind(ptr)
+
+    def owner_pid(self) -> int:
+        return self.lib.tshm_fake_cuda_owner_pid()
+
+    # --- calls that raise ------------------------------------------------
+
+    def device_count(self) -> int:
+        n = ctypes.c_int(-1)
+        self.check("cudaGetDeviceCount", self.lib.cudaGetDeviceCount(ctypes.byref(n)))
+        return n.value
+
+    def get_device(self) -> int:
+        d = ctypes.c_int(-1)
+        self.check("cudaGetDevice", self.lib.cudaGetDevice(ctypes.byref(d)))
+        return d.value
+
+    def set_device(self, device: int) -> None:
+        self.check("cudaSetDevice", self.lib.cudaSetDevice(device))
+
+    def mem_get_info(self) -> tuple[int, int]:
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self.check("cudaMemGetInfo", self.lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)))
+        return free.value, total.value
+
+    def malloc(self, nbytes: int) -> int:
+        p = ctypes.c_void_p()
+        self.check("cudaMalloc", self.lib.cudaMalloc(ctypes.byref(p), nbytes))
+        return p.value or 0
+
+    def free(self, ptr: int) -> None:
+        self.check("cudaFree", self.lib.cudaFree(ptr))
+
+    def ipc_get_handle(self, ptr: int) -> bytes:
+        h = IpcHandle()
+        self.check("cudaIpcGetMemHandle", self.lib.cudaIpcGetMemHandle(ctypes.byref(h), ptr))
+        return bytes(h)
+
+    def ipc_open(self, handle: bytes, flags: int = 1) -> int:
+        p = ctypes.c_void_p()
+        rc = self.lib.cudaIpcOpenMemHandle(ctypes.byref(p), IpcHandle.from_bytes(handle), flags)
+        self.check("cudaIpcOpenMemHandle", rc)
+        return p.value
+
+    def ipc_close(self, ptr: int) -> None:
+        self.check("cudaIpcCloseMemHandle", self.lib.cudaIpcCloseMemHandle(ptr))
+
+    def memcpy(self, dst: int, src: int, nbytes: int, kind: int = MEMCPY_DEFAULT) -> None:
+        self.check("cudaMemcpy", self.lib.cudaMemcpy(dst, src, nbytes, kind))
+
+    def host_register(self, ptr: int, nbytes: int, flags: int = 1) -> None:
+        self.check("cudaHostRegister", self.lib.cudaHostRegister(ptr, nbytes, flags))
+
+    def host_unregister(self, ptr: int) -> None:
+        self.check("cudaHostUnregister", self.lib.cudaHostUnregister(ptr))
+
+    def read(self, ptr: int, nbytes: int) -> bytes:
+        """The bytes at a fake device pointer (fake device memory is host memory)."""
+        return ctypes.string_at(ptr, nbytes)
+
+    def write(self, ptr: int, data: bytes) -> None:
+        ctypes.memmove(ptr, data, len(data))
+
+
+def fake_segments() -> dict[str, int]:
+    """The fake's segments in /dev/shm (name without '/') -> creator pid."""
+    out = {}
+    for name in os.listdir(SHM_DIR):
+        match = SEGMENT_NAME.match(name)
+        if match:
+            out[name] = int(match.group(1))
+    return out
+
+
+def remove_orphan_segments() -> list[str]:
+    """Unlink the fake's segments whose creator is no longer running.
+
+    A test process killed while holding fake device memory leaves them
+    behind (real CUDA would free the memory at exit).  Returns their names.
+    """
+    removed = []
+    for name, pid in fake_segments().items():
+        try:
+            os.kill(pid, 0)
+            continue
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return removed

@@ -1,0 +1,567 @@
+"""Tests of the FAKE CUDA runtime itself (tests/fake_cudart/), through ctypes.
+
+The CUDA layer's tests run against this fake on machines without a GPU, so
+the fake has to be known-good on its own: these tests use no tritonshm code.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+import fake_cuda
+from fake_cuda import FakeCudart, FakeCudaError
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+PAGE = mmap.PAGESIZE
+
+
+@pytest.fixture(scope="module")
+def fake(request, tmp_path_factory) -> FakeCudart:
+    return FakeCudart(fake_cuda.build_fake_cudart(build_dir(request, tmp_path_factory)))
+
+
+def build_dir(request, tmp_path_factory) -> Path:
+    """pytest's cache (kept between sessions) when enabled, else a temp dir."""
+    cache = getattr(request.config, "cache", None)
+    return cache.mkdir("fake_cudart") if cache is not None else tmp_path_factory.mktemp("fake_cudart")
+
+
+@pytest.fixture(autouse=True)
+def clean_fake(fake, monkeypatch):
+    """Each test starts with the default environment and device 0, and
+    must give back everything it took from the fake."""
+    for var in (fake_cuda.ENV_DEVICES, fake_cuda.ENV_DRIVER, fake_cuda.ENV_TOTAL_MEM, fake_cuda.ENV_FAIL):
+        monkeypatch.delenv(var, raising=False)
+    before = fake.stats()
+    segments = set(fake_cuda.fake_segments())
+    yield
+    for var in (fake_cuda.ENV_DEVICES, fake_cuda.ENV_DRIVER, fake_cuda.ENV_FAIL):
+        os.environ.pop(var, None)
+    fake.set_device(0)
+    assert fake.stats().live == before.live, "the test left fake allocations, opens or registrations"
+    mine = {n for n, pid in fake_cuda.fake_segments().items() if pid == os.getpid()}
+    assert mine <= segments, f"fake segments left in /dev/shm: {mine - segments}"
+
+
+def anon_map(npages: int, prot: int = mmap.PROT_READ | mmap.PROT_WRITE) -> int:
+    addr = _libc.mmap(None, npages * PAGE, prot, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+    return addr
+
+
+def unmap(addr: int, npages: int) -> None:
+    assert _libc.munmap(addr, npages * PAGE) == 0
+
+
+def run_child(script: str, *args: str, stdin: str | None = None) -> dict:
+    """Run *script* in a fresh Python (no fork: its own fake instance); its
+    last stdout line is JSON."""
+    code = f"import sys; sys.path.insert(0, {str(TESTS_DIR)!r})\n" + textwrap.dedent(script)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], input=stdin, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --- the library ------------------------------------------------------------
+
+
+def test_build_is_cached_and_exports_the_cudart_table(fake, request, tmp_path_factory):
+    again = fake_cuda.build_fake_cudart(Path(fake.path).parent)
+    assert str(again) == fake.path
+    assert "fake" in Path(fake.path).name
+    for name in fake_cuda.CUDART_SYMBOLS:
+        assert hasattr(fake.lib, name), name
+    # The names tritonshm resolves (csrc/tshm_cuda.h), besides the _v2 alias.
+    assert set(fake_cuda.CUDART_SYMBOLS) >= {
+        "cudaGetDeviceCount", "cudaGetDevice", "cudaSetDevice", "cudaDeviceGetAttribute",
+        "cudaDriverGetVersion", "cudaRuntimeGetVersion", "cudaGetErrorName", "cudaGetErrorString",
+        "cudaGetDeviceProperties_v2", "cudaGetDeviceProperties", "cudaMemGetInfo", "cudaMalloc",
+        "cudaFree", "cudaMemcpy", "cudaStreamSynchronize", "cudaIpcGetMemHandle",
+        "cudaIpcOpenMemHandle", "cudaIpcCloseMemHandle", "cudaHostRegister", "cudaHostUnregister",
+    }
+
+
+def test_same_path_is_the_same_instance(fake):
+    other = FakeCudart(fake.path)
+    ptr = fake.malloc(100)
+    try:
+        assert other.stats().live_allocs == fake.stats().live_allocs
+        assert other.pointer_kind(ptr) == fake_cuda.KIND_ALLOC
+    finally:
+        other.free(ptr)
+
+
+def test_error_names(fake):
+    assert fake.error_name(0) == "cudaSuccess"
+    assert fake.error_name(1) == "cudaErrorInvalidValue"
+    assert fake.error_string(1) == "invalid argument"
+    assert fake.error_name(2) == "cudaErrorMemoryAllocation"
+    assert fake.error_name(3) == "cudaErrorInitializationError"
+    assert fake.error_name(35) == "cudaErrorInsufficientDriver"
+    assert fake.error_name(100) == "cudaErrorNoDevice"
+    assert fake.error_name(101) == "cudaErrorInvalidDevice"
+    assert fake.error_string(201) == "invalid device context"
+    assert fake.error_name(400) == "cudaErrorInvalidResourceHandle"
+    assert fake.error_name(712) == "cudaErrorHostMemoryAlreadyRegistered"
+    assert fake.error_name(713) == "cudaErrorHostMemoryNotRegistered"
+    assert fake.error_name(12345) == "cudaErrorUnknown"
+    assert fake.error_string(-7) == "unknown error"
+
+
+# --- memory -------------------------------------------------------------------
+
+
+def test_alloc_free_accounting(fake):
+    before = fake.stats()
+    free0, total = fake.mem_get_info()
+    assert total == 16 << 30
+    sizes = [1, 4096, 3 * 1024 * 1024 + 5]
+    ptrs = [fake.malloc(n) for n in sizes]
+    try:
+        s = fake.stats() - before
+        assert (s.live_allocs, s.live_bytes, s.malloc_calls) == (3, sum(sizes), 3)
+        assert fake.mem_get_info() == (free0 - sum(sizes), total)
+        mine = [n for n, pid in fake_cuda.fake_segments().items() if pid == os.getpid()]
+        assert len(mine) >= 3
+        for p, n in zip(ptrs, sizes):
+            assert p % PAGE == 0
+            assert fake.pointer_kind(p) == fake.pointer_kind(p + n - 1) == fake_cuda.KIND_ALLOC
+            fake.write(p + n - 1, b"x")  # host-addressable to its last byte
+        # interior and unknown pointers are not freeable
+        assert fake.lib.cudaFree(ptrs[1] + 8) == fake_cuda.ERROR_INVALID_VALUE
+        assert fake.lib.cudaFree(ctypes.addressof(ctypes.c_int())) == fake_cuda.ERROR_INVALID_VALUE
+        assert fake.lib.cudaFree(None) == 0
+    finally:
+        for p in ptrs:
+            fake.free(p)
+    s = fake.stats() - before
+    assert (s.live_allocs, s.live_bytes, s.free_calls) == (0, 0, 3)
+    assert fake.mem_get_info() == (free0, total)
+    assert fake.lib.cudaFree(ptrs[0]) == fake_cuda.ERROR_INVALID_VALUE  # double free
+
+
+def test_malloc_zero_and_out_of_memory(fake, monkeypatch):
+    p = ctypes.c_void_p(1)
+    assert fake.lib.cudaMalloc(ctypes.byref(p), 0) == 0 and p.value is None
+    assert fake.lib.cudaMalloc(None, 10) == fake_cuda.ERROR_INVALID_VALUE
+    monkeypatch.setenv(fake_cuda.ENV_TOTAL_MEM, str(1 << 20))
+    a = fake.malloc(1 << 19)
+    try:
+        assert fake.mem_get_info() == (1 << 19, 1 << 20)
+        assert fake.lib.cudaMalloc(ctypes.byref(p), (1 << 19) + 1) == fake_cuda.ERROR_MEMORY_ALLOCATION
+        b = fake.malloc(1 << 19)
+        fake.free(b)
+    finally:
+        fake.free(a)
+
+
+def test_memcpy(fake):
+    n = 10000
+    dev = fake.malloc(n)
+    other = fake.malloc(n)
+    try:
+        src = ctypes.create_string_buffer((bytes(range(256)) * 40)[:n], n)
+        dst = ctypes.create_string_buffer(n)
+        fake.memcpy(dev, ctypes.addressof(src), n, 1)  # HostToDevice
+        fake.memcpy(other, dev, n, 3)  # DeviceToDevice
+        fake.memcpy(ctypes.addressof(dst), other, n)  # Default
+        assert dst.raw == src.raw
+        fake.memcpy(ctypes.addressof(dst), dev + 100, 50, 2)  # DeviceToHost, interior
+        assert dst.raw[:50] == src.raw[100:150]
+        assert fake.lib.cudaMemcpy(None, None, 0, 4) == 0  # nothing to copy
+        assert fake.lib.cudaMemcpy(dev, ctypes.addressof(src), 1, 7) == fake_cuda.ERROR_INVALID_MEMCPY_DIRECTION
+        # a device range must stay inside its allocation
+        assert fake.lib.cudaMemcpy(dev + 1, ctypes.addressof(src), n, 4) == fake_cuda.ERROR_INVALID_VALUE
+        assert fake.lib.cudaMemcpy(ctypes.addressof(dst), dev + n - 10, 11, 2) == fake_cuda.ERROR_INVALID_VALUE
+        # HostToDevice into host memory is refused
+        assert fake.lib.cudaMemcpy(ctypes.addressof(dst), ctypes.addressof(src), 8, 1) == fake_cuda.ERROR_INVALID_VALUE
+        assert fake.lib.cudaMemcpy(ctypes.addressof(dst), ctypes.addressof(src), 8, 0) == 0  # HostToHost
+        assert fake.lib.cudaStreamSynchronize(None) == 0
+        assert fake.lib.cudaStreamSynchronize(0x1234) == 0
+    finally:
+        fake.free(dev)
+        fake.free(other)
+
+
+def test_frees_from_many_threads(fake):
+    before = fake.stats()
+    ptrs = [fake.malloc(4096 + i) for i in range(64)]
+    errors = []
+
+    def free_some(chunk):
+        for p in chunk:
+            rc = fake.lib.cudaFree(p)  # ctypes drops the GIL around the call
+            if rc:
+                errors.append(rc)
+
+    threads = [threading.Thread(target=free_some, args=(ptrs[i::8],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    s = fake.stats() - before
+    assert (s.live_allocs, s.live_bytes, s.free_calls) == (0, 0, 64)
+
+
+# --- IPC ----------------------------------------------------------------------
+
+CHILD_ROUND_TRIP = """
+    import json
+    from fake_cuda import FakeCudart
+    fake = FakeCudart(sys.argv[1])
+    handle, n = bytes.fromhex(sys.argv[2]), int(sys.argv[3])
+    p = fake.ipc_open(handle)
+    seen = fake.read(p, n).hex()
+    fake.write(p, b"child!" * (n // 6))
+    again = fake.ipc_open(handle, 0)           # same handle: same pointer, counted
+    # a handle cannot be re-exported from an importer
+    h = bytes(64)
+    import ctypes
+    from fake_cuda import IpcHandle
+    reexport = fake.lib.cudaIpcGetMemHandle(ctypes.byref(IpcHandle()), p)
+    print("ready", flush=True)
+    sys.stdin.readline()                       # the parent wrote again
+    seen_later = fake.read(p, 8).hex()
+    opens = fake.stats().live_ipc_opens
+    kind = fake.pointer_kind(p + n - 1)
+    fake.ipc_close(again)
+    still = fake.read(p, 8).hex()              # still mapped after one close
+    fake.ipc_close(p)
+    closed_twice = fake.lib.cudaIpcCloseMemHandle(p)
+    print(json.dumps(dict(seen=seen, same=again == p, reexport=reexport, seen_later=seen_later,
+                          opens=opens, kind=kind, still=still, closed_twice=closed_twice,
+                          live=fake.stats().live_ipc_opens)))
+"""
+
+
+def test_ipc_round_trip_in_another_process(fake):
+    n = 600
+    ptr = fake.malloc(n)
+    try:
+        pattern = bytes(range(200)) * 3
+        fake.write(ptr, pattern)
+        handle = fake.ipc_get_handle(ptr)
+        assert len(handle) == 64 and handle.startswith(b"TSHMFAKE")
+        code = f"import sys; sys.path.insert(0, {str(TESTS_DIR)!r})\n" + textwrap.dedent(CHILD_ROUND_TRIP)
+        with subprocess.Popen(
+            [sys.executable, "-c", code, fake.path, handle.hex(), str(n)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ) as child:
+            assert child.stdout.readline().strip() == "ready", child.stderr.read()
+            assert fake.read(ptr, n) == b"child!" * 100  # the child's writes, seen here
+            fake.write(ptr, b"PARENT!!")
+            out, err = child.communicate("go\n", timeout=60)
+        assert child.returncode == 0, err
+        got = json.loads(out.strip().splitlines()[-1])
+        assert got == dict(
+            seen=pattern.hex(), same=True, reexport=fake_cuda.ERROR_INVALID_VALUE,
+            seen_later=b"PARENT!!".hex(), opens=2, kind=fake_cuda.KIND_OPENED,
+            still=b"PARENT!!".hex(), closed_twice=fake_cuda.ERROR_INVALID_RESOURCE_HANDLE, live=0,
+        )
+    finally:
+        fake.free(ptr)
+
+
+def test_ipc_open_in_the_exporting_process_is_refused(fake):
+    ptr = fake.malloc(64)
+    try:
+        handle = fake.ipc_get_handle(ptr)
+        out = ctypes.c_void_p()
+        rc = fake.lib.cudaIpcOpenMemHandle(ctypes.byref(out), fake_cuda.IpcHandle.from_bytes(handle), 1)
+        assert rc == fake_cuda.ERROR_DEVICE_UNINITIALIZED == 201
+        assert out.value is None
+    finally:
+        fake.free(ptr)
+
+
+def test_ipc_bad_handles(fake):
+    out = ctypes.c_void_p()
+    for junk in (bytes(64), b"\xff" * 64, b"TSHMFAKE" + bytes(56)):
+        rc = fake.lib.cudaIpcOpenMemHandle(ctypes.byref(out), fake_cuda.IpcHandle.from_bytes(junk), 1)
+        assert rc == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
+    assert fake.lib.cudaIpcCloseMemHandle(ctypes.addressof(out)) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
+    assert fake.lib.cudaIpcCloseMemHandle(None) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
+
+
+def test_ipc_handle_of_interior_or_unknown_pointer_is_refused(fake):
+    ptr = fake.malloc(8192)
+    try:
+        h = fake_cuda.IpcHandle()
+        assert fake.lib.cudaIpcGetMemHandle(ctypes.byref(h), ptr + 4096) == fake_cuda.ERROR_INVALID_VALUE
+        assert fake.lib.cudaIpcGetMemHandle(ctypes.byref(h), ctypes.addressof(h)) == fake_cuda.ERROR_INVALID_VALUE
+        assert fake.lib.cudaIpcGetMemHandle(ctypes.byref(h), ptr) == 0
+    finally:
+        fake.free(ptr)
+
+
+CHILD_OPEN = """
+    import ctypes, json
+    from fake_cuda import FakeCudart, IpcHandle
+    fake = FakeCudart(sys.argv[1])
+    out = ctypes.c_void_p()
+    rc = fake.lib.cudaIpcOpenMemHandle(ctypes.byref(out), IpcHandle.from_bytes(bytes.fromhex(sys.argv[2])), 1)
+    print(json.dumps(dict(rc=rc)))
+"""
+
+
+def test_ipc_open_after_the_exporter_freed(fake):
+    ptr = fake.malloc(4096)
+    handle = fake.ipc_get_handle(ptr)
+    fake.free(ptr)
+    assert run_child(CHILD_OPEN, fake.path, handle.hex()) == dict(rc=fake_cuda.ERROR_INVALID_RESOURCE_HANDLE)
+
+
+CHILD_EXPORT = """
+    import json, os
+    from fake_cuda import FakeCudart
+    fake = FakeCudart(sys.argv[1])
+    p = fake.malloc(4096)
+    print(json.dumps(dict(handle=fake.ipc_get_handle(p).hex(), pid=os.getpid())), flush=True)
+    if sys.argv[2] == "crash":
+        os._exit(0)   # no destructors: the segment stays behind
+    # a normal exit: the fake unlinks what is still allocated, as CUDA frees it
+"""
+
+
+def test_ipc_open_after_the_exporter_exited(fake):
+    got = run_child(CHILD_EXPORT, fake.path, "exit")
+    assert not any(pid == got["pid"] for pid in fake_cuda.fake_segments().values())
+    out = ctypes.c_void_p()
+    h = fake_cuda.IpcHandle.from_bytes(bytes.fromhex(got["handle"]))
+    assert fake.lib.cudaIpcOpenMemHandle(ctypes.byref(out), h, 1) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
+
+
+def test_ipc_open_after_the_exporter_crashed(fake):
+    got = run_child(CHILD_EXPORT, fake.path, "crash")
+    left = [n for n, pid in fake_cuda.fake_segments().items() if pid == got["pid"]]
+    assert len(left) == 1
+    out = ctypes.c_void_p()
+    h = fake_cuda.IpcHandle.from_bytes(bytes.fromhex(got["handle"]))
+    assert fake.lib.cudaIpcOpenMemHandle(ctypes.byref(out), h, 1) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
+    assert left[0] in fake_cuda.remove_orphan_segments()
+    assert left[0] not in fake_cuda.fake_segments()
+
+
+# --- host registration --------------------------------------------------------
+
+
+def test_host_register(fake):
+    addr = anon_map(4)
+    try:
+        before = fake.stats()
+        fake.host_register(addr, 2 * PAGE)
+        assert fake.pointer_kind(addr + PAGE) == fake_cuda.KIND_HOST_REGISTERED
+        reg = fake.lib.cudaHostRegister
+        assert reg(addr, 2 * PAGE, 1) == fake_cuda.ERROR_HOST_MEMORY_ALREADY_REGISTERED  # twice
+        assert reg(addr + PAGE, 2 * PAGE, 1) == fake_cuda.ERROR_HOST_MEMORY_ALREADY_REGISTERED  # overlap
+        assert reg(addr + 10, 1, 0) == fake_cuda.ERROR_HOST_MEMORY_ALREADY_REGISTERED  # inside
+        fake.host_register(addr + 2 * PAGE, PAGE + 100, 1)  # adjacent, not page-sized
+        assert (fake.stats() - before).live_host_registrations == 2
+        assert fake.lib.cudaHostUnregister(addr + PAGE) == fake_cuda.ERROR_HOST_MEMORY_NOT_REGISTERED
+        fake.host_unregister(addr + 2 * PAGE)
+        fake.host_unregister(addr)
+        assert fake.lib.cudaHostUnregister(addr) == fake_cuda.ERROR_HOST_MEMORY_NOT_REGISTERED
+        assert fake.lib.cudaHostUnregister(None) == fake_cuda.ERROR_HOST_MEMORY_NOT_REGISTERED
+        s = fake.stats() - before
+        assert (s.live_host_registrations, s.host_register_calls, s.host_unregister_calls) == (0, 2, 2)
+        assert reg(addr, 0, 1) == fake_cuda.ERROR_INVALID_VALUE
+        assert reg(addr, PAGE, 0x100) == fake_cuda.ERROR_INVALID_VALUE  # unknown flag
+    finally:
+        unmap(addr, 4)
+
+
+def test_host_register_needs_mapped_and_writable_memory(fake):
+    addr = anon_map(3)
+    unmap(addr + PAGE, 1)  # a hole in the middle
+    try:
+        reg = fake.lib.cudaHostRegister
+        assert reg(addr, 3 * PAGE, 1) == fake_cuda.ERROR_INVALID_VALUE
+        assert reg(addr + PAGE, 10, 1) == fake_cuda.ERROR_INVALID_VALUE
+    finally:
+        unmap(addr, 1)
+        unmap(addr + 2 * PAGE, 1)
+    ro = anon_map(2, mmap.PROT_READ)
+    try:
+        assert fake.lib.cudaHostRegister(ro, 2 * PAGE, 1) == fake_cuda.ERROR_INVALID_VALUE
+        fake.host_register(ro, 2 * PAGE, 1 | 8)  # Portable | ReadOnly
+        fake.host_unregister(ro)
+    finally:
+        unmap(ro, 2)
+
+
+def test_host_register_fake_device_memory_and_shm(fake):
+    # tritonshm pins its own shm mappings: a MAP_SHARED file mapping works too
+    ptr = fake.malloc(3 * PAGE)
+    try:
+        fake.host_register(ptr, 3 * PAGE)
+        fake.host_unregister(ptr)
+    finally:
+        fake.free(ptr)
+
+
+# --- devices and modes --------------------------------------------------------
+
+
+def test_default_device(fake):
+    assert fake.device_count() == 1
+    assert fake.get_device() == 0
+    assert fake.lib.cudaSetDevice(1) == fake_cuda.ERROR_INVALID_DEVICE
+    assert fake.lib.cudaSetDevice(-1) == fake_cuda.ERROR_INVALID_DEVICE
+    v = ctypes.c_int()
+    assert fake.lib.cudaDriverGetVersion(ctypes.byref(v)) == 0 and v.value == 13000
+    assert fake.lib.cudaRuntimeGetVersion(ctypes.byref(v)) == 0 and v.value == 13000
+    attrs = {16: 132, 33: 0, 75: 9, 76: 0, 99: 1}
+    for attr, want in attrs.items():
+        assert fake.lib.cudaDeviceGetAttribute(ctypes.byref(v), attr, 0) == 0
+        assert v.value == want, attr
+    assert fake.lib.cudaDeviceGetAttribute(ctypes.byref(v), 12345, 0) == fake_cuda.ERROR_INVALID_VALUE
+    assert fake.lib.cudaDeviceGetAttribute(ctypes.byref(v), 75, 1) == fake_cuda.ERROR_INVALID_DEVICE
+
+
+@pytest.mark.parametrize("symbol", ["cudaGetDeviceProperties_v2", "cudaGetDeviceProperties"])
+def test_device_properties_write_only_the_name(fake, symbol):
+    buf = ctypes.create_string_buffer(b"\xab" * 4096, 4096)
+    assert getattr(fake.lib, symbol)(buf, 0) == 0
+    assert buf.value == b"Fake CUDA device 0 (tritonshm tests)"
+    assert buf.raw[len(buf.value):256] == bytes(256 - len(buf.value))
+    assert buf.raw[256:] == b"\xab" * (4096 - 256)
+    assert getattr(fake.lib, symbol)(buf, 1) == fake_cuda.ERROR_INVALID_DEVICE
+
+
+def test_several_devices_and_per_thread_current_device(fake, monkeypatch):
+    monkeypatch.setenv(fake_cuda.ENV_DEVICES, "3")
+    assert fake.device_count() == 3
+    fake.set_device(2)
+    assert fake.get_device() == 2
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(fake.get_device()))
+    t.start()
+    t.join()
+    assert seen == [0]  # the current device is per thread
+    assert fake.lib.cudaSetDevice(3) == fake_cuda.ERROR_INVALID_DEVICE
+    v = ctypes.c_int()
+    assert fake.lib.cudaDeviceGetAttribute(ctypes.byref(v), 33, 2) == 0 and v.value == 2
+    buf = ctypes.create_string_buffer(4096)
+    assert fake.lib.cudaGetDeviceProperties_v2(buf, 2) == 0
+    assert buf.value == b"Fake CUDA device 2 (tritonshm tests)"
+    # memory is accounted per device
+    free2, total = fake.mem_get_info()
+    ptr = fake.malloc(1 << 20)
+    try:
+        assert fake.mem_get_info() == (free2 - (1 << 20), total)
+        fake.set_device(1)
+        assert fake.mem_get_info() == (total, total)
+        fake.set_device(2)
+        handle = fake.ipc_get_handle(ptr)
+        assert int.from_bytes(handle[12:16], "little") == 2  # the handle records the device
+    finally:
+        fake.free(ptr)
+
+
+def test_no_device(fake, monkeypatch):
+    monkeypatch.setenv(fake_cuda.ENV_DEVICES, "0")
+    n = ctypes.c_int(7)
+    assert fake.lib.cudaGetDeviceCount(ctypes.byref(n)) == fake_cuda.ERROR_NO_DEVICE
+    assert n.value == 0
+    p = ctypes.c_void_p()
+    assert fake.lib.cudaMalloc(ctypes.byref(p), 16) == fake_cuda.ERROR_NO_DEVICE
+    assert fake.lib.cudaSetDevice(0) == fake_cuda.ERROR_NO_DEVICE
+    assert fake.error_name(fake_cuda.ERROR_NO_DEVICE) == "cudaErrorNoDevice"
+
+
+def test_no_driver(fake, monkeypatch):
+    monkeypatch.setenv(fake_cuda.ENV_DRIVER, "none")
+    n = ctypes.c_int(7)
+    v = ctypes.c_int(7)
+    p = ctypes.c_void_p()
+    buf = ctypes.create_string_buffer(4096)
+    h = fake_cuda.IpcHandle()
+    calls = {
+        "cudaGetDeviceCount": lambda: fake.lib.cudaGetDeviceCount(ctypes.byref(n)),
+        "cudaGetDevice": lambda: fake.lib.cudaGetDevice(ctypes.byref(v)),
+        "cudaSetDevice": lambda: fake.lib.cudaSetDevice(0),
+        "cudaDeviceGetAttribute": lambda: fake.lib.cudaDeviceGetAttribute(ctypes.byref(v), 75, 0),
+        "cudaGetDeviceProperties_v2": lambda: fake.lib.cudaGetDeviceProperties_v2(buf, 0),
+        "cudaMemGetInfo": lambda: fake.lib.cudaMemGetInfo(ctypes.byref(ctypes.c_size_t()), ctypes.byref(ctypes.c_size_t())),
+        "cudaMalloc": lambda: fake.lib.cudaMalloc(ctypes.byref(p), 16),
+        "cudaFree": lambda: fake.lib.cudaFree(None),
+        "cudaMemcpy": lambda: fake.lib.cudaMemcpy(buf, buf, 0, 4),
+        "cudaStreamSynchronize": lambda: fake.lib.cudaStreamSynchronize(None),
+        "cudaIpcGetMemHandle": lambda: fake.lib.cudaIpcGetMemHandle(ctypes.byref(h), buf),
+        "cudaIpcOpenMemHandle": lambda: fake.lib.cudaIpcOpenMemHandle(ctypes.byref(p), h, 1),
+        "cudaIpcCloseMemHandle": lambda: fake.lib.cudaIpcCloseMemHandle(buf),
+        "cudaHostRegister": lambda: fake.lib.cudaHostRegister(buf, 4096, 1),
+        "cudaHostUnregister": lambda: fake.lib.cudaHostUnregister(buf),
+    }
+    for name, call in calls.items():
+        assert call() == fake_cuda.ERROR_INSUFFICIENT_DRIVER, name
+    assert n.value == 0
+    assert fake.lib.cudaDriverGetVersion(ctypes.byref(v)) == 0 and v.value == 0
+    assert fake.error_name(35) == "cudaErrorInsufficientDriver"
+    # the runtime's own version needs no driver, as in real CUDA
+    assert fake.lib.cudaRuntimeGetVersion(ctypes.byref(v)) == 0 and v.value == 13000
+
+
+def test_injected_failures(fake, monkeypatch):
+    ptr = fake.malloc(64)
+    try:
+        monkeypatch.setenv(fake_cuda.ENV_FAIL, "cudaHostRegister=2,cudaMemcpy=700")
+        buf = ctypes.create_string_buffer(64)
+        with pytest.raises(FakeCudaError) as info:
+            fake.memcpy(ptr, ctypes.addressof(buf), 64)
+        assert info.value.code == 700 and "cudaErrorIllegalAddress" in str(info.value)
+        assert fake.lib.cudaMalloc(ctypes.byref(ctypes.c_void_p()), 0) == 0  # not listed
+        monkeypatch.delenv(fake_cuda.ENV_FAIL)
+        fake.memcpy(ptr, ctypes.addressof(buf), 64)
+    finally:
+        fake.free(ptr)
+
+
+def test_forked_child_gets_initialization_error(fake):
+    assert fake.device_count() == 1  # this process owns the fake now
+    assert fake.owner_pid() == os.getpid()
+    ptr = fake.malloc(4096)
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: write the codes, never return into pytest
+            try:
+                n = ctypes.c_int()
+                p = ctypes.c_void_p()
+                codes = [
+                    fake.lib.cudaGetDeviceCount(ctypes.byref(n)),
+                    fake.lib.cudaMalloc(ctypes.byref(p), 16),
+                    fake.lib.cudaFree(ptr),  # a child never frees its parent's memory
+                    fake.lib.cudaHostUnregister(None),
+                ]
+                os.write(w, (json.dumps([codes, fake.error_name(3)]) + "\n").encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as reader:
+            out = reader.read()
+        os.waitpid(pid, 0)
+        codes, name = json.loads(out)
+        assert codes == [fake_cuda.ERROR_INITIALIZATION] * 4
+        assert name == "cudaErrorInitializationError"
+        assert fake.pointer_kind(ptr) == fake_cuda.KIND_ALLOC  # the parent still has it
+    finally:
+        fake.free(ptr)
