@@ -161,9 +161,26 @@ void tshm_mapping_decref(tshm_mapping *m)
      * made through another reference happens-before the munmap. */
     if (__atomic_sub_fetch(&m->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
+    if (m->unmap_hook != NULL)
+        m->unmap_hook(m, m->unmap_hook_ctx);
     munmap(m->addr, m->nbytes);
     m->addr = NULL;
     free(m);
+}
+
+int tshm_mapping_set_unmap_hook(tshm_mapping *m, tshm_unmap_hook hook, void *ctx)
+{
+    if (m == NULL || hook == NULL || ctx == NULL)
+        return -EINVAL;
+    /* Claim the slot with a compare-and-set on the context, so two threads
+     * hooking one mapping cannot both win.  The caller holds a reference,
+     * so the final decref (acquire) sees the hook stored below. */
+    void *expected = NULL;
+    if (!__atomic_compare_exchange_n(&m->unmap_hook_ctx, &expected, ctx, 0,
+                                     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return -EALREADY;
+    __atomic_store_n(&m->unmap_hook, hook, __ATOMIC_RELEASE);
+    return 0;
 }
 
 size_t tshm_mapping_refs(const tshm_mapping *m)

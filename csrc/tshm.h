@@ -33,12 +33,20 @@ extern "C" {
  * no export can ever see unmapped memory.  The count is atomic because
  * some consumers (DLPack deleters) release without holding the GIL.
  */
-typedef struct tshm_mapping {
+typedef struct tshm_mapping tshm_mapping;
+
+/* Called by the last decref just before munmap (e.g. to undo a
+ * cudaHostRegister of the pages); must not fail or block for long. */
+typedef void (*tshm_unmap_hook)(tshm_mapping *m, void *ctx);
+
+struct tshm_mapping {
     uint8_t *addr;     /* start of the mapping; never NULL while refs > 0 */
     size_t nbytes;     /* usable size: the segment's size, and the mmap length */
     int readonly;      /* mapped PROT_READ only */
     size_t refs;       /* accessed atomically only */
-} tshm_mapping;
+    tshm_unmap_hook unmap_hook;   /* NULL, or set once by tshm_mapping_set_unmap_hook */
+    void *unmap_hook_ctx;
+};
 
 /* Create a new segment of `nbytes` (> 0) with O_CREAT|O_EXCL and mode 0600,
  * named TSHM_NAME_PREFIX "<pid>-<16 hex>" from getrandom(); retries on a
@@ -68,6 +76,11 @@ void tshm_mapping_incref(tshm_mapping *m);
 
 /* Drop one reference; the last one unmaps and frees the mapping. */
 void tshm_mapping_decref(tshm_mapping *m);
+
+/* Install the hook the last decref calls before munmap, with its non-NULL
+ * context.  Only one hook per mapping: returns -EALREADY if one is set (a
+ * mapping is pinned once).  The caller must hold a reference. */
+int tshm_mapping_set_unmap_hook(tshm_mapping *m, tshm_unmap_hook hook, void *ctx);
 
 /* Current reference count (for diagnostics and tests). */
 size_t tshm_mapping_refs(const tshm_mapping *m);

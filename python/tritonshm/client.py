@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from . import _dtypes, triton
-from ._region import SystemRegion
+from ._memory import SystemRegion
 from .errors import (
     DTypeMismatch,
     Error,

@@ -35,7 +35,7 @@ def _compare(grpc_url: str, sizes: Sequence[int], seconds: float) -> int:
     import tritonclient.grpc as grpcclient
 
     from . import triton
-    from ._region import SystemRegion
+    from ._memory import SystemRegion
 
     client = grpcclient.InferenceServerClient(grpc_url)
     rng = np.random.default_rng(0)

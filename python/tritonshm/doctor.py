@@ -11,7 +11,7 @@ import os
 import stat
 
 from . import _segments
-from ._region import SystemRegion
+from ._memory import SystemRegion
 from .errors import Error
 
 _SMALL_SHM = 256 * 1024 * 1024  # below this, large tensors will not fit (Docker's default is 64 MB)

@@ -22,6 +22,8 @@ __all__ = [
     "InvalidKey",
     "SharedMemoryOSError",
     "CudaUnavailable",
+    "CudaError",
+    "DLPackError",
     "ServerError",
     "ServerUnavailable",
     "RegistrationError",
@@ -70,6 +72,23 @@ class SharedMemoryOSError(Error, OSError):
 
 class CudaUnavailable(Error, RuntimeError):
     """CUDA (cuda-python, a driver or a GPU) is not available here."""
+
+
+class CudaError(Error, RuntimeError):
+    """The CUDA runtime refused an operation.
+
+    ``code`` is the ``cudaError_t`` value and ``name`` its name
+    (e.g. ``"cudaErrorMemoryAllocation"``).
+    """
+
+    def __init__(self, message: str, code: int = 0, name: str = ""):
+        super().__init__(message)
+        self.code = code
+        self.name = name
+
+
+class DLPackError(Error, BufferError):
+    """A DLPack exchange cannot be done as asked (device, stream, copy or layout)."""
 
 
 class ServerError(Error):

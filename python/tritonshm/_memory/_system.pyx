@@ -1,5 +1,5 @@
 # cython: language_level=3, embedsignature=True
-"""POSIX shared-memory regions (layer 2 of tritonshm).
+"""POSIX shared-memory regions: :class:`SystemRegion` and :class:`Window`.
 
 A :class:`SystemRegion` owns one reference to a native, reference-counted
 mapping (``tshm_mapping`` in csrc/).  Every buffer export -- a memoryview,
@@ -23,7 +23,6 @@ from posix.unistd cimport close as c_close, getpid
 
 from ._tshm cimport (
     TSHM_NAME_MAX,
-    tshm_check_range,
     tshm_copy_in,
     tshm_copy_out,
     tshm_mapping,
@@ -36,21 +35,20 @@ from ._tshm cimport (
 )
 
 import errno
-import operator
 import warnings
 
 import numpy as np
 
-from .errors import (
+from ..errors import (
     DTypeMismatch,
     InvalidKey,
     OutOfBounds,
     ReadOnlyRegion,
     RegionClosed,
-    ShapeMismatch,
     UnsupportedBuffer,
     os_error,
 )
+from ._args import index as _index, layout as _layout, span as _span
 
 __all__ = ["SystemRegion", "Window"]
 
@@ -60,69 +58,6 @@ cdef size_t _NOGIL_COPY_BYTES = 64 * 1024
 
 # The buffer format of a region: unsigned bytes.
 cdef char *_BYTE_FORMAT = b"B"
-
-# The most dims a numpy array may have (32 before numpy 2, 64 since).
-_MAX_NDIM = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
-
-
-def _index(value, str what):
-    """``operator.index(value)`` with an error that names the argument."""
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise OutOfBounds(f"{what} must be an integer, not {type(value).__name__}") from None
-
-
-def _dtype_of(dtype):
-    """A numpy dtype that can live in shared memory, or DTypeMismatch."""
-    try:
-        dt = np.dtype(dtype)
-    except (TypeError, ValueError) as exc:
-        raise DTypeMismatch(f"not a numpy dtype: {dtype!r} ({exc})") from None
-    if dt.subdtype is not None:
-        # ("f4", (2,)) makes numpy add dims to the shape given: say so instead.
-        raise DTypeMismatch(f"dtype {dt} is a sub-array; put its dims in the shape instead")
-    if dt.hasobject:
-        raise DTypeMismatch(
-            f"dtype {dt} holds Python object pointers, which mean nothing in shared memory"
-        )
-    if dt.itemsize == 0:
-        raise DTypeMismatch(f"dtype {dt} has no size")
-    return dt
-
-
-def _shape_of(shape):
-    """A shape tuple of non-negative ints from an int or a sequence of ints."""
-    try:
-        dims = (operator.index(shape),)
-    except TypeError:
-        try:
-            dims = tuple(operator.index(d) for d in shape)
-        except TypeError:
-            raise ShapeMismatch(f"shape must be an int or a sequence of ints, not {shape!r}") from None
-    if len(dims) > _MAX_NDIM:
-        raise ShapeMismatch(f"shape has {len(dims)} dims; numpy allows at most {_MAX_NDIM}")
-    for d in dims:
-        if d < 0:
-            raise ShapeMismatch(f"shape {dims} has a negative dimension")
-    return dims
-
-
-def _layout(dtype, shape):
-    """``(dtype, dims, nbytes)`` of an array of *shape* x *dtype*, validated."""
-    dt = _dtype_of(dtype)
-    dims = _shape_of(shape)
-    count, nonzero = 1, dt.itemsize
-    for d in dims:
-        count *= d
-        nonzero *= max(d, 1)
-    # An empty array passes every bounds check, but numpy still refuses one
-    # whose other dims multiply past what it can address.  (A non-empty
-    # one that large fails the bounds check: OutOfBounds.)
-    if count == 0 and nonzero > PY_SSIZE_T_MAX:
-        raise ShapeMismatch(f"shape {dims} of {dt} is larger than any array can be")
-    return dt, dims, count * dt.itemsize
-
 
 cdef int _export(Py_buffer *view, object owner, tshm_mapping *m, size_t offset,
                  size_t length, Py_ssize_t *shape, int flags) except -1:
@@ -169,6 +104,9 @@ cdef class SystemRegion:
     region exports the buffer protocol, hands out zero-copy numpy views with
     :meth:`ndarray`, and copies with :meth:`write` and :meth:`read`.
     """
+
+    #: Which Triton shared-memory extension registers this region.
+    kind = "system"
 
     def __cinit__(self):
         self._mapping = NULL
@@ -337,16 +275,7 @@ cdef class SystemRegion:
         nothing is ever truncated.
         """
         self._live_mapping()
-        off = _index(offset, "offset")
-        if off < 0 or off > self._nbytes:
-            raise OutOfBounds(f"{self!r}: offset={off} is outside its {self._nbytes} bytes")
-        size = self._nbytes - off if nbytes is None else _index(nbytes, "nbytes")
-        if size < 0 or size > self._nbytes - off:
-            raise OutOfBounds(
-                f"{self!r}: {size} bytes at offset={off} do not fit in its {self._nbytes} bytes"
-                f" ({self._nbytes - off} available)"
-            )
-        return off, size
+        return _span(self, self._nbytes, offset, nbytes)
 
     # -- lifetime ---------------------------------------------------------
 
@@ -550,9 +479,5 @@ cdef class Window:
     def ndarray(self, dtype, shape, offset=0):
         """A zero-copy numpy view of *shape* x *dtype* at byte *offset* of the window."""
         dt, dims, nbytes = _layout(dtype, shape)
-        off = _index(offset, "offset")
-        if off < 0 or nbytes > self._nbytes or off > self._nbytes - nbytes:
-            raise OutOfBounds(
-                f"{self!r}: {nbytes} bytes at offset={off} do not fit in its {self._nbytes} bytes"
-            )
+        off, _ = _span(self, self._nbytes, offset, nbytes)
         return np.frombuffer(self, dtype=dt, count=nbytes // dt.itemsize, offset=off).reshape(dims)

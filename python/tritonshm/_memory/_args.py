@@ -1,0 +1,100 @@
+"""Argument checks shared by every region type.
+
+Offsets, sizes, dtypes and shapes are validated here, the same way for
+system, pinned and CUDA regions, before any copy or view touches memory.
+The C core checks ranges again (without additions that can wrap); these
+checks exist to give the caller an error that names the argument.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..errors import DTypeMismatch, OutOfBounds, ShapeMismatch
+
+__all__ = ["index", "dtype_of", "shape_of", "layout", "span"]
+
+# The most dims a numpy array may have (32 before numpy 2, 64 since).
+MAX_NDIM = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+
+
+def index(value: Any, what: str) -> int:
+    """``operator.index(value)`` with an error that names the argument."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise OutOfBounds(f"{what} must be an integer, not {type(value).__name__}") from None
+
+
+def dtype_of(dtype: Any) -> np.dtype:
+    """A numpy dtype that can live in shared memory, or DTypeMismatch."""
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError) as exc:
+        raise DTypeMismatch(f"not a numpy dtype: {dtype!r} ({exc})") from None
+    if dt.subdtype is not None:
+        # ("f4", (2,)) makes numpy add dims to the shape given: say so instead.
+        raise DTypeMismatch(f"dtype {dt} is a sub-array; put its dims in the shape instead")
+    if dt.hasobject:
+        raise DTypeMismatch(
+            f"dtype {dt} holds Python object pointers, which mean nothing in shared memory"
+        )
+    if dt.itemsize == 0:
+        raise DTypeMismatch(f"dtype {dt} has no size")
+    return dt
+
+
+def shape_of(shape: Any) -> tuple[int, ...]:
+    """A shape tuple of non-negative ints from an int or a sequence of ints."""
+    try:
+        dims: tuple[int, ...] = (operator.index(shape),)
+    except TypeError:
+        try:
+            dims = tuple(operator.index(d) for d in shape)
+        except TypeError:
+            raise ShapeMismatch(f"shape must be an int or a sequence of ints, not {shape!r}") from None
+    if len(dims) > MAX_NDIM:
+        raise ShapeMismatch(f"shape has {len(dims)} dims; numpy allows at most {MAX_NDIM}")
+    for d in dims:
+        if d < 0:
+            raise ShapeMismatch(f"shape {dims} has a negative dimension")
+    return dims
+
+
+def layout(dtype: Any, shape: Any) -> tuple[np.dtype, tuple[int, ...], int]:
+    """``(dtype, dims, nbytes)`` of an array of *shape* x *dtype*, validated."""
+    dt = dtype_of(dtype)
+    dims = shape_of(shape)
+    count, nonzero = 1, dt.itemsize
+    for d in dims:
+        count *= d
+        nonzero *= max(d, 1)
+    # An empty array passes every bounds check, but numpy still refuses one
+    # whose other dims multiply past what it can address.  (A non-empty
+    # one that large fails the bounds check: OutOfBounds.)
+    if count == 0 and nonzero > sys.maxsize:
+        raise ShapeMismatch(f"shape {dims} of {dt} is larger than any array can be")
+    return dt, dims, count * dt.itemsize
+
+
+def span(owner: Any, capacity: int, offset: Any = 0, nbytes: Any = None) -> tuple[int, int]:
+    """Validate bytes [offset, offset + nbytes) of *capacity* and return ``(offset, nbytes)``.
+
+    *nbytes* defaults to the rest after *offset*.  Negative, non-integer,
+    oversized or wrapping values raise :class:`OutOfBounds` naming *owner*;
+    nothing is ever truncated.
+    """
+    off = index(offset, "offset")
+    if off < 0 or off > capacity:
+        raise OutOfBounds(f"{owner!r}: offset={off} is outside its {capacity} bytes")
+    size = capacity - off if nbytes is None else index(nbytes, "nbytes")
+    if size < 0 or size > capacity - off:
+        raise OutOfBounds(
+            f"{owner!r}: {size} bytes at offset={off} do not fit in its {capacity} bytes"
+            f" ({capacity - off} available)"
+        )
+    return off, size

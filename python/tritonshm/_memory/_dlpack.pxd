@@ -1,0 +1,16 @@
+# The DLPack exchange shared by every view type.
+from ._tshm cimport tshm_release_fn
+
+cdef object export_capsule(void *data, int device_type, int device_id, object dtype,
+                           tuple shape, bint readonly, bint versioned,
+                           tshm_release_fn release, void *ctx)
+
+cdef class Imported:
+    cdef object _capsule
+    cdef void *_managed
+    cdef bint _versioned
+    cdef readonly object ptr
+    cdef readonly object nbytes
+    cdef readonly int device_type
+    cdef readonly int device_id
+    cpdef release(self)

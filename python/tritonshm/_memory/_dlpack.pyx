@@ -1,0 +1,239 @@
+# cython: language_level=3, embedsignature=True
+"""DLPack, both ways, for every region's views.
+
+*Export*: :func:`export_capsule` wraps memory in a ``"dltensor_versioned"``
+capsule (or a legacy ``"dltensor"`` one), built by the C core in one
+allocation whose deleter releases the memory's owner in plain C -- consumers
+call it on any thread, without the GIL.  :func:`check_request` applies the
+``__dlpack__`` keyword rules once for all exporters.
+
+*Import*: :func:`import_device` takes a producer's tensor (torch, cupy,
+jax, our own views) for the length of a copy, with the stream handshake
+that orders the copy after the producer's work.
+"""
+
+from cpython.pycapsule cimport (
+    PyCapsule_GetPointer,
+    PyCapsule_IsValid,
+    PyCapsule_New,
+    PyCapsule_SetName,
+)
+from libc.stdint cimport int64_t
+
+from ._tshm cimport (
+    DLDataType,
+    DLDevice,
+    DLManagedTensor,
+    DLManagedTensorVersioned,
+    DLTensor,
+    DLPACK_FLAG_BITMASK_READ_ONLY,
+    kDLBool,
+    kDLComplex,
+    kDLCPU,
+    kDLCUDA,
+    kDLCUDAHost,
+    kDLCUDAManaged,
+    kDLFloat,
+    kDLInt,
+    kDLUInt,
+    tshm_dlpack_is_c_contiguous,
+    tshm_dlpack_new,
+    tshm_release_fn,
+)
+
+import numpy as np
+
+from ..errors import DLPackError, DTypeMismatch, UnsupportedBuffer
+
+__all__ = ["Imported", "check_request", "dl_dtype", "import_device", "KDL_CPU", "KDL_CUDA"]
+
+KDL_CPU = kDLCPU
+KDL_CUDA = kDLCUDA
+#: Device types whose memory the CUDA runtime can copy from.
+CUDA_DEVICE_TYPES = (kDLCUDA, kDLCUDAHost, kDLCUDAManaged)
+
+#: The DLPack version we produce.
+VERSION = (1, 1)
+
+cdef const char *_VERSIONED = b"dltensor_versioned"
+cdef const char *_LEGACY = b"dltensor"
+cdef const char *_USED_VERSIONED = b"used_dltensor_versioned"
+cdef const char *_USED_LEGACY = b"used_dltensor"
+
+# numpy kind -> DLPack type code
+_CODES = {"b": kDLBool, "i": kDLInt, "u": kDLUInt, "f": kDLFloat, "c": kDLComplex}
+
+
+def dl_dtype(dtype):
+    """``(code, bits)`` of a numpy dtype DLPack can describe, else DTypeMismatch."""
+    dt = np.dtype(dtype)
+    code = _CODES.get(dt.kind)
+    if code is None or not dt.isnative and dt.itemsize > 1:
+        raise DTypeMismatch(f"dtype {dt} has no DLPack equivalent (bool, int, uint, float, complex only)")
+    return code, dt.itemsize * 8
+
+
+def check_request(stream, max_version, dl_device, copy, int device_type, int device_id):
+    """Apply the ``__dlpack__`` keyword rules; True when a versioned capsule is wanted.
+
+    A needed copy, another device or an invalid stream raise DLPackError
+    (a BufferError, as the array API asks).  Our memory has no pending
+    work on any stream, so every valid stream needs no synchronisation.
+    """
+    if copy:
+        raise DLPackError("this view exports its memory in place; copy=True is not supported")
+    if dl_device is not None:
+        try:
+            wanted = (int(dl_device[0]), int(dl_device[1]))
+        except (TypeError, ValueError, IndexError):
+            raise DLPackError(f"dl_device must be a (device_type, device_id) pair, not {dl_device!r}") from None
+        if wanted != (device_type, device_id):
+            raise DLPackError(f"this view lives on device {(device_type, device_id)}, not {wanted}; "
+                              f"copy it there first")
+    if stream is not None:
+        if not isinstance(stream, int):
+            raise DLPackError(f"stream must be an int or None, not {type(stream).__name__}")
+        if device_type == kDLCUDA and (stream == 0 or stream < -1):
+            raise DLPackError(f"stream={stream} is not valid for CUDA (0 is ambiguous; use 1 for the legacy "
+                              f"default stream, 2 for per-thread, or a stream handle)")
+        if device_type == kDLCPU and stream not in (-1,):
+            raise DLPackError(f"stream={stream} given for host memory; only None is valid")
+    if max_version is None:
+        return False
+    try:
+        return int(max_version[0]) >= 1
+    except (TypeError, ValueError, IndexError):
+        raise DLPackError(f"max_version must be a (major, minor) pair, not {max_version!r}") from None
+
+
+cdef void _capsule_destructor(object capsule) noexcept:
+    # A consumer renames the capsule when it takes the tensor; only an
+    # unconsumed capsule still owns it.
+    cdef void *p
+    if PyCapsule_IsValid(capsule, _VERSIONED):
+        p = PyCapsule_GetPointer(capsule, _VERSIONED)
+        (<DLManagedTensorVersioned *>p).deleter(<DLManagedTensorVersioned *>p)
+    elif PyCapsule_IsValid(capsule, _LEGACY):
+        p = PyCapsule_GetPointer(capsule, _LEGACY)
+        (<DLManagedTensor *>p).deleter(<DLManagedTensor *>p)
+
+
+cdef object export_capsule(void *data, int device_type, int device_id, object dtype,
+                           tuple shape, bint readonly, bint versioned,
+                           tshm_release_fn release, void *ctx):
+    """A capsule of a C-contiguous tensor over *data*.
+
+    Takes over one reference of *ctx*: the tensor's deleter releases it, and
+    on any failure here it is released before raising.
+    """
+    cdef DLDevice device
+    cdef DLDataType dl
+    cdef int64_t dims[64]
+    cdef void *managed
+    cdef int i
+    try:
+        code, bits = dl_dtype(dtype)
+        if len(shape) > 64:
+            raise DLPackError(f"{len(shape)} dims are more than DLPack exports here (64)")
+        for i in range(len(shape)):
+            dims[i] = shape[i]
+    except BaseException:
+        release(ctx)
+        raise
+    device.device_type = device_type
+    device.device_id = device_id
+    dl.code = code
+    dl.bits = bits
+    dl.lanes = 1
+    managed = tshm_dlpack_new(versioned, data, device, dl, len(shape), dims, readonly, release, ctx)
+    if managed == NULL:
+        release(ctx)
+        raise MemoryError("cannot allocate a DLPack tensor")
+    try:
+        return PyCapsule_New(managed, _VERSIONED if versioned else _LEGACY, _capsule_destructor)
+    except BaseException:
+        if versioned:
+            (<DLManagedTensorVersioned *>managed).deleter(<DLManagedTensorVersioned *>managed)
+        else:
+            (<DLManagedTensor *>managed).deleter(<DLManagedTensor *>managed)
+        raise
+
+
+cdef class Imported:
+    """A producer's C-contiguous tensor, held for the length of a copy.
+
+    ``ptr`` and ``nbytes`` are valid until :meth:`release` (also called when
+    the object dies), which hands the tensor back to its producer.
+    """
+
+    def __dealloc__(self):
+        self.release()
+
+    cpdef release(self):
+        """Hand the tensor back to the producer (call its deleter); idempotent."""
+        cdef void *p = self._managed
+        if p == NULL:
+            return
+        self._managed = NULL
+        if self._versioned:
+            if (<DLManagedTensorVersioned *>p).deleter != NULL:
+                (<DLManagedTensorVersioned *>p).deleter(<DLManagedTensorVersioned *>p)
+        elif (<DLManagedTensor *>p).deleter != NULL:
+            (<DLManagedTensor *>p).deleter(<DLManagedTensor *>p)
+        self._capsule = None
+
+
+def _take_capsule(obj, stream):
+    """``obj.__dlpack__`` with the newest protocol it speaks."""
+    try:
+        return obj.__dlpack__(stream=stream, max_version=VERSION)
+    except TypeError:  # a producer from before DLPack 1.0 knows no max_version
+        return obj.__dlpack__(stream=stream)
+
+
+def import_device(obj, int stream=1):
+    """Take *obj*'s tensor through DLPack if it lives in CUDA-reachable memory.
+
+    Returns an :class:`Imported`, or None when *obj* speaks no DLPack or
+    lives on the host (the caller then uses the buffer protocol).  *stream*
+    is the consumer's CUDA stream (1: the legacy default stream, which our
+    copies use): the producer orders its pending work before it.
+    """
+    cdef Imported imp
+    cdef DLTensor *t
+    cdef void *p
+    device_of = getattr(obj, "__dlpack_device__", None)
+    if device_of is None or not hasattr(obj, "__dlpack__"):
+        return None
+    device_type, device_id = device_of()
+    if device_type not in CUDA_DEVICE_TYPES:
+        return None
+    capsule = _take_capsule(obj, stream)
+    imp = Imported.__new__(Imported)
+    if PyCapsule_IsValid(capsule, _VERSIONED):
+        p = PyCapsule_GetPointer(capsule, _VERSIONED)
+        imp._versioned = True
+        t = &(<DLManagedTensorVersioned *>p).dl_tensor
+        PyCapsule_SetName(capsule, _USED_VERSIONED)
+    elif PyCapsule_IsValid(capsule, _LEGACY):
+        p = PyCapsule_GetPointer(capsule, _LEGACY)
+        imp._versioned = False
+        t = &(<DLManagedTensor *>p).dl_tensor
+        PyCapsule_SetName(capsule, _USED_LEGACY)
+    else:
+        raise UnsupportedBuffer(f"{type(obj).__name__}.__dlpack__() returned no usable DLPack capsule")
+    imp._managed = p
+    imp._capsule = capsule
+    if t.dtype.lanes != 1 or t.dtype.bits % 8 != 0:
+        raise UnsupportedBuffer(f"cannot copy a DLPack tensor of {t.dtype.bits}-bit x{t.dtype.lanes} lanes")
+    if not tshm_dlpack_is_c_contiguous(t):
+        raise UnsupportedBuffer(
+            f"{type(obj).__name__} is not C-contiguous; make it so first (e.g. .contiguous())")
+    count = 1
+    for i in range(t.ndim):
+        count *= t.shape[i]
+    imp.ptr = <size_t>t.data + t.byte_offset
+    imp.nbytes = count * (t.dtype.bits // 8)
+    imp.device_type = t.device.device_type
+    imp.device_id = t.device.device_id
+    return imp

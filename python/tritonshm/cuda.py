@@ -1,0 +1,122 @@
+"""The CUDA layer (layer 3): CUDA IPC regions, pinned regions, device views.
+
+    from tritonshm import cuda
+    cuda.available()                              # never raises
+    with tritonshm.CudaRegion.create(1 << 20) as c:
+        c.write(torch_tensor)                     # device-to-device, stream-ordered
+        t = torch.from_dlpack(c.view("float32", (256, 1024)))   # zero-copy
+
+Importing this module loads no CUDA library: the runtime is opened on the
+first operation that needs it, and a machine without CUDA gets
+:class:`~tritonshm.CudaUnavailable` with one line saying what is missing.
+
+How the runtime is reached, and why
+-----------------------------------
+The C core ``dlopen``\\ s ``libcudart`` and resolves the nineteen entry points
+it uses (``csrc/tshm_cuda.h``), declared with plain C types.  The
+alternatives were weighed against what this layer must guarantee:
+
+* ``cimport cuda.bindings.cyruntime`` builds only as C++ against CUDA
+  headers of the bindings' exact version: a wheel could not be built on a
+  machine without the toolkit (cuda-python #245), and wheels would be tied
+  to one CUDA major.
+* ``cuda.bindings.runtime`` from Python cannot run the *last release* of
+  device memory: DLPack deleters run on any thread without the GIL, so the
+  ``cudaFree`` behind them must be plain C.  It would also put a Python
+  call (~1 us) on every copy.
+* ``dlopen`` needs no headers at build time, keeps the release in C, and
+  works with whichever runtime the process can use.  Its risks are ABI
+  details, which are avoided: no struct whose layout changed between CUDA
+  12 and 13 is read except ``cudaDeviceProp.name`` at offset 0, and
+  ``cudaGetDeviceProperties_v2`` is preferred where 12.x exports it.
+
+The library is found by NVIDIA's own locator, ``cuda-pathfinder`` (the
+``[cuda]`` extra installs it with the ``nvidia-cuda-runtime`` wheel), then
+by the dynamic loader's search for ``libcudart.so.13``, ``.12`` and the
+unversioned name.  A runtime newer than the driver (``cudaErrorInsufficient
+Driver``) is skipped for the next.  ``$TRITONSHM_CUDART`` names a library
+explicitly (the test suite points it at a fake runtime this way).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .errors import CudaUnavailable
+
+__all__ = [
+    "available",
+    "device_count",
+    "runtime_info",
+    "CudaRegion",
+    "CudaArray",
+    "PinnedRegion",
+    "CudaUnavailable",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The region types live in Cython modules that load no CUDA library
+    # either; importing them lazily keeps `import tritonshm.cuda` cheap.
+    if name in ("CudaRegion", "CudaArray"):
+        from ._memory import _cuda
+
+        return getattr(_cuda, name)
+    if name == "PinnedRegion":
+        from ._memory._pinned import PinnedRegion
+
+        return PinnedRegion
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _runtime() -> Any:
+    from ._memory import _runtime
+
+    return _runtime.current()
+
+
+def available() -> bool:
+    """True when a CUDA runtime, a driver and at least one GPU are usable. Never raises."""
+    try:
+        return _runtime().device_count() > 0
+    except Exception:
+        return False
+
+
+def device_count() -> int:
+    """The number of visible CUDA devices; 0 when CUDA is unavailable. Never raises."""
+    try:
+        return int(_runtime().device_count())
+    except Exception:
+        return 0
+
+
+def _version(v: int) -> str | None:
+    return f"{v // 1000}.{v % 1000 // 10}" if v > 0 else None
+
+
+def runtime_info() -> dict[str, Any]:
+    """What CUDA looks like from here, as a dict. Never raises.
+
+    Keys: ``available``, ``library`` (the file loaded), ``runtime_version``
+    and ``driver_version`` (``"12.6"``; None when unknown), ``devices``
+    (index, name, compute capability, multiprocessors, PCI bus, whether
+    host memory can be pinned), and ``error`` (why CUDA is unavailable, or
+    None).  Creates no CUDA context.
+    """
+    info: dict[str, Any] = {
+        "available": False, "library": None, "runtime_version": None,
+        "driver_version": None, "devices": [], "error": None,
+        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    try:
+        rt = _runtime()
+        info["library"] = rt.library
+        runtime, driver = rt.versions()
+        info["runtime_version"], info["driver_version"] = _version(runtime), _version(driver)
+        info["devices"] = [rt.device_info(i) for i in range(rt.device_count())]
+        info["available"] = bool(info["devices"])
+    except Exception as exc:  # never raise: this is what doctor prints
+        info["error"] = str(exc)
+    return info
