@@ -34,6 +34,8 @@ import pytest
 # The Triton server fixtures (a real server for the session, fresh ones for
 # restarts) live in triton_fixtures.py; importing them here registers them.
 from triton_fixtures import fresh_server, protocol, server, triton_client  # noqa: E402,F401
+# The CUDA fixtures (the fake runtime for CI, the real GPU) live in cuda_fixtures.py.
+from cuda_fixtures import fake_cuda, fake_cudart_path, gpu  # noqa: E402,F401
 
 SHM_DIR = "/dev/shm"
 

@@ -7,7 +7,10 @@ variants: for an ``aio`` client, :func:`register`, :func:`unregister` and
 Rules this layer keeps, whatever the caller does:
 
 * it registers whole regions, so the registration offset is always 0
-  (page-aligned, as Triton's ``mmap`` of the key requires);
+  (page-aligned, as Triton's ``mmap`` of the key requires); a region's
+  ``kind`` ("system", or "cuda" for :class:`~tritonshm.CudaRegion`) picks
+  the extension, and CUDA handles travel base64-encoded for both protocols
+  (tritonclient's gRPC client decodes them; HTTP sends them as they are);
 * it only ever unregisters names it registered itself -- never "all";
 * every offset and size is checked against the region, with the overflow
   guards of :meth:`SystemRegion.span`, before anything is sent;
@@ -17,6 +20,7 @@ Rules this layer keeps, whatever the caller does:
 
 from __future__ import annotations
 
+import base64
 import inspect
 import math
 import re
@@ -43,17 +47,14 @@ _region_names: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary
 # Triton's words for an undersized output region.
 _TOO_SMALL = re.compile(r"for output '(?P<output>[^']*)' \((?P<given>\d+) bytes\) should be at least (?P<needed>\d+) bytes")
 
-# Every name this process registered; unregister() refuses any other.
-_own_names: set[str] = set()
+# Every name this process registered -> its kind ("system" or "cuda");
+# unregister() refuses any other name, and calls the extension of the kind.
+_own_names: dict[str, str] = {}
 _lock = threading.Lock()
 
 
 def _is_aio(client: Any) -> bool:
     return ".aio" in type(client).__module__
-
-
-def _is_cuda(region: Any) -> bool:
-    return hasattr(region, "ipc_handle")
 
 
 def default_name(region: Any) -> str:
@@ -67,8 +68,22 @@ def registered_name(region: Any) -> str | None:
     return _region_names.get(region)
 
 
-def translate_error(exc: BaseException, doing: str) -> ServerError:
-    """Turn a tritonclient failure into a :class:`ServerError` that says what to do."""
+#: Why a server may refuse to open our CUDA memory; its own error only says "invalid args".
+CUDA_REFUSAL_CAUSES = (
+    "the server runs on another machine, or in a container without --ipc=host "
+    "(CUDA IPC needs the same machine and IPC namespace); "
+    "the server runs in this same process (CUDA cannot open a handle in the process that "
+    "exported it); the server is a CPU-only build or cannot see that GPU (device_id is in the "
+    "server's numbering: CUDA_VISIBLE_DEVICES may differ)"
+)
+
+
+def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> ServerError:
+    """Turn a tritonclient failure into a :class:`ServerError` that says what to do.
+
+    *cuda* marks a CUDA registration, whose refusals the server reports as
+    a generic "invalid args".
+    """
     # tritonclient's InferenceServerException has message() and status() methods.
     message_of = getattr(exc, "message", None)
     status_of = getattr(exc, "status", None)
@@ -85,6 +100,12 @@ def translate_error(exc: BaseException, doing: str) -> ServerError:
             f"{doing}: the server cannot open our shared memory. It must run on this machine, "
             f"in the same IPC namespace (--ipc=host for containers), as a user allowed to open "
             f"mode-0600 segments of ours. Server said: {message}"
+        )
+    if cuda and ("invalid args" in lowered or "gpus not supported" in lowered
+                 or "cuda" in lowered and "not supported" in lowered):
+        return SharedMemoryRefused(
+            f"{doing}: the server cannot open our CUDA memory. Likely causes: "
+            f"{CUDA_REFUSAL_CAUSES}. Server said: {message}"
         )
     if "already in manager" in lowered:
         return RegistrationError(
@@ -115,7 +136,8 @@ def translate_error(exc: BaseException, doing: str) -> ServerError:
     return ServerError(f"{doing}: {message}")
 
 
-def _call(client: Any, doing: str, method: str, *args: Any, on_success=None, **kwargs: Any) -> Any:
+def _call(client: Any, doing: str, method: str, *args: Any, on_success=None, cuda: bool = False,
+          **kwargs: Any) -> Any:
     """Call ``client.<method>(*args, **kwargs)``, translating errors; for aio
     clients return an awaitable that does the same."""
 
@@ -127,7 +149,7 @@ def _call(client: Any, doing: str, method: str, *args: Any, on_success=None, **k
     except ServerError:
         raise
     except Exception as exc:  # tritonclient raises its own type, or socket errors for HTTP
-        raise translate_error(exc, doing) from exc
+        raise translate_error(exc, doing, cuda=cuda) from exc
     if not inspect.isawaitable(outcome):
         return finish(outcome)
 
@@ -135,42 +157,47 @@ def _call(client: Any, doing: str, method: str, *args: Any, on_success=None, **k
         try:
             result = await outcome
         except Exception as exc:
-            raise translate_error(exc, doing) from exc
+            raise translate_error(exc, doing, cuda=cuda) from exc
         return finish(result)
 
     return awaited()
 
 
-def register(client: Any, region: Any, name: str | None = None) -> Any:
+def register(client: Any, region: Any, name: str | None = None, *, device_id: int | None = None) -> Any:
     """Register the whole of *region* with the server behind *client*.
 
     Returns the name (for an aio client, an awaitable of it).  *name*
-    defaults to the region's key without its slash.  System regions use the
-    system shared-memory extension; CUDA regions the CUDA one.
+    defaults to the region's key without its slash.  System (and pinned)
+    regions use the system shared-memory extension; CUDA regions the CUDA
+    one, on *device_id* -- the server's number for the region's GPU, which
+    defaults to ``region.device`` and differs only when the server sees
+    the GPUs through another ``CUDA_VISIBLE_DEVICES``.
     """
     if region.closed:
         region.span()  # raises RegionClosed with the region's description
     name = default_name(region) if name is None else name
     if not isinstance(name, str) or not name:
         raise RegistrationError(f"a registration name must be a non-empty str, not {name!r}")
+    kind = region.kind
     doing = f"registering {region!r} as {name!r}"
 
     def remember(_: Any) -> str:
         with _lock:
             _region_names[region] = name
-            _own_names.add(name)
+            _own_names[name] = kind
         return name
 
-    if _is_cuda(region):
-        handle = region.ipc_handle
-        if ".http" in type(client).__module__:
-            import base64
-
-            handle = base64.b64encode(handle)
+    if kind == "cuda":
+        device = region.device if device_id is None else device_id
+        if not isinstance(device, int) or isinstance(device, bool) or device < 0:
+            raise RegistrationError(f"device_id must be a non-negative int, not {device!r}")
+        handle = base64.b64encode(region.ipc_handle).decode("ascii")
         return _call(
             client, doing, "register_cuda_shared_memory",
-            name, handle, region.device, region.nbytes, on_success=remember,
+            name, handle, device, region.nbytes, on_success=remember, cuda=True,
         )
+    if device_id is not None:
+        raise RegistrationError(f"device_id applies to CUDA regions only, not to {region!r}")
     return _call(
         client, doing, "register_system_shared_memory",
         name, region.key, region.nbytes, 0, on_success=remember,
@@ -181,26 +208,25 @@ def unregister(client: Any, name_or_region: Any) -> Any:
     """Unregister one of our regions, by name or by region; idempotent.
 
     Refuses names this process did not register: tritonshm never removes
-    other clients' regions, and never unregisters "all".
+    other clients' regions, and never unregisters "all".  The extension
+    (system or CUDA) is the one the name was registered with.
     """
     if isinstance(name_or_region, str):
         name = name_or_region
-        cuda = False
     else:
         registered = registered_name(name_or_region)
         if registered is None:
             return _done(client, None)  # never registered: nothing to do
         name = registered
-        cuda = _is_cuda(name_or_region)
     if not name:
         raise RegistrationError("refusing to unregister without a name: that would remove every client's regions")
     with _lock:
-        ours = name in _own_names
-    if not ours:
+        kind = _own_names.get(name)
+    if kind is None:
         raise RegistrationError(
             f"{name!r} was not registered by this process; tritonshm only unregisters its own regions"
         )
-    method = "unregister_cuda_shared_memory" if cuda else "unregister_system_shared_memory"
+    method = "unregister_cuda_shared_memory" if kind == "cuda" else "unregister_system_shared_memory"
 
     # The region keeps its name: it may still be registered with another
     # server, and a request naming it here gets the server's clear error.
@@ -218,34 +244,50 @@ def _done(client: Any, value: Any) -> Any:
     return ready()
 
 
-def status(client: Any, name: str | None = None) -> Any:
-    """The server's system shared-memory regions as ``{name: {key, offset, byte_size}}``.
+def status(client: Any, name: str | None = None, kind: str = "system") -> Any:
+    """The server's shared-memory regions of *kind* ("system" or "cuda") as a dict by name.
 
-    With *name*, only that region (a missing one raises
-    :class:`RegionNotRegistered`).  For an aio client, an awaitable.
+    System regions map to ``{key, offset, byte_size}``, CUDA regions to
+    ``{device_id, byte_size}``.  With *name*, only that region (a missing
+    one raises :class:`RegionNotRegistered`).  For an aio client, an awaitable.
     """
-    doing = "reading shared-memory status" if name is None else f"reading the status of {name!r}"
+    if kind not in ("system", "cuda"):
+        raise RegistrationError(f"kind must be 'system' or 'cuda', not {kind!r}")
+    what = "CUDA shared-memory" if kind == "cuda" else "shared-memory"
+    doing = f"reading {what} status" if name is None else f"reading the status of {name!r}"
     # gRPC replies with a protobuf unless asked for JSON; HTTP always does JSON.
     kwargs = {"as_json": True} if ".grpc" in type(client).__module__ else {}
-    return _call(client, doing, "get_system_shared_memory_status", name or "",
-                 on_success=_regions_of, **kwargs)
+    method = "get_cuda_shared_memory_status" if kind == "cuda" else "get_system_shared_memory_status"
+    return _call(client, doing, method, name or "",
+                 on_success=_cuda_regions_of if kind == "cuda" else _regions_of, **kwargs)
+
+
+def _entries(reply: Any) -> Any:
+    """The region entries of gRPC (``{"regions": {name: {...}}}``) and HTTP (``[{...}]``) replies."""
+    if isinstance(reply, dict):
+        entries = reply.get("regions", {})
+        return entries.values() if isinstance(entries, dict) else entries
+    return reply or []
+
+
+def _byte_size(entry: dict[str, Any]) -> int:
+    return int(entry.get("byte_size", entry.get("byteSize", 0)))
 
 
 def _regions_of(reply: Any) -> dict[str, dict[str, Any]]:
-    """Normalise gRPC (``{"regions": {name: {...}}}``) and HTTP (``[{...}]``) replies."""
-    if isinstance(reply, dict):
-        entries = reply.get("regions", {})
-        items = entries.values() if isinstance(entries, dict) else entries
-    else:
-        items = reply or []
-    regions = {}
-    for entry in items:
-        regions[entry["name"]] = {
-            "key": entry.get("key", ""),
-            "offset": int(entry.get("offset", 0)),
-            "byte_size": int(entry.get("byte_size", entry.get("byteSize", 0))),
-        }
-    return regions
+    return {
+        entry["name"]: {"key": entry.get("key", ""), "offset": int(entry.get("offset", 0)),
+                        "byte_size": _byte_size(entry)}
+        for entry in _entries(reply)
+    }
+
+
+def _cuda_regions_of(reply: Any) -> dict[str, dict[str, Any]]:
+    return {
+        entry["name"]: {"device_id": int(entry.get("device_id", entry.get("deviceId", 0))),
+                        "byte_size": _byte_size(entry)}
+        for entry in _entries(reply)
+    }
 
 
 def _binding_name(region: Any, name: str | None) -> str:

@@ -1,4 +1,4 @@
-"""Type stubs for tritonshm._region (Cython)."""
+"""Type stubs for tritonshm._memory._system (Cython)."""
 
 from types import TracebackType
 from typing import Any, Sequence
@@ -11,6 +11,8 @@ __all__ = ["SystemRegion", "Window"]
 
 class SystemRegion:
     """A POSIX shared-memory segment mapped into this process."""
+
+    kind: str
 
     @classmethod
     def create(cls, nbytes: int) -> Self: ...

@@ -1,0 +1,59 @@
+"""CUDA fixtures (loaded from conftest.py): the FAKE runtime for CI, the real GPU where there is one.
+
+* ``fake_cuda`` makes the fake runtime (tests/fake_cudart, built here with
+  the C compiler, never shipped) tritonshm's current runtime for one test,
+  and fails the test if device memory, IPC opens or host registrations it
+  made are still outstanding at the end.  It runs everywhere, GPU or not:
+  regions keep the runtime they were made with, so the real one is untouched.
+* ``gpu`` skips a test unless a real CUDA GPU is usable; tests that need it
+  carry ``@pytest.mark.gpu`` too, so ``pytest -m gpu`` selects them.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from fake_cuda import FakeCudart, build_fake_cudart
+
+
+@pytest.fixture(scope="session")
+def fake_cudart_path(tmp_path_factory):
+    """The fake runtime's shared library, built once per session."""
+    return build_fake_cudart(tmp_path_factory.mktemp("fake-cudart"))
+
+
+@pytest.fixture
+def fake_cuda(fake_cudart_path, monkeypatch):
+    """The FAKE CUDA runtime as tritonshm's current one; yields its ctypes driver.
+
+    ``TRITONSHM_CUDART`` points at it too, so child processes (attach,
+    pickling) load the same fake.
+    """
+    from tritonshm._memory import _runtime
+
+    monkeypatch.setenv("TRITONSHM_CUDART", str(fake_cudart_path))
+    fake = FakeCudart(fake_cudart_path)
+    before = fake.stats()
+    previous = _runtime.use(str(fake_cudart_path))
+    try:
+        yield fake
+    finally:
+        _runtime.use(previous)
+    gc.collect()
+    live = fake.stats().live
+    if live != before.live:
+        pytest.fail(f"fake CUDA leak check: (allocations, IPC opens, host registrations) went "
+                    f"from {before.live} to {live}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    """The real CUDA runtime; skips the test where no GPU is usable."""
+    from tritonshm import cuda
+
+    info = cuda.runtime_info()
+    if not info["available"]:
+        pytest.skip(f"no CUDA GPU: {info['error']}")
+    return info
