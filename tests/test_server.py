@@ -409,3 +409,173 @@ def test_server_module_needs_only_the_stdlib():
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             imported.add(node.module.split(".")[0] if node.module != "tritonshm.errors" else "tritonshm.errors")
     assert imported - set(sys.stdlib_module_names) == {"tritonshm.errors"}
+
+
+# -- an existing install (tritonserver=, server_python=) --------------------------
+
+
+@pytest.fixture(scope="module")
+def existing_install() -> tuple[str, str]:
+    """(tritonserver, the server's Python) of a server that is already installed.
+
+    $TRITONSHM_TRITONSERVER and $TRITONSHM_SERVER_PYTHON where set (a machine
+    without a package index), else the virtual environment the normal install made.
+    """
+    if os.environ.get("TRITONSHM_TRITONSERVER") and os.environ.get("TRITONSHM_SERVER_PYTHON"):
+        return os.environ["TRITONSHM_TRITONSERVER"], os.environ["TRITONSHM_SERVER_PYTHON"]
+    venv = LocalServer.ensure_installed(progress=False)
+    marker = json.loads((venv / "tritonshm-installed.json").read_text())
+    return marker["tritonserver"], marker["python"]
+
+
+@pytest.fixture
+def no_install_env(monkeypatch):
+    """No TRITONSHM_* settings from the environment that runs the tests."""
+    for name in ("TRITONSHM_TRITONSERVER", "TRITONSHM_SERVER_PYTHON", "TRITONSHM_SERVER_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def _identity_roundtrip(srv: LocalServer) -> None:
+    fds_before = _fd_count()
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        x = np.arange(100, dtype=np.float32) / 3
+        np.testing.assert_array_equal(_infer(client, "identity_fp32", {"INPUT0": x}, ["OUTPUT0"])["OUTPUT0"], x)
+    finally:
+        _close_and_settle(client, fds_before)
+
+
+def _python_version(python: str) -> str:
+    return subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                          check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
+
+
+def test_existing_install_runs_and_installs_nothing(no_install_env, tmp_path, existing_install):
+    tritonserver, python = existing_install
+    home = tmp_path / "home"
+    home.mkdir()
+    libm = next(p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib64/libm.so.6", "/lib64/libm.so.6")
+                if os.path.exists(p))
+    srv = LocalServer(tritonserver=tritonserver, server_python=python, home=home, quiet=True,
+                      env={"LD_PRELOAD": libm, "TRITONSHM_TEST_MARK": "xyzzy"})
+    with srv:
+        _identity_roundtrip(srv)
+        proc = psutil.Process(srv.pid)
+        assert proc.exe() == str(Path(tritonserver).resolve())
+        environ = proc.environ()
+        assert environ["TRITONSHM_TEST_MARK"] == "xyzzy"
+        assert environ["LD_PRELOAD"] == libm  # env= is applied after the client's LD_PRELOAD is dropped
+        assert environ["PATH"].split(os.pathsep)[0] == str(Path(python).parent)
+    assert list(home.iterdir()) == []  # nothing installed, not even a lock file
+
+
+def test_existing_install_from_the_environment(no_install_env, tmp_path, existing_install):
+    tritonserver, python = existing_install
+    no_install_env.setenv("TRITONSHM_TRITONSERVER", tritonserver)
+    no_install_env.setenv("TRITONSHM_SERVER_PYTHON", python)
+    no_install_env.setenv("TRITONSHM_SERVER_HOME", str(tmp_path))
+    with LocalServer(quiet=True) as srv:
+        assert (srv.tritonserver, srv.server_python) == (tritonserver, python)
+        _identity_roundtrip(srv)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _fake_server(root: Path, *, backends: bool = True, python_backend: bool = True) -> Path:
+    """A wheel-layout install whose tritonserver is a script that logs its environment and fails."""
+    prefix = root / "site" / "pytriton" / "tritonserver"
+    (prefix / "bin").mkdir(parents=True)
+    (root / "site" / "nvidia_pytriton.libs").mkdir()
+    server = prefix / "bin" / "tritonserver"
+    server.write_text('#!/bin/sh\necho "fake: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"\necho "fake: $*"\nexit 3\n')
+    server.chmod(0o755)
+    if backends:
+        (prefix / "backends").mkdir()
+        if python_backend:
+            (prefix / "backends" / "python").mkdir()
+            (prefix / "backends" / "python" / "libtriton_python.so").write_bytes(b"")
+    return server
+
+
+def test_existing_install_missing_tritonserver(no_install_env, tmp_path, existing_install):
+    missing = tmp_path / "bin" / "tritonserver"
+    with pytest.raises(ServerUnavailable, match=r"tritonserver=: .*/bin/tritonserver does not exist"):
+        LocalServer(tritonserver=missing, server_python=existing_install[1], quiet=True).start()
+    no_install_env.setenv("TRITONSHM_TRITONSERVER", str(missing))
+    with pytest.raises(ServerUnavailable, match=r"\$TRITONSHM_TRITONSERVER: .* does not exist"):
+        LocalServer(server_python=existing_install[1], quiet=True).start()
+    server = _fake_server(tmp_path / "x")
+    server.chmod(0o644)
+    with pytest.raises(ServerUnavailable, match="is not executable"):
+        LocalServer(tritonserver=server, server_python=existing_install[1], quiet=True).start()
+
+
+def test_existing_install_missing_backends(no_install_env, tmp_path, existing_install):
+    server = _fake_server(tmp_path, backends=False)
+    with pytest.raises(ServerUnavailable, match=r"no backends directory .*/pytriton/tritonserver/backends"):
+        LocalServer(tritonserver=server, server_python=existing_install[1], quiet=True).start()
+    with pytest.raises(ServerUnavailable, match=r"backend_directory=: no backends directory .*/nowhere"):
+        LocalServer(tritonserver=server, server_python=existing_install[1], quiet=True,
+                    backend_directory=tmp_path / "nowhere").start()
+
+
+def test_existing_install_server_python_needs_numpy_below_2(no_install_env, tmp_path, existing_install):
+    server = existing_install[0]
+    if int(np.__version__.split(".")[0]) < 2:
+        pytest.skip("this interpreter has numpy < 2")
+    with pytest.raises(ServerUnavailable, match=r"server_python=: .* has numpy 2\..*numpy < 2"):
+        LocalServer(tritonserver=server, server_python=sys.executable, quiet=True).start()
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    with pytest.raises(ServerUnavailable, match=r"cannot import numpy .*numpy < 2"):
+        LocalServer(tritonserver=server, server_python=bare / "bin" / "python3", quiet=True).start()
+    with pytest.raises(ServerUnavailable, match="does not exist"):
+        LocalServer(tritonserver=server, server_python=tmp_path / "python3", quiet=True).start()
+    # The Python backend runs the python3 of server_python's directory, whatever it is called.
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "mypython").symlink_to(existing_install[1])
+    with pytest.raises(ServerUnavailable, match=r"python3 first on the server's PATH"):
+        LocalServer(tritonserver=server, server_python=tmp_path / "bin" / "mypython", quiet=True).start()
+
+
+def test_existing_install_wheel_layout_gets_its_stub(no_install_env, tmp_path, existing_install):
+    python = existing_install[1]
+    version = _python_version(python)
+    server = _fake_server(tmp_path)
+    prefix = server.parent.parent
+    stub = prefix / "backends" / "python" / "triton_python_backend_stub"
+    srv = LocalServer(tritonserver=server, server_python=python, quiet=True)
+    with pytest.raises(ServerUnavailable, match=r"no stub: .*triton_python_backend_stub is missing .*"
+                                                 r"there is no .*/python_backend_stubs"):
+        srv.start()  # an NGC-like layout: nothing to take a stub from
+    (prefix / "python_backend_stubs" / "3.99").mkdir(parents=True)
+    with pytest.raises(ServerUnavailable, match=rf"no stub for Python {version} \(.*stubs has 3\.99\)"):
+        srv.start()
+    (prefix / "python_backend_stubs" / version).mkdir()
+    fake_stub = b"\x7fELF libpython%s.so.1.0" % version.encode()  # what _stub_python_version reads
+    (prefix / "python_backend_stubs" / version / stub.name).write_bytes(fake_stub)
+    with pytest.raises(ServerUnavailable, match="exited with code 3") as info:
+        srv.start()  # installs the stub, then runs the fake server
+    assert os.access(stub, os.X_OK)
+    libs = [str(prefix.parent.parent / "nvidia_pytriton.libs")]
+    assert f"fake: LD_LIBRARY_PATH={libs[0]}" in str(info.value)
+    assert f"--backend-directory={prefix / 'backends'}" in str(info.value)
+    # A stub built for another Python is not replaced: that Python is refused.
+    stub.write_bytes(b"\x7fELF libpython3.99.so.1.0")
+    with pytest.raises(ServerUnavailable, match=rf"is Python {version}, but .* built for Python 3\.99"):
+        srv.start()
+
+
+def test_existing_install_without_a_python_backend_needs_no_python(no_install_env, tmp_path):
+    server = _fake_server(tmp_path, python_backend=False)
+    no_install_env.setenv("PATH", "/nonexistent")  # no python3 to find: none is needed
+    with pytest.raises(ServerUnavailable, match="exited with code 3"):
+        LocalServer(tritonserver=server, quiet=True).start()
+
+
+def test_server_python_alone_is_an_error(no_install_env, existing_install):
+    with pytest.raises(ValueError, match="server_python= goes with an existing Triton install"):
+        LocalServer(server_python=existing_install[1])
+    no_install_env.setenv("TRITONSHM_SERVER_PYTHON", existing_install[1])
+    with pytest.raises(ValueError, match=r"\$TRITONSHM_SERVER_PYTHON goes with"):
+        LocalServer()

@@ -15,6 +15,12 @@ It needs an environment of its own because the Python backend runs models
 with the ``python3`` first on the server's PATH and needs numpy < 2 there,
 while the client is free to use numpy 2.
 
+It can also run a Triton that is already installed -- an NGC container's
+``/opt/tritonserver``, or one unpacked on a machine without a package index --
+with ``LocalServer(tritonserver=..., server_python=...)`` or the environment
+variables ``$TRITONSHM_TRITONSERVER`` and ``$TRITONSHM_SERVER_PYTHON``; then
+nothing is installed.
+
 This module needs only the standard library, so importing it is cheap.
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -34,7 +41,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from tritonshm.errors import ServerUnavailable
 
@@ -134,39 +141,79 @@ def _fileno(stream) -> int | None:
 
 
 def _probe_venv(python: Path) -> dict:
-    """Ask the venv's interpreter where things are (run once, at install time)."""
+    """Ask the server's interpreter where things are, and which numpy it has.
+
+    Run once: at install time, or when a LocalServer first uses an existing
+    install. ``numpy`` is its version, or None with the reason in ``numpy_error``.
+    """
     code = (
         "import json, sys, sysconfig\n"
+        "try:\n"
+        "    import numpy; nv, ne = numpy.__version__, ''\n"
+        "except Exception as exc:\n"
+        "    nv, ne = None, '%s: %s' % (type(exc).__name__, exc)\n"
         "print(json.dumps({'version': '%d.%d' % sys.version_info[:2],\n"
         "  'site': sysconfig.get_paths()['purelib'],\n"
         "  'libdir': sysconfig.get_config_var('LIBDIR') or '',\n"
-        "  'soname': sysconfig.get_config_var('INSTSONAME') or ''}))\n"
+        "  'soname': sysconfig.get_config_var('INSTSONAME') or '',\n"
+        "  'numpy': nv, 'numpy_error': ne}))\n"
     )
-    out = subprocess.run([str(python), "-c", code], env=_clean_env(), check=True,
-                         stdout=subprocess.PIPE, text=True).stdout
-    return json.loads(out)
+    try:
+        proc = subprocess.run([str(python), "-c", code], env=_clean_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    except OSError as exc:
+        raise ServerUnavailable(f"cannot run the server's Python {python}: {exc}") from exc
+    try:
+        if proc.returncode == 0:
+            return json.loads(proc.stdout)
+    except ValueError:
+        pass
+    tail = "\n".join(proc.stderr.splitlines()[-_LOG_TAIL_LINES:])
+    raise ServerUnavailable(f"the server's Python {python} failed to report its version and paths "
+                            f"(exit code {proc.returncode})" + (f":\n{tail}" if tail else ""))
 
 
-def _install_stub(site: Path, version: str) -> None:
+def _python_libdirs(probe: dict) -> list[str]:
+    """[the directory of the interpreter's libpython3.X.so], which the stub links, or [] if none."""
+    libdir = Path(probe["libdir"]) if probe.get("libdir") else None
+    return [str(libdir)] if libdir and (libdir / probe.get("soname", "")).is_file() else []
+
+
+def _wheel_prefix(site: str | os.PathLike) -> Path:
+    """Where the nvidia-pytriton wheel in *site* keeps tritonserver (bin/, backends/, ...)."""
+    return Path(site) / "pytriton" / "tritonserver"
+
+
+def _install_stub(prefix: Path, version: str, backends: Path | None = None) -> None:
     """Put the Python backend stub for *version* next to libtriton_python.so.
 
-    The wheel ships one stub per Python version; the backend only looks next
-    to itself. Copy to a temporary name and rename, so that a concurrent
-    start never sees a half-written executable.
+    *prefix* is the server's directory (bin/, backends/) in the wheel's layout,
+    which ships one stub per Python version under python_backend_stubs/<X.Y>/;
+    the backend only looks next to itself. Copy to a temporary name and
+    rename, so that a concurrent start never sees a half-written executable.
+    *backends* defaults to ``prefix/backends``.
     """
-    src = site / "pytriton" / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub"
-    dst = site / "pytriton" / "tritonserver" / "backends" / "python" / "triton_python_backend_stub"
+    src = prefix / "python_backend_stubs" / version / "triton_python_backend_stub"
+    dst = (backends or prefix / "backends") / "python" / "triton_python_backend_stub"
     if dst.exists():
         return
     if not src.exists():
-        have = sorted(p.name for p in src.parent.parent.iterdir()) if src.parent.parent.is_dir() else []
+        stubs = src.parent.parent
+        if not stubs.is_dir():
+            raise ServerUnavailable(
+                f"the Triton Python backend has no stub: {dst} is missing (it must sit next to "
+                f"libtriton_python.so), and there is no {stubs} to take one for Python {version} from")
+        have = sorted(p.name for p in stubs.iterdir())
         raise ServerUnavailable(
             f"the Triton Python backend has no stub for Python {version} "
-            f"(the wheel has {', '.join(have) or 'none'}); run tritonshm with one of those Python versions")
+            f"({stubs} has {', '.join(have) or 'none'}); run the server with one of those Python versions")
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-    shutil.copy2(src, tmp)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, dst)
+    try:
+        shutil.copy2(src, tmp)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, dst)
+    except OSError as exc:
+        raise ServerUnavailable(f"cannot install the Python backend stub {src} as {dst}: {exc}") from exc
 
 
 def _say(progress: bool, message: str) -> None:
@@ -179,7 +226,7 @@ def _ensure_installed(home: Path, progress: bool) -> dict:
     venv = home / "venv"
     info = _read_marker(venv)
     if info is not None:
-        _install_stub(Path(info["site"]), info["version"])
+        _install_stub(_wheel_prefix(info["site"]), info["version"])
         return info
 
     home.mkdir(parents=True, exist_ok=True)
@@ -192,7 +239,7 @@ def _ensure_installed(home: Path, progress: bool) -> dict:
             fcntl.flock(lock, fcntl.LOCK_EX)
         info = _read_marker(venv)  # the other process may have finished it
         if info is not None:
-            _install_stub(Path(info["site"]), info["version"])
+            _install_stub(_wheel_prefix(info["site"]), info["version"])
             return info
 
         # No marker: nothing, a half-finished install, or an outdated one. Start over.
@@ -212,20 +259,19 @@ def _ensure_installed(home: Path, progress: bool) -> dict:
 
         info = _probe_venv(python)
         site = Path(info["site"])
-        _install_stub(site, info["version"])
-        tritonserver = site / "pytriton" / "tritonserver" / "bin" / "tritonserver"
+        _install_stub(_wheel_prefix(site), info["version"])
+        tritonserver = _wheel_prefix(site) / "bin" / "tritonserver"
         libs = site / "nvidia_pytriton.libs"
         if not tritonserver.exists() or not libs.is_dir():
             raise ServerUnavailable(f"{REQUIREMENTS[0]} installed, but {tritonserver} or {libs} is missing")
-        libdir = Path(info["libdir"]) if info["libdir"] else None
         info.update(
             requirements=list(REQUIREMENTS),
             venv=str(venv),
             python=str(python),
             tritonserver=str(tritonserver),
-            backends=str(site / "pytriton" / "tritonserver" / "backends"),
+            backends=str(_wheel_prefix(site) / "backends"),
             # [server libs, libdir of the venv's interpreter]: the stub links libpython3.X.so.
-            ld_library_path=[str(libs)] + ([str(libdir)] if libdir and (libdir / info["soname"]).is_file() else []),
+            ld_library_path=[str(libs), *_python_libdirs(info)],
             allow_client_shm_flag=_help_mentions(tritonserver, libs, "--allow-client-shm"),
             installed_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         )
@@ -236,13 +282,144 @@ def _ensure_installed(home: Path, progress: bool) -> dict:
         return info
 
 
-def _help_mentions(tritonserver: Path, libs: Path, flag: str) -> bool:
-    """Whether ``tritonserver --help`` lists *flag* (2.69+ needs --allow-client-shm=true)."""
+def _help_mentions(tritonserver: Path, libs: str | os.PathLike, flag: str) -> bool:
+    """Whether ``tritonserver --help`` lists *flag* (2.69+ needs --allow-client-shm=true).
+
+    *libs*: the server's library directories (one, or several joined by os.pathsep).
+    """
     env = _clean_env()
     env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(libs), env.get("LD_LIBRARY_PATH")]))
     proc = subprocess.run([str(tritonserver), "--help"], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     return flag in proc.stdout
+
+
+# --------------------------------------------------------------------------
+# An existing install
+# --------------------------------------------------------------------------
+
+# (path, inode, size, mtime) of a server_python -> its _probe_venv(), kept once it passed the checks.
+_PROBED: dict[tuple, dict] = {}
+
+
+def _executable(name: str, origin: str, resolve: bool) -> Path:
+    """*name* as an absolute path (looked up on PATH if it has no slash), checked to be executable.
+
+    *resolve*: follow symbolic links (not for a Python, whose link may be its venv).
+    """
+    text = os.path.expanduser(name)
+    if os.sep not in text:
+        found = shutil.which(text)
+        if found is None:
+            raise ServerUnavailable(f"{origin}: {text!r} is not on PATH")
+        text = found
+    path = Path(text).resolve() if resolve else Path(os.path.abspath(text))
+    if not path.is_file():
+        raise ServerUnavailable(f"{origin}: {path} does not exist" if not path.exists()
+                                else f"{origin}: {path} is not a file")
+    if not os.access(path, os.X_OK):
+        raise ServerUnavailable(f"{origin}: {path} is not executable")
+    return path
+
+
+def _probe_server_python(python: Path, origin: str) -> dict:
+    """_probe_venv() of the interpreter the Python backend will run for *python*, checked for numpy < 2.
+
+    The stub's embedded interpreter takes its environment from the "python3"
+    first on PATH, and _launch puts *python*'s directory first: so it is that
+    directory's python3 that runs the models (the same one, unless *python*
+    is some other interpreter that happens to sit there).
+    """
+    runs = python.parent / "python3"
+    if not runs.is_file():
+        raise ServerUnavailable(
+            f"{origin}: the Triton Python backend runs the python3 first on the server's PATH, and "
+            f"there is no {runs} beside {python}; name the python3 of a virtual environment or of "
+            f"an installation")
+    st = os.stat(runs)
+    key = (str(runs), st.st_ino, st.st_size, st.st_mtime_ns)
+    probe = _PROBED.get(key)
+    if probe is not None:
+        return probe
+    probe = _probe_venv(runs)
+    try:
+        same = os.path.samefile(runs, python)
+    except OSError:
+        same = True
+    which = "" if same else f" (the python3 beside {python}, which the backend runs)"
+    numpy = probe.get("numpy")
+    fix = f"give the server a Python with numpy < 2 (e.g. {runs} -m pip install 'numpy<2')"
+    if numpy is None:
+        raise ServerUnavailable(f"{origin}: {runs}{which} cannot import numpy ({probe.get('numpy_error')}); "
+                                f"the Triton Python backend needs it: {fix}")
+    major = re.match(r"\d+", numpy)
+    if major is None or int(major.group()) >= 2:
+        raise ServerUnavailable(f"{origin}: {runs}{which} has numpy {numpy}; the Triton Python backend "
+                                f"needs numpy < 2 (with numpy 2 it returns empty outputs): {fix}")
+    _PROBED[key] = probe
+    return probe
+
+
+def _stub_python_version(stub: Path) -> str | None:
+    """The X.Y of the libpython3.X.so the Python backend stub links, or None if unknown."""
+    try:
+        found = re.search(rb"libpython(3\.\d+)\.so", stub.read_bytes())
+    except OSError:
+        return None
+    return found.group(1).decode() if found else None
+
+
+def _existing_install(tritonserver: str, server_python: str | None, backend_directory: str | None,
+                      origin: Mapping[str, str]) -> dict:
+    """The install record (what _ensure_installed returns) of a Triton installed elsewhere.
+
+    *tritonserver* is ``<prefix>/bin/tritonserver``: an NGC container's
+    /opt/tritonserver, or the wheel's ``<site>/pytriton/tritonserver``. The
+    backends are ``<prefix>/backends`` unless *backend_directory* says
+    otherwise; the libraries are in ``<prefix>/lib`` and, in the wheel's
+    layout, ``<site>/nvidia_pytriton.libs``. *server_python* (default: the
+    python3 on PATH) runs the Python backend's models: it needs numpy < 2.
+    Nothing is installed, except the Python backend's stub for that Python
+    where the server lacks it and has the wheel's python_backend_stubs/.
+    Raises ServerUnavailable naming what is missing. *origin* names where
+    each setting came from, for the messages.
+    """
+    server = _executable(tritonserver, origin["tritonserver"], resolve=True)
+    prefix = server.parent.parent
+    if backend_directory is not None:
+        backends = Path(os.path.abspath(os.path.expanduser(backend_directory)))
+        if not backends.is_dir():
+            raise ServerUnavailable(f"{origin['backend_directory']}: no backends directory {backends}")
+    else:
+        backends = prefix / "backends"
+        if not backends.is_dir():
+            raise ServerUnavailable(
+                f"{origin['tritonserver']}: {server} has no backends directory {backends} beside its "
+                f"bin/ (name one with backend_directory=)")
+    libs = os.pathsep.join(str(d) for d in (prefix / "lib", prefix.parent.parent / "nvidia_pytriton.libs")
+                           if d.is_dir())
+    # ld_library_path: [the server's library dirs (joined by os.pathsep), the interpreter's libdir].
+    info: dict = {"tritonserver": str(server), "backends": str(backends), "python": "",
+                  "ld_library_path": [libs], "existing": True}
+    python_origin = origin.get("server_python", "the python3 on PATH")
+    if (backends / "python" / "libtriton_python.so").is_file():
+        python = _executable(server_python or "python3", python_origin, resolve=False)
+        probe = _probe_server_python(python, python_origin)
+        stub = backends / "python" / "triton_python_backend_stub"
+        if not stub.exists():
+            _install_stub(prefix, probe["version"], backends)
+        else:
+            built_for = _stub_python_version(stub)
+            if built_for is not None and built_for != probe["version"]:
+                raise ServerUnavailable(
+                    f"{python_origin}: {python.parent / 'python3'} is Python {probe['version']}, but the "
+                    f"Triton Python backend's stub {stub} is built for Python {built_for}: give the "
+                    f"server a Python {built_for} with numpy < 2")
+        info.update(probe, python=str(python), ld_library_path=[libs, *_python_libdirs(probe)])
+    elif server_python is not None:  # no Python backend: only PATH
+        info["python"] = str(_executable(server_python, python_origin, resolve=False))
+    info["allow_client_shm_flag"] = _help_mentions(server, libs, "--allow-client-shm")
+    return info
 
 
 # --------------------------------------------------------------------------
@@ -414,13 +591,34 @@ class LocalServer:
             be ready before raising :class:`~tritonshm.errors.ServerUnavailable`.
         extra_args: more ``tritonserver`` command-line arguments, appended last.
         home: where the server's virtual environment lives (default:
-            :func:`default_home`).
+            :func:`default_home`). Unused with an existing install.
         quiet: do not print install progress.
         private_shm: run the server with a /dev/shm of its own (a private
             mount namespace via ``unshare``, which needs root or user
             namespaces). It then cannot open client segments -- as a server
             on another machine, or in a container without ``--ipc=host``.
             Tests use it to exercise the fallback to the wire.
+        tritonserver: run this existing ``<prefix>/bin/tritonserver`` instead
+            of installing one (default: ``$TRITONSHM_TRITONSERVER``): an NGC
+            container's ``/opt/tritonserver/bin/tritonserver``, or the one in
+            an unpacked ``nvidia-pytriton`` wheel. Its backends are
+            ``<prefix>/backends``, its libraries ``<prefix>/lib`` (and the
+            wheel's ``nvidia_pytriton.libs``). Nothing is installed then,
+            except the Python backend's stub where a wheel layout lacks the
+            one for *server_python*.
+        server_python: with *tritonserver*, the Python whose directory goes
+            first on the server's PATH, which runs the Python backend's models
+            (default: ``$TRITONSHM_SERVER_PYTHON``, else the ``python3`` on
+            PATH). It must have numpy < 2 and the Python version the
+            backend's stub is built for; the start checks both.
+        backend_directory: with *tritonserver*, the backends directory if it
+            is not ``<prefix>/backends``.
+        env: extra environment variables for the server process, set after
+            the client's environment is cleaned of what must not reach the
+            server (PYTHONPATH, PYTHONHOME, VIRTUAL_ENV, LD_PRELOAD, ...):
+            ``env={"LD_PRELOAD": ...}`` deliberately preloads a library into
+            the server and its stubs. A PATH or LD_LIBRARY_PATH given here
+            is kept, behind the server's own directories.
 
     Use it as a context manager, or call :meth:`start` and :meth:`stop`. The
     server also stops when this object is garbage-collected, when the
@@ -430,7 +628,10 @@ class LocalServer:
     def __init__(self, model_repository: str | os.PathLike | None = None, *,
                  startup_timeout: float = 120.0, extra_args: Iterable[str] = (),
                  home: str | os.PathLike | None = None, quiet: bool = False,
-                 private_shm: bool = False) -> None:
+                 private_shm: bool = False, tritonserver: str | os.PathLike | None = None,
+                 server_python: str | os.PathLike | None = None,
+                 backend_directory: str | os.PathLike | None = None,
+                 env: Mapping[str, str] | None = None) -> None:
         self.model_repository = Path(model_repository) if model_repository is not None \
             else bundled_model_repository()
         self.startup_timeout = float(startup_timeout)
@@ -438,6 +639,17 @@ class LocalServer:
         self.home = Path(home).expanduser() if home is not None else None
         self.quiet = quiet
         self.private_shm = private_shm
+        self.env = dict(env or {})
+        # An existing install (tritonserver set) or our own venv: never parts of both.
+        self._origin: dict[str, str] = {}
+        self.tritonserver = self._setting("tritonserver", tritonserver, "TRITONSHM_TRITONSERVER")
+        self.server_python = self._setting("server_python", server_python, "TRITONSHM_SERVER_PYTHON")
+        self.backend_directory = self._setting("backend_directory", backend_directory, None)
+        if self.tritonserver is None and (self.server_python is not None
+                                          or self.backend_directory is not None):
+            extra = self._origin["server_python" if self.server_python is not None else "backend_directory"]
+            raise ValueError(f"{extra} goes with an existing Triton install, but neither tritonserver= "
+                             f"nor $TRITONSHM_TRITONSERVER names one")
         self._grpc_port: int | None = None
         self._http_port: int | None = None
         self._log_offset = 0  # where the current run's output starts in the log
@@ -445,6 +657,16 @@ class LocalServer:
         # weakref.finalize also runs at interpreter exit (atexit=True), so one
         # hook covers both "collected" and "the program ends".
         self._finalizer = weakref.finalize(self, self._proc.cleanup)
+
+    def _setting(self, name: str, value, variable: str | None) -> str | None:
+        """An existing-install setting: the argument, else the environment variable; its origin noted."""
+        if value is not None:
+            self._origin[name] = f"{name}="
+            return os.fspath(value)
+        if variable and os.environ.get(variable):
+            self._origin[name] = f"${variable}"
+            return os.environ[variable]
+        return None
 
     # -- installation ------------------------------------------------------
 
@@ -509,7 +731,11 @@ class LocalServer:
         if self.running:
             return self
         self._proc.terminate(grace=2.0)  # a server that died by itself may have left stubs
-        info = _ensure_installed(self.home or default_home(), progress=not self.quiet)
+        if self.tritonserver is not None:
+            info = _existing_install(self.tritonserver, self.server_python, self.backend_directory,
+                                     self._origin)
+        else:
+            info = _ensure_installed(self.home or default_home(), progress=not self.quiet)
         fixed_ports = self._grpc_port is not None
         # A port picked free can be taken before the server binds it: retry a
         # few times, with new ports on first start, with the same ones on restart.
@@ -584,13 +810,15 @@ class LocalServer:
     def _launch(self, info: dict) -> None:
         self._proc.shm_prefix = f"triton_pybe_{os.getpid()}_{secrets.token_hex(6)}_"
         env = _clean_env()
+        env.update(self.env)  # after the cleaning: an LD_PRELOAD given here is meant for the server
         # The server's own libraries first; the interpreter's libdir (for the
         # stub's libpython) last, so that a system libdir shadows nothing of the user's.
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [
             info["ld_library_path"][0], env.get("LD_LIBRARY_PATH"), *info["ld_library_path"][1:]]))
         # The stub's embedded (isolated) interpreter takes its sys.prefix from
         # the "python3" first on PATH: make that the venv's, with numpy < 2.
-        env["PATH"] = os.pathsep.join(filter(None, [str(Path(info["python"]).parent), env.get("PATH")]))
+        if info["python"]:
+            env["PATH"] = os.pathsep.join(filter(None, [str(Path(info["python"]).parent), env.get("PATH")]))
         command = self._command(info)
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== tritonshm: {' '.join(command)}\n".encode())
