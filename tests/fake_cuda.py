@@ -16,6 +16,8 @@ This module needs neither a GPU nor tritonshm: only a C compiler and ctypes.
   (:meth:`FakeCudart.stats`) are those of the copy tritonshm uses.
 * :class:`FakeCudaStats` is a snapshot of the fake's counters; subtracting
   two snapshots gives what happened in between.
+* :func:`server_env` is the environment that makes a real tritonserver
+  (2.51) open fake handles: ``LocalServer(env=server_env(lib))``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ ENV_DEVICES = "TSHM_FAKE_CUDA_DEVICES"  # device count, default 1; "0" -> cudaEr
 ENV_DRIVER = "TSHM_FAKE_CUDA_DRIVER"  # "none" -> cudaErrorInsufficientDriver (35)
 ENV_TOTAL_MEM = "TSHM_FAKE_CUDA_TOTAL_MEM"  # bytes per device, default 16 GiB
 ENV_FAIL = "TSHM_FAKE_CUDA_FAIL"  # "cudaMemcpy=700,cudaMalloc=2": fail those calls
+ENV_TRACE = "TSHM_FAKE_CUDA_TRACE"  # a file: "<pid> <function>" appended per call
 
 SHM_DIR = "/dev/shm"
 #: "tshm-fakecuda-<pid>-<hex>": the fake's segments (never "tritonshm-").
@@ -59,6 +62,7 @@ ERROR_DEVICE_UNINITIALIZED = 201  # "invalid device context" (CUDA_ERROR_INVALID
 ERROR_INVALID_RESOURCE_HANDLE = 400
 ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
 ERROR_HOST_MEMORY_NOT_REGISTERED = 713
+CU_ERROR_NOT_FOUND = 500  # driver API (the fake cuMemGetAddressRange)
 
 # tshm_fake_cuda_pointer_kind() results.
 KIND_UNKNOWN, KIND_ALLOC, KIND_OPENED, KIND_HOST_REGISTERED = 0, 1, 2, 3
@@ -191,13 +195,25 @@ _PROTOTYPES = {
     "cudaIpcCloseMemHandle": (ctypes.c_int, [ctypes.c_void_p]),
     "cudaHostRegister": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]),
     "cudaHostUnregister": (ctypes.c_int, [ctypes.c_void_p]),
+    # server support: what a real tritonserver calls besides the above
+    "cudaMemcpyAsync": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
+    "cudaGetDriverEntryPoint": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_int)]),
+    "cudaGetDriverEntryPointByVersion": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_int)]),
     "tshm_fake_cuda_stats": (ctypes.c_int, [ctypes.POINTER(ctypes.c_longlong), ctypes.c_int]),
     "tshm_fake_cuda_pointer_kind": (ctypes.c_int, [ctypes.c_void_p]),
     "tshm_fake_cuda_owner_pid": (ctypes.c_int, []),
 }
 
+#: The extra entry points for a real tritonserver with the fake LD_PRELOADed.
+SERVER_SYMBOLS = ("cudaMemcpyAsync", "cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion")
+
 #: The cudart entry points tritonshm resolves (csrc/tshm_cuda.h), all exported by the fake.
-CUDART_SYMBOLS = tuple(n for n in _PROTOTYPES if n.startswith("cuda"))
+CUDART_SYMBOLS = tuple(n for n in _PROTOTYPES if n.startswith("cuda") and n not in SERVER_SYMBOLS)
+
+# cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr ptr), cuGetErrorString
+_CU_MEM_GET_ADDRESS_RANGE = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_size_t), ctypes.c_ulonglong)
+_CU_GET_ERROR_STRING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))
 
 
 class FakeCudart:
@@ -292,12 +308,63 @@ class FakeCudart:
     def host_unregister(self, ptr: int) -> None:
         self.check("cudaHostUnregister", self.lib.cudaHostUnregister(ptr))
 
+    def driver_entry_point(self, symbol: str) -> int | None:
+        """cudaGetDriverEntryPoint(*symbol*): the fake driver function's address, or None."""
+        fn, status = ctypes.c_void_p(), ctypes.c_int(-1)
+        rc = self.lib.cudaGetDriverEntryPoint(symbol.encode(), ctypes.byref(fn), 0, ctypes.byref(status))
+        self.check("cudaGetDriverEntryPoint", rc)
+        assert (status.value == 0) == (fn.value is not None)
+        return fn.value
+
+    def mem_get_address_range(self, ptr: int) -> tuple[int, int, int]:
+        """(CUresult, base, size) of the fake cuMemGetAddressRange, as Triton calls it."""
+        fn = _CU_MEM_GET_ADDRESS_RANGE(self.driver_entry_point("cuMemGetAddressRange"))
+        base, size = ctypes.c_ulonglong(), ctypes.c_size_t()
+        rc = fn(ctypes.byref(base), ctypes.byref(size), ptr)
+        return rc, base.value, size.value
+
+    def cu_error_string(self, result: int) -> str:
+        fn = _CU_GET_ERROR_STRING(self.driver_entry_point("cuGetErrorString"))
+        text = ctypes.c_char_p()
+        assert fn(result, ctypes.byref(text)) == 0
+        return text.value.decode()
+
     def read(self, ptr: int, nbytes: int) -> bytes:
         """The bytes at a fake device pointer (fake device memory is host memory)."""
         return ctypes.string_at(ptr, nbytes)
 
     def write(self, ptr: int, data: bytes) -> None:
         ctypes.memmove(ptr, data, len(data))
+
+
+def server_env(lib: str | os.PathLike, trace: str | os.PathLike | None = None, **settings: str) -> dict[str, str]:
+    """Environment for a tritonserver that should open fake CUDA handles.
+
+    ``LocalServer(env=server_env(lib))`` preloads the fake into the server
+    (2.51 with its bundled CUDA 12.6 runtime: the fake's symbols win over the
+    runtime's, and every call the fake does not export still fails for want
+    of a driver).  *trace* names a file for the fake's call trace (see
+    :func:`read_trace`); *settings* are more variables, e.g.
+    ``TSHM_FAKE_CUDA_DEVICES="2"``.  The server's python backend stubs
+    inherit the preload; they make no CUDA call for KIND_CPU models.
+    """
+    env = {"LD_PRELOAD": str(lib), **settings}
+    if trace is not None:
+        env[ENV_TRACE] = str(trace)
+    return env
+
+
+def read_trace(path: str | os.PathLike) -> dict[int, list[str]]:
+    """A TSHM_FAKE_CUDA_TRACE file as {pid: [function, ...]} in call order."""
+    calls: dict[int, list[str]] = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                pid, _, fn = line.strip().partition(" ")
+                calls.setdefault(int(pid), []).append(fn)
+    except FileNotFoundError:
+        pass
+    return calls
 
 
 def fake_segments() -> dict[str, int]:

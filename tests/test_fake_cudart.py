@@ -224,8 +224,8 @@ def test_frees_from_many_threads(fake):
 # --- IPC ----------------------------------------------------------------------
 
 CHILD_ROUND_TRIP = """
-    import json
-    from fake_cuda import FakeCudart
+    import ctypes, json
+    from fake_cuda import FakeCudart, IpcHandle
     fake = FakeCudart(sys.argv[1])
     handle, n = bytes.fromhex(sys.argv[2]), int(sys.argv[3])
     p = fake.ipc_open(handle)
@@ -233,22 +233,20 @@ CHILD_ROUND_TRIP = """
     fake.write(p, b"child!" * (n // 6))
     again = fake.ipc_open(handle, 0)           # same handle: same pointer, counted
     # a handle cannot be re-exported from an importer
-    h = bytes(64)
-    import ctypes
-    from fake_cuda import IpcHandle
     reexport = fake.lib.cudaIpcGetMemHandle(ctypes.byref(IpcHandle()), p)
     print("ready", flush=True)
     sys.stdin.readline()                       # the parent wrote again
     seen_later = fake.read(p, 8).hex()
     opens = fake.stats().live_ipc_opens
     kind = fake.pointer_kind(p + n - 1)
+    address_range = fake.mem_get_address_range(p + 10) == (0, p, n)
     fake.ipc_close(again)
     still = fake.read(p, 8).hex()              # still mapped after one close
     fake.ipc_close(p)
     closed_twice = fake.lib.cudaIpcCloseMemHandle(p)
     print(json.dumps(dict(seen=seen, same=again == p, reexport=reexport, seen_later=seen_later,
                           opens=opens, kind=kind, still=still, closed_twice=closed_twice,
-                          live=fake.stats().live_ipc_opens)))
+                          address_range=address_range, live=fake.stats().live_ipc_opens)))
 """
 
 
@@ -274,7 +272,8 @@ def test_ipc_round_trip_in_another_process(fake):
         assert got == dict(
             seen=pattern.hex(), same=True, reexport=fake_cuda.ERROR_INVALID_VALUE,
             seen_later=b"PARENT!!".hex(), opens=2, kind=fake_cuda.KIND_OPENED,
-            still=b"PARENT!!".hex(), closed_twice=fake_cuda.ERROR_INVALID_RESOURCE_HANDLE, live=0,
+            still=b"PARENT!!".hex(), closed_twice=fake_cuda.ERROR_INVALID_RESOURCE_HANDLE,
+            address_range=True, live=0,
         )
     finally:
         fake.free(ptr)
@@ -565,3 +564,123 @@ def test_forked_child_gets_initialization_error(fake):
         assert fake.pointer_kind(ptr) == fake_cuda.KIND_ALLOC  # the parent still has it
     finally:
         fake.free(ptr)
+
+
+def test_trace(fake, monkeypatch, tmp_path):
+    trace = tmp_path / "trace"
+    monkeypatch.setenv(fake_cuda.ENV_TRACE, str(trace))
+    fake.device_count()
+    fake.free(fake.malloc(10))
+    monkeypatch.delenv(fake_cuda.ENV_TRACE)
+    fake.device_count()
+    assert fake_cuda.read_trace(trace) == {os.getpid(): ["cudaGetDeviceCount", "cudaMalloc", "cudaFree"]}
+
+
+# --- server support: what a real tritonserver calls besides tritonshm's table ---
+
+
+def test_server_support_entry_points(fake):
+    for name in fake_cuda.SERVER_SYMBOLS:
+        assert hasattr(fake.lib, name), name
+    n = 3 * PAGE + 7
+    ptr = fake.malloc(n)
+    try:
+        assert fake.mem_get_address_range(ptr) == (0, ptr, n)
+        assert fake.mem_get_address_range(ptr + n - 1) == (0, ptr, n)
+        assert fake.mem_get_address_range(ptr + n)[0] == fake_cuda.CU_ERROR_NOT_FOUND or \
+            fake.pointer_kind(ptr + n) == fake_cuda.KIND_ALLOC  # another allocation may follow
+        host = ctypes.create_string_buffer(16)
+        assert fake.mem_get_address_range(ctypes.addressof(host))[0] == fake_cuda.CU_ERROR_NOT_FOUND
+        # Triton passes a NULL base
+        fn = fake_cuda._CU_MEM_GET_ADDRESS_RANGE(fake.driver_entry_point("cuMemGetAddressRange"))
+        size = ctypes.c_size_t()
+        assert fn(None, ctypes.byref(size), ptr + 5) == 0 and size.value == n
+        assert fake.driver_entry_point("cuMemGetAddressRange_v2") == fake.driver_entry_point("cuMemGetAddressRange")
+        assert fake.driver_entry_point("cuLaunchKernel") is None
+        assert fake.cu_error_string(fake_cuda.CU_ERROR_NOT_FOUND) == "named symbol not found"
+        assert fake.cu_error_string(1) == "invalid argument"
+        f, status = ctypes.c_void_p(), ctypes.c_int(-1)
+        assert fake.lib.cudaGetDriverEntryPointByVersion(b"cuGetErrorString", ctypes.byref(f), 12060, 0,
+                                                         ctypes.byref(status)) == 0
+        assert f.value == fake.driver_entry_point("cuGetErrorString") and status.value == 0
+        # an asynchronous copy is complete on return
+        fake.write(ptr, b"async!")
+        assert fake.lib.cudaMemcpyAsync(host, ptr, 6, 2, None) == 0
+        assert host.raw[:6] == b"async!"
+        assert fake.lib.cudaMemcpyAsync(host, ptr + n - 2, 6, 2, 0x99) == fake_cuda.ERROR_INVALID_VALUE
+    finally:
+        fake.free(ptr)
+
+
+CHILD_TRITON_CLIENT = """
+    import base64, json
+    import numpy as np
+    import tritonclient.grpc, tritonclient.http
+    from fake_cuda import FakeCudart
+    fake = FakeCudart(sys.argv[1])
+    urls = {"grpc": sys.argv[2], "http": sys.argv[3]}
+    n = 1000
+    nbytes = 4 * n
+    result = {}
+    for proto, module in (("grpc", tritonclient.grpc), ("http", tritonclient.http)):
+        client = module.InferenceServerClient(urls[proto])
+        src, dst = fake.malloc(nbytes), fake.malloc(nbytes)
+        x = np.arange(n, dtype=np.float32) * 1.5
+        fake.write(src, x.tobytes())
+        for name, ptr in (("in", src), ("out", dst)):
+            handle = base64.b64encode(fake.ipc_get_handle(ptr)).decode()
+            client.register_cuda_shared_memory(f"{proto}_{name}", handle, 0, nbytes)
+        try:
+            handle = base64.b64encode(fake.ipc_get_handle(src)).decode()
+            client.register_cuda_shared_memory(f"{proto}_big", handle, 0, nbytes + 1)
+            oversized = "accepted"
+        except Exception as exc:
+            oversized = str(exc)
+        inp = module.InferInput("INPUT0", [n], "FP32")
+        inp.set_shared_memory(f"{proto}_in", nbytes)
+        out = module.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory(f"{proto}_out", nbytes)
+        client.infer("identity_fp32", [inp], outputs=[out])
+        y = np.frombuffer(fake.read(dst, nbytes), dtype=np.float32)
+        client.unregister_cuda_shared_memory(f"{proto}_in")
+        client.unregister_cuda_shared_memory(f"{proto}_out")
+        fake.free(src)
+        fake.free(dst)
+        client.close()
+        result[proto] = dict(equal=bool(np.array_equal(x, y)), oversized=oversized)
+    print(json.dumps(result))
+"""
+
+
+def test_real_triton_server_opens_fake_handles(fake, tmp_path):
+    """A real tritonserver with the fake preloaded registers fake CUDA
+    regions, refuses an oversized one and runs identity_fp32 through them
+    (the client runs in a child process: its gRPC/HTTP machinery keeps
+    descriptors open for the process's life)."""
+    import inspect
+
+    server_mod = pytest.importorskip("tritonshm.server")
+    if "env" not in inspect.signature(server_mod.LocalServer).parameters:
+        pytest.skip("this tritonshm's LocalServer takes no env=")
+    import tritonshm.errors
+
+    trace = tmp_path / "trace"
+    try:
+        server = server_mod.LocalServer(env=fake_cuda.server_env(fake.path, trace))
+        server.start()
+    except tritonshm.errors.ServerUnavailable as exc:
+        pytest.skip(f"no Triton server here: {exc}")
+    try:
+        got = run_child(CHILD_TRITON_CLIENT, fake.path, server.grpc_url, server.http_url)
+        server_pid = server.pid
+    finally:
+        server.stop()
+    for proto in ("grpc", "http"):
+        assert got[proto]["equal"], proto
+        assert f"failed to register shared memory region '{proto}_big': invalid args" in got[proto]["oversized"]
+    calls = fake_cuda.read_trace(trace)[server_pid]
+    # 3 registrations per protocol; 2.51 does not close the handle of the refused one
+    assert calls.count("cudaIpcOpenMemHandle") == 6
+    assert calls.count("cuMemGetAddressRange") == 6
+    assert calls.count("cudaIpcCloseMemHandle") == 4
+    assert "cudaMemcpyAsync" in calls

@@ -37,11 +37,17 @@
  *     the parent initialized it.
  *   - Fault injection: TSHM_FAKE_CUDA_FAIL="cudaMemcpy=700,cudaMalloc=2"
  *     makes every call of the named functions fail with that code while set.
+ *   - TSHM_FAKE_CUDA_TRACE=<file> appends "<pid> <function>" per call.
  *   - Environment variables are read on every call, so tests can flip them
  *     with os.environ / monkeypatch (not while other threads call the fake).
  *   - Counters for tests: tshm_fake_cuda_stats(), tshm_fake_cuda_pointer_kind().
- *   - For a real tritonserver with this library LD_PRELOADed, a few more
- *     entry points it calls (see the "server support" section at the end).
+ *   - A real tritonserver 2.51 (CUDA 12.6 runtime bundled, no driver on the
+ *     machine) with this library LD_PRELOADed registers fake CUDA regions,
+ *     refuses an oversized byte_size and runs inferences through them: for
+ *     that, cudaMemcpyAsync and cudaGetDriverEntryPoint(ByVersion), which
+ *     hands out fake cuMemGetAddressRange / cuGetErrorString (the section
+ *     "server support" at the end).  Every other runtime call the server
+ *     makes reaches its own libcudart, which fails (no driver) as before.
  *
  * What it does NOT model
  *   - Any GPU: no kernels, no real streams or events, no asynchrony (every
@@ -176,6 +182,22 @@ static int injected_failure(const char *fn)
     return 0;
 }
 
+/* TSHM_FAKE_CUDA_TRACE=<file>: append "<pid> <function>" for every call. */
+static void trace(const char *fn)
+{
+    const char *path = getenv("TSHM_FAKE_CUDA_TRACE");
+    if (path == NULL || *path == '\0')
+        return;
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    char line[128];
+    int n = snprintf(line, sizeof line, "%d %s\n", (int)getpid(), fn);
+    if (n > 0 && write(fd, line, (size_t)n) < 0)
+        n = 0;
+    close(fd);
+}
+
 static int fail(int rc)
 {
     if (rc != OK)
@@ -185,7 +207,7 @@ static int fail(int rc)
 
 /* The checks every "real" entry point starts with: driver, fork, devices,
  * injected failures.  Returns 0 to go on. */
-static int enter(const char *fn, int need_device)
+static int checks(const char *fn, int need_device)
 {
     if (driver_missing())
         return fail(INSUFFICIENT_DRIVER);
@@ -196,6 +218,12 @@ static int enter(const char *fn, int need_device)
     if (need_device && device_count() == 0)
         return fail(NO_DEVICE);
     return fail(injected_failure(fn));
+}
+
+static int enter(const char *fn, int need_device)
+{
+    trace(fn);
+    return checks(fn, need_device);
 }
 
 #define ENTER(fn, need_device)            \
@@ -519,9 +547,9 @@ static int check_endpoint(const void *p, size_t n, int must_be_device)
     return find(p, n, 0, 0) != NULL ? OK : INVALID_VALUE;
 }
 
-API int cudaMemcpy(void *dst, const void *src, size_t nbytes, int kind)
+static int memcpy_impl(const char *fn, void *dst, const void *src, size_t nbytes, int kind)
 {
-    ENTER("cudaMemcpy", 1);
+    ENTER(fn, 1);
     /* cudaMemcpyKind: 0 HostToHost, 1 HostToDevice, 2 DeviceToHost,
      * 3 DeviceToDevice, 4 Default (inferred; the fake can always do it). */
     if (kind < 0 || kind > 4)
@@ -541,6 +569,11 @@ API int cudaMemcpy(void *dst, const void *src, size_t nbytes, int kind)
     stat_add(ST_MEMCPY_CALLS, 1);
     stat_add(ST_MEMCPY_BYTES, (long long)nbytes);
     return OK;
+}
+
+API int cudaMemcpy(void *dst, const void *src, size_t nbytes, int kind)
+{
+    return memcpy_impl("cudaMemcpy", dst, src, nbytes, kind);
 }
 
 API int cudaStreamSynchronize(void *stream)
@@ -802,4 +835,85 @@ API int tshm_fake_cuda_pointer_kind(const void *ptr)
 API int tshm_fake_cuda_owner_pid(void)
 {
     return (int)__atomic_load_n(&owner_pid, __ATOMIC_SEQ_CST);
+}
+
+/* ------------------------------------------------------- server support
+ *
+ * Entry points a real tritonserver (2.51, with its bundled libcudart 12.6)
+ * calls when this library is LD_PRELOADed into it and a client registers
+ * fake CUDA shared memory.  tritonshm itself never calls these.
+ */
+
+/* Every call is complete on return: an asynchronous copy is a copy. */
+API int cudaMemcpyAsync(void *dst, const void *src, size_t nbytes, int kind, void *stream)
+{
+    (void)stream;
+    return memcpy_impl("cudaMemcpyAsync", dst, src, nbytes, kind);
+}
+
+/* Driver API (reached through cudaGetDriverEntryPoint, never linked):
+ * CUresult values and CUdeviceptr as unsigned long long. */
+enum { CU_SUCCESS = 0, CU_INVALID_VALUE = 1, CU_NOT_FOUND = 500 };
+
+/* cuMemGetAddressRange(_v2): the allocation or opened mapping containing
+ * dptr; the server passes pbase == NULL. */
+static int fake_cuMemGetAddressRange(unsigned long long *pbase, size_t *psize, unsigned long long dptr)
+{
+    if (enter("cuMemGetAddressRange", 1) != OK)
+        return CU_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    entry *e = find_containing((const void *)(uintptr_t)dptr);
+    if (e != NULL) {
+        if (pbase != NULL)
+            *pbase = (uintptr_t)e->base;
+        if (psize != NULL)
+            *psize = e->size;
+    }
+    pthread_mutex_unlock(&lock);
+    return e != NULL ? CU_SUCCESS : CU_NOT_FOUND;
+}
+
+static int fake_cuGetErrorString(int result, const char **text)
+{
+    if (text == NULL)
+        return CU_INVALID_VALUE;
+    *text = result == CU_NOT_FOUND ? "named symbol not found" : cudaGetErrorString(result);
+    return CU_SUCCESS;
+}
+
+static int driver_entry_point(const char *fn, const char *symbol, void **func, int *status)
+{
+    char label[160];  /* traced as "cudaGetDriverEntryPoint:cuMemGetAddressRange" */
+    snprintf(label, sizeof label, "%s:%.100s", fn, symbol != NULL ? symbol : "(null)");
+    trace(label);
+    int rc = checks(fn, 0);
+    if (rc != OK)
+        return rc;
+    if (symbol == NULL || func == NULL)
+        return fail(INVALID_VALUE);
+    *func = NULL;
+    if (strcmp(symbol, "cuMemGetAddressRange") == 0 || strcmp(symbol, "cuMemGetAddressRange_v2") == 0)
+        *func = (void *)fake_cuMemGetAddressRange;
+    else if (strcmp(symbol, "cuGetErrorString") == 0)
+        *func = (void *)fake_cuGetErrorString;
+    if (status != NULL)
+        *status = *func != NULL ? 0 : 1;  /* cudaDriverEntryPointSuccess / SymbolNotFound */
+    return OK;  /* as 12.x: success, with NULL for a symbol it does not know */
+}
+
+/* cudaGetDriverEntryPoint(symbol, funcPtr, flags, driverStatus) (12.x;
+ * Triton 2.51 reaches cuMemGetAddressRange through it). */
+API int cudaGetDriverEntryPoint(const char *symbol, void **func, unsigned long long flags, int *status)
+{
+    (void)flags;
+    return driver_entry_point("cudaGetDriverEntryPoint", symbol, func, status);
+}
+
+/* cudaGetDriverEntryPointByVersion (12.5+, the only one left in 13.x). */
+API int cudaGetDriverEntryPointByVersion(const char *symbol, void **func, unsigned int version,
+                                         unsigned long long flags, int *status)
+{
+    (void)version;
+    (void)flags;
+    return driver_entry_point("cudaGetDriverEntryPointByVersion", symbol, func, status);
 }
