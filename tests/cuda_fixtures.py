@@ -50,10 +50,30 @@ def fake_cuda(fake_cudart_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def gpu():
-    """The real CUDA runtime; skips the test where no GPU is usable."""
+    """The real CUDA runtime; skips the test where no GPU is usable.
+
+    Creates device 0's context (and torch's and cupy's, where installed)
+    before the first leak check: the driver's descriptors and threads live
+    as long as the process, and are no test's leak.
+    """
     from tritonshm import cuda
+    from tritonshm._memory import _runtime
 
     info = cuda.runtime_info()
     if not info["available"]:
         pytest.skip(f"no CUDA GPU: {info['error']}")
+    _runtime.current().mem_info(0)
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.zeros(1, device="cuda")
+    except ImportError:
+        pass
+    try:
+        import cupy
+
+        cupy.zeros(1)
+    except ImportError:
+        pass
     return info

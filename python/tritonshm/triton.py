@@ -101,12 +101,6 @@ def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> Se
             f"in the same IPC namespace (--ipc=host for containers), as a user allowed to open "
             f"mode-0600 segments of ours. Server said: {message}"
         )
-    if cuda and ("invalid args" in lowered or "gpus not supported" in lowered
-                 or "cuda" in lowered and "not supported" in lowered):
-        return SharedMemoryRefused(
-            f"{doing}: the server cannot open our CUDA memory. Likely causes: "
-            f"{CUDA_REFUSAL_CAUSES}. Server said: {message}"
-        )
     if "already in manager" in lowered:
         return RegistrationError(
             f"{doing}: the server already has a region of that name; "
@@ -133,6 +127,13 @@ def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> Se
         or "socket closed" in lowered
     ):
         return ServerUnavailable(f"{doing}: cannot reach the Triton server ({message})")
+    if cuda:
+        # The server reports every failure to open a CUDA handle as "invalid args"
+        # (the cause is only in its log), or "GPUs not supported" on CPU-only builds.
+        return SharedMemoryRefused(
+            f"{doing}: the server cannot open our CUDA memory. Likely causes: "
+            f"{CUDA_REFUSAL_CAUSES}. Server said: {message}"
+        )
     return ServerError(f"{doing}: {message}")
 
 

@@ -1,0 +1,250 @@
+"""The CUDA layer on a real GPU, with torch, cupy and a real Triton server.
+
+Run on a CUDA machine with ``pytest -m gpu`` (tests/gpu/run.sh does it on
+the offline GPU machine).  Everything here skips where no GPU is usable;
+the same logic is covered without a GPU by test_cuda_fake.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import tritonshm
+from tritonshm import cuda
+from tritonshm._memory import _runtime
+
+from triton_fixtures import NUMERIC_IDENTITY_MODELS, make_client, sample
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu")]
+
+_TRITON_TYPES = {np.float32: "FP32", np.float16: "FP16", np.int8: "INT8", np.uint8: "UINT8",
+                 np.int32: "INT32", np.int64: "INT64", np.bool_: "BOOL"}
+
+
+@pytest.fixture
+def torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    return torch
+
+
+@pytest.fixture
+def cupy():
+    return pytest.importorskip("cupy")
+
+
+def _free_bytes():
+    return _runtime.current().mem_info(0)[0]
+
+
+# --------------------------------------------------------------------------
+# Memory: real handles, torch and cupy, lifetimes
+# --------------------------------------------------------------------------
+
+
+def test_runtime_info_sees_the_gpu():
+    info = cuda.runtime_info()
+    assert info["available"] and info["devices"] and cuda.device_count() == len(info["devices"])
+    assert info["devices"][0]["name"] and info["driver_version"] and info["runtime_version"]
+
+
+def test_torch_consumes_views_without_a_copy_and_sees_writes_both_ways(torch):
+    with tritonshm.CudaRegion.create(1 << 20) as c:
+        c.write(np.arange(1024, dtype=np.float32), offset=4096)
+        v = c.view(np.float32, (32, 32), offset=4096)
+        t = torch.from_dlpack(v)
+        assert t.is_cuda and t.data_ptr() == c.ptr + 4096 and t.shape == (32, 32)
+        assert torch.equal(t.flatten().cpu(), torch.arange(1024, dtype=torch.float32))
+        t.mul_(2)
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(c.read(np.float32, 1024, offset=4096), np.arange(1024) * 2)
+        c.write(np.full(1024, 7, np.float32), offset=4096)
+        assert bool((t == 7).all())
+        legacy = torch.utils.dlpack.from_dlpack(v.__dlpack__())  # the legacy capsule too
+        assert legacy.data_ptr() == t.data_ptr()
+        cai = torch.as_tensor(v, device="cuda")
+        assert cai.data_ptr() == t.data_ptr()
+        del t, legacy, cai, v
+
+
+def test_cupy_consumes_views_without_a_copy_and_sees_writes_both_ways(cupy):
+    with tritonshm.CudaRegion.create(1 << 20) as c:
+        c.write(np.arange(256, dtype=np.int32), offset=512)
+        v = c.view(np.int32, 256, offset=512)
+        for a in (cupy.from_dlpack(v), cupy.asarray(v)):
+            assert a.data.ptr == c.ptr + 512
+            assert int(a.sum()) == sum(range(256))
+        a = cupy.asarray(v)
+        a += 1
+        cupy.cuda.runtime.deviceSynchronize()
+        np.testing.assert_array_equal(c.read(np.int32, 256, offset=512), np.arange(256) + 1)
+        del a, v
+
+
+def test_write_from_torch_is_ordered_after_the_producer_stream(torch):
+    n = 1 << 22
+    with tritonshm.CudaRegion.create(n * 4) as c:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            x = torch.zeros(n, device="cuda")
+            torch.cuda._sleep(50_000_000)  # keep the stream busy: a racing copy would see zeros
+            x.fill_(3.0)
+            c.write(x)  # the DLPack handshake orders our copy after `side`'s work
+        assert (c.read(np.float32, n) == 3.0).all()
+
+
+def test_write_from_cupy_and_device_to_device(cupy, torch):
+    with tritonshm.CudaRegion.create(4096) as a, tritonshm.CudaRegion.create(4096) as b:
+        a.write(cupy.arange(100, dtype=cupy.float64))
+        b.write(a.view(np.float64, 100))
+        b.write(torch.ones(10, dtype=torch.float64, device="cuda"), offset=800)
+        got = b.read(np.float64, 110)
+        np.testing.assert_array_equal(got[:100], np.arange(100))
+        np.testing.assert_array_equal(got[100:], np.ones(10))
+
+
+def test_view_outlives_close_and_device_memory_returns_after_the_last_view(torch):
+    nbytes = 256 << 20
+    free_before = _free_bytes()
+    c = tritonshm.CudaRegion.create(nbytes)
+    c.write(np.ones(16, np.float32))
+    t = torch.from_dlpack(c.view(np.float32, 16))
+    c.close()
+    assert _free_bytes() <= free_before - nbytes  # still allocated: torch holds it
+    assert float(t.sum()) == 16.0
+    del t
+    gc.collect()
+    torch.cuda.synchronize()
+    assert _free_bytes() >= free_before - (4 << 20)  # back, give or take the allocator's granularity
+
+
+def _child(payload, how):
+    import numpy as np  # noqa: F811 (spawned child)
+
+    import tritonshm as t
+
+    region = pickle.loads(payload) if how == "pickle" else t.CudaRegion.attach(*payload)
+    try:
+        seen = region.read(np.uint8, 8).tobytes()
+        region.write(b"child!!!", offset=8)
+        return seen
+    finally:
+        region.close()
+
+
+@pytest.mark.parametrize("how", ["pickle", "handle"])
+def test_another_process_attaches_by_handle_and_by_pickle(how):
+    with tritonshm.CudaRegion.create(1 << 20) as c:
+        c.write(b"parent!!")
+        payload = pickle.dumps(c) if how == "pickle" else (c.ipc_handle, c.nbytes)
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            assert pool.apply(_child, (payload, how)) == b"parent!!"
+        assert c.read(np.uint8, 8, offset=8).tobytes() == b"child!!!"
+        with pytest.raises(tritonshm.CudaError, match="created by this process"):
+            pickle.loads(pickle.dumps(c))
+
+
+def test_pinned_region_is_page_locked_and_torch_copies_into_it(torch):
+    with tritonshm.PinnedRegion.create(64 << 20) as p:
+        host = torch.from_dlpack(p.ndarray(np.float32, 16 << 20))
+        assert host.device.type == "cpu"
+        gpu = torch.arange(16 << 20, dtype=torch.float32, device="cuda")
+        host.copy_(gpu)
+        assert float(host[-1]) == float((16 << 20) - 1)
+        del host
+
+
+# --------------------------------------------------------------------------
+# With a real Triton: registration, inference, refusals, leaks
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, dtype", sorted(NUMERIC_IDENTITY_MODELS.items()))
+def test_every_dtype_round_trips_through_cuda_shm_at_offsets(server, protocol, model, dtype):
+    module, client = make_client(server, protocol)
+    data = sample(dtype, 64)
+    with tritonshm.CudaRegion.create(1 << 16) as c:
+        name = tritonshm.register(client, c)
+        try:
+            assert tritonshm.status(client, name, kind="cuda")[name] == {"device_id": 0, "byte_size": c.nbytes}
+            c.write(data, offset=4096)
+            inp = module.InferInput("INPUT0", [64], _TRITON_TYPES[dtype])
+            tritonshm.bind_input(inp, c, offset=4096)
+            out = module.InferRequestedOutput("OUTPUT0")
+            tritonshm.bind_output(out, c, offset=8192, nbytes=data.nbytes)
+            client.infer(model, [inp], outputs=[out])
+            np.testing.assert_array_equal(c.read(dtype, 64, offset=8192), data)
+        finally:
+            tritonshm.unregister(client, name)
+        assert name not in tritonshm.status(client, kind="cuda")
+    client.close()
+
+
+def test_undersized_output_and_out_of_range_binds_are_refused_before_sending(server, protocol):
+    module, client = make_client(server, protocol)
+    with tritonshm.CudaRegion.create(4096) as c:
+        name = tritonshm.register(client, c)
+        try:
+            inp = module.InferInput("INPUT0", [1024], "FP32")
+            with pytest.raises(tritonshm.OutOfBounds):
+                tritonshm.bind_input(inp, c, offset=8)  # 4096 bytes do not fit at 8
+            tritonshm.bind_input(inp, c, offset=0)
+            out = module.InferRequestedOutput("OUTPUT0")
+            with pytest.raises(tritonshm.OutOfBounds):
+                tritonshm.bind_output(out, c, offset=4096, nbytes=1)
+            tritonshm.bind_output(out, c, offset=0, nbytes=16)
+            with pytest.raises(Exception) as raw:
+                client.infer("identity_fp32", [inp], outputs=[out])
+            assert isinstance(tritonshm.triton.translate_error(raw.value, "inferring"), tritonshm.OutputTooSmall)
+        finally:
+            tritonshm.unregister(client, name)
+    client.close()
+
+
+def test_server_that_cannot_open_our_handles_is_shared_memory_refused(protocol):
+    from tritonshm.server import LocalServer
+
+    # A server that sees no GPU: a CPU-only server, as far as our handles go.
+    with LocalServer(env={"CUDA_VISIBLE_DEVICES": ""}) as srv:
+        _, client = make_client(srv, protocol)
+        with tritonshm.CudaRegion.create(4096) as c:
+            with pytest.raises(tritonshm.SharedMemoryRefused, match="ipc=host"):
+                tritonshm.register(client, c)
+        client.close()
+
+
+def test_thousand_create_register_infer_close_cycles_leak_nothing(server):
+    module, client = make_client(server, "grpc")
+    data = np.arange(256, dtype=np.float32)
+
+    def cycle():
+        with tritonshm.CudaRegion.create(2 << 20) as c:
+            name = tritonshm.register(client, c)
+            c.write(data)
+            inp = module.InferInput("INPUT0", [256], "FP32")
+            tritonshm.bind_input(inp, c)
+            out = module.InferRequestedOutput("OUTPUT0")
+            tritonshm.bind_output(out, c, offset=1 << 20, nbytes=data.nbytes)
+            client.infer("identity_fp32", [inp], outputs=[out])
+            got = c.read(np.float32, 256, offset=1 << 20)
+            tritonshm.unregister(client, name)
+        np.testing.assert_array_equal(got, data)
+
+    for _ in range(50):  # warm up: contexts, gRPC channel, the server's handle cache
+        cycle()
+    gc.collect()
+    free_before, fds_before = _free_bytes(), len(os.listdir("/proc/self/fd"))
+    for _ in range(1000):
+        cycle()
+    gc.collect()
+    assert abs(_free_bytes() - free_before) <= (8 << 20)
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 2
+    assert not tritonshm.status(client, kind="cuda")
+    client.close()
