@@ -1,8 +1,9 @@
 """``tritonshm doctor``: why shared memory might not work here, in plain words.
 
 Checks /dev/shm (mounted, size, free space), that a segment can be created
-with the expected name and mode, this library's stale segments, and -- given
-a server URL -- that the server can open our memory.
+with the expected name and mode, this library's stale segments, whether CUDA
+is usable here, and -- given a server URL -- that the server can open our
+memory (system shared memory, and CUDA IPC handles where there is a GPU).
 """
 
 from __future__ import annotations
@@ -51,23 +52,53 @@ def run_doctor(server_url: str | None = None) -> int:
         None if dead else True,
         f"{len(dead)} segment(s) of dead processes" + (" (run `tritonshm gc`)" if dead else ""),
     )
+    gpu = _check_cuda()
     if server_url is not None:
-        healthy &= _check_server(server_url)
+        healthy &= _check_server(server_url, gpu)
     return 0 if healthy else 1
 
 
-def _check_server(url: str) -> bool:
+def _check_cuda() -> bool:
+    """Report the CUDA runtime (a warning, never a failure: CUDA is optional)."""
+    from . import cuda
+
+    info = cuda.runtime_info()
+    if not info["available"]:
+        _report(None, f"CUDA: not usable ({info['error']}); system shared memory only")
+        return False
+    names = ", ".join(f"{d['index']}: {d.get('name', '?')}" for d in info["devices"])
+    _report(True, f"CUDA: runtime {info['runtime_version']}, driver {info['driver_version']} "
+                  f"({info['library']}); devices {names}")
+    return True
+
+
+def _check_server(url: str, gpu: bool) -> bool:
     from . import triton
     from .client import _Connector
+    from .cuda import CudaRegion
+
+    def opens(region: object) -> str | None:
+        """None when the server registered (and we unregistered) *region*, else why not."""
+        try:
+            name = connector.call(lambda tc: triton.register(tc, region))
+        except Error as exc:
+            return str(exc)
+        connector.call(lambda tc: triton.unregister(tc, name))
+        return None
 
     connector = _Connector(url, verbose=False, io_threads=1)
     try:
         with SystemRegion.create(4096) as region:
-            try:
-                name = connector.call(lambda tc: triton.register(tc, region))
-            except Error as exc:
-                return _report(False, f"the server at {url} cannot use our memory: {exc}")
-            connector.call(lambda tc: triton.unregister(tc, name))
-        return _report(True, f"the server at {url} opened a segment of ours: shared memory works")
+            why = opens(region)
+        if why is not None:
+            return _report(False, f"the server at {url} cannot use our memory: {why}")
+        _report(True, f"the server at {url} opened a segment of ours: shared memory works")
+        if gpu:
+            with CudaRegion.create(4096) as device_region:
+                why = opens(device_region)
+            # A warning: system shared memory still works without CUDA IPC.
+            _report(None if why else True, f"the server at {url} cannot open our CUDA memory: {why}"
+                    if why else f"the server at {url} opened a CUDA IPC handle of ours: CUDA shared memory works")
+        return True
     finally:
         connector.close()
