@@ -230,3 +230,19 @@ def test_aio_clients_get_awaitables(server):
     import asyncio
 
     asyncio.run(_aio_round_trip(server))
+
+
+def test_bind_at_the_very_end_and_unregister_of_nonsense_are_refused(triton_client, region):
+    module, client = triton_client
+    name = tritonshm.register(client, region)
+    try:
+        # Triton refuses offset == size even for zero bytes: say so before sending.
+        with pytest.raises(tritonshm.OutOfBounds, match="no room"):
+            tritonshm.bind_output(module.InferRequestedOutput("OUTPUT0"), region, offset=region.nbytes)
+        with pytest.raises(tritonshm.OutOfBounds, match="no room"):
+            tritonshm.bind_input(module.InferInput("INPUT0", [0], "FP32"), region, offset=region.nbytes)
+        for nonsense in (None, 3, object()):
+            with pytest.raises(tritonshm.RegistrationError, match="registered name or region"):
+                tritonshm.unregister(client, nonsense)
+    finally:
+        tritonshm.unregister(client, name)

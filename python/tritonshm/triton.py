@@ -30,6 +30,7 @@ from typing import Any
 
 from . import _dtypes
 from .errors import (
+    OutOfBounds,
     OutputTooSmall,
     RegionNotRegistered,
     RegistrationError,
@@ -214,6 +215,8 @@ def unregister(client: Any, name_or_region: Any) -> Any:
     """
     if isinstance(name_or_region, str):
         name = name_or_region
+    elif not hasattr(name_or_region, "kind"):
+        raise RegistrationError(f"unregister() takes a registered name or region, not {name_or_region!r}")
     else:
         registered = registered_name(name_or_region)
         if registered is None:
@@ -302,6 +305,14 @@ def _binding_name(region: Any, name: str | None) -> str:
     return bound
 
 
+def _request_range(region: Any, offset: Any, nbytes: Any) -> tuple[int, int]:
+    """``region.span(offset, nbytes)``, refusing what Triton refuses too: an offset at the end."""
+    off, length = region.span(offset, nbytes)
+    if off >= region.nbytes:
+        raise OutOfBounds(f"{region!r}: offset={off} leaves no room (Triton needs offset < {region.nbytes})")
+    return off, length
+
+
 def bind_input(infer_input: Any, region: Any, offset: int = 0, nbytes: int | None = None,
                *, name: str | None = None) -> None:
     """Make *infer_input* read its tensor from *region* at *offset*.
@@ -326,7 +337,7 @@ def bind_input(infer_input: Any, region: Any, offset: int = 0, nbytes: int | Non
             f"input {infer_input.name()!r} is {datatype} {list(shape)}, i.e. {expected} bytes, "
             f"not nbytes={nbytes}"
         )
-    off, length = region.span(offset, nbytes)
+    off, length = _request_range(region, offset, nbytes)
     infer_input.set_shared_memory(bound, length, off)
 
 
@@ -338,5 +349,5 @@ def bind_output(requested_output: Any, region: Any, offset: int = 0, nbytes: int
     region.  The range is checked against the region before anything is sent.
     """
     bound = _binding_name(region, name)
-    off, length = region.span(offset, nbytes)
+    off, length = _request_range(region, offset, nbytes)
     requested_output.set_shared_memory(bound, length, off)

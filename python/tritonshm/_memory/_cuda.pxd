@@ -15,6 +15,7 @@ cdef class CudaRegion:
     cdef object __weakref__
 
     cdef tshm_cuda_alloc *_live(self) except NULL
+    cdef object _copy_in_device(self, size_t src, size_t length, object offset, size_t stream)
 
 
 cdef class CudaArray:

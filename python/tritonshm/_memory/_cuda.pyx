@@ -332,7 +332,8 @@ cdef class CudaRegion:
         finally:
             PyBuffer_Release(&buf)
 
-    def _copy_in_device(self, size_t src, size_t length, offset, size_t stream):
+    cdef object _copy_in_device(self, size_t src, size_t length, object offset, size_t stream):
+        """Copy *length* bytes from *src* (host or device) in at *offset*, after *stream*'s work."""
         cdef tshm_cuda_alloc *a
         cdef size_t off
         off, _ = self.span(offset, length)
