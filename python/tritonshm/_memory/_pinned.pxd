@@ -3,3 +3,5 @@ from ._system cimport SystemRegion
 
 cdef class PinnedRegion(SystemRegion):
     cdef int _device
+
+    cdef _pin(self, device)

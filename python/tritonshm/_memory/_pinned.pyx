@@ -48,7 +48,8 @@ cdef class PinnedRegion(SystemRegion):
         self._pin(device)
         return self
 
-    def _pin(self, device):
+    cdef _pin(self, device):
+        """Page-lock the mapping once, made; on failure close (and unlink) the new region."""
         cdef Runtime rt
         dev = _index(device, "device")
         try:
