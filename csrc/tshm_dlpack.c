@@ -36,8 +36,10 @@ static void delete_legacy(DLManagedTensor *self)
     free(self);
 }
 
-/* Shape and C-contiguous strides (in elements) into dims[0..2*ndim). */
-static void fill_dims(DLTensor *t, int64_t *dims, int32_t ndim, const int64_t *shape)
+/* Everything of a C-contiguous DLTensor: shape and strides (in elements)
+ * go to dims[0..2*ndim). */
+static void fill_tensor(DLTensor *t, int64_t *dims, void *data, DLDevice device, DLDataType dtype,
+                        int32_t ndim, const int64_t *shape)
 {
     int64_t stride = 1;
     memcpy(dims, shape, (size_t)ndim * sizeof *dims);
@@ -45,6 +47,9 @@ static void fill_dims(DLTensor *t, int64_t *dims, int32_t ndim, const int64_t *s
         dims[ndim + i] = stride;
         stride *= shape[i] > 1 ? shape[i] : 1;
     }
+    t->data = data;
+    t->device = device;
+    t->dtype = dtype;
     t->ndim = ndim;
     /* DLPack 1.2 forbids NULL strides with ndim > 0; a scalar has neither. */
     t->shape = ndim > 0 ? dims : NULL;
@@ -58,7 +63,6 @@ void *tshm_dlpack_new(int versioned, void *data, DLDevice device, DLDataType dty
     if (ndim < 0 || release == NULL)
         return NULL;
     size_t dims_bytes = 2 * (size_t)ndim * sizeof(int64_t);
-    DLTensor *t;
     if (versioned) {
         struct versioned *v = calloc(1, sizeof *v + dims_bytes);
         if (v == NULL)
@@ -70,11 +74,7 @@ void *tshm_dlpack_new(int versioned, void *data, DLDevice device, DLDataType dty
         v->tensor.flags = readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
         v->owner.release = release;
         v->owner.ctx = ctx;
-        t = &v->tensor.dl_tensor;
-        fill_dims(t, v->dims, ndim, shape);
-        t->data = data;
-        t->device = device;
-        t->dtype = dtype;
+        fill_tensor(&v->tensor.dl_tensor, v->dims, data, device, dtype, ndim, shape);
         return v;
     }
     struct legacy *l = calloc(1, sizeof *l + dims_bytes);
@@ -84,11 +84,7 @@ void *tshm_dlpack_new(int versioned, void *data, DLDevice device, DLDataType dty
     l->tensor.deleter = delete_legacy;
     l->owner.release = release;
     l->owner.ctx = ctx;
-    t = &l->tensor.dl_tensor;
-    fill_dims(t, l->dims, ndim, shape);
-    t->data = data;
-    t->device = device;
-    t->dtype = dtype;
+    fill_tensor(&l->tensor.dl_tensor, l->dims, data, device, dtype, ndim, shape);
     return l;
 }
 
