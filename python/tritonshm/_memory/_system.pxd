@@ -1,4 +1,4 @@
-# The region type, for other Cython modules (pinned and CUDA memory later).
+# The system region types, for other Cython modules (PinnedRegion subclasses SystemRegion).
 from ._tshm cimport tshm_mapping
 
 cdef class SystemRegion:
