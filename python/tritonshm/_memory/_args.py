@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import DTypeMismatch, OutOfBounds, ShapeMismatch
 
-__all__ = ["index", "dtype_of", "shape_of", "layout", "span"]
+__all__ = ["index", "device_of", "dtype_of", "shape_of", "layout", "span"]
 
 # The most dims a numpy array may have (32 before numpy 2, 64 since).
 MAX_NDIM = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
@@ -28,6 +28,14 @@ def index(value: Any, what: str) -> int:
         return operator.index(value)
     except TypeError:
         raise OutOfBounds(f"{what} must be an integer, not {type(value).__name__}") from None
+
+
+def device_of(device: Any) -> int:
+    """A CUDA device number (this process's numbering), or OutOfBounds."""
+    dev = index(device, "device")
+    if dev < 0 or dev > 1 << 30:
+        raise OutOfBounds(f"device={dev} is not a CUDA device number")
+    return dev
 
 
 def dtype_of(dtype: Any) -> np.dtype:

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..errors import CudaError, DTypeMismatch, OutOfBounds, RegionClosed, UnsupportedBuffer
 from . import _dlpack
-from ._args import index as _index, layout as _layout, span as _span
+from ._args import device_of as _device_of, index as _index, layout as _layout, span as _span
 
 __all__ = ["CudaRegion", "CudaArray"]
 
@@ -347,30 +347,27 @@ cdef class CudaRegion:
 
     def read(self, dtype, shape, offset=0):
         """A host copy (numpy) of *shape* x *dtype* read from byte *offset*; that range only."""
-        cdef Py_buffer dst
-        cdef tshm_cuda_alloc *a
         cdef size_t off, length
         dt, dims, nbytes = _layout(dtype, shape)
         off, length = self.span(offset, nbytes)
-        out = np.empty(length, dtype=np.uint8)
-        PyObject_GetBuffer(out, &dst, PyBUF_WRITABLE)
-        try:
-            a = self._live()
-            tshm_cuda_alloc_incref(a)
-            with nogil:
-                rc = tshm_cuda_copy_out(a, off, dst.buf, length)
-            tshm_cuda_alloc_decref(a)
-        finally:
-            PyBuffer_Release(&dst)
-        self._runtime.check(rc, f"copying {length} bytes out of {self!r}")
-        return out.view(dt).reshape(dims)
+        return _to_host(self._runtime, self._live(), off, length, dt, dims, self)
 
 
-def _device_of(device):
-    dev = _index(device, "device")
-    if dev < 0 or dev > 1 << 30:
-        raise OutOfBounds(f"device={dev} is not a CUDA device number")
-    return dev
+cdef object _to_host(Runtime rt, tshm_cuda_alloc *a, size_t offset, size_t length, object dtype,
+                     tuple shape, object owner):
+    """Bytes [offset, offset + length) of *a* copied into a new numpy array of *shape* x *dtype*."""
+    cdef Py_buffer dst
+    out = np.empty(length, dtype=np.uint8)
+    PyObject_GetBuffer(out, &dst, PyBUF_WRITABLE)
+    tshm_cuda_alloc_incref(a)  # a concurrent close() must not free under the copy
+    try:
+        with nogil:
+            rc = tshm_cuda_copy_out(a, offset, dst.buf, length)
+    finally:
+        tshm_cuda_alloc_decref(a)
+        PyBuffer_Release(&dst)
+    rt.check(rc, f"copying {length} bytes out of {owner!r}")
+    return out.view(dtype).reshape(shape)
 
 
 def _cuda_array_interface(obj):
@@ -491,16 +488,7 @@ cdef class CudaArray:
 
     def get(self):
         """A host copy of this array, as numpy."""
-        cdef Py_buffer dst
-        out = np.empty(self.nbytes, dtype=np.uint8)
-        PyObject_GetBuffer(out, &dst, PyBUF_WRITABLE)
-        try:
-            with nogil:
-                rc = tshm_cuda_copy_out(self._alloc, self._offset, dst.buf, dst.len)
-        finally:
-            PyBuffer_Release(&dst)
-        self._runtime.check(rc, f"copying {self!r} to the host")
-        return out.view(self.dtype).reshape(self.shape)
+        return _to_host(self._runtime, self._alloc, self._offset, self.nbytes, self.dtype, self.shape, self)
 
     def __array__(self, *args, **kwargs):
         raise TypeError("a CudaArray lives in device memory: use .get() for a host copy "

@@ -16,7 +16,7 @@ from ._runtime cimport Runtime, current
 from ._system cimport SystemRegion
 from ._tshm cimport tshm_cuda_pin_mapping
 
-from ._args import index as _index
+from ._args import device_of as _device_of
 
 __all__ = ["PinnedRegion"]
 
@@ -51,7 +51,7 @@ cdef class PinnedRegion(SystemRegion):
     cdef _pin(self, device):
         """Page-lock the mapping once, made; on failure close (and unlink) the new region."""
         cdef Runtime rt
-        dev = _index(device, "device")
+        dev = _device_of(device)
         try:
             rt = current()
             if not rt.device_info(dev).get("host_register_supported", True):
