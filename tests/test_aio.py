@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import mmap
 
 import numpy as np
 import pytest
@@ -38,7 +40,7 @@ def test_aio_infer_chunks_concurrently_and_checks_inputs(server, protocol):
 
 def test_aio_pool_exhaustion_waits_without_blocking_the_loop(server):
     async def scenario():
-        async with tritonshm.aio.Client(server.grpc_url, slots=1) as c:
+        async with tritonshm.aio.Client(server.grpc_url, slots=1, max_pool_bytes=mmap.PAGESIZE) as c:
             held = await c.infer("identity_fp32", {"INPUT0": np.ones(4, np.float32)}, copy=False)
             ticks = 0
 
@@ -54,5 +56,71 @@ def test_aio_pool_exhaustion_waits_without_blocking_the_loop(server):
             task.cancel()
             assert ticks > 3  # the loop kept running while we waited for a slot
             del held
+
+    run(scenario())
+
+
+def test_aio_honours_tls_and_verbose(server):
+    """An https:// URL must not infer in plaintext: the aio client is built with TLS."""
+    async def scenario():
+        c = tritonshm.aio.Client("https://" + server.http_url.split("://")[-1], verbose=True)
+        try:
+            assert c.tritonclient._url.startswith("https://")
+            assert c.tritonclient._verbose
+            with pytest.raises(tritonshm.ServerError):  # the server speaks plain HTTP only
+                await c.model_info("identity_fp32")
+        finally:
+            await c.close()
+        g = tritonshm.aio.Client("grpcs://" + server.grpc_url, connect_options={"root_certificates": None})
+        try:
+            with pytest.raises(tritonshm.ServerError):  # a TLS handshake with a plaintext server fails
+                await g.model_info("identity_fp32")
+        finally:
+            await g.close()
+
+    run(scenario())
+
+
+def test_aio_cancelled_request_keeps_its_slot_until_the_server_is_done(server, protocol):
+    async def scenario():
+        async with tritonshm.aio.Client(client_url(server, protocol), slots=1) as c:
+            data = np.arange(8, dtype=np.float32)
+            await c.infer("slow_fp32", {"INPUT0": data})  # make the pool
+            pool = c._pools[("slow_fp32", "")]
+            task = asyncio.create_task(c.infer("slow_fp32", {"INPUT0": data}))
+            await asyncio.sleep(0.2)  # the server is working on it now
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            # The server may still write into the slot: it is not free yet.
+            assert pool.running == 1 and pool.try_acquire() is None
+            for _ in range(200):
+                await asyncio.sleep(0.05)
+                gc.collect()
+                if pool.running == 0:
+                    break
+            assert pool.running == 0 and pool.held == 0
+            out = await c.infer("slow_fp32", {"INPUT0": data + 1}, timeout=5)
+            assert np.array_equal(out["OUTPUT0"], data + 1)
+
+    run(scenario())
+
+
+def test_aio_cancelled_while_waiting_for_a_slot_leaves_counts_right(server):
+    async def scenario():
+        async with tritonshm.aio.Client(server.grpc_url, slots=1) as c:
+            data = np.arange(4, dtype=np.float32)
+            first = asyncio.create_task(c.infer("slow_fp32", {"INPUT0": data}))
+            await asyncio.sleep(0.2)
+            pool = c._pools[("slow_fp32", "")]
+            waiting = asyncio.create_task(c.infer("slow_fp32", {"INPUT0": data}))
+            await asyncio.sleep(0.1)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert np.array_equal((await first)["OUTPUT0"], data)
+            gc.collect()
+            assert pool.running == 0 and pool.held == 0 and pool.nslots == 1
+            assert np.array_equal((await c.infer("slow_fp32", {"INPUT0": data}, timeout=5))["OUTPUT0"], data)
 
     run(scenario())

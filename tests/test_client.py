@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
+import mmap
 import os
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -115,12 +117,14 @@ def test_variable_dims_grow_the_pool_and_retire_the_old_one(client):
     small, large = floats(2, 3), floats(64, 128)
     assert np.array_equal(client.infer("variable_fp32", {"INPUT0": small})["OUTPUT0"], small + 1)
     first = client._pools[("variable_fp32", "")]
+    (first_extent,) = first.extents
     assert np.array_equal(client.infer("variable_fp32", {"INPUT0": large})["OUTPUT0"], large + 1)
     second = client._pools[("variable_fp32", "")]
     assert second is not first and second.layout.slot_bytes > first.layout.slot_bytes
-    assert first.region.closed  # every slot was back, so it was dropped at once
+    # every slot was back, so it was unregistered and closed at once
+    assert first.closed and first_extent.memory.region.closed
     names = tritonshm.status(client.tritonclient)
-    assert second.name in names and first.name not in names
+    assert second.extents[0].name in names and first_extent.name not in names
     # Smaller requests keep using the larger pool.
     assert np.array_equal(client.infer("variable_fp32", {"INPUT0": small})["OUTPUT0"], small + 1)
     assert client._pools[("variable_fp32", "")] is second
@@ -133,8 +137,8 @@ def test_a_replaced_pool_sends_late_requests_to_its_successor(client):
     client.infer("identity_fp32", {"INPUT0": small})
     old = client._pools[("identity_fp32", "")]
     client.infer("identity_fp32", {"INPUT0": large})  # grows: the old pool is dropped
-    assert old.region.closed
-    assert old.try_acquire() is None and old.acquire(timeout=5) is None
+    assert old.closed and old.extents == []
+    assert old.try_acquire() is None and old.wait(timeout=5)  # retired: waiters move on at once
     assert np.array_equal(client.infer("identity_fp32", {"INPUT0": small})["OUTPUT0"], small)
 
 
@@ -182,18 +186,63 @@ def test_request_checks_its_arguments(client):
 
 
 def test_slot_returns_only_when_every_view_is_gone(server, protocol):
-    with tritonshm.Client(client_url(server, protocol), slots=1) as c:
+    # A byte cap of one page leaves no room to grow: held views must be waited for.
+    with tritonshm.Client(client_url(server, protocol), slots=1, max_pool_bytes=mmap.PAGESIZE) as c:
         data = floats(16)
         view = c.infer("identity_fp32", {"INPUT0": data}, copy=False)["OUTPUT0"]
         derived = view[4:8]  # a view of the view also holds the slot
         del view
-        with pytest.raises(tritonshm.PoolExhausted, match="1 held by live result views") as exc:
+        with pytest.raises(tritonshm.PoolExhausted, match="byte cap.*1 slots held by live result views") as exc:
             c.infer("identity_fp32", {"INPUT0": data}, timeout=0.2)
         assert isinstance(exc.value, TimeoutError)
         assert np.array_equal(derived, data[4:8])
         del derived
         gc.collect()
         assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data}, timeout=5)["OUTPUT0"], data)
+
+
+def test_held_results_grow_the_pool_instead_of_blocking(server, protocol):
+    """12 kept results from a 4-slot pool: no waiting (a timeout of 0 would
+    raise), each result intact; once they are dropped the surplus goes back."""
+    with tritonshm.Client(client_url(server, protocol), slots=4, timeout=0) as c:
+        inputs = [floats(64, seed=i) for i in range(12)]
+        kept = [c.infer("identity_fp32", {"INPUT0": x}, copy=False)["OUTPUT0"] for x in inputs]
+        pool = c._pools[("identity_fp32", "")]
+        assert pool.nslots == 12 and len(pool.extents) == 3
+        names = tritonshm.status(c.tritonclient)
+        assert all(extent.name in names for extent in pool.extents)
+        for x, view in zip(inputs, kept):
+            assert np.array_equal(view, x)
+        surplus = pool.extents[1:]
+        del kept, view
+        gc.collect()
+        c.infer("identity_fp32", {"INPUT0": inputs[0]})  # a request tidies up what fell idle
+        assert len(pool.extents) == 1 and pool.nslots == 4
+        assert all(extent.memory.region.closed for extent in surplus)
+        names = tritonshm.status(c.tritonclient)
+        assert not any(extent.name in names for extent in surplus)
+
+
+def test_exhaustion_by_requests_in_flight_says_so(server):
+    with tritonshm.Client(server.grpc_url, slots=1, timeout=0.1) as c:
+        data = floats(8)
+        slow = c.infer_async("slow_fp32", {"INPUT0": data})  # holds the only slot for 0.5 s
+        time.sleep(0.2)
+        with pytest.raises(tritonshm.PoolExhausted, match="1 requests in flight fill it"):
+            c.infer("slow_fp32", {"INPUT0": data})
+        assert np.array_equal(slow.result(timeout=30)["OUTPUT0"], data)
+
+
+def test_a_pool_is_closed_once_however_often_it_is_closed(client):
+    client.infer("identity_fp32", {"INPUT0": floats(4)})
+    pool = client._pools[("identity_fp32", "")]
+    (extent,) = pool.extents
+    assert pool.close() == [extent]  # the client unregisters what close() hands back...
+    assert pool.close() == [] and pool.take_disposals() == []  # ...exactly once
+    pool.retire()
+    assert pool.take_disposals() == []
+    extent.memory.close()
+    client._pools.clear()
 
 
 def test_copy_false_results_survive_many_later_requests(server, protocol):
@@ -263,7 +312,7 @@ def test_server_restart_mid_stream_reregisters(fresh_server, protocol):
         for i in range(5):
             assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data - i})["OUTPUT0"], data - i)
         pool = c._pools[("identity_fp32", "")]
-        assert pool.name in tritonshm.status(c.tritonclient)
+        assert pool.extents[0].name in tritonshm.status(c.tritonclient)
 
 
 def test_wire_transport_never_touches_shared_memory(server, protocol):
@@ -305,13 +354,30 @@ def test_falls_back_to_the_wire_when_the_server_cannot_see_our_memory(isolated_s
 def test_forgotten_client_is_cleaned_up_by_gc(server):
     c = tritonshm.Client(server.grpc_url)
     c.infer("identity_fp32", {"INPUT0": floats(8)})
-    pool = c._pools[("identity_fp32", "")]
-    key, name = pool.region.key, pool.name
-    del c, pool
+    (extent,) = c._pools[("identity_fp32", "")].extents
+    key, name = extent.memory.region.key, extent.name
+    del c, extent
     gc.collect()
     assert not os.path.exists("/dev/shm" + key)
     with tritonshm.Client(server.grpc_url) as other:
         assert name not in tritonshm.status(other.tritonclient)
+
+
+def test_forgotten_client_stops_its_threads(server):
+    def tritonshm_threads():
+        return {t for t in threading.enumerate() if t.name.startswith("tritonshm-")}
+
+    before = tritonshm_threads()
+    c = tritonshm.Client(server.grpc_url, slots=2)
+    assert c.infer_async("identity_fp32", {"INPUT0": floats(4)}).result(timeout=30)
+    c.infer("batched_fp32", {"INPUT0": floats(40, 4)})  # chunked: starts the chunk workers
+    started = tritonshm_threads() - before
+    assert len(started) == 4
+    del c
+    gc.collect()
+    for thread in started:
+        thread.join(timeout=10)
+        assert not thread.is_alive(), thread.name
 
 
 def test_forgotten_client_is_cleaned_up_at_exit(server):
@@ -319,8 +385,8 @@ def test_forgotten_client_is_cleaned_up_at_exit(server):
         import numpy as np, tritonshm
         c = tritonshm.Client({server.grpc_url!r})
         c.infer("identity_fp32", {{"INPUT0": np.ones(8, np.float32)}})
-        pool = c._pools[("identity_fp32", "")]
-        print(pool.region.key, pool.name)
+        (extent,) = c._pools[("identity_fp32", "")].extents
+        print(extent.memory.region.key, extent.name)
     """)  # exits without close()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -334,7 +400,7 @@ def test_a_forked_child_never_unregisters_the_parents_pool(server):
     with tritonshm.Client(server.grpc_url) as c:
         data = floats(16)
         c.infer("identity_fp32", {"INPUT0": data})
-        pool = c._pools[("identity_fp32", "")]
+        (extent,) = c._pools[("identity_fp32", "")].extents
         pid = os.fork()
         if pid == 0:  # the child drops its copy of the client at once
             try:
@@ -342,6 +408,6 @@ def test_a_forked_child_never_unregisters_the_parents_pool(server):
             finally:
                 os._exit(0)
         os.waitpid(pid, 0)
-        assert pool.name in tritonshm.status(c.tritonclient)
-        assert os.path.exists("/dev/shm" + pool.region.key)
+        assert extent.name in tritonshm.status(c.tritonclient)
+        assert os.path.exists("/dev/shm" + extent.memory.region.key)
         assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)

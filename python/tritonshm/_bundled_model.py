@@ -12,11 +12,15 @@ computes comes from the ``op`` parameter of its ``config.pbtxt``:
 - ``add_one``: OUTPUT0 = INPUT0 + 1;
 - ``tile``: OUTPUT0 = INPUT0 twice over (an output larger than its input).
 
+A ``delay_ms`` parameter makes the model sleep that long before answering
+each request (a stand-in for a slow model: tests cancel requests in flight).
+
 Outputs keep the shape of the inputs (but for ``tile``) and are cast to the dtype the config
 declares, so a client always gets back exactly what the config promises.
 """
 
 import json
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -40,6 +44,7 @@ class TritonPythonModel:
             # Fail the load: a typo in a config must not become a silent identity.
             raise ValueError(f"unknown op {op!r}; expected one of {sorted(OPS)}")
         self.op = OPS[op]
+        self.delay = float(config.get("parameters", {}).get("delay_ms", {}).get("string_value", 0)) / 1000
         self.inputs = [i["name"] for i in config["input"]]
         self.outputs = [
             (o["name"], pb_utils.triton_string_to_numpy(o["data_type"]))
@@ -49,6 +54,8 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
+            if self.delay:
+                time.sleep(self.delay)
             xs = [pb_utils.get_input_tensor_by_name(request, n).as_numpy() for n in self.inputs]
             ys = self.op(*xs)
             tensors = [

@@ -31,6 +31,9 @@ __all__ = [
     "SharedMemoryRefused",
     "OutputTooSmall",
     "PoolExhausted",
+    "ClientClosed",
+    "InvalidOption",
+    "MalformedBytes",
 ]
 
 
@@ -125,7 +128,22 @@ class OutputTooSmall(RegistrationError):
 
 
 class PoolExhausted(Error, TimeoutError):
-    """Every slot of a pool stayed busy for the whole timeout."""
+    """No slot could be had: in-flight requests kept every slot busy for the
+    whole timeout, or growing the pool would pass ``max_pool_bytes``; the
+    message says which."""
+
+
+class ClientClosed(Error, ValueError):
+    """A closed :class:`~tritonshm.Client` (or a closed request of one) was used."""
+
+
+class InvalidOption(Error, ValueError):
+    """A client option or call argument has no valid meaning (a bad URL,
+    transport, slot count, or a combination that cannot be honoured)."""
+
+
+class MalformedBytes(Error, ValueError):
+    """A serialized BYTES tensor is truncated or its lengths run past its end."""
 
 
 def os_error(err: int, what: str, key: str | None = None) -> SharedMemoryOSError:

@@ -28,7 +28,7 @@ import threading
 import weakref
 from typing import Any
 
-from . import _dtypes
+from . import _dtypes, _transport
 from .errors import (
     OutOfBounds,
     OutputTooSmall,
@@ -52,10 +52,6 @@ _TOO_SMALL = re.compile(r"for output '(?P<output>[^']*)' \((?P<given>\d+) bytes\
 # unregister() refuses any other name, and calls the extension of the kind.
 _own_names: dict[str, str] = {}
 _lock = threading.Lock()
-
-
-def _is_aio(client: Any) -> bool:
-    return ".aio" in type(client).__module__
 
 
 def default_name(region: Any) -> str:
@@ -239,7 +235,7 @@ def unregister(client: Any, name_or_region: Any) -> Any:
 
 def _done(client: Any, value: Any) -> Any:
     """*value*, or an awaitable of it for an aio client."""
-    if not _is_aio(client):
+    if not _transport.of_client(client).aio:
         return value
 
     async def ready() -> Any:
@@ -259,8 +255,7 @@ def status(client: Any, name: str | None = None, kind: str = "system") -> Any:
         raise RegistrationError(f"kind must be 'system' or 'cuda', not {kind!r}")
     what = "CUDA shared-memory" if kind == "cuda" else "shared-memory"
     doing = f"reading {what} status" if name is None else f"reading the status of {name!r}"
-    # gRPC replies with a protobuf unless asked for JSON; HTTP always does JSON.
-    kwargs = {"as_json": True} if ".grpc" in type(client).__module__ else {}
+    kwargs = _transport.of_client(client).json  # gRPC answers protobufs unless asked for JSON
     method = "get_cuda_shared_memory_status" if kind == "cuda" else "get_system_shared_memory_status"
     return _call(client, doing, method, name or "",
                  on_success=_cuda_regions_of if kind == "cuda" else _regions_of, **kwargs)

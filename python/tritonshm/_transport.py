@@ -1,0 +1,123 @@
+"""The four ways of talking to Triton: gRPC or HTTP, blocking or asyncio.
+
+tritonclient has a client class for each, and their calls differ in small
+ways: gRPC answers with protobufs unless asked for JSON and nests a model's
+config one level deeper, HTTP needs ``binary_data`` on requested outputs,
+the asyncio clients return awaitables and take other constructor
+arguments.  Every such difference lives in the table below; the rest of
+tritonshm asks a :class:`Transport` instead of guessing from module names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from typing import Any, Mapping
+
+from .errors import InvalidOption, RegistrationError
+
+__all__ = ["Transport", "GRPC", "GRPC_AIO", "HTTP", "HTTP_AIO", "of_client", "parse_url"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Transport:
+    """One of tritonclient's four client flavours."""
+
+    protocol: str       #: "grpc" or "http"
+    aio: bool           #: True for the asyncio client
+    module_name: str    #: where its InferenceServerClient, InferInput, ... live
+
+    @property
+    def http(self) -> bool:
+        """True for HTTP/REST."""
+        return self.protocol == "http"
+
+    @property
+    def module(self) -> Any:
+        """The tritonclient module (imported on first use: importing gRPC costs ~0.3 s)."""
+        return importlib.import_module(self.module_name)
+
+    @property
+    def types_module(self) -> Any:
+        """The module with InferInput / InferRequestedOutput (aio shares the blocking ones)."""
+        return importlib.import_module(self.module_name.removesuffix(".aio"))
+
+    def connect(self, address: str, *, ssl: bool = False, verbose: bool = False,
+                options: Mapping[str, Any] | None = None) -> Any:
+        """A new client for *address* ("host:port"); *options* go to its constructor as they are."""
+        kwargs = dict(options or {})
+        return self.module.InferenceServerClient(address, verbose=verbose, ssl=ssl, **kwargs)
+
+    def owns(self, client: Any) -> bool:
+        """Whether *client* is an instance of this flavour's client class.
+
+        Looks only at modules already imported: a client of a module that
+        was never imported cannot exist.
+        """
+        module = sys.modules.get(self.module_name)
+        cls = getattr(module, "InferenceServerClient", None)
+        return cls is not None and isinstance(client, cls)
+
+    @property
+    def json(self) -> dict[str, Any]:
+        """Keyword arguments that make status and config calls answer JSON-like dicts."""
+        return {} if self.http else {"as_json": True}
+
+    def model_config(self, reply: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The model config inside a ``get_model_config`` reply (gRPC nests it under "config")."""
+        return reply if self.http else reply.get("config", reply)
+
+    def infer_input(self, name: str, shape: list[int], datatype: str) -> Any:
+        """A new ``InferInput``."""
+        return self.types_module.InferInput(name, shape, datatype)
+
+    def requested_output(self, name: str) -> Any:
+        """A new ``InferRequestedOutput``; HTTP ones ask for binary data (never JSON numbers)."""
+        if self.http:
+            return self.types_module.InferRequestedOutput(name, binary_data=True)
+        return self.types_module.InferRequestedOutput(name)
+
+
+GRPC = Transport("grpc", False, "tritonclient.grpc")
+GRPC_AIO = Transport("grpc", True, "tritonclient.grpc.aio")
+HTTP = Transport("http", False, "tritonclient.http")
+HTTP_AIO = Transport("http", True, "tritonclient.http.aio")
+_ALL = (GRPC, GRPC_AIO, HTTP, HTTP_AIO)
+
+_SCHEMES = {"http://": ("http", False), "https://": ("http", True),
+            "grpc://": ("grpc", False), "grpcs://": ("grpc", True)}
+
+
+def of_client(client: Any) -> Transport:
+    """The flavour of a tritonclient client; :class:`RegistrationError` for anything else."""
+    for transport in _ALL:
+        if transport.owns(client):
+            return transport
+    raise RegistrationError(
+        f"expected a tritonclient gRPC or HTTP InferenceServerClient (blocking or aio), "
+        f"not {type(client).__name__}"
+    )
+
+
+def parse_url(url: str, *, aio: bool = False) -> tuple[Transport, str, bool]:
+    """``(transport, "host:port", ssl)`` for a server URL.
+
+    ``"host:port"`` and ``"grpc://host:port"`` are gRPC, ``"grpcs://"`` gRPC
+    over TLS, ``"http://"`` HTTP and ``"https://"`` HTTP over TLS.
+    """
+    if not isinstance(url, str) or not url:
+        raise InvalidOption(f"a server URL must be a non-empty str like 'localhost:8001', not {url!r}")
+    protocol, ssl, address = "grpc", False, url
+    for scheme, (name, secure) in _SCHEMES.items():
+        if url.startswith(scheme):
+            protocol, ssl, address = name, secure, url[len(scheme):]
+            break
+    else:
+        if "://" in url:
+            raise InvalidOption(f"unknown scheme in {url!r}: use host:port, grpc(s):// or http(s)://")
+    address = address.rstrip("/")
+    for transport in _ALL:
+        if transport.protocol == protocol and transport.aio == aio:
+            return transport, address, ssl
+    raise AssertionError("unreachable: every protocol has both flavours")

@@ -1,0 +1,198 @@
+"""The asyncio client: the engine's steps carried out on the event loop.
+
+Every step is native asyncio -- inference, discovery and registration go
+through tritonclient's aio client, and waiting for a slot is an
+``asyncio.Event`` the pool sets -- so the loop never blocks and no thread is
+left behind when a request is cancelled.
+
+Cancellation keeps memory safe: a request cancelled while the server is
+working on it keeps its slot until the server has answered (the server may
+still write outputs there); a request cancelled while waiting for a slot
+holds nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import weakref
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .. import _transport, triton
+from ..errors import ServerError
+from . import _intake
+from ._client import Request as _BlockingRequest
+from ._client import _release_everything
+from ._engine import Engine
+from ._model import ModelInfo
+from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForSlot, advance
+from ._threads import Connector
+
+__all__ = ["Client", "Request"]
+
+
+async def _translated(doing: str, awaitable: Any) -> Any:
+    try:
+        return await awaitable
+    except ServerError:
+        raise
+    except Exception as exc:
+        raise triton.translate_error(exc, doing) from exc
+
+
+class Request(_BlockingRequest):
+    """:class:`tritonshm.client.Request` whose :meth:`run` is a coroutine."""
+
+    async def run(self, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:  # type: ignore[override]
+        """Run the inference on the inputs as they are now; outputs are slot views."""
+        return await self._client._drive(self._run_steps(outputs))
+
+
+class Client(Engine):
+    """An asyncio Triton client that moves tensors through pooled shared memory.
+
+    Takes the same arguments as :class:`tritonshm.Client` (*connect_options*
+    go to tritonclient's aio client).  Use it with ``async with``, or await
+    :meth:`close` when done.
+    """
+
+    _aio = True
+
+    def __init__(self, url: str = "localhost:8001", **kwargs: Any):
+        super().__init__(url, **kwargs)
+        self._aio_client = self._connect()   # TLS and verbosity as the URL and options say
+        self._handlers: dict[type, Callable[[Any], Any]] = {
+            Send: self._send,
+            FetchModel: self._fetch_model,
+            Register: self._register,
+            Unregister: lambda step: triton.unregister(self._aio_client, step.name),
+            WaitForSlot: self._wait_for_slot,
+        }
+        # A forgotten client cannot await anything at garbage collection: a
+        # blocking connection (made only then) unregisters its pools.
+        blocking, address, ssl = _transport.parse_url(url, aio=False)
+        connect = functools.partial(blocking.connect, address, ssl=ssl)
+        self._finalizer = weakref.finalize(
+            self, _release_everything, Connector(connect, blocking.http, io_threads=1),
+            self._pools, self._retired, {}, self._creator_pid, False)
+
+    @property
+    def tritonclient(self) -> Any:
+        """The underlying tritonclient aio client."""
+        return self._aio_client
+
+    # -- carrying out steps -----------------------------------------------
+
+    async def _drive(self, steps: Steps) -> Any:
+        """Carry out request steps on the event loop; the steps' result."""
+        step = advance(steps)
+        while not isinstance(step, Done):
+            task = asyncio.ensure_future(self._handlers[type(step)](step))
+            try:
+                outcome, failure = await asyncio.shield(task), None
+            except asyncio.CancelledError:
+                self._abandon(steps, task)
+                raise
+            except Exception as exc:
+                outcome, failure = None, exc
+            step = advance(steps, outcome, failure)
+        return step.value
+
+    @staticmethod
+    def _abandon(steps: Steps, task: asyncio.Future) -> None:
+        """The caller was cancelled: end *steps* once their current I/O is over.
+
+        Closing the steps returns their slot; while the server may still be
+        writing outputs into it (or registering memory), that must wait.
+        """
+        def finish(done: asyncio.Future) -> None:
+            if not done.cancelled():
+                done.exception()  # retrieved: nobody else will ask
+            steps.close()
+
+        if task.done():
+            finish(task)
+        else:
+            task.add_done_callback(finish)
+
+    async def _send(self, step: Send) -> Any:
+        return await _translated(
+            f"inferring with model {step.model!r}",
+            self._aio_client.infer(step.model, step.inputs, model_version=step.version,
+                                   outputs=step.outputs))
+
+    async def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
+        wire, tc = self._wire, self._aio_client
+        doing = f"reading metadata of model {step.model!r}"
+        metadata = await _translated(doing, tc.get_model_metadata(step.model, step.version, **wire.json))
+        config = await _translated(doing, tc.get_model_config(step.model, step.version, **wire.json))
+        return metadata, wire.model_config(config)
+
+    async def _register(self, step: Register) -> str:
+        if step.name is None:
+            return await step.memory.register(self._aio_client)
+        return await step.memory.reregister(self._aio_client, step.name)
+
+    async def _wait_for_slot(self, step: WaitForSlot) -> bool:
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def wake() -> None:  # called by the pool, from any thread
+            loop.call_soon_threadsafe(event.set)
+
+        step.pool.add_waiter(wake)
+        try:
+            await asyncio.wait_for(event.wait(), step.timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            step.pool.remove_waiter(wake)
+
+    # -- the public calls ---------------------------------------------------
+
+    async def model_info(self, model: str, version: str = "") -> ModelInfo:
+        """What the server says about *model* (cached per model and version)."""
+        self._check_open()
+        return self._models.get((model, version)) or await self._drive(self._model_steps(model, version))
+
+    async def infer(self, model: str, inputs: Mapping[str, Any], *,
+                    outputs: Sequence[str] | None = None, version: str = "", copy: bool = True,
+                    timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Like :meth:`tritonshm.Client.infer`; chunks of a large batch run concurrently."""
+        info = await self.model_info(model, version)
+        chunks, names = self._plan(info, inputs, outputs, copy)
+        wait = self.timeout if timeout is None else timeout
+        if len(chunks) == 1:
+            return await self._drive(self._chunk_steps(info, chunks[0], names, copy, wait))
+        parts = await asyncio.gather(*(
+            self._drive(self._chunk_steps(info, chunk, names, True, wait)) for chunk in chunks))
+        return _intake.join_chunks(parts, names)
+
+    async def request(self, model: str, batch_size: int | None = None, *,
+                      shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",
+                      timeout: float | None = None) -> Request:
+        """Like :meth:`tritonshm.Client.request`; the request's ``run()`` is a coroutine."""
+        info = await self.model_info(model, version)
+        full = self._request_shapes(info, batch_size, shapes)
+        wait = self.timeout if timeout is None else timeout
+        return Request(self, info, await self._drive(self._request_steps(info, full, wait)), full)
+
+    async def close(self) -> None:
+        """Unregister and unlink this client's regions, close its connections; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._finalizer.detach()
+        try:
+            await self._drive(self._close_steps())
+        finally:
+            await self._aio_client.close()
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()

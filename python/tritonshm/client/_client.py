@@ -1,0 +1,264 @@
+"""The blocking client: the engine's steps carried out with blocking calls and threads."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import weakref
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .. import triton
+from ..errors import ClientClosed, ServerError
+from . import _intake
+from ._engine import Engine
+from ._model import ModelInfo
+from ._pool import Lease, SlotPool
+from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForSlot, advance
+from ._threads import Connector, Workers
+
+__all__ = ["Client", "Request"]
+
+
+def _translated(doing: str, call: Callable[[], Any]) -> Any:
+    """``call()``, with tritonclient's failures turned into :class:`ServerError` subclasses."""
+    try:
+        return call()
+    except ServerError:
+        raise
+    except Exception as exc:  # tritonclient raises its own type, or socket errors for HTTP
+        raise triton.translate_error(exc, doing) from exc
+
+
+class Request:
+    """A leased slot with views of the inputs: the zero-copy path.
+
+    Made by :meth:`Client.request`.  Fill ``inputs[name]`` in place, then
+    :meth:`run` returns the outputs as views into the same slot.  The slot
+    goes back to the pool once this request and every view of it are gone.
+    """
+
+    def __init__(self, client: Engine, info: ModelInfo, lease: Lease,
+                 shapes: Mapping[str, tuple[int, ...]]):
+        self._client = client
+        self._info = info
+        self._lease: Lease | None = lease
+        self._shapes = dict(shapes)
+        memory, layout = lease.extent.memory, lease.pool.layout
+        self.inputs: dict[str, Any] = {
+            spec.name: memory.view(lease.handle, layout.offsets[spec.name], spec.dtype,
+                                   self._shapes[spec.name])
+            for spec in info.inputs
+        }
+
+    @property
+    def model(self) -> ModelInfo:
+        """What the client knows about the model."""
+        return self._info
+
+    def _run_steps(self, outputs: Sequence[str] | None) -> Steps:
+        if self._lease is None:
+            raise ClientClosed("this request is closed")
+        return self._client._slot_steps(self._info, self._lease, self._shapes, outputs, False, {})
+
+    def run(self, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Run the inference on the inputs as they are now; outputs are slot views."""
+        return self._client._drive(self._run_steps(outputs))
+
+    def close(self) -> None:
+        """Give up this request's hold on the slot (views keep it until they go)."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            self.inputs = {}
+            lease.pool.finished()
+
+    def __enter__(self) -> "Request":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _release_everything(connector: Connector, pools: dict[Any, SlotPool], retired: set[SlotPool],
+                        workers: dict[str, Workers], creator_pid: int, wait: bool) -> None:
+    """Stop the threads, unregister and close every pool, close the connections.
+
+    Module level, holding no reference to the client: it is also the
+    finalizer of a client that was never closed.
+    """
+    for group in list(workers.values()):
+        group.shutdown(wait)
+    workers.clear()
+    doomed = list(pools.values()) + list(retired)
+    pools.clear()
+    retired.clear()
+    for pool in doomed:
+        for extent in pool.close():
+            try:
+                if extent.name is not None and os.getpid() == creator_pid:
+                    connector.call(lambda tc, name=extent.name: triton.unregister(tc, name))
+            except Exception:
+                pass  # best effort: a dead server has forgotten it anyway
+            finally:
+                extent.memory.close()
+    connector.close(wait)
+
+
+class Client(Engine):
+    """A Triton client that moves tensors through pooled shared memory.
+
+    *url* is ``"host:port"`` for gRPC (``"grpcs://host:port"`` with TLS) or
+    ``"http://host:port"`` / ``"https://host:port"`` for HTTP.  *transport*
+    is ``"auto"`` (shared memory, falling back to the wire with a warning
+    when the server cannot open it), ``"shm"`` (never fall back) or
+    ``"wire"`` (plain gRPC/HTTP).  *slots* is the number of slots a pool
+    starts with; it grows past that only to make room for results the
+    caller keeps, within *max_pool_bytes* per model.  *timeout* is how long
+    a request waits for a slot before :class:`~tritonshm.PoolExhausted`.
+    *connect_options* go to tritonclient's client constructor as they are
+    (e.g. ``root_certificates`` for gRPC over TLS).
+    """
+
+    def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
+                 max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0, verbose: bool = False,
+                 connect_options: Mapping[str, Any] | None = None):
+        super().__init__(url, transport=transport, slots=slots, max_pool_bytes=max_pool_bytes,
+                         timeout=timeout, verbose=verbose, connect_options=connect_options)
+        self._connector = Connector(self._connect, self._wire.http, io_threads=slots)
+        self._workers: dict[str, Workers] = {}   # "async" (infer_async), "chunk" (large batches)
+        self._handlers: dict[type, Callable[[Any], Any]] = {
+            Send: self._send,
+            FetchModel: self._fetch_model,
+            Register: self._register,
+            Unregister: self._unregister,
+            WaitForSlot: lambda step: step.pool.wait(step.timeout),
+        }
+        # Runs close()'s work if the user forgets: at garbage collection or exit.
+        self._finalizer = weakref.finalize(self, _release_everything, self._connector, self._pools,
+                                           self._retired, self._workers, self._creator_pid, False)
+
+    @property
+    def tritonclient(self) -> Any:
+        """The underlying tritonclient client: every standard call stays available.
+
+        An HTTP one (like every tritonclient HTTP client) works only in the
+        thread that first asked for it.
+        """
+        return self._connector.shared
+
+    # -- carrying out steps -----------------------------------------------
+
+    def _drive(self, steps: Steps) -> Any:
+        """Carry out request steps, blocking; the steps' result."""
+        handlers = self._handlers
+        step = advance(steps)
+        while not isinstance(step, Done):
+            try:
+                outcome, failure = handlers[type(step)](step), None
+            except Exception as exc:
+                outcome, failure = None, exc
+            step = advance(steps, outcome, failure)
+        return step.value
+
+    def _send(self, step: Send) -> Any:
+        return _translated(
+            f"inferring with model {step.model!r}",
+            lambda: self._connector.call(lambda tc: tc.infer(
+                step.model, step.inputs, model_version=step.version, outputs=step.outputs)))
+
+    def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
+        wire = self._wire
+
+        def fetch(tc: Any) -> tuple[Any, Any]:
+            metadata = tc.get_model_metadata(step.model, step.version, **wire.json)
+            return metadata, wire.model_config(tc.get_model_config(step.model, step.version, **wire.json))
+
+        return _translated(f"reading metadata of model {step.model!r}", lambda: self._connector.call(fetch))
+
+    def _register(self, step: Register) -> str:
+        if step.name is None:
+            return self._connector.call(step.memory.register)
+        return self._connector.call(lambda tc: step.memory.reregister(tc, step.name))
+
+    def _unregister(self, step: Unregister) -> None:
+        self._connector.call(lambda tc: triton.unregister(tc, step.name))
+
+    def _workers_for(self, purpose: str) -> Workers:
+        with self._lock:
+            self._check_open()
+            workers = self._workers.get(purpose)
+            if workers is None:
+                workers = self._workers[purpose] = Workers(self.slots, f"tritonshm-{purpose}")
+            return workers
+
+    # -- discovery --------------------------------------------------------
+
+    def model_info(self, model: str, version: str = "") -> ModelInfo:
+        """What the server says about *model* (cached per model and version)."""
+        self._check_open()
+        return self._models.get((model, version)) or self._drive(self._model_steps(model, version))
+
+    # -- inference --------------------------------------------------------
+
+    def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
+              version: str = "", copy: bool = True, timeout: float | None = None) -> dict[str, np.ndarray]:
+        """Run *model* on *inputs* (name -> array-like) and return its outputs.
+
+        Inputs must match the model's datatypes and shapes exactly (no silent
+        casts); BYTES inputs take bytes or str.  Batches larger than
+        ``max_batch_size`` are split, run on several slots at once and
+        reassembled in order.  With ``copy=False`` the outputs are
+        read-write views into the slot, which stays out of the pool until
+        they are gone.  *timeout* bounds the wait for a slot (default: the
+        client's).
+        """
+        info = self.model_info(model, version)
+        chunks, names = self._plan(info, inputs, outputs, copy)
+        wait = self.timeout if timeout is None else timeout
+        if len(chunks) == 1:
+            return self._drive(self._chunk_steps(info, chunks[0], names, copy, wait))
+        workers = self._workers_for("chunk")
+        futures = [workers.submit(lambda chunk=chunk: self._drive(
+            self._chunk_steps(info, chunk, names, True, wait))) for chunk in chunks]
+        return _intake.join_chunks([f.result() for f in futures], names)
+
+    def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
+        """:meth:`infer` in a background thread; returns a ``concurrent.futures.Future``."""
+        return self._workers_for("async").submit(self.infer, model, inputs, **kwargs)
+
+    def request(self, model: str, batch_size: int | None = None, *,
+                shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",
+                timeout: float | None = None) -> Request:
+        """Lease a slot for a zero-copy request (see :class:`Request`).
+
+        *batch_size* is required for batching models; *shapes* gives the
+        full shape of inputs whose dims are variable.
+        """
+        info = self.model_info(model, version)
+        shapes_full = self._request_shapes(info, batch_size, shapes)
+        wait = self.timeout if timeout is None else timeout
+        return Request(self, info, self._drive(self._request_steps(info, shapes_full, wait)), shapes_full)
+
+    # -- lifetime ---------------------------------------------------------
+
+    def close(self) -> None:
+        """Unregister and unlink this client's regions and close its connections; idempotent.
+
+        Result views handed out earlier stay valid: they keep their memory.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for group in list(self._workers.values()):
+            group.shutdown()  # finish what was submitted, while the pools still exist
+        self._finalizer()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()

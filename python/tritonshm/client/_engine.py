@@ -1,0 +1,390 @@
+"""The engine both clients share: state, pools and every request's steps.
+
+:class:`Engine` holds what a client knows (models, pools, the transport)
+and writes each operation as sans-I/O steps (:mod:`._steps`).  It never
+talks to the server itself: :class:`~tritonshm.Client` drives the steps
+with blocking calls and threads, :class:`tritonshm.aio.Client` with
+asyncio.  So discovery, slot pools, BYTES serialisation, output growth,
+re-registration and the wire fallback exist once.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+import time
+import warnings
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .. import _transport
+from ..errors import (
+    ClientClosed,
+    DTypeMismatch,
+    InvalidOption,
+    OutputTooSmall,
+    RegionNotRegistered,
+    RegistrationError,
+    ServerUnavailable,
+    ShapeMismatch,
+    SharedMemoryRefused,
+)
+from . import _bytes, _intake
+from ._model import ModelInfo, shape_fits
+from ._pool import Extent, Layout, Lease, SlotPool
+from ._slots import SystemSlotMemory
+from ._steps import FetchModel, Register, Send, Steps, Unregister, WaitForSlot
+
+__all__ = ["Engine", "TRANSPORTS"]
+
+TRANSPORTS = ("auto", "shm", "wire")
+_GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
+
+
+class Engine:
+    """State and request steps shared by the blocking and the asyncio client."""
+
+    _aio = False  # which tritonclient flavour the driver talks through
+
+    def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
+                 max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0,
+                 verbose: bool = False, connect_options: Mapping[str, Any] | None = None):
+        if transport not in TRANSPORTS:
+            raise InvalidOption(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise InvalidOption(f"slots must be an int >= 1, not {slots!r}")
+        if timeout is not None and not timeout >= 0:
+            raise InvalidOption(f"timeout must be None or >= 0 seconds, not {timeout!r}")
+        self.url = url
+        self.transport = transport
+        self.slots = slots
+        self.max_pool_bytes = max_pool_bytes
+        self.timeout = timeout
+        self._wire, self._address, self._ssl = _transport.parse_url(url, aio=self._aio)
+        self._verbose = verbose
+        self._connect_options = dict(connect_options or {})
+        self._lock = threading.RLock()
+        self._models: dict[tuple[str, str], ModelInfo] = {}
+        self._pools: dict[tuple[str, str], SlotPool] = {}
+        self._retired: set[SlotPool] = set()
+        self._wire_only = transport == "wire"
+        self._closed = False
+        self._creator_pid = os.getpid()  # a forked child must not unregister our names
+
+    @property
+    def _connect(self) -> Callable[[], Any]:
+        """Makes a new tritonclient client of this engine's flavour, TLS and
+        verbosity included; it holds no reference to the engine."""
+        return functools.partial(self._wire.connect, self._address, ssl=self._ssl,
+                                 verbose=self._verbose, options=self._connect_options)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed(f"{self!r} is closed")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("wire" if self._wire_only else self.transport)
+        kind = "aio.Client" if self._aio else "Client"
+        return f"<tritonshm.{kind} {self.url!r} {state}>"
+
+    # -- discovery --------------------------------------------------------
+
+    def _model_steps(self, model: str, version: str) -> Steps:
+        """What the server says about *model* (cached per model and version)."""
+        key = (model, version)
+        info = self._models.get(key)
+        if info is None:
+            if not isinstance(model, str) or not model:
+                raise InvalidOption(f"a model name must be a non-empty str, not {model!r}")
+            metadata, config = yield FetchModel(model, version)
+            info = ModelInfo.from_server(metadata, config, version)
+            with self._lock:
+                self._models[key] = info
+        return info
+
+    # -- pools ------------------------------------------------------------
+
+    def _pool_steps(self, info: ModelInfo, needs: Mapping[str, int]) -> Steps:
+        """The model's pool, made or replaced by a larger one to fit *needs*; None for the wire."""
+        key = (info.name, info.version)
+        while True:
+            if self._wire_only:
+                return None
+            old = self._pools.get(key)
+            if old is not None and old.layout.fits(needs):
+                return old
+            layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
+            pool = SlotPool(info, layout, self.slots, self.max_pool_bytes, SystemSlotMemory)
+            if pool.extent_bytes > self.max_pool_bytes:
+                raise InvalidOption(
+                    f"a pool for model {info.name!r} would need {pool.extent_bytes} bytes "
+                    f"({self.slots} slots x {layout.slot_bytes}), over max_pool_bytes="
+                    f"{self.max_pool_bytes}; raise max_pool_bytes or lower slots"
+                )
+            try:
+                extent = yield from self._register_extent_steps(pool)
+            except SharedMemoryRefused as exc:
+                if self.transport == "shm":
+                    raise
+                warnings.warn(
+                    f"tritonshm: falling back to plain {'HTTP' if self._wire.http else 'gRPC'}: {exc}",
+                    RuntimeWarning, stacklevel=2,
+                )
+                self._wire_only = True
+                return None
+            pool.add_extent(extent)
+            with self._lock:
+                current = self._pools.get(key)
+                if current is old and not self._closed:
+                    self._pools[key] = pool
+                    if old is not None:
+                        self._retired.add(old)
+                        old.retire()
+                    return pool
+            # Another request installed a pool meanwhile (or we closed): drop ours, look again.
+            pool.retire()
+            with self._lock:
+                self._retired.add(pool)
+            self._check_open()
+
+    def _register_extent_steps(self, pool: SlotPool) -> Steps:
+        """A new registered extent for *pool* (not yet in service)."""
+        extent = pool.new_extent()
+        try:
+            extent.name = yield Register(extent.memory)
+        except BaseException:
+            extent.memory.close()
+            raise
+        return extent
+
+    def _lease_steps(self, info: ModelInfo, needs: Mapping[str, int], timeout: float | None) -> Steps:
+        """A leased slot that fits *needs* (None for the wire), growing the pool
+        instead of waiting when the busy slots are only held by views."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pool = yield from self._pool_steps(info, needs)
+            if pool is None:
+                return None
+            lease = pool.try_acquire()
+            if lease is not None:
+                return lease
+            if pool.retired:
+                continue  # a larger pool replaced it meanwhile
+            if pool.start_growing():
+                try:
+                    pool.add_extent((yield from self._register_extent_steps(pool)))
+                finally:
+                    pool.stop_growing()
+                continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise pool.exhausted(timeout)
+            yield WaitForSlot(pool, left)
+
+    def _dispose_steps(self) -> Steps:
+        """Unregister and close idle surplus extents and drained retired pools."""
+        with self._lock:
+            pools = list(self._pools.values()) + list(self._retired)
+        for pool in pools:
+            for extent in pool.take_disposals():
+                yield from self._drop_extent_steps(extent)
+            if pool.closed:
+                with self._lock:
+                    self._retired.discard(pool)
+
+    def _drop_extent_steps(self, extent: Extent) -> Steps:
+        try:
+            if extent.name is not None and os.getpid() == self._creator_pid:
+                yield Unregister(extent.name)
+        except (ServerUnavailable, RegistrationError):
+            pass  # a dead or restarted server has forgotten it anyway
+        finally:
+            extent.memory.close()
+
+    def _close_steps(self) -> Steps:
+        """Unregister and close every pool (the client is closing)."""
+        with self._lock:
+            pools = list(self._pools.values()) + list(self._retired)
+            self._pools.clear()
+            self._retired.clear()
+        for pool in pools:
+            for extent in pool.close():
+                yield from self._drop_extent_steps(extent)
+
+    # -- requests ---------------------------------------------------------
+
+    def _plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
+              copy: bool) -> tuple[list[dict[str, np.ndarray]], list[str]]:
+        """Checked inputs split into chunks of at most ``max_batch_size``, and the output names."""
+        arrays, batch = _intake.check_inputs(info, inputs)
+        names = _intake.output_names(info, outputs)
+        chunks = _intake.split_batch(info, arrays, batch)
+        if len(chunks) > 1 and not copy:
+            raise InvalidOption(
+                f"copy=False needs one slot, but a batch of {batch} on model {info.name!r} "
+                f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
+            )
+        return chunks, names
+
+    def _chunk_steps(self, info: ModelInfo, arrays: Mapping[str, np.ndarray], names: list[str],
+                     copy: bool, timeout: float | None) -> Steps:
+        """Steps of one request that fits a slot: lease, copy in, run, collect."""
+        shapes = {name: array.shape for name, array in arrays.items()}
+        bytes_sizes = _intake.bytes_sizes(info, arrays)
+        needs = _intake.slot_needs(info, shapes, bytes_sizes)
+        for attempt in range(_GROW_ATTEMPTS):
+            lease = None if self._wire_only else (yield from self._lease_steps(info, needs, timeout))
+            if lease is None:
+                result = yield Send(info.name, info.version, *self._wire_request(info, arrays, names))
+                return {name: result.as_numpy(name) for name in names}
+            try:
+                memory = lease.extent.memory
+                for spec in info.inputs:
+                    offset = lease.pool.layout.offsets[spec.name]
+                    if spec.is_bytes:
+                        _bytes.encode_into(arrays[spec.name],
+                                           memory.bytes_at(lease.handle, offset, bytes_sizes[spec.name]))
+                    else:
+                        memory.write(lease.handle, offset, arrays[spec.name])
+                outputs = yield from self._slot_steps(info, lease, shapes, names, copy, bytes_sizes)
+            except OutputTooSmall as exc:
+                # A variable-size output outgrew its guess: grow to what the
+                # server asked for and run again on a slot of a larger pool.
+                if exc.output not in needs or exc.needed is None or attempt + 1 == _GROW_ATTEMPTS:
+                    raise
+                needs = {**needs, exc.output: exc.needed}
+                continue
+            finally:
+                lease.pool.finished()
+                # Drop the lease now, not when a traceback holding this frame dies.
+                del lease
+            yield from self._dispose_steps()  # what the finished request left idle
+            return outputs
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _slot_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
+                    names: Sequence[str] | None, copy: bool, bytes_sizes: Mapping[str, int]) -> Steps:
+        """Steps of running the inputs already in a slot; outputs land there too."""
+        names = _intake.output_names(info, names)
+        inputs, requested = self._slot_request(info, lease, shapes, names, bytes_sizes)
+        send = Send(info.name, info.version, inputs, requested)
+        try:
+            result = yield send
+        except RegionNotRegistered:
+            # The server restarted and forgot our regions: register every
+            # extent of the pool again under its name, then retry once.
+            for extent in lease.pool.extents:
+                try:
+                    yield Register(extent.memory, extent.name)
+                except RegistrationError as exc:
+                    if "already" not in str(exc):  # another request of ours re-registered it
+                        raise
+            result = yield send
+        return self._collect(info, lease, result, names, copy)
+
+    def _collect(self, info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
+                 copy: bool) -> dict[str, Any]:
+        """The outputs of *result*, read from the slot: copies, or views that hold it."""
+        memory, layout = lease.extent.memory, lease.pool.layout
+        outputs = {}
+        for name in names:
+            spec = info.output(name)
+            tensor = result.get_output(name)
+            shape = tuple(int(d) for d in (tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
+            offset = layout.offsets[name]
+            if spec.is_bytes:
+                raw = memory.bytes_at(lease.handle, offset, layout.capacities[name])
+                outputs[name] = _bytes.decode(raw, math.prod(shape), shape)
+                del raw
+            elif copy:
+                outputs[name] = memory.copy_out(lease.handle, offset, spec.dtype, shape)
+            else:
+                outputs[name] = memory.view(lease.handle, offset, spec.dtype, shape)
+        return outputs
+
+    def _slot_request(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
+                      names: Sequence[str], bytes_sizes: Mapping[str, int]) -> tuple[list, list]:
+        """InferInputs and InferRequestedOutputs naming the slot's offsets.
+
+        They are made once per slot and reused: between requests only the
+        input shapes (and BYTES sizes) change; an output's binding never does.
+        """
+        wire, memory, layout = self._wire, lease.extent.memory, lease.pool.layout
+        cache = lease.pool.request_objects.setdefault((id(lease.extent), lease.index), {})
+        name = lease.extent.name
+        inputs = []
+        for spec in info.inputs:
+            shape = list(shapes[spec.name])
+            infer_input = cache.get(spec.name)
+            if infer_input is None:
+                infer_input = cache[spec.name] = wire.infer_input(spec.name, shape, spec.datatype)
+            else:
+                infer_input.set_shape(shape)
+            nbytes = bytes_sizes[spec.name] if spec.is_bytes else math.prod(shape) * spec.dtype.itemsize
+            memory.bind_input(infer_input, name, lease.offset(spec.name), nbytes)
+            inputs.append(infer_input)
+        requested = []
+        for output in names:
+            key = "out:" + output
+            requested_output = cache.get(key)
+            if requested_output is None:
+                requested_output = cache[key] = wire.requested_output(output)
+                memory.bind_output(requested_output, name, lease.offset(output),
+                                   layout.capacities[output])
+            requested.append(requested_output)
+        return inputs, requested
+
+    def _wire_request(self, info: ModelInfo, arrays: Mapping[str, np.ndarray],
+                      names: list[str]) -> tuple[list, list]:
+        """Inputs and outputs for the plain gRPC/HTTP path: tensors inside the messages."""
+        inputs = []
+        for spec in info.inputs:
+            array = arrays[spec.name]
+            if spec.is_bytes:
+                array = np.asarray(array, dtype=np.object_)
+            wire = self._wire.infer_input(spec.name, list(array.shape), spec.datatype)
+            wire.set_data_from_numpy(array)
+            inputs.append(wire)
+        return inputs, [self._wire.requested_output(n) for n in names]
+
+    # -- the zero-copy path -----------------------------------------------
+
+    def _request_shapes(self, info: ModelInfo, batch_size: int | None,
+                        shapes: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
+        """Checked full input shapes of a zero-copy request."""
+        if self._wire_only:
+            raise InvalidOption("request() needs shared memory, but this client is on the wire transport")
+        given = {k: tuple(v) for k, v in (shapes or {}).items()}
+        if info.batched:
+            if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
+                    or not 1 <= batch_size <= info.max_batch_size:
+                raise ShapeMismatch(
+                    f"model {info.name!r} batches up to {info.max_batch_size}: "
+                    f"give 1 <= batch_size <= {info.max_batch_size}, not {batch_size}"
+                )
+        elif batch_size is not None:
+            raise ShapeMismatch(f"model {info.name!r} does not batch: leave batch_size out")
+        full: dict[str, tuple[int, ...]] = {}
+        for spec in info.inputs:
+            if spec.is_bytes:
+                raise DTypeMismatch(f"input {spec.name!r} is BYTES, which request() cannot view; use infer()")
+            want = info.shape_of(spec, batch_size or 1)
+            shape = given.get(spec.name) or want
+            if not shape_fits(want, shape) or any(s < 0 for s in shape):
+                raise ShapeMismatch(
+                    f"input {spec.name!r} of model {info.name!r} needs a shape like {list(want)} "
+                    f"(give variable dims with shapes=), got {list(shape)}"
+                )
+            full[spec.name] = tuple(shape)
+        return full
+
+    def _request_steps(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
+                       timeout: float | None) -> Steps:
+        """A leased slot for a zero-copy request."""
+        lease = yield from self._lease_steps(info, _intake.slot_needs(info, shapes, {}), timeout)
+        if lease is None:
+            raise SharedMemoryRefused("request() needs shared memory, but the server cannot open ours")
+        return lease

@@ -1,0 +1,129 @@
+"""Tensor intake: the caller's inputs, checked against the model before anything is sent.
+
+Also the bookkeeping around it: which outputs are wanted, how a batch
+larger than ``max_batch_size`` splits into chunks and how their outputs
+join again, and how many bytes each tensor needs in a slot.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import DTypeMismatch, InvalidOption, ShapeMismatch
+from . import _bytes
+from ._model import ModelInfo, shape_fits
+
+__all__ = ["check_inputs", "output_names", "split_batch", "join_chunks", "slot_needs"]
+
+# A BYTES output's first guess when nothing better is known; the server
+# says how much it really needs and the slot grows to that.
+_BYTES_OUTPUT_GUESS = 4096
+
+
+def check_inputs(info: ModelInfo, inputs: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+    """Inputs as arrays, checked against the model; and the batch size (1 if unbatched)."""
+    if not isinstance(inputs, Mapping):
+        raise InvalidOption(f"inputs must be a mapping of input name to array, not {type(inputs).__name__}")
+    expected = {spec.name for spec in info.inputs}
+    missing = expected - set(inputs)
+    unknown = set(inputs) - expected
+    if missing or unknown:
+        raise ShapeMismatch(
+            f"model {info.name!r} takes inputs {sorted(expected)}; "
+            + (f"missing {sorted(missing)}" if missing else "")
+            + ("; " if missing and unknown else "")
+            + (f"unknown {sorted(unknown)}" if unknown else "")
+        )
+    arrays: dict[str, np.ndarray] = {}
+    batch = None
+    for spec in info.inputs:
+        value = inputs[spec.name]
+        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if spec.is_bytes:
+            if array.dtype.kind not in "OSU":
+                raise DTypeMismatch(
+                    f"input {spec.name!r} of model {info.name!r} is BYTES: give bytes/str "
+                    f"(an object or bytes array), not {array.dtype}"
+                )
+        elif array.dtype != spec.dtype:
+            raise DTypeMismatch(
+                f"input {spec.name!r} of model {info.name!r} is {spec.datatype} ({spec.dtype}), "
+                f"got {array.dtype}; convert it explicitly (no silent casts)"
+            )
+        want = info.shape_of(spec, -1)
+        if not shape_fits(want, array.shape):
+            raise ShapeMismatch(
+                f"input {spec.name!r} of model {info.name!r} has shape {list(want)} "
+                f"(-1 = any), got {list(array.shape)}"
+            )
+        if info.batched:
+            if batch is not None and array.shape[0] != batch:
+                raise ShapeMismatch(
+                    f"inputs of model {info.name!r} disagree on the batch size: "
+                    f"{spec.name!r} has {array.shape[0]}, others {batch}"
+                )
+            batch = array.shape[0]
+        arrays[spec.name] = array
+    return arrays, (batch if batch is not None else 1)
+
+
+def output_names(info: ModelInfo, outputs: Sequence[str] | None) -> list[str]:
+    """The outputs to ask for: all of the model's, or the checked selection."""
+    known = [spec.name for spec in info.outputs]
+    if outputs is None:
+        return known
+    if isinstance(outputs, str):
+        raise InvalidOption(f"outputs must be a sequence of names, not the str {outputs!r}")
+    unknown = [name for name in outputs if name not in known]
+    if unknown:
+        raise ShapeMismatch(f"model {info.name!r} has outputs {known}; unknown {unknown}")
+    return list(outputs)
+
+
+def split_batch(info: ModelInfo, arrays: dict[str, np.ndarray], batch: int) -> list[dict[str, np.ndarray]]:
+    """The inputs in chunks of at most ``max_batch_size`` items (one chunk if they fit)."""
+    if not info.batched or batch <= info.max_batch_size:
+        return [arrays]
+    step = info.max_batch_size
+    return [{n: a[i:i + step] for n, a in arrays.items()} for i in range(0, batch, step)]
+
+
+def join_chunks(parts: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The outputs of a chunked batch, reassembled in order."""
+    return {name: np.concatenate([part[name] for part in parts]) for name in names}
+
+
+def slot_needs(info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
+               bytes_sizes: Mapping[str, int]) -> dict[str, int]:
+    """Bytes each tensor needs in a slot for a request of these input shapes.
+
+    Fixed-size inputs and outputs are sized for a full batch.  Variable
+    outputs are guessed as large as the largest input (right for
+    elementwise models) and grown when the server says they were too
+    small; BYTES inputs need their serialized size (*bytes_sizes*).
+    """
+    rows = info.max_batch_size if info.batched else 1
+    needs: dict[str, int] = {}
+    for spec in info.inputs:
+        if spec.is_bytes:
+            needs[spec.name] = bytes_sizes[spec.name]
+            continue
+        dims = spec.dims if spec.fixed else (shapes[spec.name][1:] if info.batched else shapes[spec.name])
+        needs[spec.name] = math.prod(dims) * spec.dtype.itemsize * rows
+    largest = max(needs.values(), default=0)
+    for spec in info.outputs:
+        if spec.is_bytes:
+            needs[spec.name] = max(largest, _BYTES_OUTPUT_GUESS)
+        elif spec.fixed:
+            needs[spec.name] = math.prod(spec.dims) * spec.dtype.itemsize * rows
+        else:
+            needs[spec.name] = largest
+    return needs
+
+
+def bytes_sizes(info: ModelInfo, arrays: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """The serialized size of every BYTES input."""
+    return {spec.name: _bytes.encoded_nbytes(arrays[spec.name]) for spec in info.inputs if spec.is_bytes}

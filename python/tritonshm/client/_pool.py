@@ -1,0 +1,318 @@
+"""Slot pools: registered memory carved into equal slots, leased one at a time.
+
+One pool serves one model (and version).  Each slot holds a full batch of
+every input and output at fixed offsets (the :class:`Layout`).  The pool
+is made of *extents* -- one :class:`~._slots.SlotMemory` each, registered
+once -- so it can grow without moving what is already handed out:
+
+* a slot is **running** while its request is in flight, **held** while
+  only result views keep it, and **free** once those are gone too;
+* when no slot is free but some are merely held (results the caller kept),
+  the pool grows by another extent, within ``max_bytes``: keeping results
+  is not overloading the server, so it never waits for them;
+* when in-flight requests fill the pool (or the byte cap is reached),
+  callers wait for a slot, then get :class:`~tritonshm.PoolExhausted`;
+* extents beyond the first that fall idle are handed back for disposal.
+
+The pool does no I/O: registering and unregistering extents is done by
+whoever drives a request (:mod:`._engine`), never from the finalizer that
+returns a slot, which may run on any thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import mmap
+import threading
+import weakref
+from typing import Any, Callable, Mapping
+
+from ..errors import PoolExhausted
+from ._model import ModelInfo
+from ._slots import SlotMemory
+
+__all__ = ["Layout", "SlotPool", "Lease", "Extent"]
+
+_PAGE = mmap.PAGESIZE
+_TENSOR_ALIGN = 64  # each tensor of a slot starts on a cache line
+
+
+def _round_up(value: int, to: int) -> int:
+    return (value + to - 1) // to * to
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where each tensor lives inside a slot, and how much room it has."""
+
+    offsets: Mapping[str, int]
+    capacities: Mapping[str, int]
+    slot_bytes: int
+
+    @classmethod
+    def for_capacities(cls, capacities: Mapping[str, int]) -> "Layout":
+        """Tensors one after the other, each cache-line aligned; slots page-aligned."""
+        offsets, cursor = {}, 0
+        for name, capacity in capacities.items():
+            offsets[name] = cursor
+            cursor = _round_up(cursor + max(capacity, 1), _TENSOR_ALIGN)
+        return cls(offsets, dict(capacities), _round_up(max(cursor, 1), _PAGE))
+
+    def fits(self, needs: Mapping[str, int]) -> bool:
+        """Whether every tensor of *needs* (name -> bytes) has room."""
+        return all(self.capacities.get(name, -1) >= size for name, size in needs.items())
+
+    def grown(self, needs: Mapping[str, int]) -> "Layout":
+        """A layout with room for *needs* and for everything this one had.
+
+        A tensor that outgrows its room at least doubles it, so a stream of
+        slowly growing requests does not replace the pool every time.
+        """
+        capacities = dict(self.capacities)
+        for name, size in needs.items():
+            old = capacities.get(name, 0)
+            if size > old:
+                capacities[name] = max(size, 2 * old)
+        return Layout.for_capacities(capacities)
+
+
+class Extent:
+    """One registered piece of a pool: a :class:`SlotMemory` holding *nslots* slots."""
+
+    def __init__(self, memory: SlotMemory, nslots: int):
+        self.memory = memory
+        self.nslots = nslots
+        self.name: str | None = None   # set once registered
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<Extent {self.name!r} {self.nslots} slots>"
+
+
+@dataclasses.dataclass
+class Lease:
+    """A slot out of its pool: drop every reference to ``handle`` (and views
+    of it) and the slot goes back."""
+
+    pool: "SlotPool"
+    extent: Extent
+    index: int
+    handle: Any           # SlotMemory.lease(): its lifetime holds the slot
+    base: int             # the slot's offset in its extent's memory
+
+    def offset(self, tensor: str) -> int:
+        """Where *tensor* starts in the extent's memory."""
+        return self.base + self.pool.layout.offsets[tensor]
+
+
+class SlotPool:
+    """A model's slots, in one or more registered extents of equal size."""
+
+    def __init__(self, info: ModelInfo, layout: Layout, slots: int, max_bytes: int,
+                 make_memory: Callable[[int], SlotMemory]):
+        self.info = info
+        self.layout = layout
+        self.slots_per_extent = slots
+        self.max_bytes = max_bytes
+        self._make_memory = make_memory
+        self._cond = threading.Condition(threading.RLock())  # finalizers may run under it
+        self._extents: list[Extent] = []
+        self._free: collections.deque[tuple[Extent, int]] = collections.deque()
+        self._running = 0
+        self._waiters: set[Callable[[], None]] = set()
+        self._surplus: list[Extent] = []  # idle extents, waiting to be unregistered
+        self._growing = False              # a request is registering one more extent
+        self.retired = False               # a larger pool replaced this one
+        self.closed = False
+        self.generation = 0                # bumped on every re-registration
+        # Per extent and slot: InferInput / InferRequestedOutput objects reused across requests.
+        self.request_objects: dict[tuple[int, int], dict[str, Any]] = {}
+
+    # -- sizes ------------------------------------------------------------
+
+    @property
+    def extent_bytes(self) -> int:
+        """Bytes of one extent."""
+        return self.layout.slot_bytes * self.slots_per_extent
+
+    @property
+    def nslots(self) -> int:
+        """Slots in every extent together."""
+        return sum(e.nslots for e in self._extents)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every extent together."""
+        return len(self._extents) * self.extent_bytes
+
+    @property
+    def running(self) -> int:
+        """Slots whose request is in flight."""
+        return self._running
+
+    @property
+    def held(self) -> int:
+        """Slots out of the pool whose request is over but whose views live on."""
+        return self.nslots - len(self._free) - self._running
+
+    @property
+    def extents(self) -> list[Extent]:
+        """The registered extents (a copy)."""
+        with self._cond:
+            return list(self._extents)
+
+    # -- growing ----------------------------------------------------------
+
+    def new_extent(self) -> Extent:
+        """Memory for one more extent, not yet registered nor part of the pool."""
+        return Extent(self._make_memory(self.extent_bytes), self.slots_per_extent)
+
+    def add_extent(self, extent: Extent) -> None:
+        """Put a registered extent into service."""
+        with self._cond:
+            self._extents.append(extent)
+            self._free.extend((extent, i) for i in reversed(range(extent.nslots)))
+            self._wake()
+
+    def should_grow(self) -> bool:
+        """True when no slot is free, some are only held by views, and one
+        more extent fits under ``max_bytes``: grow instead of waiting."""
+        with self._cond:
+            return (not self._free and not self.retired and not self._growing and self.held > 0
+                    and self.nbytes + self.extent_bytes <= self.max_bytes)
+
+    def start_growing(self) -> bool:
+        """Claim the right to add an extent (one request grows at a time); False if not due."""
+        with self._cond:
+            if not self.should_grow():
+                return False
+            self._growing = True
+            return True
+
+    def stop_growing(self) -> None:
+        """The claimed growth is over (its extent added, or it failed)."""
+        with self._cond:
+            self._growing = False
+            self._wake()
+
+    # -- leasing ----------------------------------------------------------
+
+    def try_acquire(self) -> Lease | None:
+        """Lease a free slot without waiting; None if none is free or the pool is retired."""
+        with self._cond:
+            if not self._free or self.retired:
+                return None
+            extent, index = self._free.pop()  # LIFO: the slot used last is still in cache
+            self._running += 1
+        base = index * self.layout.slot_bytes
+        handle = extent.memory.lease(base, self.layout.slot_bytes)
+        finalizer = weakref.finalize(handle, self._release, extent, index)
+        finalizer.atexit = False
+        return Lease(self, extent, index, handle, base)
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until a slot may be free (or the pool retired); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._free or self.retired or self.should_grow(),
+                                       timeout)
+
+    def add_waiter(self, wake: Callable[[], None]) -> None:
+        """Call *wake* (from any thread) when a slot comes back or the pool is retired."""
+        with self._cond:
+            self._waiters.add(wake)
+
+    def remove_waiter(self, wake: Callable[[], None]) -> None:
+        """Stop calling *wake*."""
+        with self._cond:
+            self._waiters.discard(wake)
+
+    def exhausted(self, timeout: float | None) -> PoolExhausted:
+        """The error for a request that waited *timeout* seconds for a slot."""
+        with self._cond:
+            running, held, nbytes = self._running, self.held, self.nbytes
+        if held and nbytes + self.extent_bytes > self.max_bytes:
+            why = (f"the pool is at its byte cap ({nbytes} of max_pool_bytes={self.max_bytes}) with "
+                   f"{held} slots held by live result views (copy=False results or request() "
+                   f"views still referenced): drop arrays you no longer need or raise max_pool_bytes")
+        else:
+            why = (f"{running} requests in flight fill it: the server is slower than the "
+                   f"requests come; raise slots= or the timeout")
+        return PoolExhausted(
+            f"no slot of the pool for model {self.info.name!r} came free for {timeout} s "
+            f"({self.nslots} slots: {running} running, {held} held): {why}"
+        )
+
+    def finished(self) -> None:
+        """A leased slot's request is over (its views may still hold it)."""
+        with self._cond:
+            self._running -= 1
+            self._wake()  # a held slot may now make growing worthwhile
+
+    def _release(self, extent: Extent, index: int) -> None:
+        # Runs when the last view of a slot dies: on any thread, possibly
+        # inside another pool's lock; so no I/O here, only bookkeeping.
+        with self._cond:
+            if extent.closed:
+                return
+            self._free.append((extent, index))
+            self._collect_surplus()
+            self._wake()
+
+    def _collect_surplus(self) -> None:
+        """Move idle extents beyond what the pool needs out of service."""
+        if self.retired or self.closed:
+            return
+        for extent in self._extents[1:]:
+            idle = sum(1 for e, _ in self._free if e is extent) == extent.nslots
+            spare = len(self._free) - extent.nslots
+            if idle and spare >= self.slots_per_extent:
+                self._extents.remove(extent)
+                self._free = collections.deque(item for item in self._free if item[0] is not extent)
+                self._surplus.append(extent)
+                break  # one at a time: the next release looks again
+
+    def _wake(self) -> None:
+        self._cond.notify_all()
+        for wake in list(self._waiters):
+            wake()
+
+    # -- ending -----------------------------------------------------------
+
+    def take_disposals(self) -> list[Extent]:
+        """Extents to unregister and close now: idle surplus, or all of a drained retired pool."""
+        with self._cond:
+            out, self._surplus = self._surplus, []
+            if self.retired and not self.closed and len(self._free) == self.nslots:
+                out.extend(self._extents)
+                self._extents = []
+                self._free.clear()
+                self.closed = True
+            for extent in out:
+                extent.closed = True
+            return out
+
+    def retire(self) -> None:
+        """Stop leasing from this pool; it is disposed of once every slot is back."""
+        with self._cond:
+            self.retired = True
+            self._wake()  # waiters move on to the new pool
+
+    def close(self) -> list[Extent]:
+        """Close the pool now (the client is closing): every extent, to unregister; idempotent."""
+        with self._cond:
+            if self.closed:
+                out, self._surplus = self._surplus, []
+            else:
+                out = self._extents + self._surplus
+                self._extents, self._surplus = [], []
+                self.closed = self.retired = True
+            self._free.clear()
+            for extent in out:
+                extent.closed = True
+            self._wake()
+            return out
+
+    def __repr__(self) -> str:
+        return (f"<SlotPool {self.info.name!r} {self.nslots} slots x {self.layout.slot_bytes} B, "
+                f"{self._running} running, {self.held} held>")

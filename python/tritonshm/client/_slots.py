@@ -1,0 +1,157 @@
+"""Slot memory: the one interface between slot pools and the kind of memory under them.
+
+A pool carves registered memory into slots and leases them out; what the
+memory *is* -- a POSIX shared-memory segment today, a CUDA allocation
+tomorrow -- is hidden behind :class:`SlotMemory`, which knows how to
+
+* **lease** a slot: hand out a handle whose lifetime holds the slot (views
+  made through it keep it alive, so a slot returns to its pool only when
+  every view of it is gone);
+* **write** a tensor into a slot, and **view** one in place;
+* **register** itself with a server and **bind** request tensors to itself.
+
+Everything above (pools, request steps, the clients) goes through these
+calls only, so a new kind of memory is one new class here.
+"""
+
+from __future__ import annotations
+
+import abc
+import concurrent.futures
+import math
+import mmap
+import os
+from typing import Any
+
+import numpy as np
+
+from .. import triton
+from .._memory import SystemRegion
+
+__all__ = ["SlotMemory", "SystemSlotMemory", "parallel_copy"]
+
+# Below this many bytes one thread copies faster than several (thread hand-off
+# costs ~20 us); above it the copy is bound by memory bandwidth per core.
+_PARALLEL_COPY_BYTES = 4 << 20
+_COPY_THREADS = max(1, min(4, os.cpu_count() or 1))
+_copy_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``np.copyto(dst, src, casting="no")``, split over a few threads when large.
+
+    numpy releases the GIL while it copies plain numbers, so the parts run
+    on several cores at once: a large copy is bound by one core's memory
+    bandwidth (and, for fresh memory, its page faults), not the machine's.
+    """
+    nbytes = dst.nbytes
+    if nbytes < _PARALLEL_COPY_BYTES or _COPY_THREADS == 1 or dst.dtype.hasobject \
+            or not (dst.flags.c_contiguous and src.flags.c_contiguous) or dst.ndim == 0:
+        np.copyto(dst, src, casting="no")
+        return
+    if src.dtype != dst.dtype or src.shape != dst.shape:
+        np.copyto(dst, src, casting="no")  # raises the usual error, or broadcasts
+        return
+    global _copy_pool
+    if _copy_pool is None:
+        _copy_pool = concurrent.futures.ThreadPoolExecutor(_COPY_THREADS, "tritonshm-copy")
+    flat_dst, flat_src = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
+    step = math.ceil(nbytes / _COPY_THREADS / 4096) * 4096  # page-sized parts
+    parts = [(flat_dst[i:i + step], flat_src[i:i + step]) for i in range(step, nbytes, step)]
+    futures = [_copy_pool.submit(np.copyto, d, s) for d, s in parts]
+    np.copyto(flat_dst[:step], flat_src[:step])  # this thread does the first part
+    for future in futures:
+        future.result()
+
+
+class SlotMemory(abc.ABC):
+    """Memory a slot pool carves into slots: one region, registered once."""
+
+    #: "system" or "cuda": the Triton extension the memory is registered with.
+    kind: str
+
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Size of the memory in bytes."""
+
+    @abc.abstractmethod
+    def lease(self, offset: int, nbytes: int) -> Any:
+        """A handle on ``[offset, offset + nbytes)`` whose lifetime holds the slot.
+
+        The pool attaches a finalizer to it; views made through
+        :meth:`view` keep it alive.
+        """
+
+    @abc.abstractmethod
+    def write(self, lease: Any, offset: int, array: Any) -> None:
+        """Copy *array* into the slot at *offset* (relative to the slot)."""
+
+    @abc.abstractmethod
+    def view(self, lease: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+        """A zero-copy view of a tensor in the slot; it keeps the slot leased."""
+
+    @abc.abstractmethod
+    def bytes_at(self, lease: Any, offset: int, nbytes: int) -> memoryview:
+        """A writable byte view of part of the slot (serialized BYTES tensors go there)."""
+
+    @abc.abstractmethod
+    def copy_out(self, lease: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+        """A fresh copy of a tensor in the slot, independent of it."""
+
+    def register(self, client: Any) -> Any:
+        """Register with the server behind *client*: the name (an awaitable for aio clients)."""
+        return triton.register(client, self.region)
+
+    def reregister(self, client: Any, name: str) -> Any:
+        """Register again under *name* after the server forgot it."""
+        return triton.register(client, self.region, name)
+
+    def bind_input(self, infer_input: Any, name: str, offset: int, nbytes: int) -> None:
+        """Make *infer_input* read ``nbytes`` at *offset* (absolute) of this memory."""
+        triton.bind_input(infer_input, self.region, offset, nbytes, name=name)
+
+    def bind_output(self, requested_output: Any, name: str, offset: int, nbytes: int) -> None:
+        """Make the server write *requested_output* into ``nbytes`` at *offset* (absolute)."""
+        triton.bind_output(requested_output, self.region, offset, nbytes, name=name)
+
+    def close(self) -> None:
+        """Let go of the memory; live views keep what they use."""
+        self.region.close()
+
+    region: Any
+
+
+class SystemSlotMemory(SlotMemory):
+    """Slots in a POSIX shared-memory segment (a :class:`~tritonshm.SystemRegion`)."""
+
+    kind = "system"
+
+    def __init__(self, nbytes: int):
+        self.region = SystemRegion.create(nbytes)
+        # Touch every page now, once: a request must never wait for the
+        # kernel to fault in fresh shared memory (the copy-in would pay it).
+        np.frombuffer(self.region, np.uint8)[::mmap.PAGESIZE] = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.region.nbytes
+
+    def lease(self, offset: int, nbytes: int) -> Any:
+        return self.region.window(offset, nbytes)
+
+    def write(self, lease: Any, offset: int, array: np.ndarray) -> None:
+        view = lease.ndarray(array.dtype, array.shape, offset)
+        parallel_copy(view, array)
+
+    def view(self, lease: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        return lease.ndarray(dtype, shape, offset)
+
+    def bytes_at(self, lease: Any, offset: int, nbytes: int) -> memoryview:
+        return memoryview(lease.ndarray(np.uint8, (nbytes,), offset)).cast("B")
+
+    def copy_out(self, lease: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        source = lease.ndarray(dtype, shape, offset)
+        result = np.empty(source.shape, source.dtype)
+        parallel_copy(result, source)
+        return result

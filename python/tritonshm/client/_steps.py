@@ -1,0 +1,76 @@
+"""The vocabulary of sans-I/O request steps.
+
+A request is written once, as a generator with no I/O in it: it *yields*
+one of the steps below when it needs the outside world, and gets the
+outcome sent back (or the failure thrown in).  The blocking
+:class:`~tritonshm.Client` and the asyncio one are two *drivers* that carry
+the same steps out in their own way -- the design of pyzmq's
+``_future.py``, where one socket class serves both worlds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Generator
+
+__all__ = ["FetchModel", "Register", "Unregister", "WaitForSlot", "Send", "Done", "advance", "Steps"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchModel:
+    """Read a model's metadata and config: outcome ``(metadata, config)`` as dicts."""
+
+    model: str
+    version: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Register:
+    """Register slot memory with the server (under *name* again, if given): outcome the name."""
+
+    memory: Any
+    name: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Unregister:
+    """Unregister one of our names (a server that is gone has forgotten it anyway)."""
+
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitForSlot:
+    """Wait up to *timeout* seconds for the pool to have a slot (or to retire): outcome a bool."""
+
+    pool: Any
+    timeout: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Send:
+    """Run an inference: outcome tritonclient's result object."""
+
+    model: str
+    version: str
+    inputs: list
+    outputs: list
+
+
+Steps = Generator[Any, Any, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """What :func:`advance` returns once the steps have finished."""
+
+    value: Any
+
+
+def advance(steps: Steps, outcome: Any = None, failure: BaseException | None = None) -> Any:
+    """Hand the last step's *outcome* (or *failure*) to *steps*: the next
+    step, or :class:`Done` with their result."""
+    try:
+        return steps.throw(failure) if failure is not None else steps.send(outcome)
+    except StopIteration as stop:
+        return Done(stop.value)
