@@ -318,12 +318,19 @@ class Engine:
         inputs = []
         for spec in info.inputs:
             shape = list(shapes[spec.name])
+            nbytes = bytes_sizes[spec.name] if spec.is_bytes else math.prod(shape) * spec.dtype.itemsize
+            if nbytes == 0:
+                # Triton refuses a shared-memory binding of 0 bytes: an empty
+                # tensor travels in the message (it costs nothing there).
+                empty = wire.infer_input(spec.name, shape, spec.datatype)
+                empty.set_data_from_numpy(np.empty(shape, spec.dtype))
+                inputs.append(empty)
+                continue
             infer_input = cache.get(spec.name)
             if infer_input is None:
                 infer_input = cache[spec.name] = wire.infer_input(spec.name, shape, spec.datatype)
             else:
                 infer_input.set_shape(shape)
-            nbytes = bytes_sizes[spec.name] if spec.is_bytes else math.prod(shape) * spec.dtype.itemsize
             memory.bind_input(infer_input, name, lease.offset(spec.name), nbytes)
             inputs.append(infer_input)
         requested = []

@@ -53,11 +53,13 @@ class Layout:
     @classmethod
     def for_capacities(cls, capacities: Mapping[str, int]) -> "Layout":
         """Tensors one after the other, each cache-line aligned; slots page-aligned."""
-        offsets, cursor = {}, 0
+        offsets, cursor, rooms = {}, 0, {}
         for name, capacity in capacities.items():
+            # Never an empty room: Triton refuses a binding of 0 bytes.
+            rooms[name] = _round_up(max(capacity, 1), _TENSOR_ALIGN)
             offsets[name] = cursor
-            cursor = _round_up(cursor + max(capacity, 1), _TENSOR_ALIGN)
-        return cls(offsets, dict(capacities), _round_up(max(cursor, 1), _PAGE))
+            cursor += rooms[name]
+        return cls(offsets, rooms, _round_up(max(cursor, 1), _PAGE))
 
     def fits(self, needs: Mapping[str, int]) -> bool:
         """Whether every tensor of *needs* (name -> bytes) has room."""
