@@ -9,12 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* How often to draw a new random name before giving up on EEXIST.  With 64
- * random bits a clash means something is wrong, not bad luck. */
+/* How often to draw a new random name before giving up on EEXIST (or on
+ * names removed under us, see tshm_segment_create).  With 64 random bits a
+ * clash means something is wrong, not bad luck. */
 #define TSHM_CREATE_TRIES 16
 
 int tshm_name_check(const char *name)
@@ -47,6 +49,18 @@ static int random_bytes(void *buf, size_t len)
     return 0;
 }
 
+/* Take the creator's shared lock on a new segment (see tshm.h).  Blocking:
+ * whoever holds LOCK_EX is a `tritonshm gc` or `ls` probing the name, which
+ * lets go at once. */
+static int lock_shared(int fd)
+{
+    while (flock(fd, LOCK_SH) != 0) {
+        if (errno != EINTR)
+            return -errno;
+    }
+    return 0;
+}
+
 int tshm_segment_create(size_t nbytes, char *name_out, size_t name_cap, int *fd_out)
 {
     if (nbytes == 0 || name_out == NULL || fd_out == NULL)
@@ -55,6 +69,7 @@ int tshm_segment_create(size_t nbytes, char *name_out, size_t name_cap, int *fd_
     if (nbytes > (size_t)INT64_MAX)
         return -EFBIG;
 
+    int last = -EEXIST;
     for (int attempt = 0; attempt < TSHM_CREATE_TRIES; attempt++) {
         uint64_t token;
         int rc = random_bytes(&token, sizeof token);
@@ -67,9 +82,33 @@ int tshm_segment_create(size_t nbytes, char *name_out, size_t name_cap, int *fd_
 
         int fd = shm_open(name_out, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0) {
-            if (errno == EEXIST)
+            if (errno == EEXIST) {
+                last = -EEXIST;
                 continue;
+            }
             return -errno;
+        }
+        rc = lock_shared(fd);
+        if (rc != 0) {
+            shm_unlink(name_out);
+            close(fd);
+            return rc;
+        }
+        /* Between shm_open and flock the name was unlocked: a gc in another
+         * PID namespace (where our pid looks dead) may have taken its lock
+         * and removed the name.  Then the segment is no longer reachable by
+         * anyone else: drop it and draw a new name. */
+        struct stat st;
+        if (fstat(fd, &st) != 0) {
+            int err = errno;
+            shm_unlink(name_out);
+            close(fd);
+            return -err;
+        }
+        if (st.st_nlink == 0) {
+            close(fd);
+            last = -EAGAIN;
+            continue;
         }
         /* Reserve the pages now rather than ftruncate()'s sparse file: on a
          * full /dev/shm a sparse segment maps fine and then kills the process
@@ -88,7 +127,7 @@ int tshm_segment_create(size_t nbytes, char *name_out, size_t name_cap, int *fd_
         *fd_out = fd;
         return 0;
     }
-    return -EEXIST;
+    return last;
 }
 
 int tshm_segment_open(const char *name, int readonly, int *fd_out, size_t *nbytes_out)

@@ -49,9 +49,24 @@ struct tshm_mapping {
 };
 
 /* Create a new segment of `nbytes` (> 0) with O_CREAT|O_EXCL and mode 0600,
- * named TSHM_NAME_PREFIX "<pid>-<16 hex>" from getrandom(); retries on a
- * name clash.  On success writes the name to `name_out` (capacity `name_cap`)
- * and the open descriptor to `*fd_out`. */
+ * named TSHM_NAME_PREFIX "<pid>-<16 hex>" from getrandom().  On success
+ * writes the name to `name_out` (capacity `name_cap`) and the open
+ * descriptor (O_CLOEXEC) to `*fd_out`.
+ *
+ * The descriptor holds flock(LOCK_SH) on the segment: the owner's proof of
+ * life.  Keep it open for as long as you own the name and close it after
+ * unlinking; `tritonshm gc` removes a segment only when it can take
+ * LOCK_EX, which works across PID namespaces (containers sharing /dev/shm)
+ * where the pid in the name proves nothing.  The kernel drops the lock when
+ * the last descriptor of this open file goes, so a process that dies holds
+ * nothing; a forked child shares the open file, so the lock lives while
+ * either process keeps its copy.  Never LOCK_UN it: that would release the
+ * lock for every copy.
+ *
+ * Draws a new name on a clash (EEXIST) and when the name was removed
+ * between shm_open and flock (a gc elsewhere took the free lock: the
+ * segment is then unreachable); -EEXIST or -EAGAIN after
+ * TSHM_CREATE_TRIES draws. */
 int tshm_segment_create(size_t nbytes, char *name_out, size_t name_cap, int *fd_out);
 
 /* Open an existing segment read-write or read-only; its size goes to

@@ -38,7 +38,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     removed = _segments.collect_garbage(dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for seg in removed:
-        print(f"{verb} {seg.key} (pid {seg.pid} is gone, {_human(seg.nbytes)})")
+        print(f"{verb} {seg.key} (unlocked, pid {seg.pid} is gone, {_human(seg.nbytes)})")
     print(f"{verb} {len(removed)} segment(s)")
     return 0
 
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("ls", help="list this library's segments in /dev/shm")
     ls.set_defaults(func=_cmd_ls)
 
-    gc = sub.add_parser("gc", help="remove segments whose creating process is dead")
+    gc = sub.add_parser("gc", help="remove segments whose creating process is dead (no process holds their lock)")
     gc.add_argument("--dry-run", action="store_true", help="only say what would be removed")
     gc.set_defaults(func=_cmd_gc)
 

@@ -8,12 +8,14 @@ cdef class SystemRegion:
     cdef bint _owner
     cdef bint _readonly
     cdef long _creator_pid        # a forked child never unlinks its parent's segment
+    cdef int _lock_fd             # an owner's descriptor holding flock(LOCK_SH), else -1
     cdef Py_ssize_t _exports      # live buffer exports of this object
     cdef Py_ssize_t _buffer_shape[1]
     cdef object __weakref__
 
     cdef tshm_mapping *_live_mapping(self) except NULL
     cdef _map_fd(self, int fd, str key, size_t size, bint readonly)
+    cdef void _drop_lock(self) noexcept
     cdef int _copy(self, bint into_region, size_t offset, void *buf, size_t length) except -1
 
 

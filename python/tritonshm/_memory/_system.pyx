@@ -112,6 +112,7 @@ cdef class SystemRegion:
         self._mapping = NULL
         self._key = None
         self._creator_pid = -1
+        self._lock_fd = -1
         self._exports = 0
 
     def __init__(self, *args, **kwargs):
@@ -123,6 +124,7 @@ cdef class SystemRegion:
         if self._mapping != NULL:
             tshm_mapping_decref(self._mapping)
             self._mapping = NULL
+        self._drop_lock()
 
     def __del__(self):
         if self._mapping == NULL:
@@ -149,6 +151,13 @@ cdef class SystemRegion:
         an unguessable name (``/tritonshm-<pid>-<16 hex>``); its pages are
         reserved now, so a full /dev/shm fails here rather than later.  The
         returned region owns the segment: ``close()`` unlinks it.
+
+        Until close() the region keeps the segment's descriptor open with a
+        shared ``flock`` on it, which is how ``tritonshm gc`` tells a live
+        owner from a dead one, also from another PID namespace (another
+        container sharing /dev/shm), where the pid in the name means
+        nothing.  A forked child shares that lock: a segment whose creator
+        died stays while a child forked from it runs.
         """
         cdef SystemRegion self
         cdef size_t size
@@ -171,9 +180,9 @@ cdef class SystemRegion:
             self._map_fd(fd, key, size, False)
         except BaseException:
             tshm_segment_unlink(name)
-            raise
-        finally:
             c_close(fd)
+            raise
+        self._lock_fd = fd  # from now on close() and __dealloc__ close it
         self._owner = True
         self._creator_pid = getpid()
         return self
@@ -257,6 +266,13 @@ cdef class SystemRegion:
         """The number of live buffer exports (memoryviews, numpy views) of this region."""
         return self._exports
 
+    cdef void _drop_lock(self) noexcept:
+        """Close the owner's lock descriptor (this process's copy of it, in a forked child)."""
+        cdef int fd = self._lock_fd
+        self._lock_fd = -1
+        if fd >= 0:
+            c_close(fd)
+
     def __repr__(self):
         state = "closed" if self._mapping == NULL else ("owner" if self._owner else "attached")
         ro = " readonly" if self._readonly else ""
@@ -283,9 +299,9 @@ cdef class SystemRegion:
         """Release this region; idempotent.
 
         An owner unlinks the segment's name at once (never in a forked
-        child: the parent still owns it).  The memory is unmapped when the
-        last export (memoryview, numpy view) is released, so views that
-        outlive ``close()`` stay valid.
+        child: the parent still owns it), then drops its lock on it.  The
+        memory is unmapped when the last export (memoryview, numpy view) is
+        released, so views that outlive ``close()`` stay valid.
         """
         cdef tshm_mapping *m = self._mapping
         cdef int rc = 0
@@ -294,6 +310,10 @@ cdef class SystemRegion:
         self._mapping = NULL
         if self._owner and getpid() == self._creator_pid:
             rc = tshm_segment_unlink(self._key.encode("utf-8"))
+        # After the unlink: while the name exists, its owner's lock is held.
+        # In a forked child this closes only the child's copy; the parent's
+        # lock stays (closing never releases a lock other copies share).
+        self._drop_lock()
         tshm_mapping_decref(m)
         if rc != 0 and rc != -errno.ENOENT:
             raise os_error(-rc, f"cannot unlink shared-memory segment {self._key!r}", self._key)
