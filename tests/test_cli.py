@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,13 +15,15 @@ import pytest
 
 import tritonshm
 from tritonshm import _segments
+from tritonshm.server import LocalServer
 
 
-def tritonshm_cmd(*args, timeout=300):
+def tritonshm_cmd(*args, timeout=300, env=None):
     return subprocess.run([sys.executable, "-m", "tritonshm", *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.usefixtures("server")  # starts its own; the session's only to skip where none can be had
 def test_demo_runs_end_to_end_and_checks_every_output():
     done = tritonshm_cmd("demo", "--sizes-kib", "4", "1024", "--seconds", "0.05")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -90,3 +94,65 @@ def test_readme_test_command_is_what_ci_runs():
     command = ci[-1].strip()
     assert command in readme, f"README must show CI's test command: {command}"
     assert "tritonshm demo" in readme
+
+
+def _existing_install_env(tmp_path, **settings) -> dict:
+    """Our environment with *settings* as TRITONSHM_* variables and an empty server home."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRITONSHM_")}
+    env["TRITONSHM_SERVER_HOME"] = str(tmp_path / "home")
+    env.update({f"TRITONSHM_{k.upper()}": str(v) for k, v in settings.items()})
+    return env
+
+
+def test_server_install_only_reports_an_existing_install(tmp_path):
+    # A wheel-layout install without a Python backend, whose tritonserver only answers --help.
+    prefix = tmp_path / "site" / "pytriton" / "tritonserver"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "backends").mkdir()
+    (tmp_path / "site" / "nvidia_pytriton.libs").mkdir()
+    server = prefix / "bin" / "tritonserver"
+    server.write_text("#!/bin/sh\necho '  --allow-client-shm <boolean>'\n")
+    server.chmod(0o755)
+    done = tritonshm_cmd("server", "--install-only", env=_existing_install_env(tmp_path, tritonserver=server))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "existing Triton install (nothing installed)"
+    assert f"tritonserver: {server}" in lines
+    assert f"backends: {prefix / 'backends'}" in lines
+    assert f"libraries: {tmp_path / 'site' / 'nvidia_pytriton.libs'}" in lines
+    assert "server Python: none (no Python backend)" in lines
+    assert "--allow-client-shm=true: passed (this server needs it)" in lines
+    assert not (tmp_path / "home").exists()  # nothing installed, not even a lock file
+
+    missing = tmp_path / "nowhere" / "tritonserver"
+    done = tritonshm_cmd("server", "--install-only", env=_existing_install_env(tmp_path, tritonserver=missing))
+    assert done.returncode == 1 and done.stdout == ""
+    assert f"$TRITONSHM_TRITONSERVER: {missing} does not exist" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "home").exists()
+
+
+def test_server_install_only_reports_the_python_of_an_existing_install(server, tmp_path):
+    """The real server the session runs, named as an existing install."""
+    if os.environ.get("TRITONSHM_TRITONSERVER"):
+        tritonserver, python = server.tritonserver, server.server_python or "python3"
+    else:
+        marker = LocalServer.ensure_installed(progress=False) / "tritonshm-installed.json"
+        info = json.loads(marker.read_text())
+        tritonserver, python = info["tritonserver"], info["python"]
+    env = _existing_install_env(tmp_path, tritonserver=tritonserver, server_python=python)
+    done = tritonshm_cmd("server", "--install-only", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("existing Triton install (nothing installed)\n")
+    assert f"tritonserver: {Path(tritonserver).resolve()}" in done.stdout
+    assert re.search(r"\nserver Python: \S*python3? \(Python 3\.\d+, numpy 1\.", done.stdout), done.stdout
+    assert not (tmp_path / "home").exists()
+
+
+def test_server_install_only_prints_our_venv(server):
+    if server.tritonserver is not None:
+        pytest.skip("the session server is an existing install; ours may not be installable here")
+    env = {k: v for k, v in os.environ.items() if k != "TRITONSHM_SERVER_PYTHON"}
+    done = tritonshm_cmd("server", "--install-only", env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout == f"{LocalServer.ensure_installed(progress=False)}\n"

@@ -26,8 +26,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tritonshm.errors import ServerUnavailable
-from tritonshm.server import LocalServer, bundled_model_repository, group_members
-from triton_fixtures import NUMERIC_IDENTITY_MODELS
+from tritonshm.server import LocalServer, ServerInstallError, bundled_model_repository, group_members
+from triton_fixtures import NUMERIC_IDENTITY_MODELS, start_or_skip
 
 MODELS = sorted(p.name for p in bundled_model_repository().iterdir() if (p / "config.pbtxt").is_file())
 
@@ -136,7 +136,7 @@ def test_http_url_works(server):
 
 
 def test_every_bundled_model_is_ready(grpc):
-    assert len(MODELS) == 14
+    assert len(MODELS) == 16
     index = grpc.get_model_repository_index(as_json=True)["models"]
     assert sorted(m["name"] for m in index) == MODELS
     assert {m["name"]: m["state"] for m in index} == {name: "READY" for name in MODELS}
@@ -217,8 +217,11 @@ def test_two_instances_serve_concurrently(grpc):
 
 
 # -- life cycle: servers of their own -------------------------------------------
+# They use the session server too, only to be skipped (with its reason) where
+# no server can be installed or started.
 
 
+@pytest.mark.usefixtures("server")
 def test_restart_keeps_ports_and_comes_back():
     with LocalServer(quiet=True) as srv:
         grpc_url, http_url, first_pid = srv.grpc_url, srv.http_url, srv.pid
@@ -245,6 +248,7 @@ def test_restart_keeps_ports_and_comes_back():
             _close_and_settle(client, fds_before)
 
 
+@pytest.mark.usefixtures("server")
 def test_stop_leaves_no_process_and_no_segment():
     srv = LocalServer(quiet=True).start()
     try:
@@ -265,6 +269,7 @@ def test_stop_leaves_no_process_and_no_segment():
     assert srv.grpc_url.endswith(f":{grpc_port}")  # the ports are kept for a later start()
 
 
+@pytest.mark.usefixtures("server")
 def test_hard_stop_kills_stubs_and_removes_their_segments():
     srv = LocalServer(quiet=True).start()
     try:
@@ -294,6 +299,7 @@ def _bad_repository(root: Path) -> Path:
     return root
 
 
+@pytest.mark.usefixtures("server")
 def test_bad_model_repository_raises_with_log(tmp_path):
     before = _our_tritonservers()
     srv = LocalServer(_bad_repository(tmp_path), quiet=True, startup_timeout=60)
@@ -307,11 +313,13 @@ def test_bad_model_repository_raises_with_log(tmp_path):
     assert not srv.running and _our_tritonservers() == before
 
 
+@pytest.mark.usefixtures("server")
 def test_missing_model_repository_raises(tmp_path):
     with pytest.raises(ServerUnavailable, match="model repository|failed to stat|no such"):
         LocalServer(tmp_path / "does-not-exist", quiet=True).start()
 
 
+@pytest.mark.usefixtures("server")
 def test_startup_timeout_stops_the_server():
     before = _our_tritonservers()
     srv = LocalServer(quiet=True, startup_timeout=0.01)
@@ -354,12 +362,14 @@ def _wait_gone(pids, pgid, timeout=15.0):
             time.sleep(0.1)
 
 
+@pytest.mark.usefixtures("server")
 def test_server_stops_when_python_exits_without_stop():
     child, pids = _child(CHILD_PRELUDE + "# no stop(): the finalizer runs at exit\n")
     assert child.wait(timeout=60) == 0
     _assert_gone(pids, pids[0])  # at exit, not some time later
 
 
+@pytest.mark.usefixtures("server")
 def test_server_dies_with_a_sigkilled_parent():
     child, pids = _child(CHILD_PRELUDE + "time.sleep(600)\n")
     child.send_signal(signal.SIGKILL)
@@ -368,6 +378,7 @@ def test_server_dies_with_a_sigkilled_parent():
     _wait_gone(pids, pids[0])
 
 
+@pytest.mark.usefixtures("server")
 def test_ctrl_c_in_with_block_stops_the_server():
     child, pids = _child(
         "import json, time, psutil\n"
@@ -400,22 +411,41 @@ def test_models_share_one_implementation():
     assert len(sources) == 1
 
 
-def test_server_module_needs_only_the_stdlib():
-    tree = ast.parse(Path(sys.modules[LocalServer.__module__].__file__).read_text())
-    imported = set()
-    for node in ast.walk(tree):
+def _imports(module: Path) -> tuple[set[str], set[str]]:
+    """(the absolute imports of *module*, top-level names but "tritonshm.errors" whole; its relative ones)."""
+    absolute, relative = set(), set()
+    for node in ast.walk(ast.parse(module.read_text())):
         if isinstance(node, ast.Import):
-            imported |= {a.name.split(".")[0] for a in node.names}
+            absolute |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            imported.add(node.module.split(".")[0] if node.module != "tritonshm.errors" else "tritonshm.errors")
-    assert imported - set(sys.stdlib_module_names) == {"tritonshm.errors"}
+            absolute.add(node.module.split(".")[0] if node.module != "tritonshm.errors" else "tritonshm.errors")
+        elif isinstance(node, ast.ImportFrom):
+            relative.add(node.module or "")
+    return absolute, relative
+
+
+def test_server_package_needs_only_the_stdlib():
+    package = Path(sys.modules[LocalServer.__module__].__file__).parent
+    modules = sorted(package.glob("*.py"))
+    assert {m.stem for m in modules} == {"__init__", "_install", "_process", "_health", "_local"}
+    for module in modules:
+        absolute, _ = _imports(module)
+        assert absolute - set(sys.stdlib_module_names) <= {"tritonshm.errors"}, module.name
+
+
+def test_server_modules_import_one_way():
+    """_local puts _install, _process and _health together; none of those imports a sibling."""
+    package = Path(sys.modules[LocalServer.__module__].__file__).parent
+    assert _imports(package / "_local.py")[1] == {"_install", "_process", "_health"}
+    for name in ("_install", "_process", "_health"):
+        assert _imports(package / f"{name}.py")[1] == set(), name
 
 
 # -- an existing install (tritonserver=, server_python=) --------------------------
 
 
 @pytest.fixture(scope="module")
-def existing_install() -> tuple[str, str]:
+def existing_install(server) -> tuple[str, str]:
     """(tritonserver, the server's Python) of a server that is already installed.
 
     $TRITONSHM_TRITONSERVER and $TRITONSHM_SERVER_PYTHON where set (a machine
@@ -579,3 +609,59 @@ def test_server_python_alone_is_an_error(no_install_env, existing_install):
     no_install_env.setenv("TRITONSHM_SERVER_PYTHON", existing_install[1])
     with pytest.raises(ValueError, match=r"\$TRITONSHM_SERVER_PYTHON goes with"):
         LocalServer()
+
+
+# -- no server here: skip with the reason, or fail where one is required ------------
+
+
+@pytest.fixture
+def server_optional(no_install_env):
+    """As where a server is not required (TRITONSHM_REQUIRE_SERVER unset)."""
+    no_install_env.delenv("TRITONSHM_REQUIRE_SERVER", raising=False)
+    return no_install_env
+
+
+def test_no_package_index_skips_with_the_reason(server_optional, tmp_path):
+    server_optional.setenv("TRITONSHM_SERVER_HOME", str(tmp_path / "home"))
+    # No index, no find-links, no pip configuration: pip cannot find the wheel.
+    server_optional.setenv("PIP_CONFIG_FILE", os.devnull)
+    server_optional.setenv("PIP_NO_INDEX", "1")
+    server_optional.setenv("PIP_FIND_LINKS", str(tmp_path))
+    with pytest.raises(ServerInstallError, match=r"(?s)while running pip install .*needs a package index"):
+        LocalServer(quiet=True).start()
+    with pytest.raises(pytest.skip.Exception) as info:
+        start_or_skip(LocalServer(quiet=True))
+    reason = str(info.value)
+    assert "\n" not in reason  # one line: the first of the error's message
+    assert reason.startswith("no local Triton server (installing the local Triton server failed "
+                             "while running pip install (exit code 1)")
+    assert "TRITONSHM_REQUIRE_SERVER=1" in reason
+    assert not (tmp_path / "home" / "venv" / "tritonshm-installed.json").exists()
+
+
+def test_unusable_existing_install_skips_unless_a_server_is_required(server_optional, tmp_path):
+    missing = tmp_path / "bin" / "tritonserver"
+    server_optional.setenv("TRITONSHM_TRITONSERVER", str(missing))
+    with pytest.raises(pytest.skip.Exception, match=r"\$TRITONSHM_TRITONSERVER: .*/bin/tritonserver does not exist"):
+        start_or_skip(LocalServer(quiet=True))
+    server_optional.setenv("TRITONSHM_REQUIRE_SERVER", "1")
+    with pytest.raises(ServerInstallError, match="does not exist"):
+        start_or_skip(LocalServer(quiet=True))
+
+
+def test_a_server_that_ran_and_failed_is_not_skipped(server_optional, tmp_path):
+    # The executable ran (and exited 3): not an install problem, so a test must fail, not skip.
+    server = _fake_server(tmp_path, python_backend=False)
+    with pytest.raises(ServerUnavailable, match="exited with code 3") as info:
+        start_or_skip(LocalServer(tritonserver=server, quiet=True))
+    assert not isinstance(info.value, ServerInstallError)
+
+
+def test_an_executable_the_loader_refuses_is_an_install_error(server_optional, tmp_path):
+    server = _fake_server(tmp_path, python_backend=False)
+    server.write_text("#!/bin/sh\n"
+                      "echo \"$0: error while loading shared libraries: libfoo.so.1: cannot open shared "
+                      "object file: No such file or directory\" >&2\n"
+                      "exit 127\n")
+    with pytest.raises(pytest.skip.Exception, match="exited with code 127"):
+        start_or_skip(LocalServer(tritonserver=server, quiet=True))

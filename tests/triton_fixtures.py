@@ -2,14 +2,23 @@
 
 One LocalServer serves the whole test session; tests that restart or stop
 a server start their own with ``fresh_server``.
+
+Where no server can be installed or started (no package index, no usable
+existing install: :class:`~tritonshm.server.ServerInstallError`), the tests
+that need one are skipped with the reason -- unless
+``TRITONSHM_REQUIRE_SERVER=1`` is set, as CI does, and then they fail:
+a broken install must not hide behind skips. Any other error of a server
+(a model that does not load, a timeout) fails the tests everywhere.
 """
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
-from tritonshm.server import LocalServer
+from tritonshm.server import LocalServer, ServerInstallError
 
 #: The bundled identity models of fixed-size dtypes, and their numpy dtypes.
 NUMERIC_IDENTITY_MODELS = {
@@ -35,27 +44,60 @@ def sample(dtype, n, seed=0):
     return rng.standard_normal(n).astype(dtype)
 
 
+def start_or_skip(srv: LocalServer) -> LocalServer:
+    """``srv.start()``; if no server can be installed or started here, skip the test with the reason.
+
+    With ``TRITONSHM_REQUIRE_SERVER=1`` in the environment the error is raised instead.
+    """
+    try:
+        return srv.start()
+    except ServerInstallError as exc:
+        if os.environ.get("TRITONSHM_REQUIRE_SERVER") == "1":
+            raise
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        pytest.skip(f"no local Triton server ({reason}); "
+                    f"set TRITONSHM_REQUIRE_SERVER=1 to fail instead")
+
+
 @pytest.fixture(scope="session")
 def server():
     """A running LocalServer with the bundled models, shared by the session."""
-    with LocalServer() as srv:
-        # tritonclient.http's gevent hub keeps an epoll and an eventfd per
-        # thread once used, gRPC its own process-wide pollers: create them
-        # before the leak checks take their first snapshot.
-        import tritonclient.grpc
-        import tritonclient.http
-
-        tritonclient.http.InferenceServerClient(srv.http_url).close()
-        warm = tritonclient.grpc.InferenceServerClient(srv.grpc_url)
-        warm.is_server_live()
-        warm.close()
+    try:
+        srv = start_or_skip(LocalServer())
+    except pytest.skip.Exception:
+        # The tests that need no server still use tritonclient (against a
+        # closed port): give them the same warm clients before they run.
+        _warm_up_tritonclient("127.0.0.1:1", "127.0.0.1:1")
+        raise
+    with srv:
+        _warm_up_tritonclient(srv.http_url, srv.grpc_url)
         yield srv
+
+
+def _warm_up_tritonclient(http_url: str, grpc_url: str) -> None:
+    """Use each tritonclient protocol once, against *http_url* and *grpc_url*.
+
+    tritonclient.http's gevent hub keeps an epoll and an eventfd per thread
+    once used, gRPC its own process-wide pollers: create them before the
+    leak checks take their first snapshot.
+    """
+    import tritonclient.grpc
+    import tritonclient.http
+
+    tritonclient.http.InferenceServerClient(http_url).close()
+    warm = tritonclient.grpc.InferenceServerClient(grpc_url)
+    try:
+        warm.is_server_live()
+    except tritonclient.grpc.InferenceServerException:
+        pass  # no server there: the pollers exist all the same
+    finally:
+        warm.close()
 
 
 @pytest.fixture
 def fresh_server():
     """A LocalServer of this test's own, for restarts and shutdowns."""
-    with LocalServer() as srv:
+    with start_or_skip(LocalServer()) as srv:
         yield srv
 
 

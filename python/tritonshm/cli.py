@@ -6,6 +6,7 @@ Subcommands: ``demo``, ``server``, ``bench``, ``ls``, ``gc``, ``doctor``.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Sequence
 
@@ -44,10 +45,18 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 
 
 def _cmd_server(args: argparse.Namespace) -> int:
-    from .server import LocalServer
+    from .errors import ServerUnavailable
+    from .server import LocalServer, describe_install
 
     if args.install_only:
-        print(LocalServer.ensure_installed(progress=True))
+        # $TRITONSHM_TRITONSERVER names an existing install: check it and say
+        # what was found, installing nothing; else our own venv, and its path.
+        try:
+            info = LocalServer(model_repository=args.model_repository).install()
+        except (ServerUnavailable, ValueError) as exc:
+            print(f"tritonshm server: {exc}", file=sys.stderr)
+            return 1
+        print(describe_install(info) if info.get("existing") else info["venv"])
         return 0
     with LocalServer(model_repository=args.model_repository) as srv:
         print(f"Triton is ready: gRPC {srv.grpc_url}  HTTP {srv.http_url}  log {srv.log_path}")
@@ -95,14 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
     server = sub.add_parser("server", help="run a local Triton with the demo models until Ctrl-C")
     server.add_argument("--model-repository", default=None, help="default: the bundled demo models")
     server.add_argument("--install-only", action="store_true",
-                        help="only install the server environment, print its path")
+                        help="only install the server environment, print its path; with "
+                             "$TRITONSHM_TRITONSERVER, check that install and say what it found")
     server.set_defaults(func=_cmd_server)
 
-    bench = sub.add_parser("bench", help="end-to-end benchmark against plain gRPC and tritonclient's shm utilities")
-    bench.add_argument("--sizes-kib", nargs="+", type=int, default=[4, 1024, 16 * 1024])
-    bench.add_argument("--seconds", type=float, default=1.0,
-                       help="time spent measuring each size and way (default 1)")
-    bench.add_argument("--url", default=None, help="a running server's gRPC host:port (default: start one)")
+    from . import bench as _bench
+
+    bench = sub.add_parser(
+        "bench", help="end-to-end benchmark: tritonshm against plain gRPC, tritonclient's shm utilities "
+                      "and triton-shm-client, with the floor and the limit",
+        description=_bench.description(), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _bench.add_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
     ls = sub.add_parser("ls", help="list this library's segments in /dev/shm")
