@@ -1,0 +1,182 @@
+"""``tritonshm bench``: one identity request, every way, side by side, in one run.
+
+One server (a :class:`~tritonshm.server.LocalServer` started for the run, or
+``--url``), one bundled identity model (``identity_fp32``, or
+``identity_uint8`` with ``--dtype uint8``), one request per repetition with
+a 1-D input of the given number of bytes.  The methods (see ``_methods.py``):
+
+* peers, what tritonshm competes with: ``grpc`` (tensors inside the gRPC
+  messages), ``tc-shm`` (tritonclient's ``shared_memory`` utilities, regions
+  registered once, copy in and copy out per request), ``triton-shm-client``
+  (PyPI ``triton-shm-client``, only where it is installed);
+* tritonshm: ``Client.infer`` (copies in and out) and ``zero-copy``
+  (``Client.request()``: the input written into the slot, the output read
+  as a view of it);
+* references: ``floor`` (inputs already in a registered region, outputs
+  left there: the tritonclient ``infer`` call alone) and ``memcpy`` (one
+  copy of the input's bytes); ``limit = floor + memcpy``, repetition by
+  repetition, is what a client that must take its input from the caller's
+  array can at best reach.
+
+Repetitions are interleaved: each round runs every method once, the order
+rotating by one place per round, so the noise of a shared machine falls on
+every method alike.  Warm-up rounds come first.  Every method's output is
+checked against its input in the first warm-up round and in a last round
+with an input never sent before (so a stale result cannot pass);
+:class:`WrongOutput` stops the run.
+
+Results (``run()``'s return value, and what ``--json`` writes)::
+
+    {"format": "tritonshm-bench/1",
+     "meta": {model, datatype, sizes, reps (per size), server_version, tritonshm_version,
+              cpu_count, cpu_affinity, versions, methods {name: {group, description, status}},
+              peers, limit, url, server ("started" | "given"), time_utc, ...},
+     "results": [{"nbytes", "elements", "reps", "seconds", "best_peer",
+                  "methods": {name: {"status": "ok" | "not installed", "samples_s": [...],
+                                     "median_s", "p10_s", "p25_s", "p75_s", "p90_s", "iqr_s",
+                                     "min_s", "max_s", "vs_best_peer", "vs_limit"}}}]}
+
+Ratios are median time over the reference's median time: below 1 is
+faster.  ``vs_limit`` is given for ``Client.infer`` and ``zero-copy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import textwrap
+
+from ._harness import (
+    DEFAULT_BUDGET,
+    DEFAULT_MAX_REPS,
+    DEFAULT_MIN_REPS,
+    DEFAULT_SIZES,
+    DEFAULT_WARMUP,
+    FORMAT,
+    WrongOutput,
+    check_arguments,
+    run,
+)
+from ._methods import METHODS, MODELS, Method
+from ._report import format_table, matplotlib_missing, write_json, write_plot
+
+__all__ = ["run", "run_bench", "add_arguments", "parse_size", "WrongOutput", "Method", "METHODS",
+           "DEFAULT_SIZES", "FORMAT", "format_table", "write_json", "write_plot"]
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
+_SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``"4K"``, ``"4KiB"``, ``"1M"``, ``"64MiB"``, ``"4096"`` -> bytes (K, M, G are powers of 1024)."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS or int(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 4K, 64KiB, 1M, 16MiB, 4096)")
+    return int(match.group(1)) * _UNITS[unit]
+
+
+def _size_list(text: str) -> list[int]:
+    """One ``--sizes`` word: a size, or several separated by commas."""
+    return [parse_size(part) for part in text.split(",") if part.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``tritonshm bench``."""
+    names = [m.name for m in METHODS]
+    parser.add_argument("--url", default=None, metavar="HOST:PORT",
+                        help="gRPC address of a running Triton that serves tritonshm's bundled identity models "
+                             "(default: start a local server for the run)")
+    parser.add_argument("--sizes", nargs="+", type=_size_list, default=None, metavar="SIZE",
+                        help="input sizes in bytes, K/M/G (or KiB/MiB/GiB) meaning powers of 1024, "
+                             "space- or comma-separated (default: 4K 64K 1M 16M 64M)")
+    parser.add_argument("--dtype", choices=sorted(MODELS), default="fp32",
+                        help="input datatype: fp32 uses identity_fp32, uint8 identity_uint8 (default fp32)")
+    parser.add_argument("--reps", type=int, default=None, metavar="N",
+                        help="exactly N measured repetitions per size (default: as many as fit in --budget, "
+                             f"between --min-reps and --max-reps)")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET, metavar="SECONDS",
+                        help=f"without --reps: stop a size's repetitions after this long (default {DEFAULT_BUDGET:g})")
+    parser.add_argument("--min-reps", type=int, default=DEFAULT_MIN_REPS, metavar="N",
+                        help=f"without --reps: at least N repetitions per size (default {DEFAULT_MIN_REPS})")
+    parser.add_argument("--max-reps", type=int, default=DEFAULT_MAX_REPS, metavar="N",
+                        help=f"without --reps: at most N repetitions per size (default {DEFAULT_MAX_REPS})")
+    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="N",
+                        help=f"untimed rounds per size before measuring; the first checks every output "
+                             f"(default {DEFAULT_WARMUP}, at least 1)")
+    parser.add_argument("--methods", nargs="+", choices=names, default=None, metavar="METHOD",
+                        help=f"only these methods, of: {', '.join(names)} (default: all; the limit "
+                             "needs floor and memcpy, the ratios at least one peer)")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write every sample, statistic and ratio, with the run's metadata, "
+                             "as JSON to PATH ('-': standard output, the table then goes to standard error)")
+    parser.add_argument("--plot", default=None, metavar="PATH.png",
+                        help="also plot time per request and the ratio to the best peer against size "
+                             "(needs matplotlib)")
+
+
+def description() -> str:
+    """The help text above the options: what each method does."""
+    lines = ["One identity-model request per repetition, each method once per round (rotating order),",
+             "median and p25-p75 per method and size, ratios to the best peer and to the limit;",
+             "every output is checked against its input. Methods:", ""]
+    for m in METHODS:
+        lines += textwrap.wrap(m.description, 100, initial_indent=f"  {m.name:<18} ", subsequent_indent=" " * 21)
+    lines += [f"  {'limit':<18} floor + memcpy, repetition by repetition", ""]
+    return "\n".join(lines)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"tritonshm bench: {message}", file=sys.stderr)
+    return code
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``tritonshm bench``: measure, print the table, write --json / --plot."""
+    from .. import errors
+
+    if args.plot is not None:
+        problem = matplotlib_missing()
+        if problem:
+            return _fail(problem)
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path not in (None, "-") and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            return _fail(f"{option} {path}: no such directory")
+    sizes = [n for word in args.sizes for n in word] if args.sizes else list(DEFAULT_SIZES)
+    try:
+        check_arguments(sizes, dtype=args.dtype, reps=args.reps, min_reps=args.min_reps,
+                        max_reps=args.max_reps, budget=args.budget, warmup=args.warmup)
+    except ValueError as exc:
+        return _fail(str(exc))
+    chosen = None if args.methods is None else [m for m in METHODS if m.name in args.methods]
+    table_out = sys.stderr if args.json == "-" else sys.stdout
+
+    def progress(message: str) -> None:
+        print(f"  {message}", file=sys.stderr, flush=True)
+
+    def measure(url: str, server: str) -> dict:
+        return run(url, sizes, dtype=args.dtype, reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
+                   budget=args.budget, warmup=args.warmup, methods=chosen, progress=progress, server=server)
+
+    try:
+        if args.url:
+            results = measure(args.url, "given")
+        else:
+            from ..server import LocalServer
+
+            print("starting a local Triton server ...", file=sys.stderr, flush=True)
+            with LocalServer() as server:
+                results = measure(server.grpc_url, "started")
+    except WrongOutput as exc:
+        return _fail(f"FAILED, wrong output: {exc}", code=1)
+    except errors.Error as exc:
+        return _fail(f"FAILED: {exc}", code=1)
+    print(format_table(results), file=table_out, flush=True)
+    if args.json is not None:
+        write_json(results, args.json)
+    if args.plot is not None:
+        write_plot(results, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0

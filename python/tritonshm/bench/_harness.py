@@ -1,0 +1,284 @@
+"""Interleaved repetitions, output checks and the statistics of ``tritonshm bench``."""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import importlib.metadata
+import os
+import platform
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..demo import _size
+from ..errors import Error
+from ._methods import AGAINST_LIMIT, LIMIT, LIMIT_PARTS, METHODS, MODELS, PEERS, Method, Setting
+
+#: Identifies the layout of the results (and of ``--json``'s file).
+FORMAT = "tritonshm-bench/1"
+
+#: 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB.
+DEFAULT_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
+
+#: Without ``reps``: repetitions per size stop at ``max_reps``, or once
+#: ``budget`` seconds are spent and at least ``min_reps`` are done.
+DEFAULT_MIN_REPS, DEFAULT_MAX_REPS, DEFAULT_BUDGET = 10, 100, 10.0
+DEFAULT_WARMUP = 2
+
+
+class WrongOutput(Error, AssertionError):
+    """A method's output differed from its input: its timings mean nothing."""
+
+
+def sample_input(dtype: np.dtype, count: int, seed: int) -> np.ndarray:
+    """*count* reproducible values of *dtype* (no NaN, so equality is exact)."""
+    rng = np.random.default_rng(seed)
+    if dtype.kind == "f":
+        return rng.standard_normal(count, dtype=dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, count, dtype=dtype, endpoint=True)
+
+
+def output_problem(method: str, nbytes: int, out: Any, expected: np.ndarray) -> str | None:
+    """What is wrong with *out*, the identity model's answer to *expected*; None if it is
+    *expected* bit for bit."""
+    where = f"{method}, {_size(nbytes)}"
+    if not isinstance(out, np.ndarray) or out.dtype != expected.dtype or out.shape != expected.shape:
+        got = f"{out.dtype} {list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
+        return f"{where}: the output is {got}, not {expected.dtype} {list(expected.shape)} like the input"
+    if np.array_equal(out.reshape(-1).view(np.uint8), expected.reshape(-1).view(np.uint8)):
+        return None
+    got_bytes = out.reshape(-1).view(np.uint8).reshape(out.size, -1)
+    sent_bytes = expected.reshape(-1).view(np.uint8).reshape(out.size, -1)
+    wrong = np.flatnonzero((got_bytes != sent_bytes).any(axis=1))
+    first = int(wrong[0])
+    return (f"{where}: the identity model's output differs from its input at {wrong.size} of "
+            f"{out.size} elements, first at [{first}]: got {out.reshape(-1)[first]!r}, sent {expected.reshape(-1)[first]!r}")
+
+
+def summarize(samples: Sequence[float]) -> dict[str, Any]:
+    """Median and spread of *samples* (seconds)."""
+    a = np.asarray(samples, dtype=np.float64)
+    p10, p25, p50, p75, p90 = np.percentile(a, [10, 25, 50, 75, 90])
+    return {
+        "status": "ok",
+        "samples_s": [float(s) for s in a],
+        "median_s": float(p50),
+        "p10_s": float(p10), "p25_s": float(p25), "p75_s": float(p75), "p90_s": float(p90),
+        "iqr_s": float(p75 - p25),
+        "min_s": float(a.min()), "max_s": float(a.max()),
+    }
+
+
+def _round(methods: list[Method], x: np.ndarray, index: int, *, check: bool,
+           times: dict[str, list[float]] | None, nbytes: int) -> None:
+    """Round *index*: every method once on input *x*, the order rotated by *index* places.
+
+    With *check*, each output is compared with *x* (untimed); with *times*,
+    each call's seconds are appended there.
+    """
+    shift = index % len(methods)
+    for method in methods[shift:] + methods[:shift]:
+        method.stage(x)
+        t0 = time.perf_counter()
+        out = method.call(x)
+        t1 = time.perf_counter()
+        problem = output_problem(method.name, nbytes, out, x) if check else None
+        del out  # a zero-copy view holds its slot until dropped
+        if problem:
+            raise WrongOutput(problem)
+        if times is not None:
+            times[method.name].append(t1 - t0)
+    # Collect here, between rounds, rather than inside a timed call; the
+    # young generations only: a full collection costs tens of ms.
+    gc.collect(1)
+
+
+def measure_size(url: str, model: str, datatype: str, dtype: np.dtype, nbytes: int,
+                 classes: Sequence[type[Method]], *, reps: int | None, min_reps: int, max_reps: int,
+                 budget: float, warmup: int, seed: int) -> dict[str, Any]:
+    """One size: open every method, warm up and check, interleaved rounds, check again, close."""
+    count = nbytes // dtype.itemsize
+    setting = Setting(url=url, model=model, datatype=datatype, dtype=dtype, count=count)
+    data = sample_input(dtype, count, seed)
+    # A second input, never sent before the last check: an output left
+    # over from an earlier request cannot pass for the answer to it.
+    probe = sample_input(dtype, count, seed + 1_000_003)
+    methods: list[Method] = []
+    times: dict[str, list[float]] = {}
+    started = time.perf_counter()
+    gc_was_enabled = gc.isenabled()
+    failed = True
+    try:
+        for cls in classes:
+            method = cls(setting)
+            methods.append(method)
+            method.open()
+            times[method.name] = []
+        # Warm-up: first-use costs (connections, pools, registration, page
+        # faults) are not per-request costs.  Its first round checks outputs.
+        for index in range(warmup):
+            _round(methods, data, index, check=index == 0, times=None, nbytes=nbytes)
+        gc.disable()
+        t0 = time.perf_counter()
+        done = 0
+        while True:
+            if reps is not None:
+                if done >= reps:
+                    break
+            elif done >= max_reps or (done >= min_reps and time.perf_counter() - t0 >= budget):
+                break
+            _round(methods, data, done, check=False, times=times, nbytes=nbytes)
+            done += 1
+        _round(methods, probe, 0, check=True, times=None, nbytes=nbytes)
+        failed = False
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        errors = []
+        for method in reversed(methods):
+            try:
+                method.close()
+            except Exception as exc:  # close them all, then report the first
+                errors.append(exc)
+        gc.collect()
+        if errors and not failed:  # a failure of the run itself says more: let it through
+            raise errors[0]
+    return {"nbytes": nbytes, "elements": count, "reps": done,
+            "seconds": time.perf_counter() - started, "times": times}
+
+
+def _ratios(entry: dict[str, Any]) -> None:
+    """Add the limit and each method's ratios to one size's results."""
+    methods = entry["methods"]
+    if all(methods.get(p, {}).get("status") == "ok" for p in LIMIT_PARTS):
+        parts = [methods[p]["samples_s"] for p in LIMIT_PARTS]
+        methods[LIMIT] = summarize([sum(s) for s in zip(*parts)])
+        methods[LIMIT]["of"] = list(LIMIT_PARTS)
+    peers = {p: methods[p]["median_s"] for p in PEERS if methods.get(p, {}).get("status") == "ok"}
+    best = min(peers, key=peers.__getitem__) if peers else None
+    entry["best_peer"] = best
+    limit = methods.get(LIMIT, {}).get("median_s")
+    for name, result in methods.items():
+        if result.get("status") != "ok":
+            continue
+        result["vs_best_peer"] = result["median_s"] / peers[best] if best else None
+        result["vs_limit"] = result["median_s"] / limit if limit and name in AGAINST_LIMIT else None
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for dist in ("tritonclient", "numpy", "triton-shm-client", "grpcio"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def check_arguments(sizes: Sequence[int], *, dtype: str, reps: int | None, min_reps: int, max_reps: int,
+                    budget: float, warmup: int) -> None:
+    """ValueError, with a message for the command line, for arguments :func:`run` refuses."""
+    if dtype not in MODELS:
+        raise ValueError(f"dtype must be one of {', '.join(MODELS)}, not {dtype!r}")
+    _, datatype, np_dtype = MODELS[dtype]
+    if not sizes:
+        raise ValueError("no sizes given")
+    for nbytes in sizes:
+        if nbytes <= 0 or nbytes % np_dtype.itemsize:
+            raise ValueError(f"size {nbytes} is not a positive multiple of {datatype}'s {np_dtype.itemsize} bytes")
+    if reps is not None and reps < 1:
+        raise ValueError(f"reps must be at least 1, not {reps}")
+    if not 1 <= min_reps <= max_reps:
+        raise ValueError(f"need 1 <= min_reps <= max_reps, not {min_reps} and {max_reps}")
+    if not budget >= 0:
+        raise ValueError(f"budget must be a number of seconds >= 0, not {budget}")
+    if warmup < 1:
+        raise ValueError(f"warmup must be at least 1 (the first warm-up round checks the outputs), not {warmup}")
+
+
+def run(url: str, sizes: Sequence[int] = DEFAULT_SIZES, *, dtype: str = "fp32", reps: int | None = None,
+        min_reps: int = DEFAULT_MIN_REPS, max_reps: int = DEFAULT_MAX_REPS, budget: float = DEFAULT_BUDGET,
+        warmup: int = DEFAULT_WARMUP, methods: Sequence[type[Method]] | None = None, seed: int = 0,
+        progress: Callable[[str], None] | None = None, server: str = "given") -> dict[str, Any]:
+    """Measure every method at every size against the server at *url* (gRPC host:port).
+
+    *reps* fixes the repetitions per size; without it they run until
+    *max_reps*, or until *budget* seconds are spent and at least *min_reps*
+    are done.  Every method's output is checked against its input in the
+    first warm-up round and in a last, untimed round with a fresh input:
+    :class:`WrongOutput` if any differs.  Returns the results as plain data
+    (what ``--json`` writes; :mod:`tritonshm.bench` documents the layout).
+    """
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from .. import __version__
+
+    check_arguments(sizes, dtype=dtype, reps=reps, min_reps=min_reps, max_reps=max_reps, budget=budget,
+                    warmup=warmup)
+    model, datatype, np_dtype = MODELS[dtype]
+    classes = list(METHODS if methods is None else methods)
+    if len({c.name for c in classes}) != len(classes):
+        raise ValueError("two methods share a name")
+    missing = {c.name: c.missing() for c in classes}
+    runnable = [c for c in classes if missing[c.name] is None]
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        try:
+            server_version = client.get_server_metadata().version
+        except InferenceServerException as exc:
+            raise Error(f"cannot reach a Triton server at {url} over gRPC: {exc.message()}") from None
+        if not client.is_model_ready(model):
+            raise Error(f"the server at {url} has no ready model {model!r}: the bench needs tritonshm's bundled "
+                        f"identity models (serve python/tritonshm/models, or leave --url out to start one)")
+    finally:
+        client.close()
+
+    results = []
+    for index, nbytes in enumerate(sizes):
+        measured = measure_size(url, model, datatype, np_dtype, nbytes, runnable, reps=reps,
+                                min_reps=min_reps, max_reps=max_reps, budget=budget, warmup=warmup,
+                                seed=seed + index)
+        entry = {key: measured[key] for key in ("nbytes", "elements", "reps", "seconds")}
+        entry["methods"] = {
+            c.name: summarize(measured["times"][c.name]) if missing[c.name] is None
+            else {"status": missing[c.name], "samples_s": []}
+            for c in classes
+        }
+        _ratios(entry)
+        results.append(entry)
+        if progress is not None:
+            progress(f"{_size(nbytes)}: {entry['reps']} repetitions in {entry['seconds']:.1f} s, outputs checked")
+
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    meta = {
+        "model": model,
+        "datatype": datatype,
+        "sizes": list(sizes),
+        "reps": [entry["reps"] for entry in results],
+        "reps_requested": reps,
+        "min_reps": min_reps, "max_reps": max_reps, "budget_s": budget, "warmup": warmup,
+        "url": url,
+        "server": server,
+        "server_version": server_version,
+        "tritonshm_version": __version__,
+        "versions": _versions(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "methods": {c.name: {"group": c.group, "description": c.description, "status": missing[c.name] or "ok"}
+                    for c in classes},
+        "limit": " + ".join(LIMIT_PARTS),
+        "peers": [p for p in PEERS if p in missing],
+        "ratios": "median time / the reference's median time (below 1: faster than the reference)",
+    }
+    return {"format": FORMAT, "meta": meta, "results": results}

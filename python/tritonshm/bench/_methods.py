@@ -1,0 +1,311 @@
+"""The ways of sending one identity request that ``tritonshm bench`` compares.
+
+Each method is a class: :meth:`Method.open` makes what a user of that way
+would make once (clients, regions, registrations), :meth:`Method.call` is
+the per-request work -- the part that is timed -- and returns the output as
+an array, :meth:`Method.close` undoes ``open``.  :meth:`Method.stage` runs
+untimed before every call and is empty except for the floor, whose inputs
+are by definition already in place.
+
+The harness instantiates every method afresh for each size, so one size's
+pools and regions never serve another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import secrets
+from typing import Any
+
+import numpy as np
+
+from ..demo import _page_round
+
+#: Input and output names of the bundled identity models.
+INPUT, OUTPUT = "INPUT0", "OUTPUT0"
+
+#: Bench dtype name -> (identity model, Triton datatype, numpy dtype).
+MODELS = {
+    "fp32": ("identity_fp32", "FP32", np.dtype(np.float32)),
+    "uint8": ("identity_uint8", "UINT8", np.dtype(np.uint8)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """What every method of one size needs: where, which model, how big."""
+
+    url: str            # gRPC host:port
+    model: str
+    datatype: str       # Triton's name, "FP32"
+    dtype: np.dtype
+    count: int          # elements of the 1-D input
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.dtype.itemsize
+
+
+class Method:
+    """One way of sending the request; subclasses fill in the four steps."""
+
+    #: Short name: the table's row, the JSON key, the ``--methods`` choice.
+    name = ""
+    #: "peer" (what tritonshm competes with), "tritonshm" (its own API) or
+    #: "reference" (the floor and the memcpy the limit is made of).
+    group = ""
+    #: One line for ``--help`` and the JSON metadata.
+    description = ""
+
+    def __init__(self, setting: Setting):
+        self.setting = setting
+
+    @classmethod
+    def missing(cls) -> str | None:
+        """Why this method cannot run here (a package is not installed), or None."""
+        return None
+
+    def open(self) -> None:
+        """Once per size, untimed: clients, regions, registrations."""
+
+    def stage(self, x: np.ndarray) -> None:
+        """Before every call, untimed: put *x* where the method expects its input."""
+
+    def call(self, x: np.ndarray) -> np.ndarray:
+        """One request with input *x*, timed; returns the output."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Undo :meth:`open`; must cope with an ``open`` that failed halfway."""
+
+
+def _grpc_client(url: str) -> Any:
+    import tritonclient.grpc as grpcclient
+
+    return grpcclient.InferenceServerClient(url)
+
+
+class Grpc(Method):
+    name = "grpc"
+    group = "peer"
+    description = "plain gRPC (tritonclient.grpc): the tensor travels inside the request and the reply"
+
+    def open(self) -> None:
+        self.client = _grpc_client(self.setting.url)
+
+    def call(self, x: np.ndarray) -> np.ndarray:
+        import tritonclient.grpc as grpcclient
+
+        s = self.setting
+        infer_input = grpcclient.InferInput(INPUT, [s.count], s.datatype)
+        infer_input.set_data_from_numpy(x)
+        result = self.client.infer(s.model, [infer_input], outputs=[grpcclient.InferRequestedOutput(OUTPUT)])
+        return result.as_numpy(OUTPUT)
+
+    def close(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
+
+
+class TritonclientShm(Method):
+    name = "tc-shm"
+    group = "peer"
+    description = ("tritonclient.utils.shared_memory: an input and an output region made and registered "
+                   "once; per request set_shared_memory_region in, get_contents_as_numpy(...).copy() out")
+
+    def open(self) -> None:
+        import tritonclient.utils.shared_memory as tcshm
+
+        s = self.setting
+        tag = f"tc-bench-{os.getpid()}-{secrets.token_hex(6)}"
+        self.names = {"in": f"{tag}-in", "out": f"{tag}-out"}
+        self.handles: dict[str, Any] = {}
+        self.registered: list[str] = []
+        self.client = _grpc_client(s.url)
+        for which, name in self.names.items():
+            self.handles[which] = tcshm.create_shared_memory_region(name, "/" + name, s.nbytes)
+            self.client.register_system_shared_memory(name, "/" + name, s.nbytes)
+            self.registered.append(name)
+
+    def call(self, x: np.ndarray) -> np.ndarray:
+        import tritonclient.grpc as grpcclient
+        import tritonclient.utils.shared_memory as tcshm
+
+        s = self.setting
+        tcshm.set_shared_memory_region(self.handles["in"], [x])
+        infer_input = grpcclient.InferInput(INPUT, [s.count], s.datatype)
+        infer_input.set_shared_memory(self.names["in"], s.nbytes)
+        requested = grpcclient.InferRequestedOutput(OUTPUT)
+        requested.set_shared_memory(self.names["out"], s.nbytes)
+        self.client.infer(s.model, [infer_input], outputs=[requested])
+        # get_contents_as_numpy is a view the next request overwrites: a
+        # user who keeps the result copies it, as Client.infer does.
+        return tcshm.get_contents_as_numpy(self.handles["out"], s.dtype, [s.count]).copy()
+
+    def close(self) -> None:
+        import tritonclient.utils.shared_memory as tcshm
+
+        client = getattr(self, "client", None)
+        try:
+            for name in getattr(self, "registered", ()):
+                client.unregister_system_shared_memory(name)
+        finally:
+            for handle in getattr(self, "handles", {}).values():
+                tcshm.destroy_shared_memory_region(handle)
+            if client is not None:
+                client.close()
+
+
+class TritonShmClient(Method):
+    """triton-shm-client (PyPI), measured only where it is installed.
+
+    Its ``register_shm_model`` takes per-sample shapes under a batch
+    dimension of at most ``max_batch_size``.  The identity models do not
+    batch and have one variable dimension, so that dimension is the
+    client's batch: each element is a sample of shape ``()`` and
+    ``max_batch_size`` is the element count, which makes ``infer_shm`` send
+    exactly one request of shape ``[count]``.  ``infer_shm`` copies the
+    input into its slot and the output into a fresh array, like
+    ``Client.infer``.
+    """
+
+    name = "triton-shm-client"
+    group = "peer"
+    description = "triton-shm-client's TritonSHMClient.infer_shm (pool of one slot), if installed"
+
+    @classmethod
+    def missing(cls) -> str | None:
+        if importlib.util.find_spec("triton_shm_client") is None:
+            return "not installed"
+        return None
+
+    def open(self) -> None:
+        from triton_shm_client import TritonSHMClient
+
+        s = self.setting
+        self.client = TritonSHMClient(s.url)
+        self.client.register_shm_model(
+            s.model, inputs=[(INPUT, (), s.dtype)], outputs=[(OUTPUT, (), s.dtype)],
+            max_batch_size=s.count, pool_size=1,
+        )
+
+    def call(self, x: np.ndarray) -> np.ndarray:
+        return self.client.infer_shm(self.setting.model, {INPUT: x})[OUTPUT]
+
+    def close(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()  # unregisters and unlinks its regions too
+
+
+class ClientInfer(Method):
+    name = "Client.infer"
+    group = "tritonshm"
+    description = "tritonshm.Client(url, transport='shm').infer(model, {name: x}): copy in, copy out (copy=True)"
+
+    def open(self) -> None:
+        from ..client import Client
+
+        self.client = Client(self.setting.url, transport="shm")
+
+    def call(self, x: np.ndarray) -> np.ndarray:
+        return self.client.infer(self.setting.model, {INPUT: x})[OUTPUT]
+
+    def close(self) -> None:
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
+
+
+class ZeroCopy(ClientInfer):
+    name = "zero-copy"
+    group = "tritonshm"
+    description = ("tritonshm.Client.request(): np.copyto(req.inputs[name], x), req.run(), "
+                   "the output read as a view of the slot (no copy out)")
+
+    def call(self, x: np.ndarray) -> np.ndarray:
+        s = self.setting
+        with self.client.request(s.model, shapes={INPUT: (s.count,)}) as request:
+            np.copyto(request.inputs[INPUT], x)
+            return request.run()[OUTPUT]  # the view holds the slot until the caller drops it
+
+
+class Floor(Method):
+    name = "floor"
+    group = "reference"
+    description = ("inputs already in a registered tritonshm.SystemRegion, bound by hand with "
+                   "bind_input/bind_output, outputs left there: the tritonclient infer call alone")
+
+    def open(self) -> None:
+        import tritonclient.grpc as grpcclient
+
+        from .. import triton
+        from .._memory import SystemRegion
+
+        s = self.setting
+        self.client = _grpc_client(s.url)
+        out_offset = _page_round(s.nbytes)
+        self.region = SystemRegion.create(out_offset + s.nbytes)
+        self.name_registered = triton.register(self.client, self.region)
+        self.input = grpcclient.InferInput(INPUT, [s.count], s.datatype)
+        triton.bind_input(self.input, self.region, 0)
+        self.output = grpcclient.InferRequestedOutput(OUTPUT)
+        triton.bind_output(self.output, self.region, out_offset, s.nbytes)
+        self.in_view = self.region.ndarray(s.dtype, (s.count,), 0)
+        self.out_view = self.region.ndarray(s.dtype, (s.count,), out_offset)
+        self.staged: np.ndarray | None = None
+
+    def stage(self, x: np.ndarray) -> None:
+        if x is not self.staged:
+            np.copyto(self.in_view, x)
+            self.staged = x
+
+    def call(self, x: np.ndarray) -> np.ndarray:
+        self.client.infer(self.setting.model, [self.input], outputs=[self.output])
+        return self.out_view
+
+    def close(self) -> None:
+        from .. import triton
+
+        self.in_view = self.out_view = self.staged = None
+        client = getattr(self, "client", None)
+        region = getattr(self, "region", None)
+        try:
+            if getattr(self, "name_registered", None):
+                triton.unregister(client, self.name_registered)
+        finally:
+            if region is not None:
+                region.close()
+            if client is not None:
+                client.close()
+
+
+class Memcpy(Method):
+    name = "memcpy"
+    group = "reference"
+    description = "np.copyto of the input into a preallocated array: one copy of the input's bytes"
+
+    def open(self) -> None:
+        self.target = np.empty(self.setting.count, self.setting.dtype)
+        self.target.fill(0)  # touch the pages now, not in the first timed call
+
+    def call(self, x: np.ndarray) -> np.ndarray:
+        np.copyto(self.target, x)
+        return self.target
+
+
+#: Every method, in the order of the table.
+METHODS: tuple[type[Method], ...] = (Grpc, TritonclientShm, TritonShmClient, ClientInfer, ZeroCopy, Floor, Memcpy)
+
+#: The methods tritonshm is compared against; the best of them is the "best peer".
+PEERS = tuple(m.name for m in METHODS if m.group == "peer")
+
+#: limit = floor + memcpy, sample by sample (both run in every repetition).
+LIMIT = "limit"
+LIMIT_PARTS = ("floor", "memcpy")
+
+#: The methods whose time is also given as a multiple of the limit.
+AGAINST_LIMIT = ("Client.infer", "zero-copy")
