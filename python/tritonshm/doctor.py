@@ -73,20 +73,20 @@ def _check_cuda() -> bool:
 
 
 def _check_server(url: str, gpu: bool) -> bool:
-    from . import triton
-    from .client import _Connector
+    from . import _transport, triton
     from .cuda import CudaRegion
 
     def opens(region: object) -> str | None:
         """None when the server registered (and we unregistered) *region*, else why not."""
         try:
-            name = connector.call(lambda tc: triton.register(tc, region))
+            name = triton.register(client, region)
         except Error as exc:
             return str(exc)
-        connector.call(lambda tc: triton.unregister(tc, name))
+        triton.unregister(client, name)
         return None
 
-    connector = _Connector(url, verbose=False, io_threads=1)
+    transport, address, ssl = _transport.parse_url(url)
+    client = transport.connect(address, ssl=ssl)
     try:
         with SystemRegion.create(4096) as region:
             why = opens(region)
@@ -101,4 +101,4 @@ def _check_server(url: str, gpu: bool) -> bool:
                     if why else f"the server at {url} opened a CUDA IPC handle of ours: CUDA shared memory works")
         return True
     finally:
-        connector.close()
+        client.close()

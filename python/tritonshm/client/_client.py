@@ -60,7 +60,8 @@ class Request:
     def _run_steps(self, outputs: Sequence[str] | None) -> Steps:
         if self._lease is None:
             raise ClientClosed("this request is closed")
-        return self._client._slot_steps(self._info, self._lease, self._shapes, outputs, False, {})
+        names = _intake.output_names(self._info, outputs)
+        return self._client._slot_steps(self._info, self._lease, self._shapes, names, False, {})
 
     def run(self, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """Run the inference on the inputs as they are now; outputs are slot views."""

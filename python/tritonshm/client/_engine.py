@@ -70,6 +70,7 @@ class Engine:
         self._models: dict[tuple[str, str], ModelInfo] = {}
         self._pools: dict[tuple[str, str], SlotPool] = {}
         self._retired: set[SlotPool] = set()
+        self._plans: dict[tuple, dict[str, int]] = {}   # slot needs by model and input shapes
         self._wire_only = transport == "wire"
         self._closed = False
         self._creator_pid = os.getpid()  # a forked child must not unregister our names
@@ -160,15 +161,22 @@ class Engine:
             raise
         return extent
 
-    def _lease_steps(self, info: ModelInfo, needs: Mapping[str, int], timeout: float | None) -> Steps:
+    def _lease_steps(self, info: ModelInfo, needs: Mapping[str, int], timeout: float | None,
+                     hold: bool) -> Steps:
         """A leased slot that fits *needs* (None for the wire), growing the pool
-        instead of waiting when the busy slots are only held by views."""
+        instead of waiting when the busy slots are only held by views.
+        *hold*: see :meth:`SlotPool.try_acquire`."""
+        pool = self._pools.get((info.name, info.version))
+        if pool is not None and pool.layout.fits(needs):  # the usual case, without more steps
+            lease = pool.try_acquire(hold)
+            if lease is not None:
+                return lease
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             pool = yield from self._pool_steps(info, needs)
             if pool is None:
                 return None
-            lease = pool.try_acquire()
+            lease = pool.try_acquire(hold)
             if lease is not None:
                 return lease
             if pool.retired:
@@ -183,6 +191,23 @@ class Engine:
             if left is not None and left <= 0:
                 raise pool.exhausted(timeout)
             yield WaitForSlot(pool, left)
+
+    def _needs(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
+                bytes_sizes: Mapping[str, int]) -> dict[str, int]:
+        """:func:`_intake.slot_needs`, remembered per model and input shapes (the request plan)."""
+        if bytes_sizes:
+            return _intake.slot_needs(info, shapes, bytes_sizes)  # varies with the strings
+        key = (info.name, info.version, tuple(shapes.items()))
+        needs = self._plans.get(key)
+        if needs is None:
+            if len(self._plans) > 1024:  # many distinct variable shapes: start over
+                self._plans.clear()
+            needs = self._plans[key] = _intake.slot_needs(info, shapes, bytes_sizes)
+        return needs
+
+    def _has_disposals(self) -> bool:
+        """Whether a pool has idle surplus, or a retired pool is waiting to be dropped."""
+        return bool(self._retired) or any(pool.has_surplus for pool in list(self._pools.values()))
 
     def _dispose_steps(self) -> Steps:
         """Unregister and close idle surplus extents and drained retired pools."""
@@ -234,21 +259,21 @@ class Engine:
         """Steps of one request that fits a slot: lease, copy in, run, collect."""
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays)
-        needs = _intake.slot_needs(info, shapes, bytes_sizes)
+        needs = self._needs(info, shapes, bytes_sizes)
         for attempt in range(_GROW_ATTEMPTS):
-            lease = None if self._wire_only else (yield from self._lease_steps(info, needs, timeout))
+            lease = None if self._wire_only else (
+                yield from self._lease_steps(info, needs, timeout, hold=not copy))
             if lease is None:
                 result = yield Send(info.name, info.version, *self._wire_request(info, arrays, names))
                 return {name: result.as_numpy(name) for name in names}
             try:
                 memory = lease.extent.memory
                 for spec in info.inputs:
-                    offset = lease.pool.layout.offsets[spec.name]
+                    offset = lease.offset(spec.name)
                     if spec.is_bytes:
-                        _bytes.encode_into(arrays[spec.name],
-                                           memory.bytes_at(lease.handle, offset, bytes_sizes[spec.name]))
+                        _bytes.encode_into(arrays[spec.name], memory.bytes_at(offset, bytes_sizes[spec.name]))
                     else:
-                        memory.write(lease.handle, offset, arrays[spec.name])
+                        memory.write(offset, arrays[spec.name])
                 outputs = yield from self._slot_steps(info, lease, shapes, names, copy, bytes_sizes)
             except OutputTooSmall as exc:
                 # A variable-size output outgrew its guess: grow to what the
@@ -259,16 +284,18 @@ class Engine:
                 continue
             finally:
                 lease.pool.finished()
+                if lease.handle is None:
+                    lease.pool.give_back(lease)  # results were copied out: nothing holds the slot
                 # Drop the lease now, not when a traceback holding this frame dies.
                 del lease
-            yield from self._dispose_steps()  # what the finished request left idle
+            if self._has_disposals():
+                yield from self._dispose_steps()  # what the finished request left idle
             return outputs
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _slot_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
-                    names: Sequence[str] | None, copy: bool, bytes_sizes: Mapping[str, int]) -> Steps:
-        """Steps of running the inputs already in a slot; outputs land there too."""
-        names = _intake.output_names(info, names)
+                    names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int]) -> Steps:
+        """Steps of running the inputs already in a slot; outputs (checked *names*) land there too."""
         inputs, requested = self._slot_request(info, lease, shapes, names, bytes_sizes)
         send = Send(info.name, info.version, inputs, requested)
         try:
@@ -294,23 +321,22 @@ class Engine:
             spec = info.output(name)
             tensor = result.get_output(name)
             shape = tuple(int(d) for d in (tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
-            offset = layout.offsets[name]
             if spec.is_bytes:
-                raw = memory.bytes_at(lease.handle, offset, layout.capacities[name])
+                raw = memory.bytes_at(lease.offset(name), layout.capacities[name])
                 outputs[name] = _bytes.decode(raw, math.prod(shape), shape)
                 del raw
             elif copy:
-                outputs[name] = memory.copy_out(lease.handle, offset, spec.dtype, shape)
+                outputs[name] = memory.copy_out(lease.offset(name), spec.dtype, shape)
             else:
-                outputs[name] = memory.view(lease.handle, offset, spec.dtype, shape)
+                outputs[name] = memory.view(lease.handle, layout.offsets[name], spec.dtype, shape)
         return outputs
 
     def _slot_request(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
                       names: Sequence[str], bytes_sizes: Mapping[str, int]) -> tuple[list, list]:
         """InferInputs and InferRequestedOutputs naming the slot's offsets.
 
-        They are made once per slot and reused: between requests only the
-        input shapes (and BYTES sizes) change; an output's binding never does.
+        They are made once per slot and reused: an input is bound again only
+        when its shape or size changed; an output's binding never changes.
         """
         wire, memory, layout = self._wire, lease.extent.memory, lease.pool.layout
         cache = lease.pool.request_objects.setdefault((id(lease.extent), lease.index), {})
@@ -326,13 +352,13 @@ class Engine:
                 empty.set_data_from_numpy(np.empty(shape, spec.dtype))
                 inputs.append(empty)
                 continue
-            infer_input = cache.get(spec.name)
-            if infer_input is None:
-                infer_input = cache[spec.name] = wire.infer_input(spec.name, shape, spec.datatype)
-            else:
+            cached = cache.get(spec.name)
+            if cached is None or cached[1] != shape or cached[2] != nbytes:
+                infer_input = cached[0] if cached is not None else wire.infer_input(spec.name, shape, spec.datatype)
                 infer_input.set_shape(shape)
-            memory.bind_input(infer_input, name, lease.offset(spec.name), nbytes)
-            inputs.append(infer_input)
+                memory.bind_input(infer_input, name, lease.offset(spec.name), nbytes)
+                cache[spec.name] = cached = (infer_input, shape, nbytes)
+            inputs.append(cached[0])
         requested = []
         for output in names:
             key = "out:" + output
@@ -391,7 +417,7 @@ class Engine:
     def _request_steps(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
                        timeout: float | None) -> Steps:
         """A leased slot for a zero-copy request."""
-        lease = yield from self._lease_steps(info, _intake.slot_needs(info, shapes, {}), timeout)
+        lease = yield from self._lease_steps(info, self._needs(info, shapes, {}), timeout, hold=True)
         if lease is None:
             raise SharedMemoryRefused("request() needs shared memory, but the server cannot open ours")
         return lease

@@ -27,10 +27,10 @@ def check_inputs(info: ModelInfo, inputs: Mapping[str, Any]) -> tuple[dict[str, 
     """Inputs as arrays, checked against the model; and the batch size (1 if unbatched)."""
     if not isinstance(inputs, Mapping):
         raise InvalidOption(f"inputs must be a mapping of input name to array, not {type(inputs).__name__}")
-    expected = {spec.name for spec in info.inputs}
-    missing = expected - set(inputs)
-    unknown = set(inputs) - expected
-    if missing or unknown:
+    expected = info.input_names
+    if inputs.keys() != expected:
+        missing = expected - set(inputs)
+        unknown = set(inputs) - expected
         raise ShapeMismatch(
             f"model {info.name!r} takes inputs {sorted(expected)}; "
             + (f"missing {sorted(missing)}" if missing else "")

@@ -30,7 +30,7 @@ class TensorSpec:
     datatype: str               #: Triton datatype, e.g. "FP32"
     dims: tuple[int, ...]       #: per-item dims, without the batch dim; -1 = variable
 
-    @property
+    @functools.cached_property
     def dtype(self) -> np.dtype:
         """The numpy dtype (object for BYTES)."""
         return _dtypes.numpy_dtype(self.datatype)
@@ -60,6 +60,11 @@ class ModelInfo:
     def batched(self) -> bool:
         """True when inputs carry a leading batch dim."""
         return self.max_batch_size > 0
+
+    @functools.cached_property
+    def input_names(self) -> frozenset[str]:
+        """The names of the inputs."""
+        return frozenset(spec.name for spec in self.inputs)
 
     @functools.cached_property
     def _outputs_by_name(self) -> dict[str, TensorSpec]:

@@ -100,7 +100,7 @@ class Lease:
     pool: "SlotPool"
     extent: Extent
     index: int
-    handle: Any           # SlotMemory.lease(): its lifetime holds the slot
+    handle: Any           # SlotMemory.lease(): its lifetime holds the slot (None: give_back())
     base: int             # the slot's offset in its extent's memory
 
     def offset(self, tensor: str) -> int:
@@ -200,18 +200,30 @@ class SlotPool:
 
     # -- leasing ----------------------------------------------------------
 
-    def try_acquire(self) -> Lease | None:
-        """Lease a free slot without waiting; None if none is free or the pool is retired."""
+    def try_acquire(self, hold: bool = True) -> Lease | None:
+        """Lease a free slot without waiting; None if none is free or the pool is retired.
+
+        With *hold* the lease has a handle whose views keep the slot (it
+        returns when they are all gone); without, the caller hands the slot
+        back with :meth:`give_back` (a request that copies its results out).
+        """
         with self._cond:
             if not self._free or self.retired:
                 return None
             extent, index = self._free.pop()  # LIFO: the slot used last is still in cache
             self._running += 1
         base = index * self.layout.slot_bytes
-        handle = extent.memory.lease(base, self.layout.slot_bytes)
-        finalizer = weakref.finalize(handle, self._release, extent, index)
-        finalizer.atexit = False
+        handle = None
+        if hold:
+            handle = extent.memory.lease(base, self.layout.slot_bytes)
+            finalizer = weakref.finalize(handle, self._release, extent, index)
+            finalizer.atexit = False
         return Lease(self, extent, index, handle, base)
+
+    def give_back(self, lease: Lease) -> None:
+        """Return the slot of a lease taken without *hold*."""
+        assert lease.handle is None, "a held lease returns when its views are gone"
+        self._release(lease.extent, lease.index)
 
     def wait(self, timeout: float | None) -> bool:
         """Block until a slot may be free (or the pool retired); False on timeout."""
@@ -280,6 +292,11 @@ class SlotPool:
             wake()
 
     # -- ending -----------------------------------------------------------
+
+    @property
+    def has_surplus(self) -> bool:
+        """Whether idle extents wait to be unregistered (cheap: no lock)."""
+        return bool(self._surplus)
 
     def take_disposals(self) -> list[Extent]:
         """Extents to unregister and close now: idle surplus, or all of a drained retired pool."""

@@ -84,20 +84,22 @@ class SlotMemory(abc.ABC):
         """
 
     @abc.abstractmethod
-    def write(self, lease: Any, offset: int, array: Any) -> None:
-        """Copy *array* into the slot at *offset* (relative to the slot)."""
+    def write(self, offset: int, array: Any) -> None:
+        """Copy *array* in at *offset* (within this memory; the caller holds the slot)."""
 
     @abc.abstractmethod
-    def view(self, lease: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
-        """A zero-copy view of a tensor in the slot; it keeps the slot leased."""
+    def view(self, handle: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+        """A zero-copy view of a tensor at *offset* of the slot *handle*
+        (from :meth:`lease`) covers; the view keeps the slot leased."""
 
     @abc.abstractmethod
-    def bytes_at(self, lease: Any, offset: int, nbytes: int) -> memoryview:
-        """A writable byte view of part of the slot (serialized BYTES tensors go there)."""
+    def bytes_at(self, offset: int, nbytes: int) -> memoryview:
+        """A writable byte view of ``[offset, offset + nbytes)`` (serialized BYTES go there);
+        it must not outlive the caller's hold on the slot."""
 
     @abc.abstractmethod
-    def copy_out(self, lease: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
-        """A fresh copy of a tensor in the slot, independent of it."""
+    def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+        """A fresh copy of the tensor at *offset*, independent of this memory."""
 
     def register(self, client: Any) -> Any:
         """Register with the server behind *client*: the name (an awaitable for aio clients)."""
@@ -129,29 +131,39 @@ class SystemSlotMemory(SlotMemory):
 
     def __init__(self, nbytes: int):
         self.region = SystemRegion.create(nbytes)
+        # One byte view of the whole region for the copies in and out: slicing
+        # it costs a microsecond, a checked Window view ten.  Only views that
+        # leave the request (view()) go through the slot's Window.
+        self._bytes: np.ndarray | None = np.frombuffer(self.region, np.uint8)
         # Touch every page now, once: a request must never wait for the
         # kernel to fault in fresh shared memory (the copy-in would pay it).
-        np.frombuffer(self.region, np.uint8)[::mmap.PAGESIZE] = 0
+        self._bytes[::mmap.PAGESIZE] = 0
 
     @property
     def nbytes(self) -> int:
         return self.region.nbytes
 
+    def _at(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        nbytes = math.prod(shape) * dtype.itemsize
+        return self._bytes[offset:offset + nbytes].view(dtype).reshape(shape)
+
     def lease(self, offset: int, nbytes: int) -> Any:
         return self.region.window(offset, nbytes)
 
-    def write(self, lease: Any, offset: int, array: np.ndarray) -> None:
-        view = lease.ndarray(array.dtype, array.shape, offset)
-        parallel_copy(view, array)
+    def write(self, offset: int, array: np.ndarray) -> None:
+        parallel_copy(self._at(offset, array.dtype, array.shape), array)
 
-    def view(self, lease: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        return lease.ndarray(dtype, shape, offset)
+    def view(self, handle: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        return handle.ndarray(dtype, shape, offset)
 
-    def bytes_at(self, lease: Any, offset: int, nbytes: int) -> memoryview:
-        return memoryview(lease.ndarray(np.uint8, (nbytes,), offset)).cast("B")
+    def bytes_at(self, offset: int, nbytes: int) -> memoryview:
+        return memoryview(self._bytes[offset:offset + nbytes])
 
-    def copy_out(self, lease: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        source = lease.ndarray(dtype, shape, offset)
-        result = np.empty(source.shape, source.dtype)
-        parallel_copy(result, source)
+    def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        result = np.empty(shape, dtype)
+        parallel_copy(result, self._at(offset, result.dtype, result.shape))
         return result
+
+    def close(self) -> None:
+        self._bytes = None
+        self.region.close()
