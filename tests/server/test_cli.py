@@ -88,7 +88,7 @@ def test_module_and_console_script_agree():
 
 
 def test_readme_test_command_is_what_ci_runs():
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     readme = (root / "README.md").read_text()
     ci = (root / ".ci" / "run").read_text().splitlines()
     command = ci[-1].strip()

@@ -21,7 +21,7 @@ import pytest
 import fake_cuda
 from fake_cuda import FakeCudart, FakeCudaError
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parent.parent  # where fake_cuda.py lives
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
