@@ -26,6 +26,7 @@ __all__ = [
     "DLPackError",
     "ServerError",
     "ServerUnavailable",
+    "ServerInstallError",
     "RegistrationError",
     "RegionNotRegistered",
     "SharedMemoryRefused",
@@ -100,6 +101,21 @@ class ServerError(Error):
 
 class ServerUnavailable(ServerError, ConnectionError):
     """The Triton server could not be reached or is not ready."""
+
+
+class ServerInstallError(ServerUnavailable):
+    """No local Triton server can be installed here, or the existing install named cannot be used.
+
+    Raised for what the machine lacks or what its settings get wrong -- no
+    package index, no ``venv`` module, no backend stub for the server's
+    Python, a ``$TRITONSHM_TRITONSERVER`` that does not exist, a server
+    Python with numpy 2 -- and when the server's executable cannot be run
+    at all. Not raised when a server that did run fails (a model that does
+    not load, a startup timeout): those are plain
+    :class:`~tritonshm.errors.ServerUnavailable`. The first line of the
+    message says what is missing; the lines after it, if any, are details
+    (the end of pip's output).
+    """
 
 
 class RegistrationError(ServerError, ValueError):

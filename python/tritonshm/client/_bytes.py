@@ -53,8 +53,8 @@ refused the same way.
 Decoding gives what ``deserialize_bytes_tensor`` gives: an ``object`` array
 of ``bytes`` (never ``str``: BYTES carries no encoding), reshaped as asked.
 A truncated or malformed buffer is refused with
-:class:`tritonshm.MalformedBytes` (a ``ValueError``; :class:`tritonshm.OutOfBounds`
-while errors.py has no such class) and nothing past the buffer is ever read.
+:class:`tritonshm.MalformedBytes` (a ``ValueError``) and nothing past the
+buffer is ever read.
 Encoding checks everything (types, sizes, room) before it writes a byte.
 
 Speed
@@ -87,10 +87,7 @@ __all__ = ["encoded_nbytes", "encode_into", "decode", "MAX_ELEMENT_NBYTES"]
 MAX_ELEMENT_NBYTES = 0xFFFF_FFFF
 """The largest element the 32-bit length prefix can describe."""
 
-# What a truncated or malformed serialised tensor raises: MalformedBytes
-# (Error, ValueError), being added to errors.py; until it is there, the
-# closest existing class, OutOfBounds (a length runs past the buffer's end).
-_Malformed: type[_errors.Error] = getattr(_errors, "MalformedBytes", OutOfBounds)
+_Malformed = _errors.MalformedBytes  # what a truncated or malformed serialised tensor raises
 
 _LEN = struct.Struct("<I")
 _pack = _LEN.pack

@@ -283,9 +283,10 @@ class Engine:
                 needs = {**needs, exc.output: exc.needed}
                 continue
             finally:
-                lease.pool.finished()
                 if lease.handle is None:
-                    lease.pool.give_back(lease)  # results were copied out: nothing holds the slot
+                    lease.pool.finished_and_back(lease)  # results were copied out: nothing holds the slot
+                else:
+                    lease.pool.finished()
                 # Drop the lease now, not when a traceback holding this frame dies.
                 del lease
             if self._has_disposals():

@@ -72,14 +72,14 @@ def check_inputs(info: ModelInfo, inputs: Mapping[str, Any]) -> tuple[dict[str, 
 
 def output_names(info: ModelInfo, outputs: Sequence[str] | None) -> list[str]:
     """The outputs to ask for: all of the model's, or the checked selection."""
-    known = [spec.name for spec in info.outputs]
+    known = info.output_names
     if outputs is None:
-        return known
+        return list(known)
     if isinstance(outputs, str):
         raise InvalidOption(f"outputs must be a sequence of names, not the str {outputs!r}")
     unknown = [name for name in outputs if name not in known]
     if unknown:
-        raise ShapeMismatch(f"model {info.name!r} has outputs {known}; unknown {unknown}")
+        raise ShapeMismatch(f"model {info.name!r} has outputs {list(known)}; unknown {unknown}")
     return list(outputs)
 
 

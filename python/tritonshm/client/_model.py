@@ -67,6 +67,11 @@ class ModelInfo:
         return frozenset(spec.name for spec in self.inputs)
 
     @functools.cached_property
+    def output_names(self) -> tuple[str, ...]:
+        """The names of the outputs, in the model's order."""
+        return tuple(spec.name for spec in self.outputs)
+
+    @functools.cached_property
     def _outputs_by_name(self) -> dict[str, TensorSpec]:
         return {spec.name: spec for spec in self.outputs}
 

@@ -100,7 +100,7 @@ class Lease:
     pool: "SlotPool"
     extent: Extent
     index: int
-    handle: Any           # SlotMemory.lease(): its lifetime holds the slot (None: give_back())
+    handle: Any           # SlotMemory.lease(): its lifetime holds the slot (None: finished_and_back())
     base: int             # the slot's offset in its extent's memory
 
     def offset(self, tensor: str) -> int:
@@ -122,7 +122,8 @@ class SlotPool:
         self._extents: list[Extent] = []
         self._free: collections.deque[tuple[Extent, int]] = collections.deque()
         self._running = 0
-        self._waiters: set[Callable[[], None]] = set()
+        self._waiters: set[Callable[[], None]] = set()  # asyncio waiters' wake-ups
+        self._sleepers = 0                               # threads blocked in wait()
         self._surplus: list[Extent] = []  # idle extents, waiting to be unregistered
         self._growing = False              # a request is registering one more extent
         self.retired = False               # a larger pool replaced this one
@@ -205,7 +206,7 @@ class SlotPool:
 
         With *hold* the lease has a handle whose views keep the slot (it
         returns when they are all gone); without, the caller hands the slot
-        back with :meth:`give_back` (a request that copies its results out).
+        back with :meth:`finished_and_back` (a request that copies its results out).
         """
         with self._cond:
             if not self._free or self.retired:
@@ -220,16 +221,22 @@ class SlotPool:
             finalizer.atexit = False
         return Lease(self, extent, index, handle, base)
 
-    def give_back(self, lease: Lease) -> None:
-        """Return the slot of a lease taken without *hold*."""
+    def finished_and_back(self, lease: Lease) -> None:
+        """:meth:`finished`, and the slot of a lease taken without *hold* back in the pool."""
         assert lease.handle is None, "a held lease returns when its views are gone"
-        self._release(lease.extent, lease.index)
+        with self._cond:
+            self._running -= 1
+            self._release(lease.extent, lease.index)
 
     def wait(self, timeout: float | None) -> bool:
         """Block until a slot may be free (or the pool retired); False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._free or self.retired or self.should_grow(),
-                                       timeout)
+            self._sleepers += 1
+            try:
+                return self._cond.wait_for(lambda: self._free or self.retired or self.should_grow(),
+                                           timeout)
+            finally:
+                self._sleepers -= 1
 
     def add_waiter(self, wake: Callable[[], None]) -> None:
         """Call *wake* (from any thread) when a slot comes back or the pool is retired."""
@@ -287,7 +294,8 @@ class SlotPool:
                 break  # one at a time: the next release looks again
 
     def _wake(self) -> None:
-        self._cond.notify_all()
+        if self._sleepers:
+            self._cond.notify_all()
         for wake in list(self._waiters):
             wake()
 

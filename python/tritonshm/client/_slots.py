@@ -160,8 +160,11 @@ class SystemSlotMemory(SlotMemory):
         return memoryview(self._bytes[offset:offset + nbytes])
 
     def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        source = self._at(offset, dtype, shape)
+        if source.nbytes < _PARALLEL_COPY_BYTES:
+            return source.copy()
         result = np.empty(shape, dtype)
-        parallel_copy(result, self._at(offset, result.dtype, result.shape))
+        parallel_copy(result, source)
         return result
 
     def close(self) -> None:

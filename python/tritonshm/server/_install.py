@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from tritonshm.errors import ServerUnavailable
+from tritonshm.errors import ServerInstallError
 
 #: What the server's virtual environment gets: the wheel that carries
 #: tritonserver 2.51 and its Python backend, and the numpy the backend needs.
@@ -35,21 +35,6 @@ REQUIREMENTS = ("nvidia-pytriton==0.7.0", "numpy<2")
 
 _MARKER = "tritonshm-installed.json"  # written inside the venv, last, on success
 _LOG_TAIL_LINES = 40
-
-
-class ServerInstallError(ServerUnavailable):
-    """No local Triton server can be installed here, or the existing install named cannot be used.
-
-    Raised for what the machine lacks or what its settings get wrong -- no
-    package index, no ``venv`` module, no backend stub for the server's
-    Python, a ``$TRITONSHM_TRITONSERVER`` that does not exist, a server
-    Python with numpy 2 -- and when the server's executable cannot be run
-    at all. Not raised when a server that did run fails (a model that does
-    not load, a startup timeout): those are plain
-    :class:`~tritonshm.errors.ServerUnavailable`. The first line of the
-    message says what is missing; the lines after it, if any, are details
-    (the end of pip's output).
-    """
 
 
 def default_home() -> Path:
