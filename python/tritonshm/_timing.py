@@ -1,4 +1,4 @@
-"""Timing for ``tritonshm demo`` and ``tritonshm bench``."""
+"""Timing for ``tritonshm demo`` (``tritonshm bench`` has its own interleaved harness)."""
 
 from __future__ import annotations
 
