@@ -321,7 +321,7 @@ class Engine:
         for name in names:
             spec = info.output(name)
             tensor = result.get_output(name)
-            shape = tuple(int(d) for d in (tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
+            shape = tuple(map(int, tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
             if spec.is_bytes:
                 raw = memory.bytes_at(lease.offset(name), layout.capacities[name])
                 outputs[name] = _bytes.decode(raw, math.prod(shape), shape)

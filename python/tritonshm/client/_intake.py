@@ -8,7 +8,8 @@ join again, and how many bytes each tensor needs in a slot.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping
+from typing import Any, Sequence
 
 import numpy as np
 

@@ -92,7 +92,7 @@ class Extent:
         return f"<Extent {self.name!r} {self.nslots} slots>"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Lease:
     """A slot out of its pool: drop every reference to ``handle`` (and views
     of it) and the slot goes back."""

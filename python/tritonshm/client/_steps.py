@@ -6,49 +6,47 @@ outcome sent back (or the failure thrown in).  The blocking
 :class:`~tritonshm.Client` and the asyncio one are two *drivers* that carry
 the same steps out in their own way -- the design of pyzmq's
 ``_future.py``, where one socket class serves both worlds.
+
+Steps are named tuples: a request makes several, and a tuple is the
+cheapest immutable record Python has.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Generator
+from typing import Any, Generator, NamedTuple
 
 __all__ = ["FetchModel", "Register", "Unregister", "WaitForSlot", "Send", "Done", "advance", "Steps"]
 
 
-@dataclasses.dataclass(frozen=True)
-class FetchModel:
+class FetchModel(NamedTuple):
     """Read a model's metadata and config: outcome ``(metadata, config)`` as dicts."""
 
     model: str
     version: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Register:
+class Register(NamedTuple):
     """Register slot memory with the server (under *name* again, if given): outcome the name."""
 
     memory: Any
     name: str | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Unregister:
+class Unregister(NamedTuple):
     """Unregister one of our names (a server that is gone has forgotten it anyway)."""
 
     name: str
 
 
-@dataclasses.dataclass(frozen=True)
-class WaitForSlot:
+class WaitForSlot(NamedTuple):
     """Wait up to *timeout* seconds for the pool to have a slot (or to retire): outcome a bool."""
 
     pool: Any
     timeout: float | None
 
 
-@dataclasses.dataclass(frozen=True)
-class Send:
+class Send(NamedTuple):
     """Run an inference: outcome tritonclient's result object."""
 
     model: str
