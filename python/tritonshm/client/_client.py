@@ -121,14 +121,17 @@ class Client(Engine):
     caller keeps, within *max_pool_bytes* per model.  *timeout* is how long
     a request waits for a slot before :class:`~tritonshm.PoolExhausted`.
     *connect_options* go to tritonclient's client constructor as they are
-    (e.g. ``root_certificates`` for gRPC over TLS).
+    (e.g. ``root_certificates`` for gRPC over TLS).  *pinned* page-locks the
+    slot pools for CUDA (``True``: with device 0's context; or a device
+    number), so copies between them and a GPU run at pinned speed.
     """
 
     def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
                  max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0, verbose: bool = False,
-                 connect_options: Mapping[str, Any] | None = None):
+                 connect_options: Mapping[str, Any] | None = None, pinned: bool | int = False):
         super().__init__(url, transport=transport, slots=slots, max_pool_bytes=max_pool_bytes,
-                         timeout=timeout, verbose=verbose, connect_options=connect_options)
+                         timeout=timeout, verbose=verbose, connect_options=connect_options,
+                         pinned=pinned)
         self._connector = Connector(self._connect, self._wire.http, io_threads=slots)
         self._workers: dict[str, Workers] = {}   # "async" (infer_async), "chunk" (large batches)
         self._handlers: dict[type, Callable[[Any], Any]] = {

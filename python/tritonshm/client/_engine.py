@@ -23,6 +23,7 @@ import numpy as np
 from .. import _transport
 from ..errors import (
     ClientClosed,
+    CudaUnavailable,
     DTypeMismatch,
     InvalidOption,
     OutputTooSmall,
@@ -35,7 +36,7 @@ from ..errors import (
 from . import _bytes, _intake
 from ._model import ModelInfo, shape_fits
 from ._pool import Extent, Layout, Lease, SlotPool
-from ._slots import SystemSlotMemory
+from ._slots import PinnedSlotMemory, SlotMemory, SystemSlotMemory
 from ._steps import FetchModel, Register, Send, Steps, Unregister, WaitForSlot
 
 __all__ = ["Engine", "TRANSPORTS"]
@@ -51,13 +52,15 @@ class Engine:
 
     def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
                  max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0,
-                 verbose: bool = False, connect_options: Mapping[str, Any] | None = None):
+                 verbose: bool = False, connect_options: Mapping[str, Any] | None = None,
+                 pinned: bool | int = False):
         if transport not in TRANSPORTS:
             raise InvalidOption(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise InvalidOption(f"slots must be an int >= 1, not {slots!r}")
         if timeout is not None and not timeout >= 0:
             raise InvalidOption(f"timeout must be None or >= 0 seconds, not {timeout!r}")
+        self._make_memory = self._memory_factory(pinned)
         self.url = url
         self.transport = transport
         self.slots = slots
@@ -74,6 +77,23 @@ class Engine:
         self._wire_only = transport == "wire"
         self._closed = False
         self._creator_pid = os.getpid()  # a forked child must not unregister our names
+
+    @staticmethod
+    def _memory_factory(pinned: bool | int) -> Callable[[int], SlotMemory]:
+        """What host slot pools are made of: plain segments, or page-locked ones
+        (``pinned=True`` for device 0's context, or a device number)."""
+        if pinned is False:
+            return SystemSlotMemory
+        device = 0 if pinned is True else pinned
+        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+            raise InvalidOption(f"pinned must be True, False or a CUDA device number, not {pinned!r}")
+        from .. import cuda
+
+        info = cuda.runtime_info()
+        if not info["available"]:
+            raise CudaUnavailable(f"pinned=True page-locks slots with CUDA, which is not usable here: "
+                                  f"{info['error']}")
+        return functools.partial(PinnedSlotMemory, device=device)
 
     @property
     def _connect(self) -> Callable[[], Any]:
@@ -118,7 +138,7 @@ class Engine:
             if old is not None and old.layout.fits(needs):
                 return old
             layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
-            pool = SlotPool(info, layout, self.slots, self.max_pool_bytes, SystemSlotMemory)
+            pool = SlotPool(info, layout, self.slots, self.max_pool_bytes, self._make_memory)
             if pool.extent_bytes > self.max_pool_bytes:
                 raise InvalidOption(
                     f"a pool for model {info.name!r} would need {pool.extent_bytes} bytes "

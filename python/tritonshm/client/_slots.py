@@ -28,7 +28,7 @@ import numpy as np
 from .. import triton
 from .._memory import SystemRegion
 
-__all__ = ["SlotMemory", "SystemSlotMemory", "parallel_copy"]
+__all__ = ["SlotMemory", "SystemSlotMemory", "PinnedSlotMemory", "parallel_copy"]
 
 # Below this many bytes one thread copies faster than several (thread hand-off
 # costs ~20 us); above it the copy is bound by memory bandwidth per core.
@@ -129,8 +129,8 @@ class SystemSlotMemory(SlotMemory):
 
     kind = "system"
 
-    def __init__(self, nbytes: int):
-        self.region = SystemRegion.create(nbytes)
+    def __init__(self, nbytes: int, region: Any = None):
+        self.region = SystemRegion.create(nbytes) if region is None else region
         # One byte view of the whole region for the copies in and out: slicing
         # it costs a microsecond, a checked Window view ten.  Only views that
         # leave the request (view()) go through the slot's Window.
@@ -170,3 +170,17 @@ class SystemSlotMemory(SlotMemory):
     def close(self) -> None:
         self._bytes = None
         self.region.close()
+
+
+class PinnedSlotMemory(SystemSlotMemory):
+    """System slots page-locked for CUDA (a :class:`~tritonshm.PinnedRegion`).
+
+    Registered with Triton as system shared memory like any segment; what the
+    page-locking buys is speed for copies between these slots and a GPU
+    (tensors moving in from, or results out to, device memory).
+    """
+
+    def __init__(self, nbytes: int, device: int = 0):
+        from .._memory._pinned import PinnedRegion  # the CUDA layer loads only when asked for
+
+        super().__init__(nbytes, PinnedRegion.create(nbytes, device))
