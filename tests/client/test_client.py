@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tritonshm
-from triton_fixtures import NUMERIC_IDENTITY_MODELS, client_url, sample
+from triton_fixtures import NUMERIC_IDENTITY_MODELS, client_url, sample, start_or_skip
 
 
 @pytest.fixture
@@ -330,7 +330,7 @@ def isolated_server():
     exactly like a server on another machine or in another IPC namespace."""
     from tritonshm.server import LocalServer
 
-    with LocalServer(private_shm=True) as srv:
+    with start_or_skip(LocalServer(private_shm=True)) as srv:
         yield srv
 
 

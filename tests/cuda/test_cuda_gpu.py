@@ -19,7 +19,7 @@ import tritonshm
 from tritonshm import cuda
 from tritonshm._memory import _runtime
 
-from triton_fixtures import NUMERIC_IDENTITY_MODELS, make_client, sample
+from triton_fixtures import NUMERIC_IDENTITY_MODELS, make_client, sample, start_or_skip
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu")]
 
@@ -212,7 +212,7 @@ def test_server_that_cannot_open_our_handles_is_shared_memory_refused(protocol):
     from tritonshm.server import LocalServer
 
     # A server that sees no GPU: a CPU-only server, as far as our handles go.
-    with LocalServer(env={"CUDA_VISIBLE_DEVICES": ""}) as srv:
+    with start_or_skip(LocalServer(env={"CUDA_VISIBLE_DEVICES": ""})) as srv:
         _, client = make_client(srv, protocol)
         with tritonshm.CudaRegion.create(4096) as c:
             with pytest.raises(tritonshm.SharedMemoryRefused, match="ipc=host"):

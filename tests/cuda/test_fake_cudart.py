@@ -662,14 +662,10 @@ def test_real_triton_server_opens_fake_handles(fake, tmp_path):
     server_mod = pytest.importorskip("tritonshm.server")
     if "env" not in inspect.signature(server_mod.LocalServer).parameters:
         pytest.skip("this tritonshm's LocalServer takes no env=")
-    import tritonshm.errors
+    from triton_fixtures import start_or_skip
 
     trace = tmp_path / "trace"
-    try:
-        server = server_mod.LocalServer(env=fake_cuda.server_env(fake.path, trace))
-        server.start()
-    except tritonshm.errors.ServerUnavailable as exc:
-        pytest.skip(f"no Triton server here: {exc}")
+    server = start_or_skip(server_mod.LocalServer(env=fake_cuda.server_env(fake.path, trace)))
     try:
         got = run_child(CHILD_TRITON_CLIENT, fake.path, server.grpc_url, server.http_url)
         server_pid = server.pid

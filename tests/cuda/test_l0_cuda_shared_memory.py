@@ -72,7 +72,7 @@ from tritonclient.utils import InferenceServerException
 import tritonshm
 from tritonshm.server import LocalServer, bundled_model_repository
 
-from triton_fixtures import make_client
+from triton_fixtures import make_client, start_or_skip
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu")]
 
@@ -447,7 +447,7 @@ def delayed_server(tmp_path_factory):
     (repo / MODEL / "1" / "model.py").write_text(
         DELAYED_MODEL.format(delay=DELAY_S, tritonshm_dir=str(Path(bundled).parent))
     )
-    with LocalServer(repo) as srv:
+    with start_or_skip(LocalServer(repo)) as srv:
         # As the session server does: the clients' long-lived pollers before any leak check.
         import tritonclient.grpc
         import tritonclient.http

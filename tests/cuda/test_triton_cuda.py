@@ -20,13 +20,13 @@ import tritonshm
 from tritonshm.server import LocalServer
 
 from fake_cuda import server_env
-from triton_fixtures import make_client, sample
+from triton_fixtures import make_client, sample, start_or_skip
 
 
 @pytest.fixture(scope="module")
 def fake_server(fake_cudart_path):
     """A LocalServer whose CUDA runtime calls go to the fake."""
-    with LocalServer(env=server_env(fake_cudart_path)) as srv:
+    with start_or_skip(LocalServer(env=server_env(fake_cudart_path))) as srv:
         for protocol in ("grpc", "http"):  # warm each client's machinery before the leak checks
             _, client = make_client(srv, protocol)
             client.is_server_live()
