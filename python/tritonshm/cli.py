@@ -44,21 +44,34 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _server_options(args: argparse.Namespace, command: str) -> dict | None:
+    """LocalServer's install options from --install-from and --verbose; None (after saying why) if unusable."""
+    import os
+
+    if args.install_from is not None and not os.path.isdir(args.install_from):
+        print(f"tritonshm {command}: --install-from {args.install_from}: not a directory", file=sys.stderr)
+        return None
+    return {"wheels": args.install_from, "verbose": args.verbose}
+
+
 def _cmd_server(args: argparse.Namespace) -> int:
     from .errors import ServerUnavailable
     from .server import LocalServer, describe_install
 
+    options = _server_options(args, "server")
+    if options is None:
+        return 2
     if args.install_only:
         # $TRITONSHM_TRITONSERVER names an existing install: check it and say
         # what was found, installing nothing; else our own venv, and its path.
         try:
-            info = LocalServer(model_repository=args.model_repository).install()
+            info = LocalServer(model_repository=args.model_repository, **options).install()
         except (ServerUnavailable, ValueError) as exc:
             print(f"tritonshm server: {exc}", file=sys.stderr)
             return 1
         print(describe_install(info) if info.get("existing") else info["venv"])
         return 0
-    with LocalServer(model_repository=args.model_repository) as srv:
+    with LocalServer(model_repository=args.model_repository, **options) as srv:
         print(f"Triton is ready: gRPC {srv.grpc_url}  HTTP {srv.http_url}  log {srv.log_path}")
         print("press Ctrl-C to stop")
         try:
@@ -72,7 +85,20 @@ def _cmd_server(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(sizes=[s * KiB for s in args.sizes_kib], seconds=args.seconds)
+    options = _server_options(args, "demo")
+    if options is None:
+        return 2
+    return run_demo(sizes=[s * KiB for s in args.sizes_kib], seconds=args.seconds, **options)
+
+
+def _add_install_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--install-from", metavar="DIR", default=None,
+                        help="install the server from this folder of wheels, without a package index "
+                             "(also $TRITONSHM_SERVER_WHEELS); fill it on a connected machine with: "
+                             "pip download --no-deps nvidia-pytriton==0.7.0 \"numpy<2\" -d DIR "
+                             "--python-version X.Y --only-binary=:all:")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="show pip's own output while the server is installed")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -87,11 +113,28 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def _version_line() -> str:
+    """``tritonshm X.Y.Z (Python A.B.C, numpy D.E.F)``: what ``--version`` prints.
+
+    The version is ``tritonshm.__version__``, the one place it is written; a
+    built wheel's metadata is read from it (pyproject.toml), so the two agree.
+    """
+    import platform
+
+    import numpy
+
+    from . import __version__
+
+    return f"tritonshm {__version__} (Python {platform.python_version()}, numpy {numpy.__version__})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``tritonshm`` command."""
     parser = argparse.ArgumentParser(
         prog="tritonshm", description="Zero-copy shared memory for NVIDIA Triton Inference Server."
     )
+    parser.add_argument("--version", action="version", version=_version_line(),
+                        help="print tritonshm's version (and Python's and numpy's) and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="start a local Triton and compare plain gRPC with shared memory")
@@ -99,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="KIB", help="tensor sizes in KiB (default: 4 KiB to 64 MiB)")
     demo.add_argument("--seconds", type=float, default=0.5,
                       help="time spent measuring each size and transport (default 0.5)")
+    _add_install_arguments(demo)
     demo.set_defaults(func=_cmd_demo)
 
     server = sub.add_parser("server", help="run a local Triton with the demo models until Ctrl-C")
@@ -106,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--install-only", action="store_true",
                         help="only install the server environment, print its path; with "
                              "$TRITONSHM_TRITONSERVER, check that install and say what it found")
+    _add_install_arguments(server)
     server.set_defaults(func=_cmd_server)
 
     from . import bench as _bench

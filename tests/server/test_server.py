@@ -603,12 +603,17 @@ def test_existing_install_without_a_python_backend_needs_no_python(no_install_en
         LocalServer(tritonserver=server, quiet=True).start()
 
 
-def test_server_python_alone_is_an_error(no_install_env, existing_install):
-    with pytest.raises(ValueError, match="server_python= goes with an existing Triton install"):
-        LocalServer(server_python=existing_install[1])
+def test_backend_directory_alone_is_an_error(no_install_env, tmp_path):
+    with pytest.raises(ValueError, match="backend_directory= goes with an existing Triton install"):
+        LocalServer(backend_directory=tmp_path)
+
+
+def test_server_python_alone_is_the_python_of_our_install(no_install_env, existing_install):
+    """Without tritonserver=, server_python= makes our own environment (see test_install.py)."""
+    assert LocalServer(server_python=existing_install[1]).server_python == existing_install[1]
     no_install_env.setenv("TRITONSHM_SERVER_PYTHON", existing_install[1])
-    with pytest.raises(ValueError, match=r"\$TRITONSHM_SERVER_PYTHON goes with"):
-        LocalServer()
+    srv = LocalServer()
+    assert (srv.tritonserver, srv.server_python) == (None, existing_install[1])
 
 
 # -- no server here: skip with the reason, or fail where one is required ------------
@@ -627,7 +632,9 @@ def test_no_package_index_skips_with_the_reason(server_optional, tmp_path):
     server_optional.setenv("PIP_CONFIG_FILE", os.devnull)
     server_optional.setenv("PIP_NO_INDEX", "1")
     server_optional.setenv("PIP_FIND_LINKS", str(tmp_path))
-    with pytest.raises(ServerInstallError, match=r"(?s)while running pip install .*needs a package index"):
+    with pytest.raises(ServerInstallError, match=r"(?s)while running pip install .*found no matching wheel.*"
+                                                 r"\n  pip download --no-deps nvidia-pytriton==0\.7\.0 .*"
+                                                 r"--install-from DIR"):
         LocalServer(quiet=True).start()
     with pytest.raises(pytest.skip.Exception) as info:
         start_or_skip(LocalServer(quiet=True))

@@ -13,7 +13,13 @@ a cache directory (``$TRITONSHM_SERVER_HOME``, else
 ``$XDG_CACHE_HOME/tritonshm/server``, else ``~/.cache/tritonshm/server``).
 It needs an environment of its own because the Python backend runs models
 with the ``python3`` first on the server's PATH and needs numpy < 2 there,
-while the client is free to use numpy 2.
+while the client is free to use numpy 2. That environment gets two wheels
+(``pip install --no-deps --only-binary=:all: nvidia-pytriton==0.7.0 "numpy<2"``,
+about 74 MB) and a Python 3.10-3.12 (numpy < 2 has no wheels for newer ones):
+this interpreter where it is one, else one found on the machine. Without a
+package index it installs from a folder of those wheels
+(``tritonshm server --install-from DIR``, ``$TRITONSHM_SERVER_WHEELS``), which
+:func:`download_command` fills on a connected machine.
 
 It can also run a Triton that is already installed -- an NGC container's
 ``/opt/tritonserver``, or one unpacked on a machine without a package index --
@@ -43,9 +49,11 @@ library, so importing it is cheap:
 
 from __future__ import annotations
 
-from ._install import REQUIREMENTS, ServerInstallError, default_home, describe_install
+from ._install import (REQUIREMENTS, SERVER_PYTHON_VERSIONS, WHEELS_ENV, ServerInstallError, default_home,
+                       describe_install, download_command)
 from ._local import LocalServer, bundled_model_repository
 from ._process import group_members
 
 __all__ = ["LocalServer", "ServerInstallError", "bundled_model_repository", "default_home",
-           "describe_install", "group_members", "REQUIREMENTS"]
+           "describe_install", "download_command", "group_members", "REQUIREMENTS",
+           "SERVER_PYTHON_VERSIONS", "WHEELS_ENV"]

@@ -21,8 +21,8 @@ from tritonshm.errors import ServerUnavailable
 
 from ._health import (_free_port, _http_ok, _loader_failed, _log_summary, _models_not_ready, _port_in_use,
                       _PortInUse)
-from ._install import (_LOG_TAIL_LINES, ServerInstallError, _clean_env, _ensure_installed, _existing_install,
-                       default_home)
+from ._install import (_LOG_TAIL_LINES, WHEELS_ENV, ServerInstallError, _clean_env, _ensure_installed,
+                       _existing_install, default_home)
 from ._process import _Process
 
 
@@ -44,6 +44,12 @@ class LocalServer:
         home: where the server's virtual environment lives (default:
             :func:`default_home`). Unused with an existing install.
         quiet: do not print install progress.
+        verbose: print pip's own output while installing, not only the
+            progress lines (``tritonshm server --verbose``).
+        wheels: install the server from this folder of wheels only, without
+            a package index (default: ``$TRITONSHM_SERVER_WHEELS``); it needs
+            the two wheels that :func:`~tritonshm.server.download_command`
+            fetches on a connected machine. Unused once installed.
         private_shm: run the server with a /dev/shm of its own (a private
             mount namespace via ``unshare``, which needs root or user
             namespaces). It then cannot open client segments -- as a server
@@ -61,7 +67,11 @@ class LocalServer:
             first on the server's PATH, which runs the Python backend's models
             (default: ``$TRITONSHM_SERVER_PYTHON``, else the ``python3`` on
             PATH). It must have numpy < 2 and the Python version the
-            backend's stub is built for; the start checks both.
+            backend's stub is built for; the start checks both. Without
+            *tritonserver*: the Python 3.10-3.12 that our own install makes
+            its virtual environment with (default: this interpreter where it
+            is 3.10-3.12, else the newest of those found on the machine);
+            unused once installed.
         backend_directory: with *tritonserver*, the backends directory if it
             is not ``<prefix>/backends``.
         env: extra environment variables for the server process, set after
@@ -82,13 +92,15 @@ class LocalServer:
                  private_shm: bool = False, tritonserver: str | os.PathLike | None = None,
                  server_python: str | os.PathLike | None = None,
                  backend_directory: str | os.PathLike | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, verbose: bool = False,
+                 wheels: str | os.PathLike | None = None) -> None:
         self.model_repository = Path(model_repository) if model_repository is not None \
             else bundled_model_repository()
         self.startup_timeout = float(startup_timeout)
         self.extra_args = list(extra_args)
         self.home = Path(home).expanduser() if home is not None else None
         self.quiet = quiet
+        self.verbose = verbose
         self.private_shm = private_shm
         self.env = dict(env or {})
         # An existing install (tritonserver set) or our own venv: never parts of both.
@@ -96,11 +108,10 @@ class LocalServer:
         self.tritonserver = self._setting("tritonserver", tritonserver, "TRITONSHM_TRITONSERVER")
         self.server_python = self._setting("server_python", server_python, "TRITONSHM_SERVER_PYTHON")
         self.backend_directory = self._setting("backend_directory", backend_directory, None)
-        if self.tritonserver is None and (self.server_python is not None
-                                          or self.backend_directory is not None):
-            extra = self._origin["server_python" if self.server_python is not None else "backend_directory"]
-            raise ValueError(f"{extra} goes with an existing Triton install, but neither tritonserver= "
-                             f"nor $TRITONSHM_TRITONSERVER names one")
+        self.wheels = self._setting("wheels", wheels, WHEELS_ENV)
+        if self.tritonserver is None and self.backend_directory is not None:
+            raise ValueError("backend_directory= goes with an existing Triton install, but neither "
+                             "tritonserver= nor $TRITONSHM_TRITONSERVER names one")
         self._grpc_port: int | None = None
         self._http_port: int | None = None
         self._log_offset = 0  # where the current run's output starts in the log
@@ -122,14 +133,25 @@ class LocalServer:
     # -- installation ------------------------------------------------------
 
     @staticmethod
-    def ensure_installed(progress: bool = True, home: str | os.PathLike | None = None) -> Path:
+    def ensure_installed(progress: bool = True, home: str | os.PathLike | None = None, *,
+                         verbose: bool = False, wheels: str | os.PathLike | None = None,
+                         python: str | os.PathLike | None = None) -> Path:
         """Install the server's virtual environment if it is not there yet.
 
         Safe to call from several processes at once, and after an interrupted
         install (it starts over). Returns the path of the virtual environment.
+        *wheels* (default ``$TRITONSHM_SERVER_WHEELS``): a folder to install
+        from without a package index. *python*: the Python 3.10-3.12 to make
+        the environment with (default: see ``server_python`` of the class).
         """
         home = Path(home).expanduser() if home is not None else default_home()
-        return Path(_ensure_installed(home, progress)["venv"])
+        origin = {"wheels": "wheels=" if wheels is not None else f"${WHEELS_ENV}",
+                  "server_python": "python=" if python is not None else "$TRITONSHM_SERVER_PYTHON"}
+        if wheels is None:
+            wheels = os.environ.get(WHEELS_ENV) or None
+        python = os.fspath(python) if python is not None else os.environ.get("TRITONSHM_SERVER_PYTHON") or None
+        return Path(_ensure_installed(home, progress, verbose=verbose, wheels=wheels, python=python,
+                                      origin=origin)["venv"])
 
     def install(self) -> dict:
         """Make sure the Triton this server runs is there, without starting it; return its install record.
@@ -147,7 +169,8 @@ class LocalServer:
         if self.tritonserver is not None:
             return _existing_install(self.tritonserver, self.server_python, self.backend_directory,
                                      self._origin)
-        return _ensure_installed(self.home or default_home(), progress=not self.quiet)
+        return _ensure_installed(self.home or default_home(), progress=not self.quiet, verbose=self.verbose,
+                                 wheels=self.wheels, python=self.server_python, origin=self._origin)
 
     # -- addresses ---------------------------------------------------------
 
