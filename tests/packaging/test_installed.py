@@ -14,16 +14,15 @@ import importlib.machinery
 import importlib.metadata
 import os
 import re
-import shutil
 import subprocess
 import sys
-import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
 
 import tritonshm
+from toolchain import c_compiler
 
 MEMORY = Path(tritonshm.__file__).resolve().parent / "_memory"
 
@@ -128,17 +127,6 @@ def test_headers_named_by_the_pxds_are_installed():
             assert (include / header).is_file(), f"{pxd.name} needs {header}, not installed"
 
 
-def _c_compiler() -> str | None:
-    """The C compiler extensions would be built with, if it runs here."""
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    exe = shutil.which(cc.split()[0])
-    if exe is None:
-        return None
-    try:
-        ok = subprocess.run([exe, "--version"], capture_output=True, timeout=30).returncode == 0
-    except OSError:
-        return None
-    return exe if ok else None
 
 
 DOWNSTREAM_PYX = '''\
@@ -186,7 +174,7 @@ def test_cimport_from_installed_package(tmp_path):
     headers, and runs (needs Cython, setuptools and a C compiler)."""
     pytest.importorskip("Cython", reason="Cython is not installed: cannot build a downstream extension")
     pytest.importorskip("setuptools", reason="setuptools is not installed: cannot build a downstream extension")
-    if _c_compiler() is None:
+    if c_compiler() is None:
         pytest.skip("no working C compiler: cannot build a downstream extension")
     (tmp_path / "downstream.pyx").write_text(DOWNSTREAM_PYX.format(include=MEMORY / "include"))
     build = subprocess.run(

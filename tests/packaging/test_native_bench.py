@@ -15,26 +15,16 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
+from toolchain import c_compiler
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = ["4 KiB", "64 KiB", "1 MiB", "16 MiB", "64 MiB"]
 NUMBER = r"\d+\.\d+"
 
 
-def _c_compiler() -> str | None:
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    exe = shutil.which(cc.split()[0])
-    if exe is None:
-        return None
-    try:
-        ok = subprocess.run([exe, "--version"], capture_output=True, timeout=30).returncode == 0
-    except OSError:
-        return None
-    return exe if ok else None
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +34,7 @@ def bench_binary(tmp_path_factory) -> Path:
     cmake = shutil.which("cmake")
     if cmake is None:
         pytest.skip("cmake is not installed: cannot build the native microbenchmarks")
-    cc = _c_compiler()
+    cc = c_compiler()
     if cc is None:
         pytest.skip("no working C compiler: cannot build the native microbenchmarks")
     build = tmp_path_factory.mktemp("bench-build")
