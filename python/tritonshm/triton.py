@@ -134,10 +134,12 @@ def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> Se
     return ServerError(f"{doing}: {message}")
 
 
-def _call(client: Any, doing: str, method: str, *args: Any, on_success=None, cuda: bool = False,
-          **kwargs: Any) -> Any:
-    """Call ``client.<method>(*args, **kwargs)``, translating errors; for aio
-    clients return an awaitable that does the same."""
+def call_translated(client: Any, doing: str, method: str, *args: Any, on_success=None,
+                    cuda: bool = False, **kwargs: Any) -> Any:
+    """Call ``client.<method>(*args, **kwargs)``, turning tritonclient's
+    failures into :class:`ServerError` subclasses that say what to do
+    (*doing* opens the message); for aio clients return an awaitable that
+    does the same.  Used by this module and by the clients."""
 
     def finish(result: Any) -> Any:
         return on_success(result) if on_success is not None else result
@@ -190,13 +192,13 @@ def register(client: Any, region: Any, name: str | None = None, *, device_id: in
         if not isinstance(device, int) or isinstance(device, bool) or device < 0:
             raise RegistrationError(f"device_id must be a non-negative int, not {device!r}")
         handle = base64.b64encode(region.ipc_handle).decode("ascii")
-        return _call(
+        return call_translated(
             client, doing, "register_cuda_shared_memory",
             name, handle, device, region.nbytes, on_success=remember, cuda=True,
         )
     if device_id is not None:
         raise RegistrationError(f"device_id applies to CUDA regions only, not to {region!r}")
-    return _call(
+    return call_translated(
         client, doing, "register_system_shared_memory",
         name, region.key, region.nbytes, 0, on_success=remember,
     )
@@ -230,7 +232,7 @@ def unregister(client: Any, name_or_region: Any) -> Any:
 
     # The region keeps its name: it may still be registered with another
     # server, and a request naming it here gets the server's clear error.
-    return _call(client, f"unregistering {name!r}", method, name)
+    return call_translated(client, f"unregistering {name!r}", method, name)
 
 
 def _done(client: Any, value: Any) -> Any:
@@ -257,7 +259,7 @@ def status(client: Any, name: str | None = None, kind: str = "system") -> Any:
     doing = f"reading {what} status" if name is None else f"reading the status of {name!r}"
     kwargs = _transport.of_client(client).json  # gRPC answers protobufs unless asked for JSON
     method = "get_cuda_shared_memory_status" if kind == "cuda" else "get_system_shared_memory_status"
-    return _call(client, doing, method, name or "",
+    return call_translated(client, doing, method, name or "",
                  on_success=_cuda_regions_of if kind == "cuda" else _regions_of, **kwargs)
 
 

@@ -21,7 +21,6 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from .. import _transport, triton
-from ..errors import ServerError
 from . import _intake
 from ._client import Request as _BlockingRequest
 from ._client import _release_everything
@@ -31,15 +30,6 @@ from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitFor
 from ._threads import Connector
 
 __all__ = ["Client", "Request"]
-
-
-async def _translated(doing: str, awaitable: Any) -> Any:
-    try:
-        return await awaitable
-    except ServerError:
-        raise
-    except Exception as exc:
-        raise triton.translate_error(exc, doing) from exc
 
 
 class Request(_BlockingRequest):
@@ -118,16 +108,17 @@ class Client(Engine):
             task.add_done_callback(finish)
 
     async def _send(self, step: Send) -> Any:
-        return await _translated(
-            f"inferring with model {step.model!r}",
-            self._aio_client.infer(step.model, step.inputs, model_version=step.version,
-                                   outputs=step.outputs))
+        return await triton.call_translated(
+            self._aio_client, f"inferring with model {step.model!r}", "infer", step.model,
+            step.inputs, model_version=step.version, outputs=step.outputs)
 
     async def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
         wire, tc = self._wire, self._aio_client
         doing = f"reading metadata of model {step.model!r}"
-        metadata = await _translated(doing, tc.get_model_metadata(step.model, step.version, **wire.json))
-        config = await _translated(doing, tc.get_model_config(step.model, step.version, **wire.json))
+        metadata = await triton.call_translated(tc, doing, "get_model_metadata", step.model, step.version,
+                                                **wire.json)
+        config = await triton.call_translated(tc, doing, "get_model_config", step.model, step.version,
+                                              **wire.json)
         return metadata, wire.model_config(config)
 
     async def _register(self, step: Register) -> str:

@@ -3,32 +3,21 @@
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from .. import triton
-from ..errors import ClientClosed, ServerError
+from ..errors import ClientClosed
 from . import _intake
-from ._engine import Engine
+from ._engine import Engine, close_pools_steps
 from ._model import ModelInfo
 from ._pool import Lease, SlotPool
 from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForSlot, advance
 from ._threads import Connector, Workers
 
 __all__ = ["Client", "Request"]
-
-
-def _translated(doing: str, call: Callable[[], Any]) -> Any:
-    """``call()``, with tritonclient's failures turned into :class:`ServerError` subclasses."""
-    try:
-        return call()
-    except ServerError:
-        raise
-    except Exception as exc:  # tritonclient raises its own type, or socket errors for HTTP
-        raise triton.translate_error(exc, doing) from exc
 
 
 class Request:
@@ -89,23 +78,20 @@ def _release_everything(connector: Connector, pools: dict[Any, SlotPool], retire
     """Stop the threads, unregister and close every pool, close the connections.
 
     Module level, holding no reference to the client: it is also the
-    finalizer of a client that was never closed.
+    finalizer of a client that was never closed, so it is best effort: a
+    name the server cannot unregister does not stop the rest.
     """
     for group in list(workers.values()):
         group.shutdown(wait)
     workers.clear()
-    doomed = list(pools.values()) + list(retired)
-    pools.clear()
-    retired.clear()
-    for pool in doomed:
-        for extent in pool.close():
-            try:
-                if extent.name is not None and os.getpid() == creator_pid:
-                    connector.call(lambda tc, name=extent.name: triton.unregister(tc, name))
-            except Exception:
-                pass  # best effort: a dead server has forgotten it anyway
-            finally:
-                extent.memory.close()
+    steps = close_pools_steps(pools, retired, creator_pid)
+    step = advance(steps)
+    while not isinstance(step, Done):  # only Unregister steps come out of these
+        try:
+            connector.call(lambda tc, name=step.name: triton.unregister(tc, name))
+        except Exception:
+            pass  # best effort: a dead server has forgotten it anyway
+        step = advance(steps)
     connector.close(wait)
 
 
@@ -169,19 +155,21 @@ class Client(Engine):
         return step.value
 
     def _send(self, step: Send) -> Any:
-        return _translated(
-            f"inferring with model {step.model!r}",
-            lambda: self._connector.call(lambda tc: tc.infer(
-                step.model, step.inputs, model_version=step.version, outputs=step.outputs)))
+        return self._connector.call(lambda tc: triton.call_translated(
+            tc, f"inferring with model {step.model!r}", "infer", step.model, step.inputs,
+            model_version=step.version, outputs=step.outputs))
 
     def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
-        wire = self._wire
+        wire, doing = self._wire, f"reading metadata of model {step.model!r}"
 
         def fetch(tc: Any) -> tuple[Any, Any]:
-            metadata = tc.get_model_metadata(step.model, step.version, **wire.json)
-            return metadata, wire.model_config(tc.get_model_config(step.model, step.version, **wire.json))
+            metadata = triton.call_translated(tc, doing, "get_model_metadata", step.model, step.version,
+                                              **wire.json)
+            config = triton.call_translated(tc, doing, "get_model_config", step.model, step.version,
+                                            **wire.json)
+            return metadata, wire.model_config(config)
 
-        return _translated(f"reading metadata of model {step.model!r}", lambda: self._connector.call(fetch))
+        return self._connector.call(fetch)
 
     def _register(self, step: Register) -> str:
         if step.name is None:

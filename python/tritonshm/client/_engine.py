@@ -39,10 +39,38 @@ from ._pool import Extent, Layout, Lease, SlotPool
 from ._slots import PinnedSlotMemory, SlotMemory, SystemSlotMemory
 from ._steps import FetchModel, Register, Send, Steps, Unregister, WaitForSlot
 
-__all__ = ["Engine", "TRANSPORTS"]
+__all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps"]
 
 TRANSPORTS = ("auto", "shm", "wire")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
+
+
+def drop_extent_steps(extent: Extent, creator_pid: int) -> Steps:
+    """Unregister one extent (never from a forked child: the name is the parent's) and close it."""
+    try:
+        if extent.name is not None and os.getpid() == creator_pid:
+            yield Unregister(extent.name)
+    except (ServerUnavailable, RegistrationError):
+        pass  # a dead or restarted server has forgotten it anyway
+    finally:
+        extent.memory.close()
+
+
+def close_pools_steps(pools: dict[Any, SlotPool], retired: set[SlotPool], creator_pid: int) -> Steps:
+    """Empty *pools* and *retired* now, then the steps that unregister and close all they held.
+
+    Module level, holding no engine: a forgotten client's finalizer runs it too.
+    """
+    doomed = list(pools.values()) + list(retired)
+    pools.clear()
+    retired.clear()
+
+    def steps() -> Steps:
+        for pool in doomed:
+            for extent in pool.close():
+                yield from drop_extent_steps(extent, creator_pid)
+
+    return steps()
 
 
 class Engine:
@@ -241,23 +269,12 @@ class Engine:
                     self._retired.discard(pool)
 
     def _drop_extent_steps(self, extent: Extent) -> Steps:
-        try:
-            if extent.name is not None and os.getpid() == self._creator_pid:
-                yield Unregister(extent.name)
-        except (ServerUnavailable, RegistrationError):
-            pass  # a dead or restarted server has forgotten it anyway
-        finally:
-            extent.memory.close()
+        return drop_extent_steps(extent, self._creator_pid)
 
     def _close_steps(self) -> Steps:
         """Unregister and close every pool (the client is closing)."""
         with self._lock:
-            pools = list(self._pools.values()) + list(self._retired)
-            self._pools.clear()
-            self._retired.clear()
-        for pool in pools:
-            for extent in pool.close():
-                yield from self._drop_extent_steps(extent)
+            return close_pools_steps(self._pools, self._retired, self._creator_pid)
 
     # -- requests ---------------------------------------------------------
 
