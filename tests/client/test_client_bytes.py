@@ -22,7 +22,7 @@ def as_objects(items, shape=None):
 
 def bound_to_shared_memory(client, model):
     """Whether every cached input and output of the model's pool names a shared-memory region."""
-    pool = client._pools[(model, "")]
+    pool = client._pools[(model, "", "system")]
     # Inputs are cached as (InferInput, shape, nbytes), outputs as they are.
     objects = [obj[0] if isinstance(obj, tuple) else obj
                for cache in pool.request_objects.values() for obj in cache.values()]

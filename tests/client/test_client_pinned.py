@@ -14,11 +14,11 @@ def test_pinned_pools_are_page_locked_and_released(fake_cuda, server, protocol):
     with tritonshm.Client(client_url(server, protocol), pinned=True) as c:
         data = np.arange(1000, dtype=np.float32)
         assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)
-        (extent,) = c._pools[("identity_fp32", "")].extents
+        (extent,) = c._pools[("identity_fp32", "", "system")].extents
         assert extent.memory.region.pinned and extent.memory.kind == "system"
         assert fake_cuda.stats().live != registered_before  # one host registration more
         kept = [c.infer("identity_fp32", {"INPUT0": data + i}, copy=False)["OUTPUT0"] for i in range(6)]
-        assert all(r.memory.region.pinned for r in c._pools[("identity_fp32", "")].extents)
+        assert all(r.memory.region.pinned for r in c._pools[("identity_fp32", "", "system")].extents)
         for i, view in enumerate(kept):
             assert np.array_equal(view, data + i)
         del kept, view
@@ -30,7 +30,7 @@ def test_pinned_needs_cuda(server):
 
     if cuda.available():
         pytest.skip("a usable CUDA runtime and GPU are present: pinned=True works here")
-    with pytest.raises(tritonshm.CudaUnavailable, match="pinned=True page-locks slots with CUDA"):
+    with pytest.raises(tritonshm.CudaUnavailable, match=r"pinned=True \(page-locking slots\) needs CUDA"):
         tritonshm.Client(server.grpc_url, pinned=True)
 
 

@@ -151,25 +151,26 @@ class Client(Engine):
 
     async def infer(self, model: str, inputs: Mapping[str, Any], *,
                     outputs: Sequence[str] | None = None, version: str = "", copy: bool = True,
-                    timeout: float | None = None) -> dict[str, np.ndarray]:
+                    timeout: float | None = None, output_device: str | int = "auto") -> dict[str, Any]:
         """Like :meth:`tritonshm.Client.infer`; chunks of a large batch run concurrently."""
         info = await self.model_info(model, version)
-        chunks, names = self._plan(info, inputs, outputs, copy)
+        chunks, names, route = self._plan(info, inputs, outputs, copy, output_device)
         wait = self.timeout if timeout is None else timeout
         if len(chunks) == 1:
-            return await self._drive(self._chunk_steps(info, chunks[0], names, copy, wait))
+            return await self._drive(self._chunk_steps(info, chunks[0], names, copy, wait, route))
         parts = await asyncio.gather(*(
-            self._drive(self._chunk_steps(info, chunk, names, True, wait)) for chunk in chunks))
-        return _intake.join_chunks(parts, names)
+            self._drive(self._chunk_steps(info, chunk, names, True, wait, route)) for chunk in chunks))
+        return _intake.join_chunks(parts, names, route.results)
 
     async def request(self, model: str, batch_size: int | None = None, *,
                       shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",
-                      timeout: float | None = None) -> Request:
+                      timeout: float | None = None, device: str | int | None = None) -> Request:
         """Like :meth:`tritonshm.Client.request`; the request's ``run()`` is a coroutine."""
         info = await self.model_info(model, version)
         full = self._request_shapes(info, batch_size, shapes)
+        slots = self._request_slots(device)
         wait = self.timeout if timeout is None else timeout
-        return Request(self, info, await self._drive(self._request_steps(info, full, wait)), full)
+        return Request(self, info, await self._drive(self._request_steps(info, full, wait, slots)), full)
 
     async def close(self) -> None:
         """Unregister and unlink this client's regions, close its connections; idempotent."""

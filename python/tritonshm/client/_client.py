@@ -11,6 +11,7 @@ import numpy as np
 from .. import triton
 from ..errors import ClientClosed
 from . import _intake
+from ._devices import Placement
 from ._engine import Engine, close_pools_steps
 from ._model import ModelInfo
 from ._pool import Lease, SlotPool
@@ -50,10 +51,12 @@ class Request:
         if self._lease is None:
             raise ClientClosed("this request is closed")
         names = _intake.output_names(self._info, outputs)
-        return self._client._slot_steps(self._info, self._lease, self._shapes, names, False, {})
+        here = Placement(self._lease.extent.memory.device)
+        return self._client._slot_steps(self._info, self._lease, self._shapes, names, False, {}, here)
 
-    def run(self, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        """Run the inference on the inputs as they are now; outputs are slot views."""
+    def run(self, outputs: Sequence[str] | None = None) -> dict[str, Any]:
+        """Run the inference on the inputs as they are now; outputs are slot views
+        (numpy, or :class:`~tritonshm.CudaArray` for a request on a GPU)."""
         return self._client._drive(self._run_steps(outputs))
 
     def close(self) -> None:
@@ -197,26 +200,38 @@ class Client(Engine):
     # -- inference --------------------------------------------------------
 
     def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
-              version: str = "", copy: bool = True, timeout: float | None = None) -> dict[str, np.ndarray]:
-        """Run *model* on *inputs* (name -> array-like) and return its outputs.
+              version: str = "", copy: bool = True, timeout: float | None = None,
+              output_device: str | int = "auto") -> dict[str, Any]:
+        """Run *model* on *inputs* (name -> array) and return its outputs.
 
-        Inputs must match the model's datatypes and shapes exactly (no silent
-        casts); BYTES inputs take bytes or str.  Batches larger than
+        Inputs are numpy arrays (or array-likes) or GPU tensors -- anything
+        with ``__cuda_array_interface__`` or a CUDA ``__dlpack_device__``
+        (torch, cupy, jax, :class:`~tritonshm.CudaArray`); GPU tensors go
+        through CUDA slots with one device-to-device copy, never through host
+        memory.  They must match the model's datatypes and shapes exactly (no
+        silent casts); BYTES inputs take bytes or str.  Batches larger than
         ``max_batch_size`` are split, run on several slots at once and
-        reassembled in order.  With ``copy=False`` the outputs are
-        read-write views into the slot, which stays out of the pool until
-        they are gone.  *timeout* bounds the wait for a slot (default: the
-        client's).
+        reassembled in order.
+
+        *output_device* is where results land: ``"auto"`` (where the inputs
+        were), ``"cpu"`` (numpy), ``"cuda"`` or ``"cuda:N"`` (arrays of the
+        inputs' library: torch tensors for torch inputs, cupy arrays for
+        cupy, else :class:`~tritonshm.CudaArray`).  With ``copy=False`` the
+        outputs are views into the slot (numpy, or ``CudaArray`` on a GPU),
+        which stays out of the pool until every view -- and every DLPack
+        tensor made from one -- is gone; where the slot is not where the
+        results are wanted, they are copies all the same.  *timeout* bounds
+        the wait for a slot (default: the client's).
         """
         info = self.model_info(model, version)
-        chunks, names = self._plan(info, inputs, outputs, copy)
+        chunks, names, route = self._plan(info, inputs, outputs, copy, output_device)
         wait = self.timeout if timeout is None else timeout
         if len(chunks) == 1:
-            return self._drive(self._chunk_steps(info, chunks[0], names, copy, wait))
+            return self._drive(self._chunk_steps(info, chunks[0], names, copy, wait, route))
         workers = self._workers_for("chunk")
         futures = [workers.submit(lambda chunk=chunk: self._drive(
-            self._chunk_steps(info, chunk, names, True, wait))) for chunk in chunks]
-        return _intake.join_chunks([f.result() for f in futures], names)
+            self._chunk_steps(info, chunk, names, True, wait, route))) for chunk in chunks]
+        return _intake.join_chunks([f.result() for f in futures], names, route.results)
 
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
         """:meth:`infer` in a background thread; returns a ``concurrent.futures.Future``."""
@@ -224,16 +239,21 @@ class Client(Engine):
 
     def request(self, model: str, batch_size: int | None = None, *,
                 shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",
-                timeout: float | None = None) -> Request:
+                timeout: float | None = None, device: str | int | None = None) -> Request:
         """Lease a slot for a zero-copy request (see :class:`Request`).
 
         *batch_size* is required for batching models; *shapes* gives the
-        full shape of inputs whose dims are variable.
+        full shape of inputs whose dims are variable.  *device* (``"cuda"``,
+        ``"cuda:N"``) puts the slot in GPU memory: the inputs and outputs are
+        :class:`~tritonshm.CudaArray` views to fill and read in place (e.g.
+        ``torch.from_dlpack(req.inputs["INPUT0"])``).
         """
         info = self.model_info(model, version)
         shapes_full = self._request_shapes(info, batch_size, shapes)
+        slots = self._request_slots(device)
         wait = self.timeout if timeout is None else timeout
-        return Request(self, info, self._drive(self._request_steps(info, shapes_full, wait)), shapes_full)
+        return Request(self, info, self._drive(self._request_steps(info, shapes_full, wait, slots)),
+                       shapes_full)
 
     # -- lifetime ---------------------------------------------------------
 

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import warnings
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -33,15 +33,16 @@ from ..errors import (
     ShapeMismatch,
     SharedMemoryRefused,
 )
-from . import _bytes, _intake
+from . import _bytes, _devices, _intake
+from ._devices import DeviceTensor, Placement
 from ._model import ModelInfo, shape_fits
 from ._pool import Extent, Layout, Lease, SlotPool
-from ._slots import PinnedSlotMemory, SlotMemory, SystemSlotMemory
+from ._slots import CudaSlotMemory, PinnedSlotMemory, SlotMemory, SystemSlotMemory
 from ._steps import FetchModel, Register, Send, Steps, Unregister, WaitForSlot
 
 __all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps"]
 
-TRANSPORTS = ("auto", "shm", "wire")
+TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 
 
@@ -54,6 +55,14 @@ def drop_extent_steps(extent: Extent, creator_pid: int) -> Steps:
         pass  # a dead or restarted server has forgotten it anyway
     finally:
         extent.memory.close()
+
+
+class Route(NamedTuple):
+    """Where one request's tensors go: *slots* is the memory its slots are in
+    ("system", "pinned:N" or "cuda:N"), *results* where its outputs land."""
+
+    slots: str
+    results: Placement
 
 
 def close_pools_steps(pools: dict[Any, SlotPool], retired: set[SlotPool], creator_pid: int) -> Steps:
@@ -89,6 +98,11 @@ class Engine:
         if timeout is not None and not timeout >= 0:
             raise InvalidOption(f"timeout must be None or >= 0 seconds, not {timeout!r}")
         self._make_memory = self._memory_factory(pinned)
+        if transport == "cuda":
+            self._require_cuda("transport='cuda'")
+        self._default_device = 0 if isinstance(pinned, bool) else pinned  # for host inputs on CUDA slots
+        self._pinned = pinned is not False
+        self._cuda_refused = False   # the server could not open our CUDA memory: host slots instead
         self.url = url
         self.transport = transport
         self.slots = slots
@@ -99,7 +113,7 @@ class Engine:
         self._connect_options = dict(connect_options or {})
         self._lock = threading.RLock()
         self._models: dict[tuple[str, str], ModelInfo] = {}
-        self._pools: dict[tuple[str, str], SlotPool] = {}
+        self._pools: dict[tuple[str, str, str], SlotPool] = {}   # by model, version and slot memory
         self._retired: set[SlotPool] = set()
         self._plans: dict[tuple, dict[str, int]] = {}   # slot needs by model and input shapes
         self._wire_only = transport == "wire"
@@ -115,13 +129,25 @@ class Engine:
         device = 0 if pinned is True else pinned
         if isinstance(device, bool) or not isinstance(device, int) or device < 0:
             raise InvalidOption(f"pinned must be True, False or a CUDA device number, not {pinned!r}")
+        Engine._require_cuda("pinned=True (page-locking slots)")
+        return functools.partial(PinnedSlotMemory, device=device)
+
+    @staticmethod
+    def _require_cuda(what: str) -> None:
         from .. import cuda
 
         info = cuda.runtime_info()
         if not info["available"]:
-            raise CudaUnavailable(f"pinned=True page-locks slots with CUDA, which is not usable here: "
-                                  f"{info['error']}")
-        return functools.partial(PinnedSlotMemory, device=device)
+            raise CudaUnavailable(f"{what} needs CUDA, which is not usable here: {info['error']}")
+
+    def _memory_for(self, slots: str) -> Callable[[int], SlotMemory]:
+        """What slots of a :class:`Route`'s *slots* are made of."""
+        kind, _, device = slots.partition(":")
+        if kind == "system":
+            return self._make_memory
+        if kind == "pinned":
+            return functools.partial(PinnedSlotMemory, device=int(device))
+        return functools.partial(CudaSlotMemory, device=int(device))
 
     @property
     def _connect(self) -> Callable[[], Any]:
@@ -156,17 +182,29 @@ class Engine:
 
     # -- pools ------------------------------------------------------------
 
-    def _pool_steps(self, info: ModelInfo, needs: Mapping[str, int]) -> Steps:
-        """The model's pool, made or replaced by a larger one to fit *needs*; None for the wire."""
-        key = (info.name, info.version)
+    def _slots_after_refusal(self, slots: str) -> str:
+        """*slots*, or the host memory that replaces CUDA slots the server cannot open."""
+        if not (self._cuda_refused and slots.startswith("cuda:")):
+            return slots
+        return "system" if self._pinned else "pinned:" + slots[5:]
+
+    def _pool_steps(self, info: ModelInfo, needs: Mapping[str, int], slots: str,
+                    strict: bool = False) -> Steps:
+        """The model's pool in *slots* memory, made or replaced by a larger one to fit
+        *needs*; None for the wire.  Where the server cannot open CUDA slots, host
+        slots serve (and plain gRPC/HTTP where it cannot open those), each with one
+        warning, unless the transport (or *strict*) says to raise instead."""
         while True:
             if self._wire_only:
                 return None
+            if not strict:
+                slots = self._slots_after_refusal(slots)
+            key = (info.name, info.version, slots)
             old = self._pools.get(key)
             if old is not None and old.layout.fits(needs):
                 return old
             layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
-            pool = SlotPool(info, layout, self.slots, self.max_pool_bytes, self._make_memory)
+            pool = SlotPool(info, layout, self.slots, self.max_pool_bytes, self._memory_for(slots))
             if pool.extent_bytes > self.max_pool_bytes:
                 raise InvalidOption(
                     f"a pool for model {info.name!r} would need {pool.extent_bytes} bytes "
@@ -176,7 +214,14 @@ class Engine:
             try:
                 extent = yield from self._register_extent_steps(pool)
             except SharedMemoryRefused as exc:
-                if self.transport == "shm":
+                if slots.startswith("cuda:"):
+                    if self.transport == "cuda" or strict or self._cuda_refused:
+                        raise
+                    warnings.warn(f"tritonshm: GPU tensors fall back to pinned system shared memory: {exc}",
+                                  RuntimeWarning, stacklevel=2)
+                    self._cuda_refused = True
+                    continue
+                if self.transport in ("shm", "cuda") or strict:
                     raise
                 warnings.warn(
                     f"tritonshm: falling back to plain {'HTTP' if self._wire.http else 'gRPC'}: {exc}",
@@ -210,18 +255,18 @@ class Engine:
         return extent
 
     def _lease_steps(self, info: ModelInfo, needs: Mapping[str, int], timeout: float | None,
-                     hold: bool) -> Steps:
-        """A leased slot that fits *needs* (None for the wire), growing the pool
-        instead of waiting when the busy slots are only held by views.
-        *hold*: see :meth:`SlotPool.try_acquire`."""
-        pool = self._pools.get((info.name, info.version))
+                     hold: bool, slots: str = "system", strict: bool = False) -> Steps:
+        """A leased slot in *slots* memory that fits *needs* (None for the wire),
+        growing the pool instead of waiting when the busy slots are only held by
+        views.  *hold*: see :meth:`SlotPool.try_acquire`; *strict*: no fallback."""
+        pool = self._pools.get((info.name, info.version, slots))
         if pool is not None and pool.layout.fits(needs):  # the usual case, without more steps
             lease = pool.try_acquire(hold)
             if lease is not None:
                 return lease
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            pool = yield from self._pool_steps(info, needs)
+            pool = yield from self._pool_steps(info, needs, slots, strict)
             if pool is None:
                 return None
             lease = pool.try_acquire(hold)
@@ -238,7 +283,7 @@ class Engine:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise pool.exhausted(timeout)
-            yield WaitForSlot(pool, left)
+            yield WaitForSlot(pool, pool.wait_slice(left))
 
     def _needs(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
                 bytes_sizes: Mapping[str, int]) -> dict[str, int]:
@@ -279,8 +324,9 @@ class Engine:
     # -- requests ---------------------------------------------------------
 
     def _plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
-              copy: bool) -> tuple[list[dict[str, np.ndarray]], list[str]]:
-        """Checked inputs split into chunks of at most ``max_batch_size``, and the output names."""
+              copy: bool, output_device: Any = "auto") -> tuple[list[dict[str, Any]], list[str], Route]:
+        """Checked inputs split into chunks of at most ``max_batch_size``, the
+        output names, and the route of the request's tensors."""
         arrays, batch = _intake.check_inputs(info, inputs)
         names = _intake.output_names(info, outputs)
         chunks = _intake.split_batch(info, arrays, batch)
@@ -289,20 +335,54 @@ class Engine:
                 f"copy=False needs one slot, but a batch of {batch} on model {info.name!r} "
                 f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
             )
-        return chunks, names
+        return chunks, names, self._route(info, arrays, output_device)
 
-    def _chunk_steps(self, info: ModelInfo, arrays: Mapping[str, np.ndarray], names: list[str],
-                     copy: bool, timeout: float | None) -> Steps:
+    def _route(self, info: ModelInfo, arrays: Mapping[str, Any], output_device: Any) -> Route:
+        """Which slots a request uses and where its results land.
+
+        GPU inputs go through CUDA slots on their device (host slots for
+        models with BYTES tensors, or once the server refused our CUDA
+        memory); host inputs through host slots, unless the transport is
+        "cuda".  Results land where the inputs were (``output_device="auto"``)
+        or where asked, allocated by the inputs' library.
+        """
+        devices = {a.device for a in arrays.values() if isinstance(a, DeviceTensor)}
+        if len(devices) > 1:
+            raise InvalidOption(f"the inputs of one request must be on one GPU, not on cuda:{sorted(devices)}")
+        source = next(iter(devices), None)
+        library = next((a.library for a in arrays.values() if isinstance(a, DeviceTensor)), "tritonshm")
+        if output_device == "auto":
+            target = source
+        elif output_device == "cuda" and source is not None:
+            target = source
+        else:
+            target = _devices.parse_device(output_device, "output_device")
+        results = Placement(target, library)
+        has_bytes = any(spec.is_bytes for spec in info.inputs + info.outputs)
+        if self.transport == "cuda":
+            if has_bytes:
+                raise InvalidOption(f"model {info.name!r} has BYTES tensors, which transport='cuda' "
+                                    f"cannot carry; use transport='auto'")
+            device = source if source is not None else (target if target is not None else self._default_device)
+            return Route(f"cuda:{device}", results)
+        if source is None:
+            return Route("system", results)
+        if has_bytes:
+            return Route("system" if self._pinned else f"pinned:{source}", results)
+        return Route(f"cuda:{source}", results)
+
+    def _chunk_steps(self, info: ModelInfo, arrays: Mapping[str, Any], names: list[str],
+                     copy: bool, timeout: float | None, route: Route) -> Steps:
         """Steps of one request that fits a slot: lease, copy in, run, collect."""
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays)
         needs = self._needs(info, shapes, bytes_sizes)
         for attempt in range(_GROW_ATTEMPTS):
             lease = None if self._wire_only else (
-                yield from self._lease_steps(info, needs, timeout, hold=not copy))
+                yield from self._lease_steps(info, needs, timeout, not copy, route.slots))
             if lease is None:
                 result = yield Send(info.name, info.version, *self._wire_request(info, arrays, names))
-                return {name: result.as_numpy(name) for name in names}
+                return self._wire_results(result, names, route.results)
             try:
                 memory = lease.extent.memory
                 for spec in info.inputs:
@@ -311,7 +391,8 @@ class Engine:
                         _bytes.encode_into(arrays[spec.name], memory.bytes_at(offset, bytes_sizes[spec.name]))
                     else:
                         memory.write(offset, arrays[spec.name])
-                outputs = yield from self._slot_steps(info, lease, shapes, names, copy, bytes_sizes)
+                outputs = yield from self._slot_steps(info, lease, shapes, names, copy, bytes_sizes,
+                                                      route.results)
             except OutputTooSmall as exc:
                 # A variable-size output outgrew its guess: grow to what the
                 # server asked for and run again on a slot of a larger pool.
@@ -332,8 +413,10 @@ class Engine:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _slot_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
-                    names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int]) -> Steps:
-        """Steps of running the inputs already in a slot; outputs (checked *names*) land there too."""
+                    names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
+                    results: Placement) -> Steps:
+        """Steps of running the inputs already in a slot; outputs (checked *names*)
+        land there too, and are delivered where *results* says."""
         inputs, requested = self._slot_request(info, lease, shapes, names, bytes_sizes)
         send = Send(info.name, info.version, inputs, requested)
         try:
@@ -348,11 +431,13 @@ class Engine:
                     if "already" not in str(exc):  # another request of ours re-registered it
                         raise
             result = yield send
-        return self._collect(info, lease, result, names, copy)
+        return self._collect(info, lease, result, names, copy, results)
 
     def _collect(self, info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
-                 copy: bool) -> dict[str, Any]:
-        """The outputs of *result*, read from the slot: copies, or views that hold it."""
+                 copy: bool, results: Placement) -> dict[str, Any]:
+        """The outputs of *result*, read from the slot: views that hold it where
+        ``copy=False`` and the slot is where the results are wanted, else copies
+        (numpy on the host, or device arrays made by the results' library)."""
         memory, layout = lease.extent.memory, lease.pool.layout
         outputs = {}
         for name in names:
@@ -363,10 +448,13 @@ class Engine:
                 raw = memory.bytes_at(lease.offset(name), layout.capacities[name])
                 outputs[name] = _bytes.decode(raw, math.prod(shape), shape)
                 del raw
-            elif copy:
+            elif not copy and memory.device == results.device:
+                outputs[name] = memory.view(lease.handle, layout.offsets[name], spec.dtype, shape)
+            elif results.device is None:
                 outputs[name] = memory.copy_out(lease.offset(name), spec.dtype, shape)
             else:
-                outputs[name] = memory.view(lease.handle, layout.offsets[name], spec.dtype, shape)
+                out = outputs[name] = _devices.empty(results, spec.dtype, shape)
+                memory.copy_into(out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize)
         return outputs
 
     def _slot_request(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
@@ -416,10 +504,20 @@ class Engine:
             array = arrays[spec.name]
             if spec.is_bytes:
                 array = np.asarray(array, dtype=np.object_)
+            elif isinstance(array, DeviceTensor):
+                array = _devices.to_host(array)
             wire = self._wire.infer_input(spec.name, list(array.shape), spec.datatype)
             wire.set_data_from_numpy(array)
             inputs.append(wire)
         return inputs, [self._wire.requested_output(n) for n in names]
+
+    @staticmethod
+    def _wire_results(result: Any, names: Sequence[str], results: Placement) -> dict[str, Any]:
+        """The outputs of a plain gRPC/HTTP reply, moved to the GPU where *results* says."""
+        outputs = {name: result.as_numpy(name) for name in names}
+        if results.device is None:
+            return outputs
+        return {name: a if a.dtype.hasobject else _devices.to_device(a, results) for name, a in outputs.items()}
 
     # -- the zero-copy path -----------------------------------------------
 
@@ -452,10 +550,20 @@ class Engine:
             full[spec.name] = tuple(shape)
         return full
 
+    def _request_slots(self, device: Any) -> str:
+        """The slot memory of a zero-copy request whose views should be on *device*."""
+        target = None if device is None else _devices.parse_device(device, "device")
+        if target is None:
+            return f"cuda:{self._default_device}" if self.transport == "cuda" else "system"
+        self._require_cuda(f"request(device={device!r})")
+        return f"cuda:{target}"
+
     def _request_steps(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
-                       timeout: float | None) -> Steps:
-        """A leased slot for a zero-copy request."""
-        lease = yield from self._lease_steps(info, self._needs(info, shapes, {}), timeout, hold=True)
+                       timeout: float | None, slots: str = "system") -> Steps:
+        """A leased slot in *slots* memory for a zero-copy request (never a fallback:
+        its views must be where they were asked for)."""
+        lease = yield from self._lease_steps(info, self._needs(info, shapes, {}), timeout, True, slots,
+                                             strict=slots != "system")
         if lease is None:
             raise SharedMemoryRefused("request() needs shared memory, but the server cannot open ours")
         return lease

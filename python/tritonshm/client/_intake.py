@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import DTypeMismatch, InvalidOption, ShapeMismatch
-from . import _bytes
+from . import _bytes, _devices
+from ._devices import HOST, Placement
 from ._model import ModelInfo, shape_fits
 
 __all__ = ["check_inputs", "output_names", "split_batch", "join_chunks", "slot_needs"]
@@ -24,8 +25,9 @@ __all__ = ["check_inputs", "output_names", "split_batch", "join_chunks", "slot_n
 _BYTES_OUTPUT_GUESS = 4096
 
 
-def check_inputs(info: ModelInfo, inputs: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
-    """Inputs as arrays, checked against the model; and the batch size (1 if unbatched)."""
+def check_inputs(info: ModelInfo, inputs: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+    """Inputs as numpy arrays or :class:`~._devices.DeviceTensor` (GPU inputs, never
+    converted), checked against the model; and the batch size (1 if unbatched)."""
     if not isinstance(inputs, Mapping):
         raise InvalidOption(f"inputs must be a mapping of input name to array, not {type(inputs).__name__}")
     expected = info.input_names
@@ -42,7 +44,12 @@ def check_inputs(info: ModelInfo, inputs: Mapping[str, Any]) -> tuple[dict[str, 
     batch = None
     for spec in info.inputs:
         value = inputs[spec.name]
-        array = value if isinstance(value, np.ndarray) else np.asarray(value)
+        if isinstance(value, np.ndarray):
+            array = value
+        else:
+            array = _devices.as_device_tensor(value)
+            if array is None:
+                array = np.asarray(value)
         if spec.is_bytes:
             if array.dtype.kind not in "OSU":
                 raise DTypeMismatch(
@@ -92,9 +99,15 @@ def split_batch(info: ModelInfo, arrays: dict[str, np.ndarray], batch: int) -> l
     return [{n: a[i:i + step] for n, a in arrays.items()} for i in range(0, batch, step)]
 
 
-def join_chunks(parts: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]) -> dict[str, np.ndarray]:
-    """The outputs of a chunked batch, reassembled in order."""
-    return {name: np.concatenate([part[name] for part in parts]) for name in names}
+def join_chunks(parts: Sequence[Mapping[str, Any]], names: Sequence[str],
+                placement: Placement = HOST) -> dict[str, Any]:
+    """The outputs of a chunked batch, reassembled in order (on the GPU where *placement* says)."""
+    joined = {}
+    for name in names:
+        pieces = [part[name] for part in parts]
+        on_host = placement.device is None or isinstance(pieces[0], np.ndarray)  # BYTES stay on the host
+        joined[name] = np.concatenate(pieces) if on_host else _devices.concatenate(pieces, placement)
+    return joined
 
 
 def slot_needs(info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],

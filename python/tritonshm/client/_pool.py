@@ -6,7 +6,9 @@ is made of *extents* -- one :class:`~._slots.SlotMemory` each, registered
 once -- so it can grow without moving what is already handed out:
 
 * a slot is **running** while its request is in flight, **held** while
-  only result views keep it, and **free** once those are gone too;
+  only result views keep it, and **free** once those are gone too (device
+  slots are watched through a probe of their native count, because DLPack
+  tensors hold them without any Python object: see :meth:`SlotMemory.probe`);
 * when no slot is free but some are merely held (results the caller kept),
   the pool grows by another extent, within ``max_bytes``: keeping results
   is not overloading the server, so it never waits for them;
@@ -36,6 +38,9 @@ __all__ = ["Layout", "SlotPool", "Lease", "Extent"]
 
 _PAGE = mmap.PAGESIZE
 _TENSOR_ALIGN = 64  # each tensor of a slot starts on a cache line
+# How often a waiting request looks again at slots only DLPack tensors hold:
+# their deleters run in C, on any thread, and cannot wake anyone.
+_PROBE_INTERVAL = 0.005
 
 
 def _round_up(value: int, to: int) -> int:
@@ -121,6 +126,7 @@ class SlotPool:
         self._cond = threading.Condition(threading.RLock())  # finalizers may run under it
         self._extents: list[Extent] = []
         self._free: collections.deque[tuple[Extent, int]] = collections.deque()
+        self._watched: list[tuple[Extent, int, Any]] = []  # held natively: (extent, index, probe)
         self._running = 0
         self._waiters: set[Callable[[], None]] = set()  # asyncio waiters' wake-ups
         self._sleepers = 0                               # threads blocked in wait()
@@ -157,7 +163,10 @@ class SlotPool:
     @property
     def held(self) -> int:
         """Slots out of the pool whose request is over but whose views live on."""
-        return self.nslots - len(self._free) - self._running
+        with self._cond:
+            if self._watched:
+                self._look_at_watched()
+            return self.nslots - len(self._free) - self._running
 
     @property
     def extents(self) -> list[Extent]:
@@ -209,6 +218,8 @@ class SlotPool:
         back with :meth:`finished_and_back` (a request that copies its results out).
         """
         with self._cond:
+            if not self._free and self._watched:
+                self._look_at_watched()
             if not self._free or self.retired:
                 return None
             extent, index = self._free.pop()  # LIFO: the slot used last is still in cache
@@ -216,10 +227,18 @@ class SlotPool:
         base = index * self.layout.slot_bytes
         handle = None
         if hold:
-            handle = extent.memory.lease(base, self.layout.slot_bytes)
-            finalizer = weakref.finalize(handle, self._release, extent, index)
+            memory = extent.memory
+            handle = memory.lease(base, self.layout.slot_bytes)
+            finalizer = weakref.finalize(handle, self._release, extent, index, memory.probe(handle))
             finalizer.atexit = False
         return Lease(self, extent, index, handle, base)
+
+    def wait_slice(self, left: float | None) -> float | None:
+        """How long to wait for a slot at a time: *left*, or less while slots
+        held by DLPack tensors must be looked at again (nothing wakes us for them)."""
+        if not self._watched:
+            return left
+        return _PROBE_INTERVAL if left is None else min(left, _PROBE_INTERVAL)
 
     def finished_and_back(self, lease: Lease) -> None:
         """:meth:`finished`, and the slot of a lease taken without *hold* back in the pool."""
@@ -270,16 +289,33 @@ class SlotPool:
             self._running -= 1
             self._wake()  # a held slot may now make growing worthwhile
 
-    def _release(self, extent: Extent, index: int) -> None:
-        # Runs when the last view of a slot dies: on any thread, possibly
-        # inside another pool's lock; so no I/O here, only bookkeeping.
+    def _release(self, extent: Extent, index: int, probe: Any = None) -> None:
+        # Runs when the lease handle dies: on any thread, possibly inside
+        # another pool's lock; so no I/O here, only bookkeeping.  With a
+        # probe, views the handle does not know of may still hold the slot.
         with self._cond:
             if extent.closed:
+                return
+            if probe is not None and probe.holders > 1:
+                self._watched.append((extent, index, probe))
                 return
             self._free.append((extent, index))
             self._collect_surplus()
             self._wake()
 
+    def _look_at_watched(self) -> None:
+        """Free the watched slots whose last view is gone (under the lock)."""
+        still = []
+        for extent, index, probe in self._watched:
+            if extent.closed:
+                continue
+            if probe.holders > 1:
+                still.append((extent, index, probe))
+            else:
+                self._free.append((extent, index))
+        if len(still) != len(self._watched):
+            self._watched = still
+            self._collect_surplus()
     def _collect_surplus(self) -> None:
         """Move idle extents beyond what the pool needs out of service."""
         if self.retired or self.closed:
@@ -310,6 +346,8 @@ class SlotPool:
         """Extents to unregister and close now: idle surplus, or all of a drained retired pool."""
         with self._cond:
             out, self._surplus = self._surplus, []
+            if self._watched:
+                self._look_at_watched()
             if self.retired and not self.closed and len(self._free) == self.nslots:
                 out.extend(self._extents)
                 self._extents = []
@@ -335,6 +373,7 @@ class SlotPool:
                 self._extents, self._surplus = [], []
                 self.closed = self.retired = True
             self._free.clear()
+            self._watched.clear()
             for extent in out:
                 extent.closed = True
             self._wake()

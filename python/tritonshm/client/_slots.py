@@ -1,13 +1,15 @@
 """Slot memory: the one interface between slot pools and the kind of memory under them.
 
 A pool carves registered memory into slots and leases them out; what the
-memory *is* -- a POSIX shared-memory segment today, a CUDA allocation
-tomorrow -- is hidden behind :class:`SlotMemory`, which knows how to
+memory *is* -- a POSIX shared-memory segment (plain or page-locked), or a
+CUDA allocation -- is hidden behind :class:`SlotMemory`, which knows how to
 
 * **lease** a slot: hand out a handle whose lifetime holds the slot (views
   made through it keep it alive, so a slot returns to its pool only when
-  every view of it is gone);
-* **write** a tensor into a slot, and **view** one in place;
+  every view of it is gone), and, where views can outlive every Python
+  object (DLPack tensors held by torch), a **probe** that still sees them;
+* **write** a tensor (numpy or a device input) into a slot, **view** one
+  in place, and **copy one out** to the host or into a device array;
 * **register** itself with a server and **bind** request tensors to itself.
 
 Everything above (pools, request steps, the clients) goes through these
@@ -27,8 +29,9 @@ import numpy as np
 
 from .. import triton
 from .._memory import SystemRegion
+from ._devices import DeviceTensor, copy_bytes
 
-__all__ = ["SlotMemory", "SystemSlotMemory", "PinnedSlotMemory", "parallel_copy"]
+__all__ = ["SlotMemory", "SystemSlotMemory", "PinnedSlotMemory", "CudaSlotMemory", "parallel_copy"]
 
 # Below this many bytes one thread copies faster than several (thread hand-off
 # costs ~20 us); above it the copy is bound by memory bandwidth per core.
@@ -69,6 +72,8 @@ class SlotMemory(abc.ABC):
 
     #: "system" or "cuda": the Triton extension the memory is registered with.
     kind: str
+    #: The CUDA device the memory is on; None for host memory.
+    device: int | None = None
 
     @property
     @abc.abstractmethod
@@ -83,9 +88,16 @@ class SlotMemory(abc.ABC):
         :meth:`view` keep it alive.
         """
 
+    def probe(self, handle: Any) -> Any:
+        """For memory whose views hold the slot natively (not through *handle*):
+        an object whose ``holders`` falls to 1 once every view is gone; None
+        when the handle's lifetime says it all."""
+        return None
+
     @abc.abstractmethod
     def write(self, offset: int, array: Any) -> None:
-        """Copy *array* in at *offset* (within this memory; the caller holds the slot)."""
+        """Copy *array* (numpy or a :class:`DeviceTensor`) in at *offset*
+        (within this memory; the caller holds the slot)."""
 
     @abc.abstractmethod
     def view(self, handle: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -98,8 +110,12 @@ class SlotMemory(abc.ABC):
         it must not outlive the caller's hold on the slot."""
 
     @abc.abstractmethod
-    def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
-        """A fresh copy of the tensor at *offset*, independent of this memory."""
+    def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """A fresh numpy copy of the tensor at *offset*, independent of this memory."""
+
+    @abc.abstractmethod
+    def copy_into(self, dst: Any, offset: int, nbytes: int) -> None:
+        """Copy ``nbytes`` at *offset* into the device array *dst* (stream-ordered)."""
 
     def register(self, client: Any) -> Any:
         """Register with the server behind *client*: the name (an awaitable for aio clients)."""
@@ -150,7 +166,10 @@ class SystemSlotMemory(SlotMemory):
     def lease(self, offset: int, nbytes: int) -> Any:
         return self.region.window(offset, nbytes)
 
-    def write(self, offset: int, array: np.ndarray) -> None:
+    def write(self, offset: int, array: np.ndarray | DeviceTensor) -> None:
+        if isinstance(array, DeviceTensor):  # a GPU tensor into host slots: one device-to-host copy
+            copy_bytes(self._bytes, array.source, array.nbytes, offset, array.offset)
+            return
         parallel_copy(self._at(offset, array.dtype, array.shape), array)
 
     def view(self, handle: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -166,6 +185,9 @@ class SystemSlotMemory(SlotMemory):
         result = np.empty(shape, dtype)
         parallel_copy(result, source)
         return result
+
+    def copy_into(self, dst: Any, offset: int, nbytes: int) -> None:
+        copy_bytes(dst, self._bytes, nbytes, 0, offset)
 
     def close(self) -> None:
         self._bytes = None
@@ -184,3 +206,49 @@ class PinnedSlotMemory(SystemSlotMemory):
         from .._memory._pinned import PinnedRegion  # the CUDA layer loads only when asked for
 
         super().__init__(nbytes, PinnedRegion.create(nbytes, device))
+
+
+class CudaSlotMemory(SlotMemory):
+    """Slots in device memory (a :class:`~tritonshm.CudaRegion`), registered as CUDA shared memory.
+
+    A slot's lease is a :class:`~tritonshm.cuda.CudaWindow`; its views, and
+    DLPack tensors made from them, count on the window natively (their
+    deleters run in C, on any thread), so the pool watches a shared probe
+    of the window rather than trusting the handle's lifetime alone.
+    """
+
+    kind = "cuda"
+
+    def __init__(self, nbytes: int, device: int = 0):
+        from .._memory._cuda import CudaRegion
+
+        self.region = CudaRegion.create(nbytes, device)
+        self.device = device
+
+    @property
+    def nbytes(self) -> int:
+        return self.region.nbytes
+
+    def lease(self, offset: int, nbytes: int) -> Any:
+        return self.region.window(offset, nbytes)
+
+    def probe(self, handle: Any) -> Any:
+        return handle.share()
+
+    def write(self, offset: int, array: np.ndarray | DeviceTensor) -> None:
+        if isinstance(array, DeviceTensor):  # device to device, after the producer's stream
+            copy_bytes(self.region, array.source, array.nbytes, offset, array.offset)
+        else:
+            copy_bytes(self.region, np.ascontiguousarray(array), array.nbytes, offset, 0)
+
+    def view(self, handle: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+        return handle.view(dtype, shape, offset)
+
+    def bytes_at(self, offset: int, nbytes: int) -> memoryview:
+        raise TypeError("BYTES tensors travel in host slots, never in CUDA ones")
+
+    def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        return self.region.read(dtype, shape, offset)
+
+    def copy_into(self, dst: Any, offset: int, nbytes: int) -> None:
+        copy_bytes(dst, self.region, nbytes, 0, offset)

@@ -1,0 +1,186 @@
+"""GPU tensors at the client's edges: recognising device inputs, placing device results.
+
+A caller's input is a *device input* when it speaks the CUDA Array
+Interface or DLPack with a CUDA device (torch, cupy, jax, tritonshm's own
+views).  The client never converts one to numpy: it describes it once
+(:class:`DeviceTensor`: dtype, shape, device, and a byte offset so that a
+large batch can be split without slicing the caller's object) and copies
+it with :func:`tritonshm.cuda.copy`, stream-ordered after its producer.
+
+Results wanted on a GPU are allocated by the library the inputs came from
+(a torch tensor for torch inputs, a cupy array for cupy, else a
+:class:`~tritonshm.CudaArray`), so callers get back what they gave.
+
+Where results go is :class:`Placement`: the device of the results (None for
+numpy on the host) and the library that allocates them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from ..errors import InvalidOption
+
+__all__ = ["DeviceTensor", "Placement", "as_device_tensor", "empty", "to_host", "to_device",
+           "concatenate", "copy_bytes", "parse_device", "library_of"]
+
+
+class DeviceTensor:
+    """A C-contiguous device array given as input: described, never converted.
+
+    ``source[offset : offset + nbytes]`` (in bytes) is the tensor; slicing
+    along the first axis (what batch chunking does) moves ``offset``.
+    """
+
+    __slots__ = ("source", "dtype", "shape", "device", "offset", "library")
+
+    def __init__(self, source: Any, dtype: np.dtype, shape: tuple[int, ...], device: int,
+                 offset: int = 0, library: str | None = None):
+        self.source = source
+        self.dtype = dtype
+        self.shape = shape
+        self.device = device
+        self.offset = offset
+        self.library = library_of(source) if library is None else library
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the tensor in bytes."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: slice) -> "DeviceTensor":
+        # Only what chunking needs: a contiguous run of rows.
+        if not isinstance(key, slice) or key.step not in (None, 1) or not self.shape:
+            raise TypeError("a DeviceTensor slices only as rows[start:stop]")
+        start, stop, _ = key.indices(self.shape[0])
+        stop = max(start, stop)
+        row = math.prod(self.shape[1:]) * self.dtype.itemsize
+        return DeviceTensor(self.source, self.dtype, (stop - start,) + self.shape[1:], self.device,
+                            self.offset + start * row, self.library)
+
+    def __repr__(self) -> str:
+        return f"<DeviceTensor {self.library} {self.dtype} {self.shape} on cuda:{self.device}>"
+
+
+class Placement(NamedTuple):
+    """Where a request's results go: ``device`` None for numpy on the host, else
+    a CUDA device whose arrays *library* ("torch", "cupy" or "tritonshm") allocates."""
+
+    device: int | None
+    library: str = "tritonshm"
+
+
+HOST = Placement(None)
+
+
+def library_of(obj: Any) -> str:
+    """"torch", "cupy" or "tritonshm": who allocates results for inputs like *obj*."""
+    root = type(obj).__module__.partition(".")[0]
+    return root if root in ("torch", "cupy") else "tritonshm"
+
+
+def as_device_tensor(value: Any) -> DeviceTensor | None:
+    """*value* described as a :class:`DeviceTensor`, or None when it is not on a GPU.
+
+    Only objects that speak the CUDA Array Interface or DLPack are looked
+    at, so plain numpy and lists never load the CUDA layer.
+    """
+    if isinstance(value, (np.ndarray, list, tuple, int, float, bytes, str)):
+        return None
+    if not (hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack_device__")):
+        return None
+    from .._memory import _cuda  # the CUDA layer loads only for device-looking inputs
+
+    described = _cuda.describe(value)
+    if described is None:
+        return None
+    dtype, shape, device = described
+    return DeviceTensor(value, np.dtype(dtype), tuple(shape), device)
+
+
+def parse_device(device: Any, what: str) -> int | None:
+    """"cpu" -> None; "cuda" -> 0; "cuda:N" or N -> N; anything else is refused."""
+    if device == "cpu":
+        return None
+    if device == "cuda":
+        return 0
+    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
+        return int(device[5:])
+    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
+        return device
+    raise InvalidOption(f"{what} must be 'cpu', 'cuda', 'cuda:N' or a device number, not {device!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_dtype(dtype: np.dtype) -> Any:
+    import torch
+
+    if dtype == np.dtype(np.bool_):
+        return torch.bool
+    return torch.from_numpy(np.empty(0, dtype)).dtype
+
+
+def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int]) -> Any:
+    """A new, uninitialised device array of *shape* x *dtype* where *placement* says."""
+    device, shape = placement.device, tuple(shape)
+    assert device is not None, "host results are numpy arrays"
+    if placement.library == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=_torch_dtype(dtype), device=f"cuda:{device}")
+    if placement.library == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(device):
+            return cupy.empty(shape, dtype)
+    from .._memory._cuda import CudaRegion
+
+    # A region of its own (it cannot be empty), closed at once: the view holds the memory.
+    with CudaRegion.create(max(1, math.prod(shape) * dtype.itemsize), device) as region:
+        return region.view(dtype, shape)
+
+
+def copy_bytes(dst: Any, src: Any, nbytes: int, dst_offset: int = 0, src_offset: int = 0) -> None:
+    """:func:`tritonshm.cuda.copy`: bytes between host and device memory, stream-ordered."""
+    from .._memory._cuda import copy  # the CUDA layer loads only when a GPU is involved
+
+    copy(dst, src, nbytes, dst_offset=dst_offset, src_offset=src_offset)
+
+
+def to_host(tensor: DeviceTensor) -> np.ndarray:
+    """A numpy copy of a device input (for the plain gRPC/HTTP path)."""
+    out = np.empty(tensor.shape, tensor.dtype)
+    copy_bytes(out, tensor.source, tensor.nbytes, src_offset=tensor.offset)
+    return out
+
+
+def to_device(array: np.ndarray, placement: Placement) -> Any:
+    """A device copy of a host result, allocated where *placement* says."""
+    out = empty(placement, array.dtype, array.shape)
+    copy_bytes(out, np.ascontiguousarray(array), array.nbytes)
+    return out
+
+
+def concatenate(parts: Sequence[Any], placement: Placement) -> Any:
+    """Device arrays (same dtype, rows of the same shape) joined along the first axis."""
+    first = parts[0]
+    dtype = np.dtype(first.dtype) if placement.library != "torch" else None
+    shapes = [tuple(part.shape) for part in parts]
+    if dtype is None:  # a torch dtype: torch joins its own tensors
+        import torch
+
+        return torch.cat(list(parts))
+    out = empty(placement, dtype, (sum(s[0] for s in shapes),) + shapes[0][1:])
+    offset = 0
+    for part, shape in zip(parts, shapes):
+        nbytes = math.prod(shape) * dtype.itemsize
+        copy_bytes(out, part, nbytes, dst_offset=offset)
+        offset += nbytes
+    return out
