@@ -5,6 +5,8 @@
   and fails the test if device memory, IPC opens or host registrations it
   made are still outstanding at the end.  It runs everywhere, GPU or not:
   regions keep the runtime they were made with, so the real one is untouched.
+* ``fake_cuda_server`` is a real Triton server whose CUDA calls go to the
+  fake (``LD_PRELOAD``), so it opens the fake handles tritonshm exports.
 * ``gpu`` skips a test unless a real CUDA GPU is usable; tests that need it
   carry ``@pytest.mark.gpu`` too, so ``pytest -m gpu`` selects them.
 """
@@ -15,7 +17,8 @@ import gc
 
 import pytest
 
-from fake_cuda import FakeCudart, build_fake_cudart
+from fake_cuda import FakeCudart, build_fake_cudart, server_env
+from triton_fixtures import make_client, start_or_skip
 
 
 @pytest.fixture(scope="session")
@@ -46,6 +49,19 @@ def fake_cuda(fake_cudart_path, monkeypatch):
     if live != before.live:
         pytest.fail(f"fake CUDA leak check: (allocations, IPC opens, host registrations) went "
                     f"from {before.live} to {live}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def fake_cuda_server(fake_cudart_path):
+    """A LocalServer whose CUDA runtime calls go to the FAKE runtime (it opens our fake handles)."""
+    from tritonshm.server import LocalServer
+
+    with start_or_skip(LocalServer(env=server_env(fake_cudart_path))) as srv:
+        for protocol in ("grpc", "http"):  # warm each client's machinery before the leak checks
+            _, client = make_client(srv, protocol)
+            client.is_server_live()
+            client.close()
+        yield srv
 
 
 @pytest.fixture(scope="session")

@@ -17,26 +17,13 @@ import numpy as np
 import pytest
 
 import tritonshm
-from tritonshm.server import LocalServer
 
-from fake_cuda import server_env
-from triton_fixtures import make_client, sample, start_or_skip
-
-
-@pytest.fixture(scope="module")
-def fake_server(fake_cudart_path):
-    """A LocalServer whose CUDA runtime calls go to the fake."""
-    with start_or_skip(LocalServer(env=server_env(fake_cudart_path))) as srv:
-        for protocol in ("grpc", "http"):  # warm each client's machinery before the leak checks
-            _, client = make_client(srv, protocol)
-            client.is_server_live()
-            client.close()
-        yield srv
+from triton_fixtures import make_client, sample
 
 
 @pytest.fixture
-def fake_client(fake_server, protocol, fake_cuda):
-    module, client = make_client(fake_server, protocol)
+def fake_client(fake_cuda_server, protocol, fake_cuda):
+    module, client = make_client(fake_cuda_server, protocol)
     yield module, client
     client.close()
 
@@ -107,15 +94,15 @@ def test_binds_are_checked_before_sending(fake_client):
             tritonshm.bind_input(module.InferInput("INPUT0", [4], "FP32"), c)
 
 
-def test_aio_clients_register_cuda_regions(fake_server, protocol, fake_cuda):
+def test_aio_clients_register_cuda_regions(fake_cuda_server, protocol, fake_cuda):
     if protocol == "grpc":
         import tritonclient.grpc.aio as aio
 
-        url = fake_server.grpc_url
+        url = fake_cuda_server.grpc_url
     else:
         import tritonclient.http.aio as aio
 
-        url = fake_server.http_url
+        url = fake_cuda_server.http_url
 
     async def main():
         client = aio.InferenceServerClient(url)

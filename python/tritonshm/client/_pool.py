@@ -228,8 +228,14 @@ class SlotPool:
         handle = None
         if hold:
             memory = extent.memory
-            handle = memory.lease(base, self.layout.slot_bytes)
-            finalizer = weakref.finalize(handle, self._release, extent, index, memory.probe(handle))
+            try:
+                handle = memory.lease(base, self.layout.slot_bytes)
+                finalizer = weakref.finalize(handle, self._release, extent, index, memory.probe(handle))
+            except BaseException:
+                with self._cond:  # no lease came of it: the slot is free again
+                    self._running -= 1
+                    self._free.append((extent, index))
+                raise
             finalizer.atexit = False
         return Lease(self, extent, index, handle, base)
 
