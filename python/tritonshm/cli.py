@@ -6,6 +6,7 @@ Subcommands: ``demo``, ``server``, ``bench``, ``ls``, ``gc``, ``doctor``.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from typing import Sequence
@@ -27,11 +28,49 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     segments = _segments.list_segments()
     if not segments:
         print("no tritonshm segments in /dev/shm")
-        return 0
-    print(f"{'key':<45} {'pid':>8} {'state':<6} {'size':>12}")
-    for seg in segments:
-        state = "live" if seg.alive else "dead"
-        print(f"{seg.key:<45} {seg.pid:>8} {state:<6} {_human(seg.nbytes):>12}")
+    else:
+        print(f"{'key':<45} {'pid':>8} {'state':<6} {'size':>12}")
+        for seg in segments:
+            state = "live" if seg.alive else "dead"
+            print(f"{seg.key:<45} {seg.pid:>8} {state:<6} {_human(seg.nbytes):>12}")
+    return 0 if args.url is None else _ls_server(args.url)
+
+
+# Names tritonshm registers: a segment's key, or a CUDA region's "tritonshm-cuda-<pid>-<hex>".
+_OUR_NAME = re.compile(r"^tritonshm-(?:cuda-)?(\d+)-[0-9a-f]+$")
+
+
+def _ls_server(url: str) -> int:
+    """The regions the server at *url* has registered, system and CUDA; ours with their pid.
+
+    CUDA pools live in device memory, not /dev/shm: the server's list is where they show.
+    """
+    from . import _transport, triton
+    from .errors import Error
+
+    wire, address, ssl = _transport.parse_url(url)
+    try:
+        client = wire.connect(address, ssl=ssl)
+    except Exception as exc:  # noqa: BLE001 - tritonclient raises its own types
+        print(f"tritonshm ls: cannot connect to {url}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        regions = [(name, "system", "", entry["byte_size"])
+                   for name, entry in triton.status(client).items()]
+        regions += [(name, "cuda", f"cuda:{entry['device_id']}", entry["byte_size"])
+                    for name, entry in triton.status(client, kind="cuda").items()]
+    except Error as exc:
+        print(f"tritonshm ls: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    print(f"\nregistered with the server at {url}:" if regions else f"\nnothing registered with the server at {url}")
+    if regions:
+        print(f"{'name':<45} {'kind':<6} {'device':<7} {'pid':>8} {'state':<6} {'size':>12}")
+    for name, kind, device, nbytes in sorted(regions):
+        ours = _OUR_NAME.match(name)
+        pid, state = (ours[1], "live" if _segments.pid_alive(int(ours[1])) else "gone") if ours else ("-", "other")
+        print(f"{name:<45} {kind:<6} {device or '-':<7} {pid:>8} {state:<6} {_human(nbytes):>12}")
     return 0
 
 
@@ -163,7 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     _bench.add_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
 
-    ls = sub.add_parser("ls", help="list this library's segments in /dev/shm")
+    ls = sub.add_parser("ls", help="list this library's segments in /dev/shm (and a server's registrations)")
+    ls.add_argument("--url", default=None,
+                    help="also list what the Triton server at this URL has registered, system and CUDA "
+                         "(CUDA pools show only there)")
     ls.set_defaults(func=_cmd_ls)
 
     gc = sub.add_parser("gc", help="remove segments whose creating process is dead (no process holds their lock)")
