@@ -28,6 +28,10 @@ How it works:
   (within ``max_pool_bytes``) instead of waiting; idle surplus goes back.
 * **Backpressure.**  When requests in flight fill the pool, a request
   waits up to its timeout, then raises :class:`~tritonshm.PoolExhausted`.
+* **GPU tensors.**  Device inputs (CUDA Array Interface or DLPack) go
+  through pools of CUDA slots with one device-to-device copy; results land
+  where the inputs were, or where ``output_device`` says.  Where the server
+  cannot open our CUDA memory, pinned host slots serve instead.
 * **Chunking.**  A batch larger than ``max_batch_size`` is split, run on
   several slots at once and reassembled in order.
 * **Self-healing.**  If the server lost our registrations (it restarted),
@@ -39,9 +43,10 @@ The package, bottom up (each module imports only those above it):
 
 ==============  ==============================================================
 ``_model``      discovery: :class:`ModelInfo`, :class:`TensorSpec`
+``_devices``    GPU inputs described without conversion; GPU results allocated
 ``_bytes``      the BYTES tensor codec (serialized straight into slots)
 ``_intake``     checking the caller's inputs; chunking; sizing slots
-``_slots``      the slot-memory interface, and its system-memory implementation
+``_slots``      the slot-memory interface: system, pinned and CUDA slots
 ``_pool``       slot pools: layout, extents, leases, growth
 ``_steps``      the vocabulary of sans-I/O request steps
 ``_engine``     state and request steps shared by both clients
