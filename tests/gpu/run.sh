@@ -8,6 +8,7 @@
 # This script
 #   1. builds and installs the project offline into $SITE (pip --no-index --no-build-isolation),
 #   2. points LocalServer at the kit's server (TRITONSHM_TRITONSERVER, TRITONSHM_SERVER_PYTHON),
+#      and lets that server's Python import the image's torch (bench/gpu.sh --server-torch-only),
 #   3. prints the GPUs and the versions of the libraries the tests use,
 #   4. runs `pytest -m gpu -v -rs` plus the arguments given (a later -m wins over -m gpu),
 #   5. prints LAST a table: passed / failed / skipped / errors per test file.
@@ -120,6 +121,10 @@ for name in ("numpy", "torch", "cupy", "cuda.bindings", "tritonclient.grpc", "tr
     print(f"{name} {version} ({getattr(module, '__file__', '?')}){extra}")
 EOF
 echo "server: $TRITONSHM_TRITONSERVER; its Python: $(env -u PYTHONPATH "$TRITONSHM_SERVER_PYTHON" -c 'import sys, numpy; print(sys.version.split()[0], "numpy", numpy.__version__)' 2>&1)"
+# The GPU model (python/tritonshm/models_gpu) needs torch in the server's Python: a .pth naming the
+# image's torch (bench/gpu.sh writes it); without it only the tests of that model skip.
+TSHM_KIT=$KIT PYTHON=$PY bash "$REPO/bench/gpu.sh" --server-torch-only 2>&1 \
+    || echo "(the server's Python has no torch: tests that need the GPU model will skip)"
 
 # -- the tests -----------------------------------------------------------------------------------
 say "pytest -m gpu -v -rs $*"

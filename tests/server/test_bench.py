@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,9 @@ import pytest
 
 import tritonshm
 from tritonshm import bench
-from tritonshm.bench import _methods
+from tritonshm.bench import _gpu, _harness, _methods
+from tritonshm.server import LocalServer, bundled_model_repository
+from triton_fixtures import start_or_skip
 
 TSC_INSTALLED = importlib.util.find_spec("triton_shm_client") is not None
 STAT_KEYS = {"status", "samples_s", "median_s", "p10_s", "p25_s", "p75_s", "p90_s", "iqr_s", "min_s", "max_s",
@@ -208,3 +211,205 @@ def test_command_refuses_bad_arguments_without_starting_a_server():
     assert "starting" not in done.stderr
     done = bench_cmd("--sizes", "4X")
     assert done.returncode == 2 and "not a size" in done.stderr
+
+
+# -- a method that cannot run here ------------------------------------------------------------------
+
+
+class Missing(_methods.Memcpy):
+    """A method whose open() finds an API missing."""
+
+    name = "missing-api"
+
+    def open(self):
+        self.opened = True
+        raise bench.Unavailable("needs an API this tritonshm lacks")
+
+
+def test_a_method_unavailable_at_open_is_reported_and_the_others_run(server):
+    out = bench.run(server.grpc_url, [4096], reps=2, warmup=1, methods=[_methods.Grpc, Missing, _methods.Floor])
+    methods = out["results"][0]["methods"]
+    assert methods["missing-api"] == {"status": "needs an API this tritonshm lacks", "samples_s": []}
+    assert methods["grpc"]["status"] == "ok" and methods["floor"]["status"] == "ok"
+    assert len(methods["grpc"]["samples_s"]) == 2
+
+
+# -- bench --gpu, what can be checked without a GPU -----------------------------------------------
+
+GPU_NAMES = ["grpc", "tc-shm", "tc-cuda", "Client.infer", "zero-copy", "floor"]
+
+
+def test_gpu_methods_and_models():
+    assert [m.name for m in bench.GPU_METHODS] == GPU_NAMES
+    assert {m.name: m.group for m in bench.GPU_METHODS} == {
+        "grpc": "peer", "tc-shm": "peer", "tc-cuda": "peer", "Client.infer": "tritonshm", "zero-copy": "tritonshm",
+        "floor": "reference"}
+    assert bench.GPU_SIZES == (64 << 10, 1 << 20, 16 << 20, 64 << 20)
+    repo = bench.gpu_model_repository()
+    config = (repo / "identity_fp32_gpu" / "config.pbtxt").read_text()
+    for line in ('name: "identity_fp32_gpu"', "kind: KIND_GPU", "gpus: [ 0 ]", '"FORCE_CPU_ONLY_INPUT_TENSORS"',
+                 'string_value: "no"', "max_batch_size: 0", "TYPE_FP32", "dims: [ -1 ]"):
+        assert line in config
+    assert (repo / "identity_fp32_gpu" / "1" / "model.py").is_file()
+    # not in the default repository: a server without a GPU (or torch) would not start with it
+    assert not (bundled_model_repository() / "identity_fp32_gpu").exists()
+
+
+@pytest.mark.skipif(_gpu.gpu_missing() is None, reason="CUDA and torch are here")
+def test_gpu_without_cuda_is_one_clear_line():
+    done = bench_cmd("--gpu", "--sizes", "64K", "--reps", "1")
+    assert done.returncode == 2 and not done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("tritonshm bench: --gpu needs a CUDA GPU and torch with CUDA: ")
+    if importlib.util.find_spec("torch") is None:
+        assert "torch is not installed (pip install torch)" in lines[0]
+    assert "starting" not in done.stderr
+    with pytest.raises(tritonshm.Error, match="--gpu needs a CUDA GPU"):
+        bench.run_gpu("127.0.0.1:1", [64 << 10], reps=1)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpu", "--dtype", "uint8"], "--gpu measures FP32 only"),
+    (["--gpu", "--methods", "memcpy"], "--methods memcpy: not a --gpu method"),
+    (["--gpu", "--methods", "triton-shm-client", "floor"], "--methods triton-shm-client: not a --gpu method"),
+    (["--methods", "tc-cuda"], "--methods tc-cuda: only with --gpu"),
+    (["--gpu", "--plot", "x.png"], "--plot is not available with --gpu"),
+    (["--gpu", "--sizes", "6"], "multiple of FP32's 4 bytes"),
+    (["--gpu", "--warmup", "0"], "warmup must be at least 1"),
+])
+def test_gpu_arguments_are_checked_first(args, message):
+    done = bench_cmd(*args)
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr.strip().splitlines() == [f"tritonshm bench: {done.stderr.strip().split(': ', 1)[1]}"]
+    assert message in done.stderr and "starting" not in done.stderr
+
+
+def test_help_documents_gpu():
+    done = bench_cmd("--help")
+    assert done.returncode == 0
+    assert "--gpu" in done.stdout and "identity_fp32_gpu" in done.stdout
+    for method in GPU_NAMES:
+        assert method in done.stdout
+
+
+def test_gpu_model_fails_to_load_without_taking_the_server_down(tmp_path):
+    """The server bench --gpu starts: the GPU model is loaded after the start; where it cannot be
+    (no GPU, no torch in the server's Python), the load fails with Triton's reason, the server stays up."""
+    import tritonclient.grpc as grpcclient
+
+    with start_or_skip(LocalServer(extra_args=bench.server_arguments(), quiet=True)) as srv:
+        why = _gpu.load_gpu_model(srv.grpc_url)
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        try:
+            # (live, not "ready": with --strict-readiness a model that failed to load makes the server unready)
+            assert client.is_server_live() and client.is_model_ready("identity_fp32")
+            if why is None:  # a GPU, and torch in the server's Python
+                assert client.is_model_ready("identity_fp32_gpu")
+            else:
+                assert why.startswith("the server could not load identity_fp32_gpu: ") and "\n" not in why
+                assert not client.is_model_ready("identity_fp32_gpu")
+                if not tritonshm.cuda.available():
+                    assert "unsupported gpu id 0" in why
+        finally:
+            client.close()
+
+
+def _fake_gpu_results(medians_ms: dict, sizes=(64 << 10, 16 << 20)) -> dict:
+    """bench --gpu's results with the given median per (model, method), every size alike."""
+    results = []
+    for nbytes in sizes:
+        models = {}
+        for model, per in medians_ms.items():
+            methods = {name: (_harness.summarize([ms / 1e3] * 3) if ms is not None
+                              else {"status": "not there", "samples_s": []}) for name, ms in per.items()}
+            models[model] = {"best_peer": _gpu._model_ratios(methods), "methods": methods}
+        results.append({"nbytes": nbytes, "elements": nbytes // 4, "reps": 3, "seconds": 1.0, "models": models})
+    meta = {"datatype": "FP32", "device": "cuda:0", "gpu": "Fake GPU", "server": "given", "server_version": "2.51.0",
+            "url": "127.0.0.1:1", "tritonshm_version": tritonshm.__version__, "torch": "x", "cuda_runtime": "12.6",
+            "cuda_driver": "13.0", "peers": ["grpc", "tc-shm", "tc-cuda"],
+            "models": {"identity_fp32_gpu": {"where": "GPU", "status": "ok"},
+                       "identity_fp32": {"where": "CPU", "status": "ok"}}}
+    return {"format": bench.GPU_FORMAT, "meta": meta, "results": results, "targets": _gpu.targets(results)}
+
+
+def test_gpu_ratios_targets_and_table():
+    gpu = {"grpc": 10.0, "tc-shm": 4.0, "tc-cuda": 3.0, "Client.infer": 1.5, "zero-copy": 1.05, "floor": 1.0}
+    cpu = {"grpc": 12.0, "tc-shm": 5.0, "tc-cuda": 6.0, "Client.infer": None, "zero-copy": 4.0, "floor": 3.0}
+    out = json.loads(json.dumps(_fake_gpu_results({"identity_fp32_gpu": gpu, "identity_fp32": cpu})))
+    block = out["results"][1]["models"]["identity_fp32_gpu"]
+    assert block["best_peer"] == "tc-cuda"
+    assert block["methods"]["Client.infer"]["vs_best_peer"] == pytest.approx(0.5)
+    assert block["methods"]["zero-copy"]["vs_floor"] == pytest.approx(1.05)
+    assert out["results"][1]["models"]["identity_fp32"]["best_peer"] == "tc-shm"
+    targets = {t["name"]: t for t in out["targets"]}
+    assert targets["zero-copy >= 0.9x the floor"]["value"] == pytest.approx(1 / 1.05)
+    assert targets["zero-copy >= 0.9x the floor"]["met"] is True
+    assert targets["Client.infer >= 1.5x tc-cuda"]["value"] == pytest.approx(2.0)
+    assert targets["Client.infer never slower than grpc"]["met"] is True
+    table = bench.format_gpu_table(out)
+    for name in GPU_NAMES:
+        assert name in table
+    assert "identity_fp32_gpu (GPU), best peer: tc-cuda" in table
+    assert "identity_fp32 (CPU), best peer: tc-shm" in table
+    assert "Client.infer   not there" in table
+    assert "64 KiB (16384 x FP32), 3 repetitions" in table and "16 MiB" in table
+    assert "MISSED" not in table and len(re.findall(r" met$", table, re.MULTILINE)) == 4
+
+    slow = dict(gpu, **{"Client.infer": 2.5, "zero-copy": 20.0})
+    missed = {t["name"]: t for t in _fake_gpu_results({"identity_fp32_gpu": slow})["targets"]}
+    assert [t["met"] for t in missed.values()] == [False, False, True, False]
+    partial = _fake_gpu_results({"identity_fp32": cpu}, sizes=(1 << 20,))
+    assert all(t["met"] is None for t in partial["targets"])
+    assert "not measured in this run" in bench.format_gpu_table(partial)
+
+
+# -- bench --gpu on a GPU -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpu_server():
+    """A server as bench --gpu starts it: the GPU model's repository too, models loaded explicitly."""
+    with start_or_skip(LocalServer(extra_args=bench.server_arguments(), quiet=True)) as srv:
+        yield srv
+
+
+@pytest.mark.gpu
+def test_gpu_bench_runs_every_method_on_both_models(gpu, gpu_server):
+    if _gpu.gpu_missing():
+        pytest.skip(_gpu.gpu_missing())
+    out = json.loads(json.dumps(bench.run_gpu(gpu_server.grpc_url, [64 << 10], reps=2, warmup=1)))
+    assert out["format"] == bench.GPU_FORMAT
+    assert list(out["meta"]["methods"]) == GPU_NAMES
+    entry = out["results"][0]
+    assert entry["reps"] == 2 and entry["elements"] == (64 << 10) // 4
+    models = out["meta"]["models"]
+    assert models["identity_fp32"]["status"] == "ok"
+    ran = [m for m in ("identity_fp32_gpu", "identity_fp32") if models[m]["status"] == "ok"]
+    assert list(entry["models"]) == ran
+    for model in ran:
+        methods = entry["models"][model]["methods"]
+        assert list(methods) == GPU_NAMES
+        for name, res in methods.items():
+            # every method ran and its outputs were checked (a wrong one raises WrongOutput)
+            assert res["status"] == "ok", (model, name, res["status"])
+            assert len(res["samples_s"]) == 2 and res["vs_floor"] > 0 and res["vs_best_peer"] > 0
+    table = bench.format_gpu_table(out)
+    for name in GPU_NAMES:
+        assert name in table
+    if models["identity_fp32_gpu"]["status"] != "ok":
+        pytest.skip(f"only the CPU model's half ran: {models['identity_fp32_gpu']['status']}")
+    assert [t["met"] is not None for t in out["targets"]] == [False, False, True, True]  # only 64 KiB ran
+
+
+@pytest.mark.gpu
+def test_gpu_bench_command(gpu, tmp_path):
+    if _gpu.gpu_missing():
+        pytest.skip(_gpu.gpu_missing())
+    path = tmp_path / "gpu.json"
+    done = bench_cmd("--gpu", "--sizes", "64K", "--reps", "2", "--warmup", "1", "--json", str(path), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "64 KiB (16384 x FP32), 2 repetitions" in done.stdout
+    assert "identity_fp32 (CPU)" in done.stdout and "targets" in done.stdout
+    written = json.loads(path.read_text())
+    assert written["format"] == bench.GPU_FORMAT and written["meta"]["server"] == "started"

@@ -38,6 +38,9 @@ Results (``run()``'s return value, and what ``--json`` writes)::
 
 Ratios are median time over the reference's median time: below 1 is
 faster.  ``vs_limit`` is given for ``Client.infer`` and ``zero-copy``.
+
+``tritonshm bench --gpu`` (:func:`run_gpu`, ``_gpu.py``) does the same from a
+GPU tensor, against a GPU model and the CPU identity model side by side.
 """
 
 from __future__ import annotations
@@ -48,6 +51,17 @@ import re
 import sys
 import textwrap
 
+from ._gpu import (
+    GPU_FORMAT,
+    GPU_METHODS,
+    GPU_SIZES,
+    format_gpu_table,
+    gpu_description,
+    gpu_missing,
+    gpu_model_repository,
+    run_gpu,
+    server_arguments,
+)
 from ._harness import (
     DEFAULT_BUDGET,
     DEFAULT_MAX_REPS,
@@ -55,6 +69,7 @@ from ._harness import (
     DEFAULT_SIZES,
     DEFAULT_WARMUP,
     FORMAT,
+    Unavailable,
     WrongOutput,
     check_arguments,
     run,
@@ -62,8 +77,10 @@ from ._harness import (
 from ._methods import METHODS, MODELS, Method
 from ._report import format_table, matplotlib_missing, write_json, write_plot
 
-__all__ = ["run", "run_bench", "add_arguments", "parse_size", "WrongOutput", "Method", "METHODS",
-           "DEFAULT_SIZES", "FORMAT", "format_table", "write_json", "write_plot"]
+__all__ = ["run", "run_bench", "add_arguments", "parse_size", "WrongOutput", "Unavailable", "Method", "METHODS",
+           "DEFAULT_SIZES", "FORMAT", "format_table", "write_json", "write_plot",
+           "run_gpu", "GPU_METHODS", "GPU_SIZES", "GPU_FORMAT", "format_gpu_table", "gpu_missing",
+           "gpu_model_repository"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
 _SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
@@ -86,14 +103,20 @@ def _size_list(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``tritonshm bench``."""
     names = [m.name for m in METHODS]
+    names += [m.name for m in GPU_METHODS if m.name not in names]
     parser.add_argument("--url", default=None, metavar="HOST:PORT",
                         help="gRPC address of a running Triton that serves tritonshm's bundled identity models "
                              "(default: start a local server for the run)")
     parser.add_argument("--sizes", nargs="+", type=_size_list, default=None, metavar="SIZE",
                         help="input sizes in bytes, K/M/G (or KiB/MiB/GiB) meaning powers of 1024, "
-                             "space- or comma-separated (default: 4K 64K 1M 16M 64M)")
+                             "space- or comma-separated (default: 4K 64K 1M 16M 64M; with --gpu 64K 1M 16M 64M)")
     parser.add_argument("--dtype", choices=sorted(MODELS), default="fp32",
-                        help="input datatype: fp32 uses identity_fp32, uint8 identity_uint8 (default fp32)")
+                        help="input datatype: fp32 uses identity_fp32, uint8 identity_uint8 (default fp32; "
+                             "--gpu is fp32 only)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="from a GPU tensor (torch, cuda:0), result wanted on the GPU: the GPU methods "
+                             "against identity_fp32_gpu and identity_fp32 side by side (needs CUDA, torch "
+                             "with CUDA, and torch in the server's Python for the GPU model; see the README)")
     parser.add_argument("--reps", type=int, default=None, metavar="N",
                         help="exactly N measured repetitions per size (default: as many as fit in --budget, "
                              f"between --min-reps and --max-reps)")
@@ -108,7 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default {DEFAULT_WARMUP}, at least 1)")
     parser.add_argument("--methods", nargs="+", choices=names, default=None, metavar="METHOD",
                         help=f"only these methods, of: {', '.join(names)} (default: all; the limit "
-                             "needs floor and memcpy, the ratios at least one peer)")
+                             "needs floor and memcpy, the ratios at least one peer; with --gpu: "
+                             f"{', '.join(m.name for m in GPU_METHODS)})")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="also write every sample, statistic and ratio, with the run's metadata, "
                              "as JSON to PATH ('-': standard output, the table then goes to standard error)")
@@ -125,7 +149,7 @@ def description() -> str:
     for m in METHODS:
         lines += textwrap.wrap(m.description, 100, initial_indent=f"  {m.name:<18} ", subsequent_indent=" " * 21)
     lines += [f"  {'limit':<18} floor + memcpy, repetition by repetition", ""]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n" + gpu_description()
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -137,6 +161,12 @@ def run_bench(args: argparse.Namespace) -> int:
     """``tritonshm bench``: measure, print the table, write --json / --plot."""
     from .. import errors
 
+    if args.gpu:
+        return _run_gpu_bench(args)
+    unknown = [name for name in args.methods or () if name not in {m.name for m in METHODS}]
+    if unknown:
+        return _fail(f"--methods {' '.join(unknown)}: only with --gpu (without it: "
+                     f"{', '.join(m.name for m in METHODS)})")
     if args.plot is not None:
         problem = matplotlib_missing()
         if problem:
@@ -179,4 +209,57 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.plot is not None:
         write_plot(results, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+def _run_gpu_bench(args: argparse.Namespace) -> int:
+    """``tritonshm bench --gpu``: every argument checked, then CUDA and torch, then the run."""
+    from .. import errors
+
+    gpu_names = [m.name for m in GPU_METHODS]
+    unknown = [name for name in args.methods or () if name not in gpu_names]
+    if unknown:
+        return _fail(f"--methods {' '.join(unknown)}: not a --gpu method (those are: {', '.join(gpu_names)})")
+    if args.dtype != "fp32":
+        return _fail(f"--gpu measures FP32 only (identity_fp32_gpu and identity_fp32), not --dtype {args.dtype}")
+    if args.plot is not None:
+        return _fail("--plot is not available with --gpu (use --json)")
+    if args.json not in (None, "-") and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        return _fail(f"--json {args.json}: no such directory")
+    sizes = [n for word in args.sizes for n in word] if args.sizes else list(GPU_SIZES)
+    try:
+        check_arguments(sizes, dtype="fp32", reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
+                        budget=args.budget, warmup=args.warmup)
+    except ValueError as exc:
+        return _fail(str(exc))
+    problem = gpu_missing()
+    if problem:
+        return _fail(problem)
+    chosen = None if args.methods is None else [m for m in GPU_METHODS if m.name in args.methods]
+    table_out = sys.stderr if args.json == "-" else sys.stdout
+
+    def progress(message: str) -> None:
+        print(f"  {message}", file=sys.stderr, flush=True)
+
+    def measure(url: str, server: str) -> dict:
+        return run_gpu(url, sizes, reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
+                       budget=args.budget, warmup=args.warmup, methods=chosen, progress=progress, server=server)
+
+    try:
+        if args.url:
+            results = measure(args.url, "given")
+        else:
+            from ..server import LocalServer
+
+            print("starting a local Triton server (with the GPU model's repository) ...", file=sys.stderr,
+                  flush=True)
+            with LocalServer(extra_args=server_arguments()) as server:
+                results = measure(server.grpc_url, "started")
+    except WrongOutput as exc:
+        return _fail(f"FAILED, wrong output: {exc}", code=1)
+    except errors.Error as exc:
+        return _fail(f"FAILED: {exc}", code=1)
+    print(format_gpu_table(results), file=table_out, flush=True)
+    if args.json is not None:
+        write_json(results, args.json)
     return 0

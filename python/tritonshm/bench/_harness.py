@@ -72,12 +72,18 @@ def summarize(samples: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def _round(methods: list[Method], x: np.ndarray, index: int, *, check: bool,
-           times: dict[str, list[float]] | None, nbytes: int) -> None:
+class Unavailable(Error):
+    """Raised by a method's ``open()`` when something it needs is not there (an API of this
+    tritonshm, a library): the method is left out of the run, with the message as its status."""
+
+
+def _round(methods: list[Method], x: Any, index: int, *, check: Callable[[Method, Any, Any], str | None] | None,
+           times: dict[str, list[float]] | None) -> None:
     """Round *index*: every method once on input *x*, the order rotated by *index* places.
 
-    With *check*, each output is compared with *x* (untimed); with *times*,
-    each call's seconds are appended there.
+    With *check*, each output is given to it with *x* (untimed; it returns
+    what is wrong, or None); with *times*, each call's seconds are appended
+    there, under the method's ``key``.
     """
     shift = index % len(methods)
     for method in methods[shift:] + methods[:shift]:
@@ -85,15 +91,74 @@ def _round(methods: list[Method], x: np.ndarray, index: int, *, check: bool,
         t0 = time.perf_counter()
         out = method.call(x)
         t1 = time.perf_counter()
-        problem = output_problem(method.name, nbytes, out, x) if check else None
+        problem = check(method, out, x) if check is not None else None
         del out  # a zero-copy view holds its slot until dropped
         if problem:
             raise WrongOutput(problem)
         if times is not None:
-            times[method.name].append(t1 - t0)
+            times[method.key].append(t1 - t0)
     # Collect here, between rounds, rather than inside a timed call; the
     # young generations only: a full collection costs tens of ms.
     gc.collect(1)
+
+
+def interleave(methods: Sequence[Method], data: Any, probe: Any, check: Callable[[Method, Any, Any], str | None], *,
+               reps: int | None, min_reps: int, max_reps: int, budget: float, warmup: int) -> dict[str, Any]:
+    """Open *methods*, warm up and check on *data*, run interleaved rounds, check on *probe*, close them.
+
+    A method whose ``open()`` raises :class:`Unavailable` is closed and left
+    out.  Returns ``{"reps", "times": {key: [seconds]}, "unavailable": {key: message}}``.
+    """
+    opened: list[Method] = []
+    times: dict[str, list[float]] = {}
+    unavailable: dict[str, str] = {}
+    gc_was_enabled = gc.isenabled()
+    failed = True
+    done = 0
+    try:
+        for method in methods:
+            try:
+                method.open()
+            except Unavailable as exc:
+                unavailable[method.key] = str(exc)
+                method.close()
+                continue
+            finally:
+                if method.key not in unavailable:
+                    opened.append(method)
+            times[method.key] = []
+        if opened:
+            # Warm-up: first-use costs (connections, pools, registration, page
+            # faults) are not per-request costs.  Its first round checks outputs.
+            for index in range(warmup):
+                _round(opened, data, index, check=check if index == 0 else None, times=None)
+            gc.disable()
+            t0 = time.perf_counter()
+            while True:
+                if reps is not None:
+                    if done >= reps:
+                        break
+                elif done >= max_reps or (done >= min_reps and time.perf_counter() - t0 >= budget):
+                    break
+                _round(opened, data, done, check=None, times=times)
+                done += 1
+            # A second input, never sent before: an output left over from an
+            # earlier request cannot pass for the answer to it.
+            _round(opened, probe, 0, check=check, times=None)
+        failed = False
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        errors = []
+        for method in reversed(opened):
+            try:
+                method.close()
+            except Exception as exc:  # close them all, then report the first
+                errors.append(exc)
+        gc.collect()
+        if errors and not failed:  # a failure of the run itself says more: let it through
+            raise errors[0]
+    return {"reps": done, "times": times, "unavailable": unavailable}
 
 
 def measure_size(url: str, model: str, datatype: str, dtype: np.dtype, nbytes: int,
@@ -102,52 +167,17 @@ def measure_size(url: str, model: str, datatype: str, dtype: np.dtype, nbytes: i
     """One size: open every method, warm up and check, interleaved rounds, check again, close."""
     count = nbytes // dtype.itemsize
     setting = Setting(url=url, model=model, datatype=datatype, dtype=dtype, count=count)
-    data = sample_input(dtype, count, seed)
-    # A second input, never sent before the last check: an output left
-    # over from an earlier request cannot pass for the answer to it.
-    probe = sample_input(dtype, count, seed + 1_000_003)
-    methods: list[Method] = []
-    times: dict[str, list[float]] = {}
     started = time.perf_counter()
-    gc_was_enabled = gc.isenabled()
-    failed = True
-    try:
-        for cls in classes:
-            method = cls(setting)
-            methods.append(method)
-            method.open()
-            times[method.name] = []
-        # Warm-up: first-use costs (connections, pools, registration, page
-        # faults) are not per-request costs.  Its first round checks outputs.
-        for index in range(warmup):
-            _round(methods, data, index, check=index == 0, times=None, nbytes=nbytes)
-        gc.disable()
-        t0 = time.perf_counter()
-        done = 0
-        while True:
-            if reps is not None:
-                if done >= reps:
-                    break
-            elif done >= max_reps or (done >= min_reps and time.perf_counter() - t0 >= budget):
-                break
-            _round(methods, data, done, check=False, times=times, nbytes=nbytes)
-            done += 1
-        _round(methods, probe, 0, check=True, times=None, nbytes=nbytes)
-        failed = False
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-        errors = []
-        for method in reversed(methods):
-            try:
-                method.close()
-            except Exception as exc:  # close them all, then report the first
-                errors.append(exc)
-        gc.collect()
-        if errors and not failed:  # a failure of the run itself says more: let it through
-            raise errors[0]
-    return {"nbytes": nbytes, "elements": count, "reps": done,
-            "seconds": time.perf_counter() - started, "times": times}
+
+    def check(method: Method, out: Any, x: np.ndarray) -> str | None:
+        return output_problem(method.name, nbytes, out, x)
+
+    measured = interleave([cls(setting) for cls in classes], sample_input(dtype, count, seed),
+                          sample_input(dtype, count, seed + 1_000_003), check, reps=reps, min_reps=min_reps,
+                          max_reps=max_reps, budget=budget, warmup=warmup)
+    return {"nbytes": nbytes, "elements": count, "reps": measured["reps"],
+            "seconds": time.perf_counter() - started, "times": measured["times"],
+            "unavailable": measured["unavailable"]}
 
 
 def _ratios(entry: dict[str, Any]) -> None:
@@ -244,9 +274,10 @@ def run(url: str, sizes: Sequence[int] = DEFAULT_SIZES, *, dtype: str = "fp32", 
                                 min_reps=min_reps, max_reps=max_reps, budget=budget, warmup=warmup,
                                 seed=seed + index)
         entry = {key: measured[key] for key in ("nbytes", "elements", "reps", "seconds")}
+        problems = {**missing, **measured["unavailable"]}
         entry["methods"] = {
-            c.name: summarize(measured["times"][c.name]) if missing[c.name] is None
-            else {"status": missing[c.name], "samples_s": []}
+            c.name: summarize(measured["times"][c.name]) if problems.get(c.name) is None
+            else {"status": problems[c.name], "samples_s": []}
             for c in classes
         }
         _ratios(entry)

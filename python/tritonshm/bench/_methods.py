@@ -5,7 +5,9 @@ would make once (clients, regions, registrations), :meth:`Method.call` is
 the per-request work -- the part that is timed -- and returns the output as
 an array, :meth:`Method.close` undoes ``open``.  :meth:`Method.stage` runs
 untimed before every call and is empty except for the floor, whose inputs
-are by definition already in place.
+are by definition already in place.  An ``open`` that finds something it
+needs missing raises :class:`~tritonshm.bench._harness.Unavailable`: the
+method is then left out of the run with that message.
 
 The harness instantiates every method afresh for each size, so one size's
 pools and regions never serve another.
@@ -61,6 +63,11 @@ class Method:
 
     def __init__(self, setting: Setting):
         self.setting = setting
+
+    @property
+    def key(self) -> str:
+        """What the harness files this instance's samples under (unique in one run): the name."""
+        return self.name
 
     @classmethod
     def missing(cls) -> str | None:
