@@ -238,6 +238,19 @@ static int check_range(const tshm_cuda_alloc *a, size_t offset, size_t len)
     return tshm_check_range(a->nbytes, offset, len);
 }
 
+/* cudaMemcpy runs on the legacy default stream, which waits for every
+ * blocking stream's earlier work.  It returns once host memory was read or
+ * written, but a device-to-device copy may still be in flight then: the
+ * legacy stream is synchronized after it, so that the bytes have landed on
+ * return (another process -- the server -- may read them at once). */
+static int memcpy_complete(const tshm_cudart *rt, void *dst, const void *src, size_t len)
+{
+    int rc = rt->Memcpy(dst, src, len, TSHM_CUDA_MEMCPY_DEFAULT);
+    if (rc == 0)
+        rc = rt->StreamSynchronize(NULL);
+    return rc;
+}
+
 static int copy(tshm_cuda_alloc *a, void *dst, const void *src, size_t len, void *producer_stream)
 {
     int previous;
@@ -246,10 +259,8 @@ static int copy(tshm_cuda_alloc *a, void *dst, const void *src, size_t len, void
         return rc;
     if (producer_stream != NULL)
         rc = a->rt->StreamSynchronize(producer_stream);
-    /* cudaMemcpy runs on the legacy default stream, which waits for every
-     * blocking stream's earlier work, and returns once the bytes landed. */
     if (rc == 0 && len != 0)
-        rc = a->rt->Memcpy(dst, src, len, TSHM_CUDA_MEMCPY_DEFAULT);
+        rc = memcpy_complete(a->rt, dst, src, len);
     device_leave(a->rt, a->device, previous);
     return rc;
 }
@@ -273,6 +284,83 @@ int tshm_cuda_copy_out(tshm_cuda_alloc *a, size_t offset, void *dst, size_t len)
     if (rc != 0)
         return rc;
     return copy(a, dst, a->ptr + offset, len, NULL);
+}
+
+int tshm_cuda_memcpy(const tshm_cudart *rt, int device,
+                     void *dst, size_t dst_size, size_t dst_offset,
+                     const void *src, size_t src_size, size_t src_offset,
+                     size_t len, void *dst_stream, void *src_stream)
+{
+    if (rt == NULL || device < -1)
+        return -EINVAL;
+    int rc = tshm_check_range(dst_size, dst_offset, len);
+    if (rc == 0)
+        rc = tshm_check_range(src_size, src_offset, len);
+    if (rc != 0)
+        return rc;
+    if (len == 0)
+        return 0;
+    if (dst == NULL || src == NULL)
+        return -EINVAL;
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    /* The ranges themselves must not wrap the address space. */
+    if (dst_size > UINTPTR_MAX - d || src_size > UINTPTR_MAX - s)
+        return -ERANGE;
+    d += dst_offset;
+    s += src_offset;
+    /* Partial overlap is undefined for cudaMemcpy; the same range is a no-op. */
+    if (d != s && d < s + len && s < d + len)
+        return -EINVAL;
+    int previous = device;
+    if (device >= 0) {
+        rc = device_enter(rt, device, &previous);
+        if (rc != 0)
+            return rc;
+    }
+    if (dst_stream != NULL)
+        rc = rt->StreamSynchronize(dst_stream);
+    if (rc == 0 && src_stream != NULL && src_stream != dst_stream)
+        rc = rt->StreamSynchronize(src_stream);
+    if (rc == 0 && d != s)
+        rc = memcpy_complete(rt, (void *)d, (const void *)s, len);
+    if (device >= 0)
+        device_leave(rt, device, previous);
+    return rc;
+}
+
+/* --- window holds ------------------------------------------------------------ */
+
+int tshm_cuda_hold_new(tshm_cuda_alloc *a, tshm_cuda_hold **out)
+{
+    if (a == NULL || out == NULL)
+        return -EINVAL;
+    tshm_cuda_hold *h = malloc(sizeof *h);
+    if (h == NULL)
+        return -ENOMEM;
+    tshm_cuda_alloc_incref(a);
+    h->alloc = a;
+    __atomic_store_n(&h->refs, 1, __ATOMIC_RELEASE);
+    *out = h;
+    return 0;
+}
+
+void tshm_cuda_hold_incref(tshm_cuda_hold *h)
+{
+    __atomic_add_fetch(&h->refs, 1, __ATOMIC_RELAXED);
+}
+
+void tshm_cuda_hold_decref(tshm_cuda_hold *h)
+{
+    if (__atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    tshm_cuda_alloc *a = h->alloc;
+    free(h);
+    tshm_cuda_alloc_decref(a);
+}
+
+size_t tshm_cuda_hold_refs(const tshm_cuda_hold *h)
+{
+    return __atomic_load_n(&h->refs, __ATOMIC_ACQUIRE);
 }
 
 /* --- pinned host mappings ----------------------------------------------------- */

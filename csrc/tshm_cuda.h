@@ -156,6 +156,45 @@ int tshm_cuda_copy_in(tshm_cuda_alloc *a, size_t offset, const void *src, size_t
 int tshm_cuda_copy_out(tshm_cuda_alloc *a, size_t offset, void *dst, size_t len);
 
 /*
+ * A window's holders: one reference count for a byte range of an
+ * allocation (a pool's slot), shared by every object that uses the range --
+ * the window objects, their device views, the DLPack tensors made from
+ * those.  The hold owns one reference to the allocation, released (and the
+ * struct freed) by its last decref, in plain C and without the GIL, so a
+ * DLPack deleter on any thread may drop the last holder.  The range itself
+ * is the caller's business (the hold only counts).
+ */
+typedef struct tshm_cuda_hold {
+    tshm_cuda_alloc *alloc;   /* one reference, for as long as refs > 0 */
+    size_t refs;              /* holders; accessed atomically only */
+} tshm_cuda_hold;
+
+/* A hold on `a` with refs = 1; takes a reference to `a` of its own. */
+int tshm_cuda_hold_new(tshm_cuda_alloc *a, tshm_cuda_hold **out);
+void tshm_cuda_hold_incref(tshm_cuda_hold *h);
+/* Drop one holder; the last one releases the allocation reference and frees `h`. */
+void tshm_cuda_hold_decref(tshm_cuda_hold *h);
+size_t tshm_cuda_hold_refs(const tshm_cuda_hold *h);
+
+/*
+ * Copy `len` bytes from `src + src_offset` to `dst + dst_offset`, where
+ * `src` and `dst` are the bases of ranges of `src_size` and `dst_size`
+ * bytes in host or device memory (unified addressing tells which).  Both
+ * ranges are checked without any addition that can wrap (-ERANGE), and so
+ * are the address ranges themselves; partially overlapping ranges are
+ * refused (-EINVAL: cudaMemcpy does not define them).  `device` (>= 0) is
+ * made current for the copy, or -1 to keep the caller's.  `dst_stream` and
+ * `src_stream`, when not NULL, are synchronized first (CUDA Array
+ * Interface producers' streams).  The copy runs on the legacy default
+ * stream and is complete on return (device-to-device included: the legacy
+ * stream is synchronized after it).  `len` 0 makes no CUDA call.
+ */
+int tshm_cuda_memcpy(const tshm_cudart *rt, int device,
+                     void *dst, size_t dst_size, size_t dst_offset,
+                     const void *src, size_t src_size, size_t src_offset,
+                     size_t len, void *dst_stream, void *src_stream);
+
+/*
  * Page-lock a host mapping with cudaHostRegister (Portable; ReadOnly for a
  * read-only mapping).  The mapping is unregistered by its own last decref,
  * just before munmap, and only by the process that registered it.

@@ -5,6 +5,9 @@
     with tritonshm.CudaRegion.create(1 << 20) as c:
         c.write(torch_tensor)                     # device-to-device, stream-ordered
         t = torch.from_dlpack(c.view("float32", (256, 1024)))   # zero-copy
+        slot = c.window(4096, 4096)               # a counted byte range: slot.holders
+        cuda.copy(slot, host_array, src_offset=0) # any of regions/windows/views/device/host
+        cuda.describe(torch_tensor)               # (dtype, shape, device) or None
 
 Importing this module loads no CUDA library: the runtime is opened on the
 first operation that needs it, and a machine without CUDA gets
@@ -50,7 +53,10 @@ __all__ = [
     "device_count",
     "runtime_info",
     "CudaRegion",
+    "CudaWindow",
     "CudaArray",
+    "copy",
+    "describe",
     "PinnedRegion",
     "CudaUnavailable",
 ]
@@ -59,7 +65,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The region types live in Cython modules that load no CUDA library
     # either; importing them lazily keeps `import tritonshm.cuda` cheap.
-    if name in ("CudaRegion", "CudaArray"):
+    if name in ("CudaRegion", "CudaWindow", "CudaArray", "copy", "describe"):
         from ._memory import _cuda
 
         return getattr(_cuda, name)

@@ -125,6 +125,79 @@ def test_view_outlives_close_and_device_memory_returns_after_the_last_view(torch
     assert _free_bytes() >= free_before - (4 << 20)  # back, give or take the allocator's granularity
 
 
+def test_copy_between_torch_cupy_regions_windows_and_numpy(torch, cupy):
+    data = np.arange(1024, dtype=np.float32)
+    with tritonshm.CudaRegion.create(1 << 16) as c:
+        w = c.window(8192, 4096)
+        assert cuda.copy(w, data) == 4096                                   # host -> window
+        t = torch.zeros(1024, dtype=torch.float32, device="cuda")
+        assert cuda.copy(t, w) == 4096                                      # window -> torch
+        assert torch.equal(t.cpu(), torch.from_numpy(data))
+        a = cupy.zeros(512, dtype=cupy.float32)
+        assert cuda.copy(a, t, src_offset=2048) == 2048                     # torch -> cupy, offset
+        np.testing.assert_array_equal(cupy.asnumpy(a), data[512:])
+        assert cuda.copy(c, a, 1024, dst_offset=100) == 1024                # cupy -> region
+        np.testing.assert_array_equal(c.read(np.float32, 256, offset=100), data[512:768])
+        v = w.view(np.float32, 8, offset=64)
+        out = np.zeros(8, np.float32)
+        assert cuda.copy(out, v) == 32                                      # CudaArray -> host
+        np.testing.assert_array_equal(out, data[16:24])
+        t2 = torch.full((4,), 9.0, device="cuda")
+        assert cuda.copy(v, t2, dst_offset=0) == 16                         # torch -> CudaArray
+        np.testing.assert_array_equal(v.get()[:4], np.full(4, 9, np.float32))
+        with pytest.raises(tritonshm.OutOfBounds):
+            cuda.copy(t2, w)                                                # 4096 bytes do not fit in 16
+        # Ordered after torch's work on a side stream (the DLPack handshake, stream=1).
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            x = torch.zeros(1 << 20, device="cuda")
+            torch.cuda._sleep(50_000_000)
+            x.fill_(5.0)
+            big = tritonshm.CudaRegion.create(4 << 20)
+            cuda.copy(big, x)
+        assert (big.read(np.float32, 1 << 20) == 5.0).all()
+        big.close()
+        del w, v, t, a, t2
+
+
+def test_window_view_in_torch_keeps_holders_up_until_the_tensor_dies(torch):
+    c = tritonshm.CudaRegion.create(1 << 20)
+    probe = c.window(4096, 4096)
+    v = probe.share().view(np.float32, (8, 8), offset=256)
+    t = torch.from_dlpack(v)
+    assert t.data_ptr() == c.ptr + 4096 + 256
+    del v
+    gc.collect()
+    assert probe.holders == 2  # the probe and torch's tensor
+    c.close()
+    t.fill_(1.0)
+    torch.cuda.synchronize()
+    del t
+    gc.collect()
+    assert probe.holders == 1
+    del probe
+    assert c.exports == 0
+
+
+def test_describe_torch(torch):
+    t = torch.zeros((3, 4), dtype=torch.float16, device="cuda")
+    assert cuda.describe(t) == (np.dtype(np.float16), (3, 4), t.device.index)
+    assert cuda.describe(torch.zeros(3)) is None  # host tensor
+    assert cuda.describe(torch.zeros(3).pin_memory()) is None  # pinned host memory is host memory
+    with pytest.raises(tritonshm.UnsupportedBuffer, match="C-contiguous"):
+        cuda.describe(t.t())
+    assert cuda.describe(torch.zeros(2, dtype=torch.bool, device="cuda"))[0] == np.dtype(np.bool_)
+    with pytest.raises(tritonshm.DTypeMismatch, match="numpy"):  # CAI refuses bfloat16; DLPack names it
+        cuda.describe(torch.zeros(2, dtype=torch.bfloat16, device="cuda"))
+
+
+def test_describe_cupy(cupy):
+    a = cupy.zeros((2, 5), dtype=cupy.int64)
+    assert cuda.describe(a) == (np.dtype(np.int64), (2, 5), a.device.id)
+    with pytest.raises(tritonshm.UnsupportedBuffer, match="C-contiguous"):
+        cuda.describe(a[:, ::2])
+
+
 def _child(payload, how):
     import numpy as np  # noqa: F811 (spawned child)
 

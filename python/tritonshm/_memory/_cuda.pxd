@@ -1,6 +1,21 @@
 # CUDA regions and their device views, for other Cython modules.
 from ._runtime cimport Runtime
-from ._tshm cimport tshm_cuda_alloc
+from ._tshm cimport tshm_cuda_alloc, tshm_cudart
+
+# Windows' holds and the general copy (csrc/tshm_cuda.h); declared here, beside
+# their only user, rather than in _tshm.pxd.
+cdef extern from "tshm_cuda.h" nogil:
+    ctypedef struct tshm_cuda_hold:
+        tshm_cuda_alloc *alloc
+    int tshm_cuda_hold_new(tshm_cuda_alloc *a, tshm_cuda_hold **out)
+    void tshm_cuda_hold_incref(tshm_cuda_hold *h)
+    void tshm_cuda_hold_decref(tshm_cuda_hold *h)
+    size_t tshm_cuda_hold_refs(const tshm_cuda_hold *h)
+    int tshm_cuda_memcpy(const tshm_cudart *rt, int device,
+                         void *dst, size_t dst_size, size_t dst_offset,
+                         const void *src, size_t src_size, size_t src_offset,
+                         size_t len, void *dst_stream, void *src_stream)
+
 
 cdef class CudaRegion:
     cdef tshm_cuda_alloc *_alloc     # our reference while open; NULL once closed
@@ -18,10 +33,23 @@ cdef class CudaRegion:
     cdef object _copy_in_device(self, size_t src, size_t length, object offset, size_t stream)
 
 
+cdef class CudaWindow:
+    cdef tshm_cuda_hold *_hold       # one holder of the window's count, for as long as we live
+    cdef Runtime _runtime
+    cdef str _key
+    cdef size_t _offset              # of the window in the allocation
+    cdef size_t _nbytes
+    cdef object __weakref__          # weakref.finalize: a pool's release when a handed-out window dies
+
+    cdef tshm_cuda_hold *_h(self) except NULL
+
+
 cdef class CudaArray:
-    cdef tshm_cuda_alloc *_alloc     # one reference, for as long as the view lives
+    cdef tshm_cuda_alloc *_alloc     # a region view: one reference; a window view: borrowed from _hold
+    cdef tshm_cuda_hold *_hold       # a window view: one holder of its count; NULL for region views
     cdef Runtime _runtime
     cdef size_t _offset
     cdef readonly object dtype
     cdef readonly tuple shape
     cdef readonly object nbytes
+    cdef object __weakref__

@@ -7,6 +7,13 @@ device allocation (``tshm_cuda_alloc`` in csrc/).  Every view
 reference of its own, so the memory is freed -- in C, without the GIL,
 possibly from a consumer's DLPack deleter on another thread -- only when
 the region is closed *and* the last view is gone.
+
+A :class:`CudaWindow` is a byte range of a region with a count of its own
+(``tshm_cuda_hold``): its window objects, their views and the DLPack
+tensors made from those are its :attr:`~CudaWindow.holders`, so a pool
+knows when every user of one slot is gone.  :func:`copy` copies between
+any two of regions, windows, views, device arrays and host buffers;
+:func:`describe` tells a device array's dtype, shape and device.
 """
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
@@ -18,6 +25,7 @@ from ._runtime cimport Runtime, current
 from ._tshm cimport (
     TSHM_IPC_HANDLE_BYTES,
     kDLCUDA,
+    kDLCUDAManaged,
     tshm_cuda_alloc,
     tshm_cuda_alloc_decref,
     tshm_cuda_alloc_incref,
@@ -42,7 +50,7 @@ from ..errors import CudaError, DTypeMismatch, OutOfBounds, RegionClosed, Unsupp
 from . import _dlpack
 from ._args import device_of as _device_of, index as _index, layout as _layout, span as _span
 
-__all__ = ["CudaRegion", "CudaArray"]
+__all__ = ["CudaRegion", "CudaWindow", "CudaArray", "copy", "describe"]
 
 # The handles of this process's live regions: opening one of them here is
 # CUDA's error 201; say what is going on instead.
@@ -51,6 +59,10 @@ _own_handles = weakref.WeakValueDictionary()
 
 cdef void _release_alloc(void *ctx) noexcept nogil:
     tshm_cuda_alloc_decref(<tshm_cuda_alloc *>ctx)
+
+
+cdef void _release_hold(void *ctx) noexcept nogil:
+    tshm_cuda_hold_decref(<tshm_cuda_hold *>ctx)
 
 
 def _unpickle(bytes handle, nbytes, int device, str key):
@@ -295,6 +307,27 @@ cdef class CudaRegion:
         off, _ = self.span(offset, nbytes)
         return _make_view(self._runtime, self._live(), off, dt, dims, nbytes)
 
+    def window(self, offset=0, nbytes=None):
+        """A :class:`CudaWindow` over bytes [offset, offset + nbytes) (default: the rest).
+
+        The window counts its own :attr:`~CudaWindow.holders` (it, its
+        :meth:`~CudaWindow.share`\ s, its views and their DLPack tensors) and
+        keeps the memory alive: closing the region leaves it valid.  For
+        :attr:`exports`, a window and everything made from it count as one.
+        """
+        cdef tshm_cuda_hold *h = NULL
+        cdef CudaWindow w
+        off, size = self.span(offset, nbytes)
+        a = self._live()  # span() can run __index__ code that closes us
+        self._runtime.check(tshm_cuda_hold_new(a, &h), f"making a window of {self!r}")
+        w = CudaWindow.__new__(CudaWindow)
+        w._hold = h
+        w._runtime = self._runtime
+        w._key = self._key
+        w._offset = off
+        w._nbytes = size
+        return w
+
     def write(self, src, offset=0):
         """Copy *src* in at byte *offset*; returns the number of bytes written.
 
@@ -315,7 +348,7 @@ cdef class CudaRegion:
                 imp.release()
         cai = _cuda_array_interface(src)
         if cai is not None:
-            ptr, length, stream = cai
+            ptr, length, stream, _ = cai
             return self._copy_in_device(ptr, length, offset, stream)
         if isinstance(src, np.ndarray) and src.dtype.hasobject:
             raise DTypeMismatch(f"cannot write an array of dtype {src.dtype} (Python objects) to device memory")
@@ -371,14 +404,30 @@ cdef object _to_host(Runtime rt, tshm_cuda_alloc *a, size_t offset, size_t lengt
 
 
 def _cuda_array_interface(obj):
-    """``(ptr, nbytes, stream)`` of a C-contiguous CUDA Array Interface export, else None."""
-    cai = getattr(obj, "__cuda_array_interface__", None)
+    """``(ptr, nbytes, stream, readonly)`` of a C-contiguous CUDA Array Interface export, else None."""
+    parsed = _parse_cai(obj)
+    if parsed is None:
+        return None
+    ptr, dt, shape, stream, readonly = parsed
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return ptr, count * dt.itemsize, stream, readonly
+
+
+def _parse_cai(obj, cai=None):
+    """``(ptr, dtype, shape, stream, readonly)`` of a C-contiguous CUDA Array Interface export, else None.
+
+    *cai* is ``obj.__cuda_array_interface__`` when the caller has it already.
+    *stream* is 0 when the producer gave None (nothing to wait for).
+    """
+    if cai is None:
+        cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is None:
         return None
     try:
         shape = tuple(int(d) for d in cai["shape"])
         dt = np.dtype(cai["typestr"])
         ptr = int(cai["data"][0])
+        readonly = bool(cai["data"][1])
         strides = cai.get("strides")
         stream = cai.get("stream")
     except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -394,7 +443,7 @@ def _cuda_array_interface(obj):
             expected *= d
     if stream == 0:
         raise UnsupportedBuffer(f"{type(obj).__name__} gave stream 0 in __cuda_array_interface__, which v3 forbids")
-    return ptr, count * dt.itemsize, (0 if stream is None else int(stream))
+    return ptr, dt, shape, (0 if stream is None else int(stream)), readonly
 
 
 cdef CudaArray _make_view(Runtime rt, tshm_cuda_alloc *a, size_t offset, object dtype, tuple shape,
@@ -421,12 +470,17 @@ cdef class CudaArray:
 
     def __cinit__(self):
         self._alloc = NULL
+        self._hold = NULL
 
     def __init__(self, *args, **kwargs):
-        raise TypeError("use CudaRegion.view(dtype, shape, offset)")
+        raise TypeError("use CudaRegion.view(dtype, shape, offset) or CudaWindow.view(dtype, shape, offset)")
 
     def __dealloc__(self):
-        if self._alloc != NULL:
+        if self._hold != NULL:  # a window's view: its alloc is the hold's
+            tshm_cuda_hold_decref(self._hold)
+            self._hold = NULL
+            self._alloc = NULL
+        elif self._alloc != NULL:
             tshm_cuda_alloc_decref(self._alloc)
             self._alloc = NULL
 
@@ -479,9 +533,14 @@ cdef class CudaArray:
         """A DLPack capsule of this array (versioned when *max_version* allows), zero-copy.
 
         The tensor holds the memory until its consumer's deleter runs (on any
-        thread; the release is plain C).
+        thread; the release is plain C).  A window's view gives the tensor
+        a holder of the window's count instead (which holds the memory).
         """
         versioned = _dlpack.check_request(stream, max_version, dl_device, copy, kDLCUDA, self._alloc.device)
+        if self._hold != NULL:
+            tshm_cuda_hold_incref(self._hold)  # the capsule's own; export_capsule takes it over
+            return export_capsule(<void *>(self._alloc.ptr + self._offset), kDLCUDA, self._alloc.device,
+                                  self.dtype, self.shape, False, versioned, _release_hold, self._hold)
         tshm_cuda_alloc_incref(self._alloc)  # the capsule's own; export_capsule takes it over
         return export_capsule(<void *>(self._alloc.ptr + self._offset), kDLCUDA, self._alloc.device,
                               self.dtype, self.shape, False, versioned, _release_alloc, self._alloc)
@@ -496,3 +555,352 @@ cdef class CudaArray:
 
     def __reduce__(self):
         raise TypeError("a CudaArray cannot be pickled; pickle its region and call view() there")
+
+
+cdef class CudaWindow:
+    """A byte range of a :class:`CudaRegion` whose users are counted: a pool's slot.
+
+    Made by :meth:`CudaRegion.window`.  Its :attr:`holders` are every
+    window object of the range (this one and its :meth:`share`\\ s), every
+    :class:`CudaArray` from :meth:`view`, and every DLPack tensor made from
+    those -- including a consumer's (torch, cupy), released by its deleter on
+    any thread without the GIL.  A pool keeps one :meth:`share` as a probe:
+    the range is free again when ``probe.holders == 1``.
+
+    The window keeps the memory alive: it, its views and their tensors stay
+    valid after the region is closed.  It cannot be pickled.
+    """
+
+    def __cinit__(self):
+        self._hold = NULL
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use CudaRegion.window(offset, nbytes)")
+
+    def __dealloc__(self):
+        if self._hold != NULL:
+            tshm_cuda_hold_decref(self._hold)
+            self._hold = NULL
+
+    cdef tshm_cuda_hold *_h(self) except NULL:
+        if self._hold == NULL:  # only CudaWindow.__new__ without window() makes one
+            raise TypeError("this CudaWindow was not made by CudaRegion.window()")
+        return self._hold
+
+    @property
+    def offset(self):
+        """The window's first byte, as an offset in its region."""
+        return self._offset
+
+    @property
+    def nbytes(self):
+        """The size of the window in bytes."""
+        return self._nbytes
+
+    @property
+    def device(self):
+        """The CUDA device the memory lives on."""
+        return self._h().alloc.device
+
+    @property
+    def ptr(self):
+        """The device address of the window's first byte."""
+        return <size_t>self._h().alloc.ptr + self._offset
+
+    @property
+    def key(self):
+        """The :attr:`CudaRegion.key` of the region this is a window of."""
+        return self._key
+
+    @property
+    def holders(self):
+        """How many window objects, views and DLPack tensors of this range are alive (>= 1: this one)."""
+        return tshm_cuda_hold_refs(self._h())
+
+    def share(self):
+        """Another window object over the same range and the same count (one more holder)."""
+        cdef CudaWindow w = CudaWindow.__new__(CudaWindow)
+        tshm_cuda_hold_incref(self._h())
+        w._hold = self._hold
+        w._runtime = self._runtime
+        w._key = self._key
+        w._offset = self._offset
+        w._nbytes = self._nbytes
+        return w
+
+    def span(self, offset=0, nbytes=None):
+        """Validate a byte range of this window (offsets relative to it) and return ``(offset, nbytes)``."""
+        return _span(self, self._nbytes, offset, nbytes)
+
+    def view(self, dtype, shape, offset=0):
+        """A zero-copy device array of *shape* x *dtype* at byte *offset* of the window.
+
+        The view lies inside the window, holds one holder of its count and
+        keeps the memory alive; so does every DLPack tensor made from it.
+        """
+        cdef CudaArray v
+        dt, dims, nbytes = _layout(dtype, shape)
+        _dlpack.dl_dtype(dt)  # refuse what no consumer could describe
+        off, _ = self.span(offset, nbytes)
+        v = CudaArray.__new__(CudaArray)
+        tshm_cuda_hold_incref(self._h())
+        v._hold = self._hold
+        v._alloc = self._hold.alloc  # borrowed: the hold keeps it
+        v._runtime = self._runtime
+        v._offset = self._offset + <size_t>off
+        v.dtype = dt
+        v.shape = dims
+        v.nbytes = nbytes
+        return v
+
+    def __repr__(self):
+        if self._hold == NULL:
+            return "<CudaWindow (not made by CudaRegion.window())>"
+        return (f"<CudaWindow of {self._key!r} offset={self._offset} nbytes={self._nbytes} "
+                f"device={self.device} holders={self.holders}>")
+
+    def __reduce__(self):
+        raise TypeError("a CudaWindow cannot be pickled; pickle its region and call window() there")
+
+
+# -- copy() --------------------------------------------------------------------
+
+cdef class _Side:
+    """One end of a :func:`copy`: a range of host or device memory, held until :meth:`close`."""
+
+    cdef size_t base          # address of byte 0
+    cdef size_t size          # bytes addressable from base
+    cdef int device           # CUDA device, or -1 when unknown
+    cdef size_t stream        # a CAI producer's stream to wait for, or 0
+    cdef tshm_cuda_alloc *alloc  # our reference to a native allocation during the copy
+    cdef Runtime runtime      # a native end's runtime
+    cdef Imported imported
+    cdef Py_buffer buf
+    cdef bint has_buf
+    cdef object keep          # an object the buffer was taken from (a uint8 view)
+    cdef str what
+
+    def __cinit__(self):
+        self.alloc = NULL
+        self.has_buf = False
+        self.device = -1
+
+    def __dealloc__(self):
+        self.close()
+
+    cdef close(self):
+        if self.has_buf:
+            self.has_buf = False
+            PyBuffer_Release(&self.buf)
+        if self.imported is not None:
+            self.imported.release()
+            self.imported = None
+        if self.alloc != NULL:
+            tshm_cuda_alloc_decref(self.alloc)
+            self.alloc = NULL
+        self.keep = None
+
+
+cdef _Side _native(tshm_cuda_alloc *a, size_t base, size_t size, Runtime rt, str what):
+    cdef _Side side = _Side.__new__(_Side)
+    tshm_cuda_alloc_incref(a)  # a concurrent close() must not free under the copy
+    side.alloc = a
+    side.base = base
+    side.size = size
+    side.device = a.device
+    side.runtime = rt
+    side.what = what
+    return side
+
+
+cdef _Side _resolve(object obj, bint writable, str role):
+    """*obj* as one end of a copy; raises the project's errors for what cannot be one."""
+    cdef _Side side
+    cdef CudaRegion region
+    cdef CudaWindow window
+    cdef CudaArray array
+    cdef Imported imp
+    cdef tshm_cuda_alloc *a
+    if isinstance(obj, CudaRegion):
+        region = <CudaRegion>obj
+        a = region._live()
+        return _native(a, <size_t>a.ptr, region._nbytes, region._runtime, repr(region))
+    if isinstance(obj, CudaWindow):
+        window = <CudaWindow>obj
+        a = window._h().alloc
+        return _native(a, <size_t>a.ptr + window._offset, window._nbytes, window._runtime, repr(window))
+    if isinstance(obj, CudaArray):
+        array = <CudaArray>obj
+        a = array._alloc
+        if a == NULL:
+            raise UnsupportedBuffer("this CudaArray was not made by view()")
+        return _native(a, <size_t>a.ptr + array._offset, array.nbytes, array._runtime, repr(array))
+    name = type(obj).__name__
+    side = _Side.__new__(_Side)
+    imp = _dlpack.import_device(obj)
+    if imp is not None:
+        side.imported = imp
+        if writable and imp.readonly:
+            raise UnsupportedBuffer(f"the {role} ({name}) is a read-only DLPack tensor")
+        side.base = imp.ptr
+        side.size = imp.nbytes
+        if imp.device_type == kDLCUDA or imp.device_type == kDLCUDAManaged:
+            side.device = imp.device_id
+        side.what = f"{name} (DLPack, {imp.nbytes} bytes)"
+        return side
+    cai = _cuda_array_interface(obj)
+    if cai is not None:
+        ptr, length, stream, readonly = cai
+        if writable and readonly:
+            raise UnsupportedBuffer(f"the {role} ({name}) is read-only (__cuda_array_interface__)")
+        side.base = ptr
+        side.size = length
+        side.stream = stream
+        side.what = f"{name} (CUDA Array Interface, {length} bytes)"
+        return side
+    if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
+        raise DTypeMismatch(f"cannot copy an array of dtype {obj.dtype} (Python objects) "
+                            f"{'into' if writable else 'from'} device memory")
+    try:
+        PyObject_GetBuffer(obj, &side.buf, PyBUF_C_CONTIGUOUS)
+    except (BufferError, TypeError, ValueError) as exc:
+        if isinstance(obj, np.ndarray) and obj.flags.c_contiguous:  # dtypes the buffer protocol lacks
+            flat = obj.reshape(-1).view(np.uint8)
+            PyObject_GetBuffer(flat, &side.buf, PyBUF_C_CONTIGUOUS)
+            side.keep = flat
+        else:
+            raise UnsupportedBuffer(
+                f"copy() needs a region, window, CudaArray, device array (DLPack or "
+                f"__cuda_array_interface__) or C-contiguous host buffer as the {role}; "
+                f"{name} is none of these ({exc})") from None
+    side.has_buf = True
+    if writable and side.buf.readonly:
+        raise UnsupportedBuffer(f"the {role} ({name}) is a read-only buffer")
+    side.base = <size_t>side.buf.buf
+    side.size = side.buf.len
+    side.what = f"{name} ({side.buf.len} bytes)"
+    return side
+
+
+cdef object _range(_Side side, str role, object offset, object nbytes):
+    """Check ``[offset, offset + nbytes)`` against *side*; returns ``(offset, nbytes)``."""
+    cap = side.size
+    off = _index(offset, f"{role}_offset")
+    if off < 0 or off > cap:
+        raise OutOfBounds(f"{role}_offset={off} is outside the {role} {side.what}")
+    size = cap - off if nbytes is None else nbytes
+    if size > cap - off:
+        raise OutOfBounds(f"{size} bytes at {role}_offset={off} do not fit in the {role} {side.what} "
+                          f"({cap - off} available)")
+    return off, size
+
+
+def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0):
+    """Copy *nbytes* bytes from ``src[src_offset:]`` to ``dst[dst_offset:]``; returns *nbytes*.
+
+    Each end is a :class:`CudaRegion`, a :class:`CudaWindow`, a
+    :class:`CudaArray` (their memory directly), a device array speaking
+    DLPack (torch, cupy, jax: its producer orders its pending work before
+    the copy) or the CUDA Array Interface (its stream is synchronized
+    first), or a C-contiguous host buffer (numpy of any dtype, bytes; *dst*
+    must be writable).  Offsets are in bytes; *nbytes* defaults to the rest
+    of *src* after *src_offset*.
+
+    Both ranges are checked first (:class:`OutOfBounds`; partially
+    overlapping ranges too): on any error nothing is copied.  The copy is a
+    ``cudaMemcpy`` (direction from unified addressing; host to host works
+    too) on the legacy default stream, with the GIL released, and is
+    complete on return.  Zero bytes make no CUDA call.  It runs on the
+    device (and runtime) of a region, window or view end (*dst*'s first),
+    else of a DLPack device end, else on the calling thread's device.
+    """
+    cdef _Side d = None
+    cdef _Side s = None
+    cdef Runtime rt
+    cdef size_t c_doff, c_soff, c_len
+    cdef int device
+    cdef int rc
+    n = None if nbytes is None else _index(nbytes, "nbytes")
+    if n is not None and n < 0:
+        raise OutOfBounds(f"nbytes={n} is negative")
+    doff = _index(dst_offset, "dst_offset")
+    soff = _index(src_offset, "src_offset")
+    try:
+        d = _resolve(dst, True, "destination")
+        s = _resolve(src, False, "source")
+        soff, n = _range(s, "src", soff, n)
+        doff, n = _range(d, "dst", doff, n)
+        if n == 0:
+            return 0
+        if d.base + doff != s.base + soff and d.base + doff < s.base + soff + n \
+                and s.base + soff < d.base + doff + n:
+            raise OutOfBounds(f"the destination and source ranges of {n} bytes overlap")
+        if d.runtime is not None:
+            rt = d.runtime
+        elif s.runtime is not None:
+            rt = s.runtime
+        else:
+            rt = current()
+        device = d.device if d.device >= 0 else s.device
+        c_doff = doff
+        c_soff = soff
+        c_len = n
+        with nogil:
+            rc = tshm_cuda_memcpy(rt.rt, device, <void *>d.base, d.size, c_doff,
+                                  <const void *>s.base, s.size, c_soff, c_len,
+                                  <void *>d.stream, <void *>s.stream)
+        rt.check(rc, f"copying {n} bytes from {s.what} to {d.what}")
+        return n
+    finally:
+        if s is not None:
+            s.close()
+        if d is not None:
+            d.close()
+
+
+# -- describe() ----------------------------------------------------------------
+
+def describe(obj):
+    """``(dtype, shape, device)`` of a C-contiguous CUDA device array, or None for anything else.
+
+    Device arrays are :class:`CudaArray` (also a :class:`CudaWindow`'s
+    views), objects with ``__cuda_array_interface__`` (looked at first: it is
+    cheap) and DLPack producers whose ``__dlpack_device__`` is CUDA or
+    CUDA-managed memory.  Pinned host memory (kDLCUDAHost) is not a device
+    array here: None, as for numpy and everything else.
+
+    The CUDA Array Interface carries no device: it is taken from the
+    object's ``__dlpack_device__`` when it has one, else assumed to be 0
+    (finding it from the pointer would need ``cudaPointerGetAttributes``).
+    DLPack producers are imported without stream synchronisation and
+    released at once.
+
+    Raises :class:`UnsupportedBuffer` for a non-contiguous (or malformed)
+    device array and :class:`DTypeMismatch` for a dtype numpy lacks.
+    """
+    cdef CudaArray array
+    cdef Imported imp
+    if isinstance(obj, CudaArray) and (<CudaArray>obj)._alloc != NULL:
+        array = <CudaArray>obj
+        return array.dtype, array.shape, array._alloc.device
+    if isinstance(obj, np.ndarray):
+        return None
+    try:
+        cai = getattr(obj, "__cuda_array_interface__", None)
+    except Exception:  # torch raises for dtypes the interface cannot name (bfloat16): ask DLPack
+        cai = None
+    parsed = _parse_cai(obj, cai) if cai is not None else None
+    if parsed is not None:
+        _, dt, shape, _, _ = parsed
+        device = 0
+        device_of = getattr(obj, "__dlpack_device__", None)
+        if device_of is not None:
+            device = int(device_of()[1])
+        return dt, shape, device
+    imp = _dlpack.import_device(obj, -1, _dlpack.DEVICE_MEMORY_TYPES)
+    if imp is None:
+        return None
+    try:
+        return imp.dtype, imp.shape, imp.device_id
+    finally:
+        imp.release()

@@ -13,4 +13,8 @@ cdef class Imported:
     cdef readonly object nbytes
     cdef readonly int device_type
     cdef readonly int device_id
+    cdef readonly tuple shape
+    cdef readonly int dtype_code
+    cdef readonly int dtype_bits
+    cdef readonly bint readonly
     cpdef release(self)

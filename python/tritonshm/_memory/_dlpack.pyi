@@ -2,16 +2,19 @@
 
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Imported", "check_request", "dl_dtype", "import_device", "KDL_CPU", "KDL_CUDA"]
+__all__ = ["Imported", "check_request", "dl_dtype", "numpy_dtype", "import_device", "KDL_CPU", "KDL_CUDA"]
 
 KDL_CPU: int
 KDL_CUDA: int
 CUDA_DEVICE_TYPES: tuple[int, ...]
+DEVICE_MEMORY_TYPES: tuple[int, ...]
 VERSION: tuple[int, int]
 
 def dl_dtype(dtype: npt.DTypeLike) -> tuple[int, int]: ...
+def numpy_dtype(code: int, bits: int) -> np.dtype[Any]: ...
 def check_request(
     stream: int | None,
     max_version: tuple[int, int] | None,
@@ -28,6 +31,14 @@ class Imported:
     nbytes: int
     device_type: int
     device_id: int
+    shape: tuple[int, ...]
+    dtype_code: int
+    dtype_bits: int
+    readonly: bool
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
     def release(self) -> None: ...
 
-def import_device(obj: Any, stream: int = 1) -> Imported | None: ...
+def import_device(
+    obj: Any, stream: int = 1, device_types: tuple[int, ...] = ...
+) -> Imported | None: ...

@@ -45,12 +45,14 @@ import numpy as np
 
 from ..errors import DLPackError, DTypeMismatch, UnsupportedBuffer
 
-__all__ = ["Imported", "check_request", "dl_dtype", "import_device", "KDL_CPU", "KDL_CUDA"]
+__all__ = ["Imported", "check_request", "dl_dtype", "numpy_dtype", "import_device", "KDL_CPU", "KDL_CUDA"]
 
 KDL_CPU = kDLCPU
 KDL_CUDA = kDLCUDA
 #: Device types whose memory the CUDA runtime can copy from.
 CUDA_DEVICE_TYPES = (kDLCUDA, kDLCUDAHost, kDLCUDAManaged)
+#: Device types that are device memory (not pinned host memory).
+DEVICE_MEMORY_TYPES = (kDLCUDA, kDLCUDAManaged)
 
 #: The DLPack version we produce.
 VERSION = (1, 1)
@@ -62,6 +64,24 @@ cdef const char *_USED_LEGACY = b"used_dltensor"
 
 # numpy kind -> DLPack type code
 _CODES = {"b": kDLBool, "i": kDLInt, "u": kDLUInt, "f": kDLFloat, "c": kDLComplex}
+
+
+# DLPack type code -> numpy kind, for the codes with numpy equivalents
+_KINDS = {kDLInt: "i", kDLUInt: "u", kDLFloat: "f", kDLComplex: "c"}
+
+
+def numpy_dtype(int code, int bits):
+    """The numpy dtype of DLPack's ``(code, bits)`` (one lane), else DTypeMismatch."""
+    if code == kDLBool and bits == 8:
+        return np.dtype(np.bool_)
+    kind = _KINDS.get(code)
+    if kind is not None and bits % 8 == 0:
+        try:
+            return np.dtype(f"{kind}{bits // 8}")
+        except TypeError:
+            pass
+    raise DTypeMismatch(f"DLPack dtype (code {code}, {bits} bits) has no numpy equivalent "
+                        f"(bfloat16 and other formats numpy lacks)")
 
 
 def dl_dtype(dtype):
@@ -164,10 +184,18 @@ cdef class Imported:
 
     ``ptr`` and ``nbytes`` are valid until :meth:`release` (also called when
     the object dies), which hands the tensor back to its producer.
+    ``shape``, ``dtype_code``/``dtype_bits`` (DLPack's) with ``dtype`` (numpy's),
+    ``readonly`` (the producer's READ_ONLY flag; legacy capsules carry none)
+    and the device stay readable after the release.
     """
 
     def __dealloc__(self):
         self.release()
+
+    @property
+    def dtype(self):
+        """The tensor's numpy dtype; DTypeMismatch when numpy has none (bfloat16, ...)."""
+        return numpy_dtype(self.dtype_code, self.dtype_bits)
 
     cpdef release(self):
         """Hand the tensor back to the producer (call its deleter); idempotent."""
@@ -191,13 +219,15 @@ def _take_capsule(obj, stream):
         return obj.__dlpack__(stream=stream)
 
 
-def import_device(obj, int stream=1):
+def import_device(obj, int stream=1, device_types=CUDA_DEVICE_TYPES):
     """Take *obj*'s tensor through DLPack if it lives in CUDA-reachable memory.
 
     Returns an :class:`Imported`, or None when *obj* speaks no DLPack or
     lives on the host (the caller then uses the buffer protocol).  *stream*
     is the consumer's CUDA stream (1: the legacy default stream, which our
-    copies use): the producer orders its pending work before it.
+    copies use; -1: no synchronisation): the producer orders its pending
+    work before it.  *device_types* are the DLPack device types taken
+    (default: CUDA, pinned host and managed memory).
     """
     cdef Imported imp
     cdef DLTensor *t
@@ -206,7 +236,7 @@ def import_device(obj, int stream=1):
     if device_of is None or not hasattr(obj, "__dlpack__"):
         return None
     device_type, device_id = device_of()
-    if device_type not in CUDA_DEVICE_TYPES:
+    if device_type not in device_types:
         return None
     capsule = _take_capsule(obj, stream)
     imp = Imported.__new__(Imported)
@@ -224,6 +254,10 @@ def import_device(obj, int stream=1):
         raise UnsupportedBuffer(f"{type(obj).__name__}.__dlpack__() returned no usable DLPack capsule")
     imp._managed = p
     imp._capsule = capsule
+    imp.readonly = imp._versioned and ((<DLManagedTensorVersioned *>p).flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0
+    imp.dtype_code = t.dtype.code
+    imp.dtype_bits = t.dtype.bits
+    imp.shape = tuple([t.shape[i] for i in range(t.ndim)])
     if t.dtype.lanes != 1 or t.dtype.bits % 8 != 0:
         raise UnsupportedBuffer(f"cannot copy a DLPack tensor of {t.dtype.bits}-bit x{t.dtype.lanes} lanes")
     if not tshm_dlpack_is_c_contiguous(t):
