@@ -1,0 +1,311 @@
+"""GPU tensors through the high-level client, on any machine: the FAKE CUDA runtime.
+
+tritonshm runs on the fake runtime (tests/fake_cudart) and so does a real
+Triton server (``fake_cuda_server``: the fake ``LD_PRELOAD``-ed), which
+opens our fake CUDA handles: CUDA slot pools, device inputs and results,
+held views, chunking, threads, re-registration and clean-up are exercised
+against a real server.  Device inputs here are tritonshm's own device views
+and an object speaking only the CUDA Array Interface; torch and cupy are in
+the ``gpu`` suite (test_client_cuda_gpu.py).  The session's plain server,
+with no fake in it, stands in for a server that cannot open our handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import tritonshm
+import tritonshm.aio
+from tritonshm import cuda
+
+from triton_fixtures import client_url, sample
+
+
+def device_array(data: np.ndarray):
+    """*data* copied into fresh (fake) device memory: a CudaArray holding its region."""
+    with tritonshm.CudaRegion.create(max(1, data.nbytes)) as region:
+        region.write(np.ascontiguousarray(data))
+        return region.view(data.dtype, data.shape)
+
+
+class CaiOnly:
+    """A device array that speaks only the CUDA Array Interface (like numba's)."""
+
+    def __init__(self, view):
+        self._view = view  # keeps the memory
+        self.__cuda_array_interface__ = view.__cuda_array_interface__
+
+
+def pool_of(client, model, slots):
+    return client._pools[(model, "", slots)]
+
+
+@pytest.fixture
+def url(fake_cuda_server, protocol, fake_cuda):
+    return client_url(fake_cuda_server, protocol)
+
+
+def test_device_input_round_trip_stays_on_the_device(url, fake_cuda):
+    data = sample(np.float32, 1000)
+    tensor = device_array(data)
+    with tritonshm.Client(url) as c:
+        c.model_info("identity_fp32")
+        before = fake_cuda.stats()
+        out = c.infer("identity_fp32", {"INPUT0": tensor})["OUTPUT0"]
+        used = fake_cuda.stats() - before
+        # one copy in (device to device), one out into a fresh device array; the pool's
+        # extent and the result are the only allocations
+        assert (used.memcpy_calls, used.memcpy_bytes) == (2, 2 * data.nbytes)
+        assert used.malloc_calls == 2
+        assert isinstance(out, cuda.CudaArray) and out.device == 0
+        np.testing.assert_array_equal(out.get(), data)
+        (extent,) = pool_of(c, "identity_fp32", "cuda:0").extents
+        assert extent.memory.kind == "cuda"
+        assert ("identity_fp32", "", "system") not in c._pools  # never through host slots
+        del out
+
+
+def test_cuda_array_interface_input_and_output_device_cpu(url):
+    data = sample(np.int32, 64)
+    with tritonshm.Client(url) as c:
+        out = c.infer("identity_int32", {"INPUT0": CaiOnly(device_array(data))}, output_device="cpu")
+        assert isinstance(out["OUTPUT0"], np.ndarray)
+        np.testing.assert_array_equal(out["OUTPUT0"], data)
+
+
+def test_host_input_with_results_on_the_device(url):
+    data = sample(np.float32, 256)
+    with tritonshm.Client(url) as c:
+        out = c.infer("identity_fp32", {"INPUT0": data}, output_device="cuda:0")["OUTPUT0"]
+        assert isinstance(out, cuda.CudaArray)
+        np.testing.assert_array_equal(out.get(), data)
+        assert list(c._pools) == [("identity_fp32", "", "system")]  # host slots, then to the GPU
+
+
+@pytest.mark.parametrize("dtype, model", [
+    (np.float32, "identity_fp32"), (np.float16, "identity_fp16"), (np.int8, "identity_int8"),
+    (np.uint8, "identity_uint8"), (np.int32, "identity_int32"), (np.int64, "identity_int64"),
+    (np.bool_, "identity_bool"),
+])
+def test_every_dtype_round_trips(url, dtype, model):
+    data = sample(dtype, 333)
+    with tritonshm.Client(url) as c:
+        out = c.infer(model, {"INPUT0": device_array(data)})["OUTPUT0"]
+        assert out.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(out.get(), data)
+
+
+def test_wrong_device_dtype_is_refused_before_sending(url):
+    with tritonshm.Client(url) as c:
+        with pytest.raises(tritonshm.DTypeMismatch, match="float64"):
+            c.infer("identity_fp32", {"INPUT0": device_array(sample(np.float64, 8))})
+        with pytest.raises(tritonshm.ShapeMismatch):
+            c.infer("batched_fp32", {"INPUT0": device_array(sample(np.float32, 8))})
+
+
+def test_held_device_results_keep_their_slot_until_every_dlpack_tensor_is_gone(url):
+    data = sample(np.float32, 64)
+    with tritonshm.Client(url, slots=1) as c:
+        held = c.infer("identity_fp32", {"INPUT0": device_array(data)}, copy=False)["OUTPUT0"]
+        pool = pool_of(c, "identity_fp32", "cuda:0")
+        capsule = held.__dlpack__()  # what torch.from_dlpack would hold: no Python object of ours
+        del held
+        gc.collect()
+        assert pool.held == 1
+        # the next request must not get (and overwrite) the held slot: the pool grows instead
+        other = sample(np.float32, 64, seed=1)
+        out = c.infer("identity_fp32", {"INPUT0": device_array(other)}, copy=False, timeout=0)["OUTPUT0"]
+        np.testing.assert_array_equal(out.get(), other)
+        assert len(pool.extents) == 2
+        del out, capsule  # the capsule's deleter runs in C and wakes nobody: the pool looks again
+        gc.collect()
+        assert pool.held == 0
+
+
+def test_held_device_results_stay_intact_across_later_requests(url):
+    with tritonshm.Client(url, slots=2) as c:
+        kept = []
+        for i in range(6):
+            data = sample(np.float32, 128, seed=i)
+            kept.append((data, c.infer("identity_fp32", {"INPUT0": device_array(data)}, copy=False)["OUTPUT0"]))
+        for data, view in kept:
+            np.testing.assert_array_equal(view.get(), data)
+
+
+def test_chunked_device_batch_is_joined_on_the_device(url):
+    with tritonshm.Client(url) as c:
+        limit = c.model_info("batched_fp32").max_batch_size
+        data = sample(np.float32, (limit * 2 + 3) * 4).reshape(limit * 2 + 3, 4)
+        out = c.infer("batched_fp32", {"INPUT0": device_array(data)})["OUTPUT0"]
+        assert isinstance(out, cuda.CudaArray) and out.shape == data.shape
+        np.testing.assert_array_equal(out.get(), data * 2)  # the model doubles
+
+
+def test_threads_with_per_request_verification(url):
+    errors = []
+    with tritonshm.Client(url, slots=2) as c:
+        def work(seed):
+            try:
+                for i in range(25):
+                    data = sample(np.float32, 512, seed=seed * 100 + i)
+                    out = c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"]
+                    np.testing.assert_array_equal(out.get(), data)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]
+
+
+def test_zero_copy_device_request(url):
+    data = sample(np.float32, 3 * 4).reshape(3, 4)
+    with tritonshm.Client(url) as c:
+        with c.request("batched_fp32", batch_size=3, device="cuda:0") as req:
+            view = req.inputs["INPUT0"]
+            assert isinstance(view, cuda.CudaArray) and view.shape == (3, 4)
+            cuda.copy(view, data)  # a preprocessing kernel would write here
+            out = req.run()["OUTPUT0"]
+            assert isinstance(out, cuda.CudaArray)
+            np.testing.assert_array_equal(out.get(), data * 2)  # the model doubles
+
+
+def test_nothing_is_left_registered_or_allocated(url, fake_cuda_server, fake_cuda):
+    before = fake_cuda.stats()
+    c = tritonshm.Client(url)
+    for i in range(100):
+        data = sample(np.float32, 64, seed=i)
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"].get(), data)
+    names = [e.name for pool in c._pools.values() for e in pool.extents]
+    with tritonshm.Client(fake_cuda_server.grpc_url) as probe:
+        assert set(names) <= set(tritonshm.status(probe.tritonclient, kind="cuda"))
+        c.close()
+        assert not set(names) & set(tritonshm.status(probe.tritonclient, kind="cuda"))
+    gc.collect()
+    assert (fake_cuda.stats() - before).live == (0, 0, 0)
+
+
+def test_reregisters_after_the_server_forgot(url, fake_cuda_server):
+    data = sample(np.float32, 32)
+    with tritonshm.Client(url) as c:
+        c.infer("identity_fp32", {"INPUT0": device_array(data)})
+        (extent,) = pool_of(c, "identity_fp32", "cuda:0").extents
+        c.tritonclient.unregister_cuda_shared_memory(extent.name)  # as a restarted server would have
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"].get(), data)
+
+
+def test_bytes_models_take_device_inputs_through_pinned_host_slots(url):
+    with tritonshm.Client(url) as c:
+        info = c.model_info("mixed_bytes")
+        inputs = {}
+        for spec in info.inputs:
+            shape = [d if d > 0 else 3 for d in info.shape_of(spec, 2)]
+            if spec.is_bytes:
+                inputs[spec.name] = np.array([b"x" * (i + 1) for i in range(int(np.prod(shape)))],
+                                             dtype=object).reshape(shape)
+            else:
+                inputs[spec.name] = device_array(sample(spec.dtype, int(np.prod(shape))).reshape(shape))
+        out = c.infer("mixed_bytes", inputs)
+        assert [k for k in c._pools] == [("mixed_bytes", "", "pinned:0")]
+        assert set(out) == set(info.output_names)
+
+
+def test_aio_device_round_trip(url):
+    data = sample(np.float32, 100)
+
+    async def scenario():
+        async with tritonshm.aio.Client(url) as c:
+            out = (await c.infer("identity_fp32", {"INPUT0": device_array(data)}))["OUTPUT0"]
+            np.testing.assert_array_equal(out.get(), data)
+            req = await c.request("batched_fp32", 2, device="cuda")
+            cuda.copy(req.inputs["INPUT0"], sample(np.float32, req.inputs["INPUT0"].size))
+            got = (await req.run())["OUTPUT0"]
+            np.testing.assert_array_equal(got.get(), req.inputs["INPUT0"].get() * 2)
+            req.close()
+
+    asyncio.run(scenario())
+
+
+# -- a server that cannot open our CUDA memory (no fake inside it) ---------------------------------
+
+def test_auto_falls_back_to_pinned_host_slots_with_one_warning(server, protocol, fake_cuda):
+    data = sample(np.float32, 64)
+    with tritonshm.Client(client_url(server, protocol)) as c:
+        with pytest.warns(RuntimeWarning, match="fall back to pinned system shared memory.*cannot open our CUDA"):
+            out = c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"]
+        assert isinstance(out, cuda.CudaArray)  # still where the input was
+        np.testing.assert_array_equal(out.get(), data)
+        (extent,) = pool_of(c, "identity_fp32", "pinned:0").extents
+        assert extent.memory.region.pinned
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once only
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"].get(), data)
+
+
+def test_transport_cuda_raises_instead_of_falling_back(server, fake_cuda):
+    with tritonshm.Client(server.grpc_url, transport="cuda") as c:
+        with pytest.raises(tritonshm.SharedMemoryRefused, match="cannot open our CUDA memory"):
+            c.infer("identity_fp32", {"INPUT0": sample(np.float32, 8)})
+
+
+def test_device_request_raises_where_cuda_memory_is_refused(server, fake_cuda):
+    with tritonshm.Client(server.grpc_url) as c:
+        with pytest.raises(tritonshm.SharedMemoryRefused):
+            c.request("batched_fp32", 2, device="cuda:0")
+
+
+def test_wire_transport_carries_device_tensors_too(server, fake_cuda):
+    data = sample(np.float32, 50)
+    with tritonshm.Client(server.grpc_url, transport="wire") as c:
+        out = c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"]
+        assert isinstance(out, cuda.CudaArray)
+        np.testing.assert_array_equal(out.get(), data)
+
+
+# -- misuse -----------------------------------------------------------------------------------------
+
+def test_inputs_on_two_gpus_are_refused(url, monkeypatch):
+    monkeypatch.setenv("TSHM_FAKE_CUDA_DEVICES", "2")
+    with tritonshm.CudaRegion.create(64, device=1) as other:
+        with tritonshm.Client(url) as c:
+            with pytest.raises(tritonshm.InvalidOption, match="one GPU"):
+                c.infer("add_sub", {"INPUT0": device_array(sample(np.float32, 16)),
+                                    "INPUT1": other.view(np.float32, 16)})
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:x", -1, 1.5])
+def test_output_device_nonsense_is_refused(url, bad):
+    with tritonshm.Client(url) as c:
+        with pytest.raises(tritonshm.InvalidOption, match="output_device"):
+            c.infer("identity_fp32", {"INPUT0": sample(np.float32, 4)}, output_device=bad)
+
+
+def test_transport_cuda_needs_cuda(server):
+    if cuda.available():
+        pytest.skip("CUDA is usable here")
+    with pytest.raises(tritonshm.CudaUnavailable, match="transport='cuda'"):
+        tritonshm.Client(server.grpc_url, transport="cuda")
+
+
+def test_ls_shows_cuda_pools_registered_with_the_server(fake_cuda_server, fake_cuda):
+    import os
+    import subprocess
+    import sys
+
+    with tritonshm.Client(fake_cuda_server.grpc_url) as c:
+        c.infer("identity_fp32", {"INPUT0": device_array(sample(np.float32, 16))})
+        (extent,) = pool_of(c, "identity_fp32", "cuda:0").extents
+        done = subprocess.run([sys.executable, "-m", "tritonshm", "ls", "--url", fake_cuda_server.grpc_url],
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith(extent.name))
+    assert line.split()[1:5] == ["cuda", "cuda:0", str(os.getpid()), "live"]
