@@ -309,3 +309,24 @@ def test_ls_shows_cuda_pools_registered_with_the_server(fake_cuda_server, fake_c
     assert done.returncode == 0, done.stderr
     line = next(line for line in done.stdout.splitlines() if line.startswith(extent.name))
     assert line.split()[1:5] == ["cuda", "cuda:0", str(os.getpid()), "live"]
+
+
+class RefusesExport:
+    """A DLPack producer that will not export (as torch for a tensor that requires grad)."""
+
+    def __dlpack_device__(self):
+        return (2, 0)  # kDLCUDA, device 0
+
+    def __dlpack__(self, **kwargs):
+        raise RuntimeError("Can't export tensors that require gradient, use tensor.detach()")
+
+
+def test_device_inputs_that_cannot_be_shared_get_a_clear_error(url):
+    strided = CaiOnly(device_array(sample(np.float32, 16).reshape(4, 4)))
+    strided.__cuda_array_interface__ = dict(strided.__cuda_array_interface__, shape=(4, 2), strides=(16, 8))
+    with tritonshm.Client(url) as c:
+        with pytest.raises(tritonshm.UnsupportedBuffer, match="require gradient"):
+            c.infer("identity_fp32", {"INPUT0": RefusesExport()})
+        with pytest.raises(tritonshm.UnsupportedBuffer, match="contiguous"):
+            c.infer("identity_fp32", {"INPUT0": strided})
+        assert not c._pools  # refused before anything was made or sent

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import InvalidOption
+from ..errors import Error, InvalidOption, UnsupportedBuffer
 
 __all__ = ["DeviceTensor", "Placement", "as_device_tensor", "empty", "to_host", "to_device",
            "concatenate", "copy_bytes", "parse_device", "library_of"]
@@ -98,7 +98,12 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
         return None
     from .._memory import _cuda  # the CUDA layer loads only for device-looking inputs
 
-    described = _cuda.describe(value)
+    try:
+        described = _cuda.describe(value)
+    except Error:
+        raise
+    except Exception as exc:  # the producer refused to export (torch: a tensor that requires grad)
+        raise UnsupportedBuffer(f"{type(value).__name__} cannot be shared as a device array: {exc}") from exc
     if described is None:
         return None
     dtype, shape, device = described

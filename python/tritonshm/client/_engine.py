@@ -358,16 +358,15 @@ class Engine:
         else:
             target = _devices.parse_device(output_device, "output_device")
         results = Placement(target, library)
-        has_bytes = any(spec.is_bytes for spec in info.inputs + info.outputs)
         if self.transport == "cuda":
-            if has_bytes:
+            if info.has_bytes:
                 raise InvalidOption(f"model {info.name!r} has BYTES tensors, which transport='cuda' "
                                     f"cannot carry; use transport='auto'")
             device = source if source is not None else (target if target is not None else self._default_device)
             return Route(f"cuda:{device}", results)
         if source is None:
             return Route("system", results)
-        if has_bytes:
+        if info.has_bytes:
             return Route("system" if self._pinned else f"pinned:{source}", results)
         return Route(f"cuda:{source}", results)
 

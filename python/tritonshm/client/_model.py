@@ -72,6 +72,11 @@ class ModelInfo:
         return tuple(spec.name for spec in self.outputs)
 
     @functools.cached_property
+    def has_bytes(self) -> bool:
+        """True when any input or output is BYTES (those travel in host slots only)."""
+        return any(spec.is_bytes for spec in self.inputs + self.outputs)
+
+    @functools.cached_property
     def _outputs_by_name(self) -> dict[str, TensorSpec]:
         return {spec.name: spec for spec in self.outputs}
 
