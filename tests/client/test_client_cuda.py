@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -330,3 +331,33 @@ def test_device_inputs_that_cannot_be_shared_get_a_clear_error(url):
         with pytest.raises(tritonshm.UnsupportedBuffer, match="contiguous"):
             c.infer("identity_fp32", {"INPUT0": strided})
         assert not c._pools  # refused before anything was made or sent
+
+
+def test_at_the_byte_cap_a_request_waits_for_a_dlpack_tensor_to_go(url):
+    data = sample(np.float32, 64)
+    with tritonshm.Client(url, slots=1, max_pool_bytes=4096) as c:
+        view = c.infer("identity_fp32", {"INPUT0": device_array(data)}, copy=False)["OUTPUT0"]
+        capsule = view.__dlpack__()
+        del view
+        with pytest.raises(tritonshm.PoolExhausted, match="byte cap"):
+            c.infer("identity_fp32", {"INPUT0": device_array(data)}, timeout=0.05)
+        # Nothing wakes the waiter when a DLPack deleter runs (in C, on any thread):
+        # the pool looks again every few milliseconds.
+        holder = [capsule]
+        del capsule
+        timer = threading.Timer(0.2, holder.clear)
+        timer.start()
+        waited = time.monotonic()
+        out = c.infer("identity_fp32", {"INPUT0": device_array(data)}, timeout=60)["OUTPUT0"]
+        waited = time.monotonic() - waited
+        timer.join()
+        assert waited < 30  # it was let in when the tensor went, not at its timeout
+        np.testing.assert_array_equal(out.get(), data)
+
+
+def test_device_views_outlive_the_client(url):
+    data = sample(np.float32, 64)
+    c = tritonshm.Client(url)
+    view = c.infer("identity_fp32", {"INPUT0": device_array(data)}, copy=False)["OUTPUT0"]
+    c.close()
+    np.testing.assert_array_equal(view.get(), data)  # the slot's memory lives while the view does
