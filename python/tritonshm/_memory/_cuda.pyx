@@ -678,7 +678,12 @@ cdef class _Side:
     cdef Py_buffer buf
     cdef bint has_buf
     cdef object keep          # an object the buffer was taken from (a uint8 view)
-    cdef str what
+    cdef str what             # what this end is, for messages; None: repr(owner)
+    cdef object owner         # a native end's region, window or view
+
+    cdef str describe(self):
+        """What this end is, for an error message (a repr only when one is raised)."""
+        return self.what if self.what is not None else repr(self.owner)
 
     def __cinit__(self):
         self.alloc = NULL
@@ -701,7 +706,7 @@ cdef class _Side:
         self.keep = None
 
 
-cdef _Side _native(tshm_cuda_alloc *a, size_t base, size_t size, Runtime rt, str what):
+cdef _Side _native(tshm_cuda_alloc *a, size_t base, size_t size, Runtime rt, object owner):
     cdef _Side side = _Side.__new__(_Side)
     tshm_cuda_alloc_incref(a)  # a concurrent close() must not free under the copy
     side.alloc = a
@@ -709,7 +714,7 @@ cdef _Side _native(tshm_cuda_alloc *a, size_t base, size_t size, Runtime rt, str
     side.size = size
     side.device = a.device
     side.runtime = rt
-    side.what = what
+    side.owner = owner
     return side
 
 
@@ -724,17 +729,17 @@ cdef _Side _resolve(object obj, bint writable, str role):
     if isinstance(obj, CudaRegion):
         region = <CudaRegion>obj
         a = region._live()
-        return _native(a, <size_t>a.ptr, region._nbytes, region._runtime, repr(region))
+        return _native(a, <size_t>a.ptr, region._nbytes, region._runtime, region)
     if isinstance(obj, CudaWindow):
         window = <CudaWindow>obj
         a = window._h().alloc
-        return _native(a, <size_t>a.ptr + window._offset, window._nbytes, window._runtime, repr(window))
+        return _native(a, <size_t>a.ptr + window._offset, window._nbytes, window._runtime, window)
     if isinstance(obj, CudaArray):
         array = <CudaArray>obj
         a = array._alloc
         if a == NULL:
             raise UnsupportedBuffer("this CudaArray was not made by view()")
-        return _native(a, <size_t>a.ptr + array._offset, array.nbytes, array._runtime, repr(array))
+        return _native(a, <size_t>a.ptr + array._offset, array.nbytes, array._runtime, array)
     name = type(obj).__name__
     side = _Side.__new__(_Side)
     imp = _dlpack.import_device(obj)
@@ -787,10 +792,10 @@ cdef object _range(_Side side, str role, object offset, object nbytes):
     cap = side.size
     off = _index(offset, f"{role}_offset")
     if off < 0 or off > cap:
-        raise OutOfBounds(f"{role}_offset={off} is outside the {role} {side.what}")
+        raise OutOfBounds(f"{role}_offset={off} is outside the {role} {side.describe()}")
     size = cap - off if nbytes is None else nbytes
     if size > cap - off:
-        raise OutOfBounds(f"{size} bytes at {role}_offset={off} do not fit in the {role} {side.what} "
+        raise OutOfBounds(f"{size} bytes at {role}_offset={off} do not fit in the {role} {side.describe()} "
                           f"({cap - off} available)")
     return off, size
 
@@ -849,7 +854,8 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0):
             rc = tshm_cuda_memcpy(rt.rt, device, <void *>d.base, d.size, c_doff,
                                   <const void *>s.base, s.size, c_soff, c_len,
                                   <void *>d.stream, <void *>s.stream)
-        rt.check(rc, f"copying {n} bytes from {s.what} to {d.what}")
+        if rc != 0:
+            rt.check(rc, f"copying {n} bytes from {s.describe()} to {d.describe()}")
         return n
     finally:
         if s is not None:
