@@ -94,7 +94,9 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
     """
     if isinstance(value, (np.ndarray, list, tuple, int, float, bytes, str)):
         return None
-    if not (hasattr(value, "__cuda_array_interface__") or hasattr(value, "__dlpack_device__")):
+    kind = type(value)  # looked up on the type first: the CAI is often a property that builds a dict
+    if not (hasattr(kind, "__dlpack_device__") or hasattr(kind, "__cuda_array_interface__")
+            or hasattr(value, "__cuda_array_interface__")):
         return None
     from .._memory import _cuda  # the CUDA layer loads only for device-looking inputs
 

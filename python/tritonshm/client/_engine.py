@@ -346,11 +346,14 @@ class Engine:
         "cuda".  Results land where the inputs were (``output_device="auto"``)
         or where asked, allocated by the inputs' library.
         """
-        devices = {a.device for a in arrays.values() if isinstance(a, DeviceTensor)}
-        if len(devices) > 1:
-            raise InvalidOption(f"the inputs of one request must be on one GPU, not on cuda:{sorted(devices)}")
-        source = next(iter(devices), None)
-        library = next((a.library for a in arrays.values() if isinstance(a, DeviceTensor)), "tritonshm")
+        source, library = None, "tritonshm"
+        for array in arrays.values():
+            if isinstance(array, DeviceTensor):
+                if source is None:
+                    source, library = array.device, array.library
+                elif array.device != source:
+                    raise InvalidOption(f"the inputs of one request must be on one GPU, not on "
+                                        f"cuda:{source} and cuda:{array.device}")
         if output_device == "auto":
             target = source
         elif output_device == "cuda" and source is not None:
