@@ -361,3 +361,23 @@ def test_device_views_outlive_the_client(url):
     view = c.infer("identity_fp32", {"INPUT0": device_array(data)}, copy=False)["OUTPUT0"]
     c.close()
     np.testing.assert_array_equal(view.get(), data)  # the slot's memory lives while the view does
+
+
+def test_the_whole_fallback_chain_cuda_then_pinned_then_the_wire(fake_cuda):
+    """A server that opens neither our CUDA handles nor our segments (its own /dev/shm)."""
+    from tritonshm.server import LocalServer
+
+    from triton_fixtures import start_or_skip
+
+    data = sample(np.float32, 128)
+    with start_or_skip(LocalServer(private_shm=True)) as srv:
+        with tritonshm.Client(srv.grpc_url) as c:
+            with pytest.warns(RuntimeWarning) as caught:
+                out = c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"]
+            said = [str(w.message) for w in caught]
+            assert len(said) == 2, said
+            assert "pinned system shared memory" in said[0] and "cannot open our CUDA" in said[0]
+            assert "falling back to plain gRPC" in said[1]
+            assert isinstance(out, cuda.CudaArray)  # back on the device it came from
+            np.testing.assert_array_equal(out.get(), data)
+            assert c._pools == {}
