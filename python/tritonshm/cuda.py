@@ -57,6 +57,7 @@ __all__ = [
     "CudaArray",
     "copy",
     "describe",
+    "empty",
     "PinnedRegion",
     "CudaUnavailable",
 ]
@@ -65,7 +66,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The region types live in Cython modules that load no CUDA library
     # either; importing them lazily keeps `import tritonshm.cuda` cheap.
-    if name in ("CudaRegion", "CudaWindow", "CudaArray", "copy", "describe"):
+    if name in ("CudaRegion", "CudaWindow", "CudaArray", "copy", "describe", "empty"):
         from ._memory import _cuda
 
         return getattr(_cuda, name)

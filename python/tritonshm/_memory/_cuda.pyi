@@ -7,7 +7,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self
 
-__all__ = ["CudaRegion", "CudaWindow", "CudaArray", "copy", "describe"]
+__all__ = ["CudaRegion", "CudaWindow", "CudaArray", "copy", "describe", "empty"]
 
 class CudaRegion:
     """Device memory from ``cudaMalloc``, exportable to another process by IPC handle."""
@@ -106,3 +106,6 @@ def copy(dst: Any, src: Any, nbytes: int | None = None, *, dst_offset: int = 0, 
 
 def describe(obj: Any) -> tuple[np.dtype[Any], tuple[int, ...], int] | None:
     """``(dtype, shape, device)`` of a C-contiguous CUDA device array, or None for anything else."""
+
+def empty(dtype: npt.DTypeLike, shape: int | Sequence[int], device: int = 0) -> CudaArray:
+    """A new, uninitialised :class:`CudaArray` in an allocation of its own (no IPC handle)."""

@@ -50,7 +50,7 @@ from ..errors import CudaError, DTypeMismatch, OutOfBounds, RegionClosed, Unsupp
 from . import _dlpack
 from ._args import device_of as _device_of, index as _index, layout as _layout, span as _span
 
-__all__ = ["CudaRegion", "CudaWindow", "CudaArray", "copy", "describe"]
+__all__ = ["CudaRegion", "CudaWindow", "CudaArray", "copy", "describe", "empty"]
 
 # The handles of this process's live regions: opening one of them here is
 # CUDA's error 201; say what is going on instead.
@@ -457,6 +457,31 @@ cdef CudaArray _make_view(Runtime rt, tshm_cuda_alloc *a, size_t offset, object 
     v.shape = shape
     v.nbytes = nbytes
     return v
+
+
+def empty(dtype, shape, device=0):
+    """A new, uninitialised :class:`CudaArray` of *shape* x *dtype* in an allocation of its own.
+
+    A plain ``cudaMalloc`` (no IPC handle, no region): the array is its only
+    holder, and the memory is freed when it and its DLPack tensors are gone.
+    """
+    cdef Runtime rt
+    cdef tshm_cuda_alloc *a = NULL
+    cdef size_t size
+    cdef int dev
+    dt, dims, nbytes = _layout(dtype, shape)
+    _dlpack.dl_dtype(dt)  # refuse what no consumer could describe
+    if nbytes > (<size_t>-1) // 2:
+        raise OutOfBounds(f"{nbytes} bytes is larger than any allocation can be")
+    dev = _device_of(device)
+    size = max(<size_t>nbytes, 1)  # cudaMalloc of 0 bytes gives no pointer
+    rt = current()
+    with nogil:
+        rc = tshm_cuda_alloc_new(rt.rt, dev, size, &a)
+    rt.check(rc, f"allocating {nbytes} bytes on CUDA device {dev}")
+    view = _make_view(rt, a, 0, dt, dims, nbytes)
+    tshm_cuda_alloc_decref(a)  # the view's reference is the only one
+    return view
 
 
 cdef class CudaArray:

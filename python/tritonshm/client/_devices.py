@@ -147,11 +147,9 @@ def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int]) -> Any:
 
         with cupy.cuda.Device(device):
             return cupy.empty(shape, dtype)
-    from .._memory._cuda import CudaRegion
+    from .._memory._cuda import empty as cuda_empty
 
-    # A region of its own (it cannot be empty), closed at once: the view holds the memory.
-    with CudaRegion.create(max(1, math.prod(shape) * dtype.itemsize), device) as region:
-        return region.view(dtype, shape)
+    return cuda_empty(dtype, shape, device)
 
 
 def copy_bytes(dst: Any, src: Any, nbytes: int, dst_offset: int = 0, src_offset: int = 0) -> None:
