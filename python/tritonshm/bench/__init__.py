@@ -50,6 +50,7 @@ import os
 import re
 import sys
 import textwrap
+from typing import Callable, Sequence
 
 from ._gpu import (
     GPU_FORMAT,
@@ -157,10 +158,42 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    """``tritonshm bench``: measure, print the table, write --json / --plot."""
+def _progress(message: str) -> None:
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def _measure_and_print(args: argparse.Namespace, measure: Callable[[str, str], dict],
+                       format_results: Callable[[dict], str], starting: str,
+                       server_args: Sequence[str] = ()) -> dict | None:
+    """``measure(url, server)`` against ``--url``, or against a LocalServer (with *server_args*)
+    started for it after printing *starting*; then the table (on stderr when ``--json -``) and
+    ``--json``.  Returns the results, or None once a failure is printed."""
     from .. import errors
 
+    table_out = sys.stderr if args.json == "-" else sys.stdout
+    try:
+        if args.url:
+            results = measure(args.url, "given")
+        else:
+            from ..server import LocalServer
+
+            print(starting, file=sys.stderr, flush=True)
+            with LocalServer(extra_args=server_args) as server:
+                results = measure(server.grpc_url, "started")
+    except WrongOutput as exc:
+        _fail(f"FAILED, wrong output: {exc}", code=1)
+        return None
+    except errors.Error as exc:
+        _fail(f"FAILED: {exc}", code=1)
+        return None
+    print(format_results(results), file=table_out, flush=True)
+    if args.json is not None:
+        write_json(results, args.json)
+    return results
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """``tritonshm bench``: measure, print the table, write --json / --plot."""
     if args.gpu:
         return _run_gpu_bench(args)
     unknown = [name for name in args.methods or () if name not in {m.name for m in METHODS}]
@@ -181,31 +214,14 @@ def run_bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     chosen = None if args.methods is None else [m for m in METHODS if m.name in args.methods]
-    table_out = sys.stderr if args.json == "-" else sys.stdout
-
-    def progress(message: str) -> None:
-        print(f"  {message}", file=sys.stderr, flush=True)
 
     def measure(url: str, server: str) -> dict:
         return run(url, sizes, dtype=args.dtype, reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
-                   budget=args.budget, warmup=args.warmup, methods=chosen, progress=progress, server=server)
+                   budget=args.budget, warmup=args.warmup, methods=chosen, progress=_progress, server=server)
 
-    try:
-        if args.url:
-            results = measure(args.url, "given")
-        else:
-            from ..server import LocalServer
-
-            print("starting a local Triton server ...", file=sys.stderr, flush=True)
-            with LocalServer() as server:
-                results = measure(server.grpc_url, "started")
-    except WrongOutput as exc:
-        return _fail(f"FAILED, wrong output: {exc}", code=1)
-    except errors.Error as exc:
-        return _fail(f"FAILED: {exc}", code=1)
-    print(format_table(results), file=table_out, flush=True)
-    if args.json is not None:
-        write_json(results, args.json)
+    results = _measure_and_print(args, measure, format_table, "starting a local Triton server ...")
+    if results is None:
+        return 1
     if args.plot is not None:
         write_plot(results, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
@@ -214,8 +230,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _run_gpu_bench(args: argparse.Namespace) -> int:
     """``tritonshm bench --gpu``: every argument checked, then CUDA and torch, then the run."""
-    from .. import errors
-
     gpu_names = [m.name for m in GPU_METHODS]
     unknown = [name for name in args.methods or () if name not in gpu_names]
     if unknown:
@@ -236,30 +250,12 @@ def _run_gpu_bench(args: argparse.Namespace) -> int:
     if problem:
         return _fail(problem)
     chosen = None if args.methods is None else [m for m in GPU_METHODS if m.name in args.methods]
-    table_out = sys.stderr if args.json == "-" else sys.stdout
-
-    def progress(message: str) -> None:
-        print(f"  {message}", file=sys.stderr, flush=True)
 
     def measure(url: str, server: str) -> dict:
         return run_gpu(url, sizes, reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
-                       budget=args.budget, warmup=args.warmup, methods=chosen, progress=progress, server=server)
+                       budget=args.budget, warmup=args.warmup, methods=chosen, progress=_progress, server=server)
 
-    try:
-        if args.url:
-            results = measure(args.url, "given")
-        else:
-            from ..server import LocalServer
-
-            print("starting a local Triton server (with the GPU model's repository) ...", file=sys.stderr,
-                  flush=True)
-            with LocalServer(extra_args=server_arguments()) as server:
-                results = measure(server.grpc_url, "started")
-    except WrongOutput as exc:
-        return _fail(f"FAILED, wrong output: {exc}", code=1)
-    except errors.Error as exc:
-        return _fail(f"FAILED: {exc}", code=1)
-    print(format_gpu_table(results), file=table_out, flush=True)
-    if args.json is not None:
-        write_json(results, args.json)
-    return 0
+    results = _measure_and_print(args, measure, format_gpu_table,
+                                 "starting a local Triton server (with the GPU model's repository) ...",
+                                 server_arguments())
+    return 1 if results is None else 0

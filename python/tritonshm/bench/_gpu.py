@@ -38,12 +38,8 @@ faster); the targets are speed ratios (above 1 is faster).
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import importlib.util
 import inspect
-import os
-import platform
-import secrets
 import time
 import warnings
 from pathlib import Path
@@ -54,8 +50,10 @@ import numpy as np
 from ..demo import _size
 from ..errors import Error
 from ._harness import (DEFAULT_BUDGET, DEFAULT_MAX_REPS, DEFAULT_MIN_REPS, DEFAULT_WARMUP, Unavailable,
-                       _versions, check_arguments, interleave, summarize)
-from ._methods import INPUT, OUTPUT, Method, Setting, _grpc_client
+                       check_arguments, interleave, method_classes, run_meta, server_version, summarize)
+from ._methods import (INPUT, OUTPUT, ClientInfer, Grpc, Method, Setting, TritonclientShm, TwoRegions,
+                       _grpc_client)
+from ._report import server_note, table_header, table_row
 
 #: Identifies the layout of the results (and of ``--json``'s file) of ``bench --gpu``.
 GPU_FORMAT = "tritonshm-bench-gpu/1"
@@ -189,84 +187,32 @@ class GpuMethod(Method):
         return host.to(self.setting.device)
 
 
-class GpuGrpc(GpuMethod):
-    name = "grpc"
-    group = "peer"
+class GpuGrpc(GpuMethod, Grpc):
     description = ("plain gRPC (tritonclient.grpc): x.cpu().numpy() into the request, the reply's array "
                    "copied to a fresh GPU tensor")
 
-    def open(self) -> None:
-        self.client = _grpc_client(self.setting.url)
-
     def send(self, x: Any) -> Any:
-        import tritonclient.grpc as grpcclient
-
-        s = self.setting
-        infer_input = grpcclient.InferInput(INPUT, [s.count], s.datatype)
-        infer_input.set_data_from_numpy(x.cpu().numpy())
-        result = self.client.infer(s.model, [infer_input], outputs=[grpcclient.InferRequestedOutput(OUTPUT)])
-        return self.to_device(result.as_numpy(OUTPUT))
-
-    def close(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()
+        return self.to_device(self.host_call(x.cpu().numpy()))
 
 
-class GpuTritonclientShm(GpuMethod):
-    name = "tc-shm"
-    group = "peer"
+class GpuTritonclientShm(GpuMethod, TritonclientShm):
     description = ("tritonclient.utils.shared_memory, regions made and registered once: per request "
                    "set_shared_memory_region(x.cpu().numpy()) in, get_contents_as_numpy copied to a fresh "
                    "GPU tensor out")
-
-    def open(self) -> None:
-        import tritonclient.utils.shared_memory as tcshm
-
-        s = self.setting
-        tag = f"tc-gpu-bench-{os.getpid()}-{secrets.token_hex(6)}"
-        self.names = {"in": f"{tag}-in", "out": f"{tag}-out"}
-        self.handles: dict[str, Any] = {}
-        self.registered: list[str] = []
-        self.client = _grpc_client(s.url)
-        for which, name in self.names.items():
-            self.handles[which] = tcshm.create_shared_memory_region(name, "/" + name, s.nbytes)
-            self.client.register_system_shared_memory(name, "/" + name, s.nbytes)
-            self.registered.append(name)
+    tag = "tc-gpu-bench"
 
     def send(self, x: Any) -> Any:
-        import tritonclient.grpc as grpcclient
-        import tritonclient.utils.shared_memory as tcshm
-
-        s = self.setting
-        tcshm.set_shared_memory_region(self.handles["in"], [x.cpu().numpy()])
-        infer_input = grpcclient.InferInput(INPUT, [s.count], s.datatype)
-        infer_input.set_shared_memory(self.names["in"], s.nbytes)
-        requested = grpcclient.InferRequestedOutput(OUTPUT)
-        requested.set_shared_memory(self.names["out"], s.nbytes)
-        self.client.infer(s.model, [infer_input], outputs=[requested])
-        return self.to_device(tcshm.get_contents_as_numpy(self.handles["out"], s.dtype, [s.count]))
-
-    def close(self) -> None:
-        import tritonclient.utils.shared_memory as tcshm
-
-        client = getattr(self, "client", None)
-        try:
-            for name in getattr(self, "registered", ()):
-                client.unregister_system_shared_memory(name)
-        finally:
-            for handle in getattr(self, "handles", {}).values():
-                tcshm.destroy_shared_memory_region(handle)
-            if client is not None:
-                client.close()
+        # to_device copies: the host view needs no .copy() of its own.
+        return self.to_device(self.host_call(x.cpu().numpy()))
 
 
-class GpuTritonclientCuda(GpuMethod):
+class GpuTritonclientCuda(GpuMethod, TwoRegions):
     name = "tc-cuda"
     group = "peer"
     description = ("tritonclient.utils.cuda_shared_memory, regions made and registered once (their "
                    "examples' way): set_shared_memory_region_from_dlpack(x) in, "
                    "torch.from_dlpack(as_shared_memory_tensor(out)).clone() out")
+    tag = "tc-cuda-bench"
 
     @classmethod
     def missing(cls) -> str | None:
@@ -276,47 +222,33 @@ class GpuTritonclientCuda(GpuMethod):
             return f"tritonclient's CUDA utilities cannot be imported: {_one_line(exc)}"
         return None
 
-    def open(self) -> None:
+    def create_region(self, name: str) -> Any:
+        import tritonclient.utils.cuda_shared_memory as cudashm
+
+        return cudashm.create_shared_memory_region(name, self.setting.nbytes, self.setting.device_index)
+
+    def register_region(self, client: Any, name: str, handle: Any) -> None:
         import tritonclient.utils.cuda_shared_memory as cudashm
 
         s = self.setting
-        tag = f"tc-cuda-bench-{os.getpid()}-{secrets.token_hex(6)}"
-        self.names = {"in": f"{tag}-in", "out": f"{tag}-out"}
-        self.handles: dict[str, Any] = {}
-        self.registered: list[str] = []
-        self.client = _grpc_client(s.url)
-        for which, name in self.names.items():
-            self.handles[which] = cudashm.create_shared_memory_region(name, s.nbytes, s.device_index)
-            self.client.register_cuda_shared_memory(name, cudashm.get_raw_handle(self.handles[which]),
-                                                    s.device_index, s.nbytes)
-            self.registered.append(name)
+        client.register_cuda_shared_memory(name, cudashm.get_raw_handle(handle), s.device_index, s.nbytes)
+
+    def unregister_region(self, client: Any, name: str) -> None:
+        client.unregister_cuda_shared_memory(name)
+
+    def destroy_region(self, handle: Any) -> None:
+        import tritonclient.utils.cuda_shared_memory as cudashm
+
+        cudashm.destroy_shared_memory_region(handle)
 
     def send(self, x: Any) -> Any:
-        import tritonclient.grpc as grpcclient
         import tritonclient.utils.cuda_shared_memory as cudashm
 
         s = self.setting
         cudashm.set_shared_memory_region_from_dlpack(self.handles["in"], [x])
-        infer_input = grpcclient.InferInput(INPUT, [s.count], s.datatype)
-        infer_input.set_shared_memory(self.names["in"], s.nbytes)
-        requested = grpcclient.InferRequestedOutput(OUTPUT)
-        requested.set_shared_memory(self.names["out"], s.nbytes)
-        self.client.infer(s.model, [infer_input], outputs=[requested])
+        self.infer()
         out = cudashm.as_shared_memory_tensor(self.handles["out"], s.datatype, [s.count])
         return self.torch.from_dlpack(out).clone()
-
-    def close(self) -> None:
-        import tritonclient.utils.cuda_shared_memory as cudashm
-
-        client = getattr(self, "client", None)
-        try:
-            for name in getattr(self, "registered", ()):
-                client.unregister_cuda_shared_memory(name)
-        finally:
-            for handle in getattr(self, "handles", {}).values():
-                cudashm.destroy_shared_memory_region(handle)
-            if client is not None:
-                client.close()
 
 
 def _takes(function: Callable[..., Any], parameter: str) -> bool:
@@ -326,26 +258,26 @@ def _takes(function: Callable[..., Any], parameter: str) -> bool:
         return False
 
 
-class GpuClientInfer(GpuMethod):
+class GpuClientInfer(GpuMethod, ClientInfer):
     name = "Client.infer"
     group = "tritonshm"
     description = ("tritonshm.Client(url).infer(model, {name: x}): the torch tensor in, a fresh torch "
                    "tensor on the GPU out (copy=True, output_device='auto')")
+    #: What :meth:`open` needs of this tritonshm: (a Client method, a parameter it must take, the
+    #: method's status where it does not).
+    requires = ("infer", "output_device",
+                "this tritonshm's Client.infer takes no device arrays yet (no output_device=)")
 
     def open(self) -> None:
         from ..client import Client
 
-        if not _takes(Client.infer, "output_device"):
-            raise Unavailable("this tritonshm's Client.infer takes no device arrays yet (no output_device=)")
+        method, parameter, why = self.requires
+        if not _takes(getattr(Client, method), parameter):
+            raise Unavailable(why)
         self.client = Client(self.setting.url)
 
     def send(self, x: Any) -> Any:
         return self.client.infer(self.setting.model, {INPUT: x})[OUTPUT]
-
-    def close(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()
 
 
 class GpuZeroCopy(GpuClientInfer):
@@ -353,14 +285,11 @@ class GpuZeroCopy(GpuClientInfer):
     group = "tritonshm"
     description = ("tritonshm.Client.request(model, device='cuda:0'): the input written into the device "
                    "slot untimed, req.run() timed, the output a view of the slot (no copy)")
+    requires = ("request", "device", "this tritonshm's Client.request has no device= yet")
 
     def open(self) -> None:
-        from ..client import Client
-
-        if not _takes(Client.request, "device"):
-            raise Unavailable("this tritonshm's Client.request has no device= yet")
         self.request = None
-        self.client = Client(self.setting.url)
+        super().open()
 
     def _release(self) -> None:
         request, self.request = getattr(self, "request", None), None
@@ -530,10 +459,7 @@ def run_gpu(url: str, sizes: Sequence[int] = GPU_SIZES, *, reps: int | None = No
     the server cannot be reached or serves no ``identity_fp32``;
     :class:`~tritonshm.bench.WrongOutput` if an output differs from its input.
     """
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException
-
-    from .. import __version__, cuda
+    from .. import cuda
 
     check_arguments(sizes, dtype="fp32", reps=reps, min_reps=min_reps, max_reps=max_reps, budget=budget,
                     warmup=warmup)
@@ -545,23 +471,8 @@ def run_gpu(url: str, sizes: Sequence[int] = GPU_SIZES, *, reps: int | None = No
         raise Error(problem)
     import torch
 
-    classes = list(GPU_METHODS if methods is None else methods)
-    if len({c.name for c in classes}) != len(classes):
-        raise ValueError("two methods share a name")
-    missing = {c.name: c.missing() for c in classes}
-    runnable = [c for c in classes if missing[c.name] is None]
-
-    client = grpcclient.InferenceServerClient(url)
-    try:
-        try:
-            server_version = client.get_server_metadata().version
-        except InferenceServerException as exc:
-            raise Error(f"cannot reach a Triton server at {url} over gRPC: {exc.message()}") from None
-        if CPU_MODEL in models and not client.is_model_ready(CPU_MODEL):
-            raise Error(f"the server at {url} has no ready model {CPU_MODEL!r}: the bench needs tritonshm's bundled "
-                        f"identity models (serve python/tritonshm/models, or leave --url out to start one)")
-    finally:
-        client.close()
+    classes, missing, runnable = method_classes(GPU_METHODS if methods is None else methods)
+    version = server_version(url, CPU_MODEL if CPU_MODEL in models else None)
     model_status = {m: "ok" for m in models}
     if GPU_MODEL in models:
         why = load_gpu_model(url)
@@ -604,30 +515,14 @@ def run_gpu(url: str, sizes: Sequence[int] = GPU_SIZES, *, reps: int | None = No
             for name, res in model_results["methods"].items():
                 if res["status"] != "ok":
                     statuses[name] = res["status"]
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        affinity = None
     meta = {
         "datatype": "FP32",
         "device": DEVICE,
         "gpu": (info["devices"][0].get("name") if info["devices"] else None),
         "cuda_runtime": info["runtime_version"], "cuda_driver": info["driver_version"],
         "torch": torch.__version__,
-        "sizes": list(sizes),
-        "reps": [entry["reps"] for entry in results],
-        "reps_requested": reps,
-        "min_reps": min_reps, "max_reps": max_reps, "budget_s": budget, "warmup": warmup,
-        "url": url,
-        "server": server,
-        "server_version": server_version,
-        "tritonshm_version": __version__,
-        "versions": _versions(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
-        "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **run_meta(sizes, results, reps=reps, min_reps=min_reps, max_reps=max_reps, budget=budget,
+                   warmup=warmup, url=url, server=server, server_version=version),
         "models": {m: {"where": GPU_MODELS[m], "status": model_status[m]} for m in models},
         "methods": {c.name: {"group": c.group, "description": c.description, "status": statuses[c.name]}
                     for c in classes},
@@ -644,10 +539,9 @@ def run_gpu(url: str, sizes: Sequence[int] = GPU_SIZES, *, reps: int | None = No
 def format_gpu_table(results: dict[str, Any]) -> str:
     """``bench --gpu``'s results as a readable table: per size, one block per model."""
     meta = results["meta"]
-    started = "started for this run" if meta["server"] == "started" else "given with --url"
     lines = [
         f"identity from a GPU tensor ({meta['datatype']}, {meta['device']}: {meta['gpu']}), result wanted on "
-        f"the GPU; one request at a time; Triton {meta['server_version']} at {meta['url']} ({started})",
+        f"the GPU; {server_note(meta)}",
         f"tritonshm {meta['tritonshm_version']}, torch {meta['torch']}, CUDA runtime {meta['cuda_runtime']}, "
         f"driver {meta['cuda_driver']}; repetitions interleaved: every method and model once per round, "
         f"in a rotating order",
@@ -659,7 +553,7 @@ def format_gpu_table(results: dict[str, Any]) -> str:
     for model, v in meta["models"].items():
         if v["status"] != "ok":
             lines.append(f"{model}: {v['status']}")
-    header = f"    {'method':<14} {'median':>9} {'p25 - p75':>21} {'MB/s':>9} {'/best peer':>11} {'/floor':>7}"
+    header = table_header("    ", 14, "floor")
     for entry in results["results"]:
         nbytes = entry["nbytes"]
         lines += ["", f"{_size(nbytes)} ({entry['elements']} x {meta['datatype']}), {entry['reps']} repetitions"]
@@ -670,10 +564,7 @@ def format_gpu_table(results: dict[str, Any]) -> str:
                 if res["status"] != "ok":
                     lines.append(f"    {name:<14} {res['status']}")
                     continue
-                spread = f"{res['p25_s'] * 1e3:.3f} - {res['p75_s'] * 1e3:.3f}"
-                ratio = [f"{r:.2f}" if r is not None else "" for r in (res["vs_best_peer"], res["vs_floor"])]
-                lines.append(f"    {name:<14} {res['median_s'] * 1e3:>9.3f} {spread:>21} "
-                             f"{nbytes / res['median_s'] / 1e6:>9.1f} {ratio[0]:>11} {ratio[1]:>7}")
+                lines.append(table_row("    ", 14, name, res, nbytes, "vs_floor"))
     lines += ["", "targets (speed ratios, GPU model):"]
     for t in results["targets"]:
         if t["met"] is None:

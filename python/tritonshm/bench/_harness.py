@@ -229,6 +229,64 @@ def check_arguments(sizes: Sequence[int], *, dtype: str, reps: int | None, min_r
         raise ValueError(f"warmup must be at least 1 (the first warm-up round checks the outputs), not {warmup}")
 
 
+def method_classes(methods: Sequence[type[Method]]) -> tuple[list[type[Method]], dict[str, str | None],
+                                                         list[type[Method]]]:
+    """*methods* as a list, why each cannot run here (None if it can), and those that can.
+    ValueError if two share a name."""
+    classes = list(methods)
+    if len({c.name for c in classes}) != len(classes):
+        raise ValueError("two methods share a name")
+    missing = {c.name: c.missing() for c in classes}
+    return classes, missing, [c for c in classes if missing[c.name] is None]
+
+
+def server_version(url: str, model: str | None) -> str:
+    """The version of the Triton server at *url* (gRPC); :class:`~tritonshm.errors.Error` (one line)
+    if it cannot be reached or, given a *model*, does not serve it ready."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        try:
+            version = client.get_server_metadata().version
+        except InferenceServerException as exc:
+            raise Error(f"cannot reach a Triton server at {url} over gRPC: {exc.message()}") from None
+        if model is not None and not client.is_model_ready(model):
+            raise Error(f"the server at {url} has no ready model {model!r}: the bench needs tritonshm's bundled "
+                        f"identity models (serve python/tritonshm/models, or leave --url out to start one)")
+    finally:
+        client.close()
+    return version
+
+
+def run_meta(sizes: Sequence[int], results: list[dict[str, Any]], *, reps: int | None, min_reps: int,
+             max_reps: int, budget: float, warmup: int, url: str, server: str, server_version: str) -> dict[str, Any]:
+    """What the metadata of every bench run holds: the arguments, the server, the versions, this machine."""
+    from .. import __version__
+
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    return {
+        "sizes": list(sizes),
+        "reps": [entry["reps"] for entry in results],
+        "reps_requested": reps,
+        "min_reps": min_reps, "max_reps": max_reps, "budget_s": budget, "warmup": warmup,
+        "url": url,
+        "server": server,
+        "server_version": server_version,
+        "tritonshm_version": __version__,
+        "versions": _versions(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 def run(url: str, sizes: Sequence[int] = DEFAULT_SIZES, *, dtype: str = "fp32", reps: int | None = None,
         min_reps: int = DEFAULT_MIN_REPS, max_reps: int = DEFAULT_MAX_REPS, budget: float = DEFAULT_BUDGET,
         warmup: int = DEFAULT_WARMUP, methods: Sequence[type[Method]] | None = None, seed: int = 0,
@@ -242,31 +300,11 @@ def run(url: str, sizes: Sequence[int] = DEFAULT_SIZES, *, dtype: str = "fp32", 
     :class:`WrongOutput` if any differs.  Returns the results as plain data
     (what ``--json`` writes; :mod:`tritonshm.bench` documents the layout).
     """
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException
-
-    from .. import __version__
-
     check_arguments(sizes, dtype=dtype, reps=reps, min_reps=min_reps, max_reps=max_reps, budget=budget,
                     warmup=warmup)
     model, datatype, np_dtype = MODELS[dtype]
-    classes = list(METHODS if methods is None else methods)
-    if len({c.name for c in classes}) != len(classes):
-        raise ValueError("two methods share a name")
-    missing = {c.name: c.missing() for c in classes}
-    runnable = [c for c in classes if missing[c.name] is None]
-
-    client = grpcclient.InferenceServerClient(url)
-    try:
-        try:
-            server_version = client.get_server_metadata().version
-        except InferenceServerException as exc:
-            raise Error(f"cannot reach a Triton server at {url} over gRPC: {exc.message()}") from None
-        if not client.is_model_ready(model):
-            raise Error(f"the server at {url} has no ready model {model!r}: the bench needs tritonshm's bundled "
-                        f"identity models (serve python/tritonshm/models, or leave --url out to start one)")
-    finally:
-        client.close()
+    classes, missing, runnable = method_classes(METHODS if methods is None else methods)
+    version = server_version(url, model)
 
     results = []
     for index, nbytes in enumerate(sizes):
@@ -285,27 +323,11 @@ def run(url: str, sizes: Sequence[int] = DEFAULT_SIZES, *, dtype: str = "fp32", 
         if progress is not None:
             progress(f"{_size(nbytes)}: {entry['reps']} repetitions in {entry['seconds']:.1f} s, outputs checked")
 
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        affinity = None
     meta = {
         "model": model,
         "datatype": datatype,
-        "sizes": list(sizes),
-        "reps": [entry["reps"] for entry in results],
-        "reps_requested": reps,
-        "min_reps": min_reps, "max_reps": max_reps, "budget_s": budget, "warmup": warmup,
-        "url": url,
-        "server": server,
-        "server_version": server_version,
-        "tritonshm_version": __version__,
-        "versions": _versions(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
-        "time_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **run_meta(sizes, results, reps=reps, min_reps=min_reps, max_reps=max_reps, budget=budget,
+                   warmup=warmup, url=url, server=server, server_version=version),
         "methods": {c.name: {"group": c.group, "description": c.description, "status": missing[c.name] or "ok"}
                     for c in classes},
         "limit": " + ".join(LIMIT_PARTS),

@@ -103,6 +103,10 @@ class Grpc(Method):
         self.client = _grpc_client(self.setting.url)
 
     def call(self, x: np.ndarray) -> np.ndarray:
+        return self.host_call(x)
+
+    def host_call(self, x: np.ndarray) -> np.ndarray:
+        """The per-request work on host arrays: *x* into the request, the reply's array out."""
         import tritonclient.grpc as grpcclient
 
         s = self.setting
@@ -117,53 +121,103 @@ class Grpc(Method):
             client.close()
 
 
-class TritonclientShm(Method):
-    name = "tc-shm"
-    group = "peer"
-    description = ("tritonclient.utils.shared_memory: an input and an output region made and registered "
-                   "once; per request set_shared_memory_region in, get_contents_as_numpy(...).copy() out")
+class TwoRegions(Method):
+    """A tritonclient peer with an input and an output region, made and registered once.
+
+    :meth:`open` makes a client and, for ``"in"`` and ``"out"``, a region
+    named ``<tag>-<pid>-<random>-in``/``-out`` (:meth:`create_region`) that
+    it registers (:meth:`register_region`); :meth:`close` unregisters what
+    was registered (:meth:`unregister_region`) and destroys what was made
+    (:meth:`destroy_region`), coping with an ``open`` that failed halfway.
+    :meth:`infer` is the request bound to the two regions.
+    """
+
+    #: The regions' name prefix.
+    tag = ""
+
+    def create_region(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def register_region(self, client: Any, name: str, handle: Any) -> None:
+        raise NotImplementedError
+
+    def unregister_region(self, client: Any, name: str) -> None:
+        raise NotImplementedError
+
+    def destroy_region(self, handle: Any) -> None:
+        raise NotImplementedError
 
     def open(self) -> None:
-        import tritonclient.utils.shared_memory as tcshm
-
-        s = self.setting
-        tag = f"tc-bench-{os.getpid()}-{secrets.token_hex(6)}"
+        tag = f"{self.tag}-{os.getpid()}-{secrets.token_hex(6)}"
         self.names = {"in": f"{tag}-in", "out": f"{tag}-out"}
         self.handles: dict[str, Any] = {}
         self.registered: list[str] = []
-        self.client = _grpc_client(s.url)
+        self.client = _grpc_client(self.setting.url)
         for which, name in self.names.items():
-            self.handles[which] = tcshm.create_shared_memory_region(name, "/" + name, s.nbytes)
-            self.client.register_system_shared_memory(name, "/" + name, s.nbytes)
+            self.handles[which] = self.create_region(name)
+            self.register_region(self.client, name, self.handles[which])
             self.registered.append(name)
 
-    def call(self, x: np.ndarray) -> np.ndarray:
+    def infer(self) -> None:
+        """One request reading its input from the "in" region and writing its output to "out"."""
         import tritonclient.grpc as grpcclient
-        import tritonclient.utils.shared_memory as tcshm
 
         s = self.setting
-        tcshm.set_shared_memory_region(self.handles["in"], [x])
         infer_input = grpcclient.InferInput(INPUT, [s.count], s.datatype)
         infer_input.set_shared_memory(self.names["in"], s.nbytes)
         requested = grpcclient.InferRequestedOutput(OUTPUT)
         requested.set_shared_memory(self.names["out"], s.nbytes)
         self.client.infer(s.model, [infer_input], outputs=[requested])
-        # get_contents_as_numpy is a view the next request overwrites: a
-        # user who keeps the result copies it, as Client.infer does.
-        return tcshm.get_contents_as_numpy(self.handles["out"], s.dtype, [s.count]).copy()
 
     def close(self) -> None:
-        import tritonclient.utils.shared_memory as tcshm
-
         client = getattr(self, "client", None)
         try:
             for name in getattr(self, "registered", ()):
-                client.unregister_system_shared_memory(name)
+                self.unregister_region(client, name)
         finally:
             for handle in getattr(self, "handles", {}).values():
-                tcshm.destroy_shared_memory_region(handle)
+                self.destroy_region(handle)
             if client is not None:
                 client.close()
+
+
+class TritonclientShm(TwoRegions):
+    name = "tc-shm"
+    group = "peer"
+    description = ("tritonclient.utils.shared_memory: an input and an output region made and registered "
+                   "once; per request set_shared_memory_region in, get_contents_as_numpy(...).copy() out")
+    tag = "tc-bench"
+
+    def create_region(self, name: str) -> Any:
+        import tritonclient.utils.shared_memory as tcshm
+
+        return tcshm.create_shared_memory_region(name, "/" + name, self.setting.nbytes)
+
+    def register_region(self, client: Any, name: str, handle: Any) -> None:
+        client.register_system_shared_memory(name, "/" + name, self.setting.nbytes)
+
+    def unregister_region(self, client: Any, name: str) -> None:
+        client.unregister_system_shared_memory(name)
+
+    def destroy_region(self, handle: Any) -> None:
+        import tritonclient.utils.shared_memory as tcshm
+
+        tcshm.destroy_shared_memory_region(handle)
+
+    def call(self, x: np.ndarray) -> np.ndarray:
+        # get_contents_as_numpy is a view the next request overwrites: a
+        # user who keeps the result copies it, as Client.infer does.
+        return self.host_call(x).copy()
+
+    def host_call(self, x: np.ndarray) -> np.ndarray:
+        """The per-request work on host arrays: *x* into the input region, the output region's
+        contents out as a view (the next request overwrites it)."""
+        import tritonclient.utils.shared_memory as tcshm
+
+        s = self.setting
+        tcshm.set_shared_memory_region(self.handles["in"], [x])
+        self.infer()
+        return tcshm.get_contents_as_numpy(self.handles["out"], s.dtype, [s.count])
 
 
 class TritonShmClient(Method):

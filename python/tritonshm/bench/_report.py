@@ -21,20 +21,37 @@ def _ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}"
 
 
+def server_note(meta: dict[str, Any]) -> str:
+    """The end of a table's first line: one request at a time, which server, started or given."""
+    started = "started for this run" if meta["server"] == "started" else "given with --url"
+    return f"one request at a time; Triton {meta['server_version']} at {meta['url']} ({started})"
+
+
+def table_header(indent: str, width: int, reference: str) -> str:
+    """The column heads of a size's rows: method names *width* wide, the last ratio over *reference*."""
+    return (f"{indent}{'method':<{width}} {'median':>9} {'p25 - p75':>21} {'MB/s':>9} {'/best peer':>11} "
+            f"{'/' + reference:>7}")
+
+
+def table_row(indent: str, width: int, label: str, res: dict[str, Any], nbytes: int, vs: str) -> str:
+    """One measured method's row under :func:`table_header`; *vs* is the key of its last ratio."""
+    spread = f"{_ms(res['p25_s'])} - {_ms(res['p75_s'])}"
+    return (f"{indent}{label:<{width}} {_ms(res['median_s']):>9} {spread:>21} {nbytes / res['median_s'] / 1e6:>9.1f} "
+            f"{_ratio(res['vs_best_peer']):>11} {_ratio(res[vs]):>7}")
+
+
 def format_table(results: dict[str, Any]) -> str:
     """The results as a readable table, one block per size."""
     meta = results["meta"]
-    started = "started for this run" if meta["server"] == "started" else "given with --url"
     lines = [
-        f"{meta['model']} ({meta['datatype']}), one request at a time; Triton {meta['server_version']} "
-        f"at {meta['url']} ({started})",
+        f"{meta['model']} ({meta['datatype']}), {server_note(meta)}",
         f"tritonshm {meta['tritonshm_version']}, {meta['cpu_count']} CPUs; repetitions interleaved: "
         f"every method once per round, in a rotating order",
         "ms per request: median and p25-p75; '/best peer' and '/limit': median time divided by "
         "that reference's (below 1 = faster)",
         f"peers: {', '.join(meta['peers'])}; limit = {meta['limit']}, sample by sample",
     ]
-    header = f"  {'method':<20} {'median':>9} {'p25 - p75':>21} {'MB/s':>9} {'/best peer':>11} {'/limit':>7}"
+    header = table_header("  ", 20, "limit")
     for entry in results["results"]:
         nbytes = entry["nbytes"]
         lines += ["", f"{_size(nbytes)} ({entry['elements']} x {meta['datatype']}), {entry['reps']} repetitions, "
@@ -45,11 +62,7 @@ def format_table(results: dict[str, Any]) -> str:
                 hint = _INSTALL_HINT.get(name)
                 lines.append(f"  {label:<20} {res['status']}" + (f" ({hint})" if hint else ""))
                 continue
-            spread = f"{_ms(res['p25_s'])} - {_ms(res['p75_s'])}"
-            lines.append(
-                f"  {label:<20} {_ms(res['median_s']):>9} {spread:>21} {nbytes / res['median_s'] / 1e6:>9.1f} "
-                f"{_ratio(res['vs_best_peer']):>11} {_ratio(res['vs_limit']):>7}"
-            )
+            lines.append(table_row("  ", 20, label, res, nbytes, "vs_limit"))
     return "\n".join(lines)
 
 
