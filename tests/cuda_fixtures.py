@@ -9,6 +9,8 @@
   fake (``LD_PRELOAD``), so it opens the fake handles tritonshm exports.
 * ``gpu`` skips a test unless a real CUDA GPU is usable; tests that need it
   carry ``@pytest.mark.gpu`` too, so ``pytest -m gpu`` selects them.
+* ``torch`` and ``cupy`` are those modules, skipping a test where one is not
+  installed (or torch sees no CUDA device).
 """
 
 from __future__ import annotations
@@ -93,3 +95,16 @@ def gpu():
     except ImportError:
         pass
     return info
+
+
+@pytest.fixture
+def torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    return torch
+
+
+@pytest.fixture
+def cupy():
+    return pytest.importorskip("cupy")

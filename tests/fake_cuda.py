@@ -18,6 +18,10 @@ This module needs neither a GPU nor tritonshm: only a C compiler and ctypes.
   two snapshots gives what happened in between.
 * :func:`server_env` is the environment that makes a real tritonserver
   (2.51) open fake handles: ``LocalServer(env=server_env(lib))``.
+* :func:`consume_dlpack` takes a DLPack capsule's tensor as a consumer
+  (torch, cupy) does, through ctypes: how the tests hold exported device
+  memory without either library; :class:`ClosingIndex` is an offset that
+  closes a region while it is being converted.
 """
 
 from __future__ import annotations
@@ -398,3 +402,59 @@ def remove_orphan_segments() -> list[str]:
         except FileNotFoundError:
             pass
     return removed
+
+
+# --------------------------------------------------------------------------
+# DLPack consumption without torch: what a consumer does, through ctypes
+# --------------------------------------------------------------------------
+
+_api = ctypes.pythonapi
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_GetName.restype = ctypes.c_char_p
+_api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # calling one releases the GIL
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", DLTensor)]
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+def consume_dlpack(capsule, versioned=True):
+    """Take the tensor as a consumer does (rename the capsule 'used_'); returns (ptr, struct, deleter).
+
+    *struct* is the managed tensor at *ptr* (``DLManagedTensorVersioned``, or
+    the legacy ``DLManagedTensor`` with ``versioned=False``); ``deleter(ptr)``
+    is the consumer letting it go, with the GIL released.
+    """
+    name = b"dltensor_versioned" if versioned else b"dltensor"
+    assert _api.PyCapsule_GetName(capsule) == name
+    ptr = _api.PyCapsule_GetPointer(capsule, name)
+    _api.PyCapsule_SetName(capsule, b"used_" + name)
+    t = (DLManagedTensorVersioned if versioned else DLManagedTensor).from_address(ptr)
+    return ptr, t, ctypes.cast(t.deleter, _Deleter)
+
+
+class ClosingIndex:
+    """An offset whose conversion (``__index__``) closes *region* and gives 0: what a call must
+    survive when its own arguments close the region it is working on."""
+
+    def __init__(self, region):
+        self.region = region
+
+    def __index__(self):
+        self.region.close()
+        return 0

@@ -23,19 +23,6 @@ from triton_fixtures import NUMERIC_IDENTITY_MODELS, client_url, sample, start_o
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu")]
 
 
-@pytest.fixture
-def torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
-    return torch
-
-
-@pytest.fixture
-def cupy():
-    return pytest.importorskip("cupy")
-
-
 def _on_gpu(torch, data: np.ndarray):
     return torch.from_numpy(np.ascontiguousarray(data)).to("cuda:0")
 

@@ -9,7 +9,6 @@ test_cuda_gpu.py under the ``gpu`` marker.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import multiprocessing
 import os
@@ -27,7 +26,8 @@ from tritonshm import CudaError, CudaUnavailable, DLPackError, DTypeMismatch, Ou
 from tritonshm import UnsupportedBuffer, cuda
 from tritonshm._memory import _runtime
 
-from fake_cuda import ENV_DEVICES, ENV_DRIVER, ENV_FAIL, KIND_ALLOC, KIND_HOST_REGISTERED
+from fake_cuda import (ENV_DEVICES, ENV_DRIVER, ENV_FAIL, KIND_ALLOC, KIND_HOST_REGISTERED, ClosingIndex,
+                       consume_dlpack)
 from triton_fixtures import sample
 
 DTYPES = [np.float32, np.float16, np.float64, np.int8, np.uint8, np.int16, np.int32, np.int64,
@@ -249,13 +249,8 @@ def test_close_while_write_converts_its_offset(fake_cuda):
     base = fake_cuda.stats().live_allocs
     c = tritonshm.CudaRegion.create(64)
 
-    class Closing:
-        def __index__(self):
-            c.close()
-            return 0
-
     with pytest.raises(RegionClosed):
-        c.write(b"abcd", offset=Closing())
+        c.write(b"abcd", offset=ClosingIndex(c))
     assert c.closed and c.exports == 0 and fake_cuda.stats().live_allocs == base
 
 
@@ -289,57 +284,22 @@ def test_device_free_memory_comes_back(fake_cuda):
     assert _runtime.current().mem_info(0)[0] == free_before
 
 
-_pythonapi = ctypes.pythonapi
-_pythonapi.PyCapsule_GetPointer.restype = ctypes.c_void_p
-_pythonapi.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_pythonapi.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_pythonapi.PyCapsule_GetName.restype = ctypes.c_char_p
-_pythonapi.PyCapsule_GetName.argtypes = [ctypes.py_object]
-
-_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
-                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
-                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class _Versioned(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
-
-
-class _Legacy(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
-
-
-def _consume(capsule, versioned=True):
-    """Take a capsule's tensor as a consumer does: rename it 'used_', keep the struct."""
-    name = b"dltensor_versioned" if versioned else b"dltensor"
-    assert _pythonapi.PyCapsule_GetName(capsule) == name
-    ptr = _pythonapi.PyCapsule_GetPointer(capsule, name)
-    _pythonapi.PyCapsule_SetName(capsule, b"used_" + name)
-    return ptr, (_Versioned if versioned else _Legacy).from_address(ptr)
-
-
 def test_dlpack_capsule_describes_the_view(fake_cuda):
     with tritonshm.CudaRegion.create(4096) as c:
         v = c.view(np.float16, (3, 5), offset=64)
         assert v.__dlpack_device__() == (2, 0)
         capsule = v.__dlpack__(max_version=(1, 2), stream=1)
-        ptr, t = _consume(capsule)
+        ptr, t, deleter = consume_dlpack(capsule)
         assert (t.major, t.minor) == (1, 1) and t.flags == 0
         d = t.dl_tensor
         assert d.data == c.ptr + 64 and d.byte_offset == 0 and (d.device_type, d.device_id) == (2, 0)
         assert (d.code, d.bits, d.lanes) == (2, 16, 1) and d.ndim == 2
         assert [d.shape[i] for i in range(2)] == [3, 5] and [d.strides[i] for i in range(2)] == [5, 1]
-        ctypes.cast(t.deleter, _Deleter)(ptr)
+        deleter(ptr)
         legacy = v.__dlpack__()  # no max_version: a legacy capsule
-        ptr, t = _consume(legacy, versioned=False)
+        ptr, t, deleter = consume_dlpack(legacy, versioned=False)
         assert t.dl_tensor.data == c.ptr + 64
-        ctypes.cast(t.deleter, _Deleter)(ptr)
+        deleter(ptr)
         del v
 
 
@@ -358,8 +318,7 @@ def test_dlpack_deleter_on_another_thread_without_the_gil_frees_last(fake_cuda):
     c = tritonshm.CudaRegion.create(4096)
     v = c.view(np.int64, 8)
     capsule = v.__dlpack__(max_version=(1, 0))
-    ptr, t = _consume(capsule)
-    deleter = ctypes.cast(t.deleter, _Deleter)  # a CFUNCTYPE call releases the GIL
+    ptr, _, deleter = consume_dlpack(capsule)  # calling the deleter releases the GIL
     del capsule, v
     c.close()
     assert fake_cuda.stats().live_allocs == base + 1  # the consumer still holds the memory

@@ -27,19 +27,6 @@ _TRITON_TYPES = {np.float32: "FP32", np.float16: "FP16", np.int8: "INT8", np.uin
                  np.int32: "INT32", np.int64: "INT64", np.bool_: "BOOL"}
 
 
-@pytest.fixture
-def torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch sees no CUDA device")
-    return torch
-
-
-@pytest.fixture
-def cupy():
-    return pytest.importorskip("cupy")
-
-
 def _free_bytes():
     return _runtime.current().mem_info(0)[0]
 

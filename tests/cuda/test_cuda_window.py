@@ -9,7 +9,6 @@ memory was freed and how many bytes cudaMemcpy moved.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import pickle
 import threading
@@ -22,45 +21,11 @@ import tritonshm
 from tritonshm import CudaError, DTypeMismatch, OutOfBounds, RegionClosed, UnsupportedBuffer, cuda
 from tritonshm._memory import _cuda
 
-from fake_cuda import ENV_FAIL
+from fake_cuda import ENV_FAIL, ClosingIndex, consume_dlpack
 
 # --------------------------------------------------------------------------
-# DLPack consumption without torch: what a consumer does, through ctypes
+# DLPack without torch: producers here, the consumer is fake_cuda.consume_dlpack
 # --------------------------------------------------------------------------
-
-_api = ctypes.pythonapi
-_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_api.PyCapsule_GetName.restype = ctypes.c_char_p
-_api.PyCapsule_GetName.argtypes = [ctypes.py_object]
-_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # calling one releases the GIL
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
-                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
-                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class _Versioned(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
-
-
-class _Legacy(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
-
-
-def _consume(capsule, versioned=True):
-    """Take the tensor as a consumer does (rename the capsule 'used_'); returns (ptr, struct, deleter)."""
-    name = b"dltensor_versioned" if versioned else b"dltensor"
-    assert _api.PyCapsule_GetName(capsule) == name
-    ptr = _api.PyCapsule_GetPointer(capsule, name)
-    _api.PyCapsule_SetName(capsule, b"used_" + name)
-    t = (_Versioned if versioned else _Legacy).from_address(ptr)
-    return ptr, t, ctypes.cast(t.deleter, _Deleter)
 
 
 class DLPackOnly:
@@ -251,7 +216,7 @@ def test_consumed_capsule_keeps_holders_up_until_its_deleter_runs(fake_cuda, ver
     probe = w.share()
     v = w.view(np.float32, (3, 5), offset=128)
     capsule = v.__dlpack__(max_version=(1, 1) if versioned else None, stream=1)
-    ptr, t, deleter = _consume(capsule, versioned)
+    ptr, t, deleter = consume_dlpack(capsule, versioned)
     d = t.dl_tensor
     assert d.data == c.ptr + 2048 + 128 and d.byte_offset == 0 and (d.device_type, d.device_id) == (2, 0)
     assert (d.code, d.bits, d.lanes, d.ndim) == (2, 32, 1, 2) and [d.shape[i] for i in range(2)] == [3, 5]
@@ -273,7 +238,7 @@ def test_last_holder_dropped_on_another_thread_without_the_gil_frees(fake_cuda):
     c = tritonshm.CudaRegion.create(4096)
     w = c.window(0, 4096)
     v = w.view(np.int64, 8)
-    ptr, _, deleter = _consume(v.__dlpack__(max_version=(1, 0)))
+    ptr, _, deleter = consume_dlpack(v.__dlpack__(max_version=(1, 0)))
     del v, w
     c.close()
     assert fake_cuda.stats().live_allocs == base + 1
@@ -296,7 +261,7 @@ def test_holders_drop_from_many_threads(fake_cuda):
                 for _ in range(rounds):
                     shares = [probe.share() for _ in range(3)]
                     views = [s.view(np.uint8, 64, offset=64 * i) for s in shares]
-                    consumed = [_consume(v.__dlpack__(max_version=(1, 0))) for v in views]
+                    consumed = [consume_dlpack(v.__dlpack__(max_version=(1, 0))) for v in views]
                     del shares, views
                     for ptr, _, deleter in consumed:
                         deleter(ptr)  # releases the GIL: decrefs race with the other threads
@@ -533,13 +498,8 @@ def test_region_closed_while_the_offsets_convert_is_refused(fake_cuda):
     base = fake_cuda.stats().live_allocs
     c = tritonshm.CudaRegion.create(64)
 
-    class Closing:
-        def __index__(self):
-            c.close()
-            return 0
-
     with pytest.raises(RegionClosed):
-        cuda.copy(c, b"abcd", dst_offset=Closing())
+        cuda.copy(c, b"abcd", dst_offset=ClosingIndex(c))
     assert c.exports == 0 and fake_cuda.stats().live_allocs == base
 
 
