@@ -589,3 +589,37 @@ def test_describe_refuses_non_contiguous_and_malformed(fake_cuda):
 
         with pytest.raises(UnsupportedBuffer, match="malformed"):
             cuda.describe(Malformed())
+
+
+# --------------------------------------------------------------------------
+# empty(): a device array in an allocation of its own
+# --------------------------------------------------------------------------
+
+
+def test_empty_is_a_plain_allocation_freed_with_its_last_holder(fake_cuda):
+    before = fake_cuda.stats()
+    out = cuda.empty(np.int16, (3, 5), device=0)
+    assert isinstance(out, cuda.CudaArray) and out.shape == (3, 5) and out.dtype == np.int16
+    used = fake_cuda.stats() - before
+    assert (used.malloc_calls, used.ipc_get_calls, used.live_allocs) == (1, 0, 1)
+    cuda.copy(out, np.arange(15, dtype=np.int16).reshape(3, 5))
+    capsule = out.__dlpack__(max_version=(1, 0))
+    del out
+    gc.collect()
+    assert (fake_cuda.stats() - before).live_allocs == 1  # the DLPack tensor holds it
+    managed, tensor, deleter = consume_dlpack(capsule)
+    del capsule
+    assert fake_cuda.read(tensor.dl_tensor.data, 4) == np.arange(2, dtype=np.int16).tobytes()
+    deleter(managed)
+    assert (fake_cuda.stats() - before).live_allocs == 0
+
+
+def test_empty_of_nothing_and_its_refusals(fake_cuda):
+    zero = cuda.empty(np.float32, (0, 4))
+    assert zero.nbytes == 0 and zero.shape == (0, 4)
+    with pytest.raises(DTypeMismatch):
+        cuda.empty(object, 4)
+    with pytest.raises(tritonshm.ShapeMismatch):
+        cuda.empty(np.float32, (-1,))
+    with pytest.raises(OutOfBounds):
+        cuda.empty(np.float32, 4, device=-1)
