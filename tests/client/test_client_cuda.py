@@ -13,6 +13,7 @@ with no fake in it, stands in for a server that cannot open our handles.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import gc
 import threading
 import time
@@ -149,23 +150,15 @@ def test_chunked_device_batch_is_joined_on_the_device(url):
 
 
 def test_threads_with_per_request_verification(url):
-    errors = []
     with tritonshm.Client(url, slots=2) as c:
         def work(seed):
-            try:
-                for i in range(25):
-                    data = sample(np.float32, 512, seed=seed * 100 + i)
-                    out = c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"]
-                    np.testing.assert_array_equal(out.get(), data)
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                errors.append(exc)
+            for i in range(25):
+                data = sample(np.float32, 512, seed=seed * 100 + i)
+                out = c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"]
+                np.testing.assert_array_equal(out.get(), data)
 
-        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert not errors, errors[0]
+        with concurrent.futures.ThreadPoolExecutor(4) as threads:
+            list(threads.map(work, range(4)))  # re-raises the first failure
 
 
 def test_zero_copy_device_request(url):
