@@ -374,3 +374,13 @@ def test_the_whole_fallback_chain_cuda_then_pinned_then_the_wire(fake_cuda):
             assert isinstance(out, cuda.CudaArray)  # back on the device it came from
             np.testing.assert_array_equal(out.get(), data)
             assert c._pools == {}
+
+
+def test_an_empty_device_tensor_round_trips(url):
+    with tritonshm.Client(url) as c:
+        out = c.infer("identity_fp32", {"INPUT0": device_array(np.empty(0, np.float32))})["OUTPUT0"]
+        assert isinstance(out, cuda.CudaArray) and out.shape == (0,)
+        limit = c.model_info("batched_fp32").max_batch_size
+        data = sample(np.float32, limit * 4 * 2).reshape(limit * 2, 4)
+        out = c.infer("batched_fp32", {"INPUT0": device_array(data)}, output_device="cpu")["OUTPUT0"]
+        np.testing.assert_array_equal(out, data * 2)  # chunks joined on the host

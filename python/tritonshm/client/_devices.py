@@ -53,6 +53,8 @@ class DeviceTensor:
         return math.prod(self.shape) * self.dtype.itemsize
 
     def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d device tensor")
         return self.shape[0]
 
     def __getitem__(self, key: slice) -> "DeviceTensor":

@@ -40,16 +40,16 @@ def check_inputs(info: ModelInfo, inputs: Mapping[str, Any]) -> tuple[dict[str, 
             + ("; " if missing and unknown else "")
             + (f"unknown {sorted(unknown)}" if unknown else "")
         )
-    arrays: dict[str, np.ndarray] = {}
+    arrays: dict[str, Any] = {}
     batch = None
     for spec in info.inputs:
         value = inputs[spec.name]
+        array: np.ndarray | _devices.DeviceTensor
         if isinstance(value, np.ndarray):
             array = value
         else:
-            array = _devices.as_device_tensor(value)
-            if array is None:
-                array = np.asarray(value)
+            device_tensor = _devices.as_device_tensor(value)
+            array = np.asarray(value) if device_tensor is None else device_tensor
         if spec.is_bytes:
             if array.dtype.kind not in "OSU":
                 raise DTypeMismatch(
