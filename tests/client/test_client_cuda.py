@@ -44,8 +44,10 @@ class CaiOnly:
         self.__cuda_array_interface__ = view.__cuda_array_interface__
 
 
-def pool_of(client, model, slots):
-    return client._pools[(model, "", slots)]
+def pool_of(client, model):
+    """The one pool *client* has for *model* (a snapshot: Client.pools())."""
+    (pool,) = [p for p in client.pools() if p.model == model]
+    return pool
 
 
 @pytest.fixture
@@ -67,9 +69,9 @@ def test_device_input_round_trip_stays_on_the_device(url, fake_cuda):
         assert used.malloc_calls == 2
         assert isinstance(out, cuda.CudaArray) and out.device == 0
         np.testing.assert_array_equal(out.get(), data)
-        (extent,) = pool_of(c, "identity_fp32", "cuda:0").extents
-        assert extent.memory.kind == "cuda"
-        assert ("identity_fp32", "", "system") not in c._pools  # never through host slots
+        pool = pool_of(c, "identity_fp32")
+        assert pool.memory == "cuda:0" and len(pool.regions) == 1  # never through host slots
+        assert pool.regions[0].startswith("tritonshm-cuda-")
         del out
 
 
@@ -87,7 +89,7 @@ def test_host_input_with_results_on_the_device(url):
         out = c.infer("identity_fp32", {"INPUT0": data}, output_device="cuda:0")["OUTPUT0"]
         assert isinstance(out, cuda.CudaArray)
         np.testing.assert_array_equal(out.get(), data)
-        assert list(c._pools) == [("identity_fp32", "", "system")]  # host slots, then to the GPU
+        assert [p.memory for p in c.pools()] == ["system"]  # host slots, then to the GPU
 
 
 @pytest.mark.parametrize("dtype, model", [
@@ -115,19 +117,18 @@ def test_held_device_results_keep_their_slot_until_every_dlpack_tensor_is_gone(u
     data = sample(np.float32, 64)
     with tritonshm.Client(url, slots=1) as c:
         held = c.infer("identity_fp32", {"INPUT0": device_array(data)}, copy=False)["OUTPUT0"]
-        pool = pool_of(c, "identity_fp32", "cuda:0")
         capsule = held.__dlpack__()  # what torch.from_dlpack would hold: no Python object of ours
         del held
         gc.collect()
-        assert pool.held == 1
+        assert pool_of(c, "identity_fp32").held == 1
         # the next request must not get (and overwrite) the held slot: the pool grows instead
         other = sample(np.float32, 64, seed=1)
         out = c.infer("identity_fp32", {"INPUT0": device_array(other)}, copy=False, timeout=0)["OUTPUT0"]
         np.testing.assert_array_equal(out.get(), other)
-        assert len(pool.extents) == 2
+        assert len(pool_of(c, "identity_fp32").regions) == 2
         del out, capsule  # the capsule's deleter runs in C and wakes nobody: the pool looks again
         gc.collect()
-        assert pool.held == 0
+        assert pool_of(c, "identity_fp32").held == 0
 
 
 def test_held_device_results_stay_intact_across_later_requests(url):
@@ -179,7 +180,7 @@ def test_nothing_is_left_registered_or_allocated(url, fake_cuda_server, fake_cud
     for i in range(100):
         data = sample(np.float32, 64, seed=i)
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"].get(), data)
-    names = [e.name for pool in c._pools.values() for e in pool.extents]
+    names = [name for pool in c.pools() for name in pool.regions]
     with tritonshm.Client(fake_cuda_server.grpc_url) as probe:
         assert set(names) <= set(tritonshm.status(probe.tritonclient, kind="cuda"))
         c.close()
@@ -192,8 +193,8 @@ def test_reregisters_after_the_server_forgot(url, fake_cuda_server):
     data = sample(np.float32, 32)
     with tritonshm.Client(url) as c:
         c.infer("identity_fp32", {"INPUT0": device_array(data)})
-        (extent,) = pool_of(c, "identity_fp32", "cuda:0").extents
-        c.tritonclient.unregister_cuda_shared_memory(extent.name)  # as a restarted server would have
+        (name,) = pool_of(c, "identity_fp32").regions
+        c.tritonclient.unregister_cuda_shared_memory(name)  # as a restarted server would have
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"].get(), data)
 
 
@@ -209,7 +210,7 @@ def test_bytes_models_take_device_inputs_through_pinned_host_slots(url):
             else:
                 inputs[spec.name] = device_array(sample(spec.dtype, int(np.prod(shape))).reshape(shape))
         out = c.infer("mixed_bytes", inputs)
-        assert [k for k in c._pools] == [("mixed_bytes", "", "pinned:0")]
+        assert [p.memory for p in c.pools()] == ["pinned:0"]
         assert set(out) == set(info.output_names)
 
 
@@ -238,7 +239,7 @@ def test_auto_falls_back_to_pinned_host_slots_with_one_warning(server, protocol,
             out = c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"]
         assert isinstance(out, cuda.CudaArray)  # still where the input was
         np.testing.assert_array_equal(out.get(), data)
-        (extent,) = pool_of(c, "identity_fp32", "pinned:0").extents
+        (extent,) = c._pools[("identity_fp32", "", "pinned:0")].extents
         assert extent.memory.region.pinned
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once only
@@ -297,11 +298,11 @@ def test_ls_shows_cuda_pools_registered_with_the_server(fake_cuda_server, fake_c
 
     with tritonshm.Client(fake_cuda_server.grpc_url) as c:
         c.infer("identity_fp32", {"INPUT0": device_array(sample(np.float32, 16))})
-        (extent,) = pool_of(c, "identity_fp32", "cuda:0").extents
+        (name,) = pool_of(c, "identity_fp32").regions
         done = subprocess.run([sys.executable, "-m", "tritonshm", "ls", "--url", fake_cuda_server.grpc_url],
                               capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    line = next(line for line in done.stdout.splitlines() if line.startswith(extent.name))
+    line = next(line for line in done.stdout.splitlines() if line.startswith(name))
     assert line.split()[1:5] == ["cuda", "cuda:0", str(os.getpid()), "live"]
 
 
@@ -323,7 +324,7 @@ def test_device_inputs_that_cannot_be_shared_get_a_clear_error(url):
             c.infer("identity_fp32", {"INPUT0": RefusesExport()})
         with pytest.raises(tritonshm.UnsupportedBuffer, match="contiguous"):
             c.infer("identity_fp32", {"INPUT0": strided})
-        assert not c._pools  # refused before anything was made or sent
+        assert c.pools() == []  # refused before anything was made or sent
 
 
 def test_at_the_byte_cap_a_request_waits_for_a_dlpack_tensor_to_go(url):
@@ -373,7 +374,7 @@ def test_the_whole_fallback_chain_cuda_then_pinned_then_the_wire(fake_cuda):
             assert "falling back to plain gRPC" in said[1]
             assert isinstance(out, cuda.CudaArray)  # back on the device it came from
             np.testing.assert_array_equal(out.get(), data)
-            assert c._pools == {}
+            assert c.pools() == []
 
 
 def test_an_empty_device_tensor_round_trips(url):
@@ -384,3 +385,22 @@ def test_an_empty_device_tensor_round_trips(url):
         data = sample(np.float32, limit * 4 * 2).reshape(limit * 2, 4)
         out = c.infer("batched_fp32", {"INPUT0": device_array(data)}, output_device="cpu")["OUTPUT0"]
         np.testing.assert_array_equal(out, data * 2)  # chunks joined on the host
+
+
+def test_pools_reports_what_the_client_holds(url):
+    data = sample(np.float32, 64)
+    with tritonshm.Client(url, slots=2) as c:
+        assert c.pools() == []
+        view = c.infer("identity_fp32", {"INPUT0": device_array(data)}, copy=False)["OUTPUT0"]
+        c.infer("identity_fp32", {"INPUT0": data})
+        by_memory = {p.memory: p for p in c.pools()}
+        assert set(by_memory) == {"cuda:0", "system"}
+        gpu = by_memory["cuda:0"]
+        assert (gpu.model, gpu.version, gpu.slots, gpu.running, gpu.held) == ("identity_fp32", "", 2, 0, 1)
+        assert gpu.nbytes == 2 * gpu.slot_bytes and len(gpu.regions) == 1
+        with tritonshm.Client(url) as probe:
+            assert gpu.regions[0] in tritonshm.status(probe.tritonclient, kind="cuda")
+        del view
+        gc.collect()
+        assert {p.memory: p.held for p in c.pools()} == {"cuda:0": 0, "system": 0}
+    assert c.pools() == []

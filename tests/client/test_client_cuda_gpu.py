@@ -34,7 +34,7 @@ def test_torch_round_trip_for_every_dtype(server, protocol, torch, model, dtype)
         out = c.infer(model, {"INPUT0": _on_gpu(torch, data)})["OUTPUT0"]
         assert isinstance(out, torch.Tensor) and out.is_cuda
         np.testing.assert_array_equal(out.cpu().numpy(), data)
-        assert list(c._pools) == [(model, "", "cuda:0")]
+        assert [(p.model, p.memory) for p in c.pools()] == [(model, "cuda:0")]
 
 
 def test_cupy_round_trip_and_copy_false_views(server, cupy):
@@ -59,11 +59,10 @@ def test_results_held_by_torch_stay_intact_across_later_requests(server, torch):
         gc.collect()
         for data, tensor in kept:
             np.testing.assert_array_equal(tensor.cpu().numpy(), data)
-        pool = c._pools[("identity_fp32", "", "cuda:0")]
-        assert pool.held == 10
+        assert c.pools()[0].held == 10
         del kept, tensor
         gc.collect()
-        assert pool.held == 0
+        assert c.pools()[0].held == 0
 
 
 def test_chunked_torch_batch(server, torch):
@@ -114,7 +113,7 @@ def test_falls_back_to_pinned_slots_when_the_server_cannot_open_our_handles(torc
                 out = c.infer("identity_fp32", {"INPUT0": _on_gpu(torch, data)})["OUTPUT0"]
             assert isinstance(out, torch.Tensor) and out.is_cuda
             np.testing.assert_array_equal(out.cpu().numpy(), data)
-            assert list(c._pools) == [("identity_fp32", "", "pinned:0")]
+            assert [p.memory for p in c.pools()] == ["pinned:0"]
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 c.infer("identity_fp32", {"INPUT0": _on_gpu(torch, data)})
@@ -138,7 +137,7 @@ def test_thousand_requests_leak_nothing(server, torch):
         torch.cuda.synchronize()
         # torch caches what it frees; our own allocations are one pool and no more
         assert _runtime.current().mem_info(0)[0] >= free_before - (8 << 20)
-        names = {e.name for pool in c._pools.values() for e in pool.extents}
+        names = {name for pool in c.pools() for name in pool.regions}
         assert len(names) == 1
         assert names <= set(tritonshm.status(c.tritonclient, kind="cuda"))
     with tritonshm.Client(server.grpc_url) as probe:

@@ -58,5 +58,6 @@ The package, bottom up (each module imports only those above it):
 
 from ._client import Client, Request
 from ._model import ModelInfo, TensorSpec
+from ._pool import PoolInfo
 
-__all__ = ["Client", "Request", "ModelInfo", "TensorSpec"]
+__all__ = ["Client", "Request", "ModelInfo", "TensorSpec", "PoolInfo"]

@@ -36,7 +36,7 @@ from ..errors import (
 from . import _bytes, _devices, _intake
 from ._devices import DeviceTensor, Placement
 from ._model import ModelInfo, shape_fits
-from ._pool import Extent, Layout, Lease, SlotPool
+from ._pool import Extent, Layout, Lease, PoolInfo, SlotPool
 from ._slots import CudaSlotMemory, PinnedSlotMemory, SlotMemory, SystemSlotMemory
 from ._steps import FetchModel, Register, Send, Steps, Unregister, WaitForSlot
 
@@ -297,6 +297,13 @@ class Engine:
                 self._plans.clear()
             needs = self._plans[key] = _intake.slot_needs(info, shapes, bytes_sizes)
         return needs
+
+    def pools(self) -> list[PoolInfo]:
+        """What this client holds now: one snapshot per slot pool in service
+        (model, version, the memory its slots are in, slots running and held,
+        registered bytes and region names).  No I/O."""
+        with self._lock:
+            return [pool.snapshot(memory) for (_, _, memory), pool in self._pools.items()]
 
     def _has_disposals(self) -> bool:
         """Whether a pool has idle surplus, or a retired pool is waiting to be dropped."""

@@ -34,7 +34,7 @@ from ..errors import PoolExhausted
 from ._model import ModelInfo
 from ._slots import SlotMemory
 
-__all__ = ["Layout", "SlotPool", "Lease", "Extent"]
+__all__ = ["Layout", "SlotPool", "Lease", "Extent", "PoolInfo"]
 
 _PAGE = mmap.PAGESIZE
 _TENSOR_ALIGN = 64  # each tensor of a slot starts on a cache line
@@ -111,6 +111,21 @@ class Lease:
     def offset(self, tensor: str) -> int:
         """Where *tensor* starts in the extent's memory."""
         return self.base + self.pool.layout.offsets[tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolInfo:
+    """A snapshot of one slot pool, as :meth:`tritonshm.Client.pools` reports it."""
+
+    model: str
+    version: str
+    memory: str             #: "system", "pinned:N" or "cuda:N": what the slots are in
+    slots: int              #: slots in every extent together
+    running: int            #: slots whose request is in flight
+    held: int               #: slots kept out of the pool by result views (and DLPack tensors)
+    slot_bytes: int
+    nbytes: int             #: registered bytes, every extent together
+    regions: tuple[str, ...]  #: the names the extents are registered under
 
 
 class SlotPool:
@@ -384,6 +399,13 @@ class SlotPool:
                 extent.closed = True
             self._wake()
             return out
+
+    def snapshot(self, memory: str) -> PoolInfo:
+        """A snapshot of this pool (*memory*: what the engine keys it by)."""
+        with self._cond:
+            return PoolInfo(self.info.name, self.info.version, memory, self.nslots,
+                            self._running, self.held, self.layout.slot_bytes, self.nbytes,
+                            tuple(e.name for e in self._extents if e.name is not None))
 
     def __repr__(self) -> str:
         return (f"<SlotPool {self.info.name!r} {self.nslots} slots x {self.layout.slot_bytes} B, "
