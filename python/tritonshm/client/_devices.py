@@ -131,9 +131,7 @@ def parse_device(device: Any, what: str) -> int | None:
 def _torch_dtype(dtype: np.dtype) -> Any:
     import torch
 
-    if dtype == np.dtype(np.bool_):
-        return torch.bool
-    return torch.from_numpy(np.empty(0, dtype)).dtype
+    return torch.from_numpy(np.empty(0, dtype)).dtype  # torch's own numpy mapping
 
 
 def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int]) -> Any:
@@ -177,13 +175,12 @@ def to_device(array: np.ndarray, placement: Placement) -> Any:
 
 def concatenate(parts: Sequence[Any], placement: Placement) -> Any:
     """Device arrays (same dtype, rows of the same shape) joined along the first axis."""
-    first = parts[0]
-    dtype = np.dtype(first.dtype) if placement.library != "torch" else None
-    shapes = [tuple(part.shape) for part in parts]
-    if dtype is None:  # a torch dtype: torch joins its own tensors
+    if placement.library == "torch":  # torch joins its own tensors
         import torch
 
         return torch.cat(list(parts))
+    dtype = np.dtype(parts[0].dtype)
+    shapes = [tuple(part.shape) for part in parts]
     out = empty(placement, dtype, (sum(s[0] for s in shapes),) + shapes[0][1:])
     offset = 0
     for part, shape in zip(parts, shapes):
