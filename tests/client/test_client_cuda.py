@@ -404,3 +404,23 @@ def test_pools_reports_what_the_client_holds(url):
         gc.collect()
         assert {p.memory: p.held for p in c.pools()} == {"cuda:0": 0, "system": 0}
     assert c.pools() == []
+
+
+def test_a_gpu_that_does_not_exist_is_refused_before_sending(url, fake_cuda):
+    data = sample(np.float32, 8)
+    with tritonshm.Client(url) as c:
+        with pytest.raises(tritonshm.InvalidOption, match=r"output_device='cuda:3', but 1 GPU\(s\)"):
+            c.infer("identity_fp32", {"INPUT0": data}, output_device="cuda:3")
+        with pytest.raises(tritonshm.InvalidOption, match=r"device=2, but 1 GPU"):
+            c.request("batched_fp32", 2, device=2)
+        assert c.pools() == []
+
+
+def test_results_on_a_gpu_need_cuda(server):
+    if cuda.available():
+        pytest.skip("CUDA is usable here")
+    with tritonshm.Client(server.grpc_url) as c:
+        with pytest.raises(tritonshm.CudaUnavailable, match="output_device='cuda' needs CUDA"):
+            c.infer("identity_fp32", {"INPUT0": sample(np.float32, 4)}, output_device="cuda")
+        with pytest.raises(tritonshm.CudaUnavailable, match="device='cuda:0' needs CUDA"):
+            c.request("batched_fp32", 2, device="cuda:0")

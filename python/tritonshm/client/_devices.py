@@ -23,10 +23,10 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import Error, InvalidOption, UnsupportedBuffer
+from ..errors import CudaUnavailable, Error, InvalidOption, UnsupportedBuffer
 
 __all__ = ["DeviceTensor", "Placement", "as_device_tensor", "empty", "to_host", "to_device",
-           "concatenate", "copy_bytes", "parse_device", "library_of"]
+           "concatenate", "copy_bytes", "parse_device", "require_cuda", "library_of"]
 
 
 class DeviceTensor:
@@ -114,17 +114,34 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
     return DeviceTensor(value, np.dtype(dtype), tuple(shape), device)
 
 
+def require_cuda(what: str) -> int:
+    """The number of visible GPUs; :class:`CudaUnavailable`, saying why, when there is none."""
+    from .. import cuda
+
+    count = cuda.device_count()
+    if count == 0:
+        why = cuda.runtime_info()["error"] or "no GPU is visible"
+        raise CudaUnavailable(f"{what} needs CUDA, which is not usable here: {why}")
+    return count
+
+
 def parse_device(device: Any, what: str) -> int | None:
-    """"cpu" -> None; "cuda" -> 0; "cuda:N" or N -> N; anything else is refused."""
+    """"cpu" -> None; "cuda" -> 0; "cuda:N" or N -> N, a GPU that exists; anything else is refused
+    (before anything is sent: a result with nowhere to go would be lost)."""
     if device == "cpu":
         return None
     if device == "cuda":
-        return 0
-    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
-        return int(device[5:])
-    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
-        return device
-    raise InvalidOption(f"{what} must be 'cpu', 'cuda', 'cuda:N' or a device number, not {device!r}")
+        number = 0
+    elif isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
+        number = int(device[5:])
+    elif isinstance(device, int) and not isinstance(device, bool) and device >= 0:
+        number = device
+    else:
+        raise InvalidOption(f"{what} must be 'cpu', 'cuda', 'cuda:N' or a device number, not {device!r}")
+    count = require_cuda(f"{what}={device!r}")
+    if number >= count:
+        raise InvalidOption(f"{what}={device!r}, but {count} GPU(s) are visible here (cuda:0 to cuda:{count - 1})")
+    return number
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,7 +23,6 @@ import numpy as np
 from .. import _transport
 from ..errors import (
     ClientClosed,
-    CudaUnavailable,
     DTypeMismatch,
     InvalidOption,
     OutputTooSmall,
@@ -99,7 +98,7 @@ class Engine:
             raise InvalidOption(f"timeout must be None or >= 0 seconds, not {timeout!r}")
         self._make_memory = self._memory_factory(pinned)
         if transport == "cuda":
-            self._require_cuda("transport='cuda'")
+            _devices.require_cuda("transport='cuda'")
         self._default_device = 0 if isinstance(pinned, bool) else pinned  # for host inputs on CUDA slots
         self._pinned = pinned is not False
         self._cuda_refused = False   # the server could not open our CUDA memory: host slots instead
@@ -129,16 +128,8 @@ class Engine:
         device = 0 if pinned is True else pinned
         if isinstance(device, bool) or not isinstance(device, int) or device < 0:
             raise InvalidOption(f"pinned must be True, False or a CUDA device number, not {pinned!r}")
-        Engine._require_cuda("pinned=True (page-locking slots)")
+        _devices.require_cuda("pinned=True (page-locking slots)")
         return functools.partial(PinnedSlotMemory, device=device)
-
-    @staticmethod
-    def _require_cuda(what: str) -> None:
-        from .. import cuda
-
-        info = cuda.runtime_info()
-        if not info["available"]:
-            raise CudaUnavailable(f"{what} needs CUDA, which is not usable here: {info['error']}")
 
     def _memory_for(self, slots: str) -> Callable[[int], SlotMemory]:
         """What slots of a :class:`Route`'s *slots* are made of."""
@@ -564,7 +555,6 @@ class Engine:
         target = None if device is None else _devices.parse_device(device, "device")
         if target is None:
             return f"cuda:{self._default_device}" if self.transport == "cuda" else "system"
-        self._require_cuda(f"request(device={device!r})")
         return f"cuda:{target}"
 
     def _request_steps(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
