@@ -424,3 +424,22 @@ def test_results_on_a_gpu_need_cuda(server):
             c.infer("identity_fp32", {"INPUT0": sample(np.float32, 4)}, output_device="cuda")
         with pytest.raises(tritonshm.CudaUnavailable, match="device='cuda:0' needs CUDA"):
             c.request("batched_fp32", 2, device="cuda:0")
+
+
+def test_aio_waits_for_a_dlpack_tensor_to_go_at_the_byte_cap(url):
+    data = sample(np.float32, 64)
+
+    async def scenario():
+        async with tritonshm.aio.Client(url, slots=1, max_pool_bytes=4096) as c:
+            view = (await c.infer("identity_fp32", {"INPUT0": device_array(data)}, copy=False))["OUTPUT0"]
+            holder = [view.__dlpack__()]
+            del view
+            with pytest.raises(tritonshm.PoolExhausted, match="byte cap"):
+                await c.infer("identity_fp32", {"INPUT0": device_array(data)}, timeout=0.05)
+            asyncio.get_running_loop().call_later(0.2, holder.clear)  # the tensor goes; nobody is told
+            started = time.monotonic()
+            out = (await c.infer("identity_fp32", {"INPUT0": device_array(data)}, timeout=60))["OUTPUT0"]
+            assert time.monotonic() - started < 30  # let in when the tensor went, not at its timeout
+            np.testing.assert_array_equal(out.get(), data)
+
+    asyncio.run(scenario())
