@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import inspect
 import time
 import warnings
 from pathlib import Path
@@ -49,7 +48,7 @@ import numpy as np
 
 from ..demo import _size
 from ..errors import Error
-from ._harness import (DEFAULT_BUDGET, DEFAULT_MAX_REPS, DEFAULT_MIN_REPS, DEFAULT_WARMUP, Unavailable,
+from ._harness import (DEFAULT_BUDGET, DEFAULT_MAX_REPS, DEFAULT_MIN_REPS, DEFAULT_WARMUP,
                        check_arguments, interleave, method_classes, run_meta, server_version, summarize)
 from ._methods import (INPUT, OUTPUT, ClientInfer, Grpc, Method, Setting, TritonclientShm, TwoRegions,
                        _grpc_client)
@@ -251,29 +250,15 @@ class GpuTritonclientCuda(GpuMethod, TwoRegions):
         return self.torch.from_dlpack(out).clone()
 
 
-def _takes(function: Callable[..., Any], parameter: str) -> bool:
-    try:
-        return parameter in inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 class GpuClientInfer(GpuMethod, ClientInfer):
     name = "Client.infer"
     group = "tritonshm"
     description = ("tritonshm.Client(url).infer(model, {name: x}): the torch tensor in, a fresh torch "
                    "tensor on the GPU out (copy=True, output_device='auto')")
-    #: What :meth:`open` needs of this tritonshm: (a Client method, a parameter it must take, the
-    #: method's status where it does not).
-    requires = ("infer", "output_device",
-                "this tritonshm's Client.infer takes no device arrays yet (no output_device=)")
 
     def open(self) -> None:
         from ..client import Client
 
-        method, parameter, why = self.requires
-        if not _takes(getattr(Client, method), parameter):
-            raise Unavailable(why)
         self.client = Client(self.setting.url)
 
     def send(self, x: Any) -> Any:
@@ -285,7 +270,6 @@ class GpuZeroCopy(GpuClientInfer):
     group = "tritonshm"
     description = ("tritonshm.Client.request(model, device='cuda:0'): the input written into the device "
                    "slot untimed, req.run() timed, the output a view of the slot (no copy)")
-    requires = ("request", "device", "this tritonshm's Client.request has no device= yet")
 
     def open(self) -> None:
         self.request = None
