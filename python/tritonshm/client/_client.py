@@ -103,9 +103,11 @@ class Client(Engine):
 
     *url* is ``"host:port"`` for gRPC (``"grpcs://host:port"`` with TLS) or
     ``"http://host:port"`` / ``"https://host:port"`` for HTTP.  *transport*
-    is ``"auto"`` (shared memory, falling back to the wire with a warning
-    when the server cannot open it), ``"shm"`` (never fall back) or
-    ``"wire"`` (plain gRPC/HTTP).  *slots* is the number of slots a pool
+    is ``"auto"`` (shared memory -- CUDA slots for GPU tensors -- falling
+    back with a warning each: from CUDA to pinned system slots, from system
+    slots to the wire, when the server cannot open ours), ``"shm"`` (never
+    to the wire), ``"cuda"`` (every request in CUDA slots, never falling
+    back) or ``"wire"`` (plain gRPC/HTTP).  *slots* is the number of slots a pool
     starts with; it grows past that only to make room for results the
     caller keeps, within *max_pool_bytes* per model.  *timeout* is how long
     a request waits for a slot before :class:`~tritonshm.PoolExhausted`.

@@ -4,8 +4,9 @@
 and writes each operation as sans-I/O steps (:mod:`._steps`).  It never
 talks to the server itself: :class:`~tritonshm.Client` drives the steps
 with blocking calls and threads, :class:`tritonshm.aio.Client` with
-asyncio.  So discovery, slot pools, BYTES serialisation, output growth,
-re-registration and the wire fallback exist once.
+asyncio.  So discovery, slot pools, routing (host or CUDA slots, where
+results land), BYTES serialisation, output growth, re-registration and the
+fallbacks exist once.
 """
 
 from __future__ import annotations
