@@ -443,3 +443,20 @@ def test_aio_waits_for_a_dlpack_tensor_to_go_at_the_byte_cap(url):
             np.testing.assert_array_equal(out.get(), data)
 
     asyncio.run(scenario())
+
+
+def test_cuda_pools_are_registered_again_after_a_real_server_restart(fake_cudart_path, fake_cuda):
+    from tritonshm.server import LocalServer
+
+    from fake_cuda import server_env
+    from triton_fixtures import start_or_skip
+
+    data = sample(np.float32, 256)
+    with start_or_skip(LocalServer(env=server_env(fake_cudart_path))) as srv:
+        with tritonshm.Client(srv.grpc_url) as c:
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"].get(), data)
+            (before,) = pool_of(c, "identity_fp32").regions
+            srv.restart()  # the new server knows none of our regions
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"].get(), data)
+            assert pool_of(c, "identity_fp32").regions == (before,)  # the same memory, registered again
+            assert before in tritonshm.status(c.tritonclient, kind="cuda")
