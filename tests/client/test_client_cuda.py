@@ -375,6 +375,12 @@ def test_the_whole_fallback_chain_cuda_then_pinned_then_the_wire(fake_cuda):
             assert isinstance(out, cuda.CudaArray)  # back on the device it came from
             np.testing.assert_array_equal(out.get(), data)
             assert c.pools() == []
+            batch = sample(np.float32, 19 * 4).reshape(19, 4)  # chunks over the wire, rows on the device
+            out = c.infer("batched_fp32", {"INPUT0": device_array(batch)})["OUTPUT0"]
+            assert isinstance(out, cuda.CudaArray) and out.shape == (19, 4)
+            np.testing.assert_array_equal(out.get(), batch * 2)
+            host = c.infer("batched_fp32", {"INPUT0": batch})["OUTPUT0"]  # ... and on the host
+            np.testing.assert_array_equal(host, batch * 2)
 
 
 def test_an_empty_device_tensor_round_trips(url):
@@ -460,3 +466,20 @@ def test_cuda_pools_are_registered_again_after_a_real_server_restart(fake_cudart
             np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"].get(), data)
             assert pool_of(c, "identity_fp32").regions == (before,)  # the same memory, registered again
             assert before in tritonshm.status(c.tritonclient, kind="cuda")
+
+
+@pytest.mark.parametrize("slots_on", ["host", "device"])
+def test_chunked_results_are_written_straight_into_their_rows(url, fake_cuda, slots_on):
+    batch = sample(np.float32, 21 * 4).reshape(21, 4)  # 3 chunks of max_batch_size 8
+    given = batch if slots_on == "host" else device_array(batch)
+    with tritonshm.Client(url) as c:
+        c.model_info("batched_fp32")
+        before = fake_cuda.stats()
+        out = c.infer("batched_fp32", {"INPUT0": given}, output_device="cuda")["OUTPUT0"]
+        used = fake_cuda.stats() - before
+        assert isinstance(out, cuda.CudaArray) and out.shape == (21, 4)
+        np.testing.assert_array_equal(out.get(), batch * 2)
+        # one result allocation, and each chunk's rows copied once: no per-chunk arrays to join
+        copies_in = 3 if slots_on == "device" else 0
+        assert used.memcpy_calls - copies_in == 3
+        assert used.memcpy_bytes - (batch.nbytes if slots_on == "device" else 0) == batch.nbytes

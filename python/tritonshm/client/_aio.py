@@ -158,9 +158,11 @@ class Client(Engine):
         wait = self.timeout if timeout is None else timeout
         if len(chunks) == 1:
             return await self._drive(self._chunk_steps(info, chunks[0], names, copy, wait, route))
+        rows = _intake.result_rows(info, names, chunks, route.results)
         parts = await asyncio.gather(*(
-            self._drive(self._chunk_steps(info, chunk, names, True, wait, route)) for chunk in chunks))
-        return _intake.join_chunks(parts, names, route.results)
+            self._drive(self._chunk_steps(info, chunk, names, True, wait, route, into))
+            for chunk, into in zip(chunks, rows)))
+        return _intake.join_chunks(parts, names, route.results, rows[0])
 
     async def request(self, model: str, batch_size: int | None = None, *,
                       shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",

@@ -231,9 +231,10 @@ class Client(Engine):
         if len(chunks) == 1:
             return self._drive(self._chunk_steps(info, chunks[0], names, copy, wait, route))
         workers = self._workers_for("chunk")
-        futures = [workers.submit(lambda chunk=chunk: self._drive(
-            self._chunk_steps(info, chunk, names, True, wait, route))) for chunk in chunks]
-        return _intake.join_chunks([f.result() for f in futures], names, route.results)
+        rows = _intake.result_rows(info, names, chunks, route.results)
+        futures = [workers.submit(lambda chunk=chunk, into=into: self._drive(
+            self._chunk_steps(info, chunk, names, True, wait, route, into))) for chunk, into in zip(chunks, rows)]
+        return _intake.join_chunks([f.result() for f in futures], names, route.results, rows[0])
 
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
         """:meth:`infer` in a background thread; returns a ``concurrent.futures.Future``."""

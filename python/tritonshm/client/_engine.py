@@ -373,8 +373,9 @@ class Engine:
         return Route(f"cuda:{source}", results)
 
     def _chunk_steps(self, info: ModelInfo, arrays: Mapping[str, Any], names: list[str],
-                     copy: bool, timeout: float | None, route: Route) -> Steps:
-        """Steps of one request that fits a slot: lease, copy in, run, collect."""
+                     copy: bool, timeout: float | None, route: Route, rows: _intake.Rows | None = None) -> Steps:
+        """Steps of one request that fits a slot: lease, copy in, run, collect
+        (fixed-size outputs into *rows* of a chunked batch's results, when given)."""
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays)
         needs = self._needs(info, shapes, bytes_sizes)
@@ -383,7 +384,7 @@ class Engine:
                 yield from self._lease_steps(info, needs, timeout, not copy, route.slots))
             if lease is None:
                 result = yield Send(info.name, info.version, *self._wire_request(info, arrays, names))
-                return self._wire_results(result, names, route.results)
+                return self._wire_results(info, result, names, route.results, rows)
             try:
                 memory = lease.extent.memory
                 for spec in info.inputs:
@@ -393,7 +394,7 @@ class Engine:
                     else:
                         memory.write(offset, arrays[spec.name])
                 outputs = yield from self._slot_steps(info, lease, shapes, names, copy, bytes_sizes,
-                                                      route.results)
+                                                      route.results, rows)
             except OutputTooSmall as exc:
                 # A variable-size output outgrew its guess: grow to what the
                 # server asked for and run again on a slot of a larger pool.
@@ -415,7 +416,7 @@ class Engine:
 
     def _slot_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
                     names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
-                    results: Placement) -> Steps:
+                    results: Placement, rows: _intake.Rows | None = None) -> Steps:
         """Steps of running the inputs already in a slot; outputs (checked *names*)
         land there too, and are delivered where *results* says."""
         inputs, requested = self._slot_request(info, lease, shapes, names, bytes_sizes)
@@ -432,20 +433,24 @@ class Engine:
                     if "already" not in str(exc):  # another request of ours re-registered it
                         raise
             result = yield send
-        return self._collect(info, lease, result, names, copy, results)
+        return self._collect(info, lease, result, names, copy, results, rows)
 
     def _collect(self, info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
-                 copy: bool, results: Placement) -> dict[str, Any]:
+                 copy: bool, results: Placement, rows: _intake.Rows | None = None) -> dict[str, Any]:
         """The outputs of *result*, read from the slot: views that hold it where
         ``copy=False`` and the slot is where the results are wanted, else copies
-        (numpy on the host, or device arrays made by the results' library)."""
+        (numpy on the host, or device arrays made by the results' library);
+        outputs with *rows* go there (and are left out of the dict)."""
         memory, layout = lease.extent.memory, lease.pool.layout
         outputs = {}
         for name in names:
             spec = info.output(name)
             tensor = result.get_output(name)
             shape = tuple(map(int, tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
-            if spec.is_bytes:
+            into = self._rows_for(info, rows, name, shape)
+            if into is not None:
+                memory.read_into(into[0], lease.offset(name), into[2], into[1])
+            elif spec.is_bytes:
                 raw = memory.bytes_at(lease.offset(name), layout.capacities[name])
                 outputs[name] = _bytes.decode(raw, math.prod(shape), shape)
                 del raw
@@ -455,8 +460,21 @@ class Engine:
                 outputs[name] = memory.copy_out(lease.offset(name), spec.dtype, shape)
             else:
                 out = outputs[name] = _devices.empty(results, spec.dtype, shape)
-                memory.copy_into(out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize)
+                memory.read_into(out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize)
         return outputs
+
+    @staticmethod
+    def _rows_for(info: ModelInfo, rows: _intake.Rows | None, name: str,
+                  shape: tuple[int, ...]) -> tuple[Any, int, int] | None:
+        """``(array, byte offset, nbytes)`` where output *name* of this chunk goes, or None."""
+        if rows is None or name not in rows.arrays:
+            return None
+        spec = info.output(name)
+        if shape != (rows.count,) + spec.dims:
+            raise ShapeMismatch(f"model {info.name!r} returned output {name!r} of shape {list(shape)} "
+                                f"for a chunk of {rows.count}; its config says {[rows.count, *spec.dims]}")
+        row_bytes = math.prod(spec.dims) * spec.dtype.itemsize
+        return rows.arrays[name], rows.start * row_bytes, rows.count * row_bytes
 
     def _slot_request(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
                       names: Sequence[str], bytes_sizes: Mapping[str, int]) -> tuple[list, list]:
@@ -512,13 +530,23 @@ class Engine:
             inputs.append(wire)
         return inputs, [self._wire.requested_output(n) for n in names]
 
-    @staticmethod
-    def _wire_results(result: Any, names: Sequence[str], results: Placement) -> dict[str, Any]:
-        """The outputs of a plain gRPC/HTTP reply, moved to the GPU where *results* says."""
-        outputs = {name: result.as_numpy(name) for name in names}
-        if results.device is None:
-            return outputs
-        return {name: a if a.dtype.hasobject else _devices.to_device(a, results) for name, a in outputs.items()}
+    def _wire_results(self, info: ModelInfo, result: Any, names: Sequence[str], results: Placement,
+                      rows: _intake.Rows | None = None) -> dict[str, Any]:
+        """The outputs of a plain gRPC/HTTP reply, moved to the GPU where *results*
+        says; outputs with *rows* go there (and are left out of the dict)."""
+        outputs = {}
+        for name in names:
+            array = result.as_numpy(name)
+            into = self._rows_for(info, rows, name, array.shape)
+            if into is not None and results.device is None:
+                np.copyto(into[0][rows.start:rows.start + rows.count], array)
+            elif into is not None:
+                _devices.copy_bytes(into[0], np.ascontiguousarray(array), into[2], into[1])
+            elif results.device is None or array.dtype.hasobject:
+                outputs[name] = array
+            else:
+                outputs[name] = _devices.to_device(array, results)
+        return outputs
 
     # -- the zero-copy path -----------------------------------------------
 

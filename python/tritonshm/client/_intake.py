@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from . import _bytes, _devices
 from ._devices import HOST, Placement
 from ._model import ModelInfo, shape_fits
 
-__all__ = ["check_inputs", "output_names", "split_batch", "join_chunks", "slot_needs"]
+__all__ = ["check_inputs", "output_names", "split_batch", "Rows", "result_rows", "join_chunks", "slot_needs"]
 
 # A BYTES output's first guess when nothing better is known; the server
 # says how much it really needs and the slot grows to that.
@@ -99,11 +99,47 @@ def split_batch(info: ModelInfo, arrays: dict[str, np.ndarray], batch: int) -> l
     return [{n: a[i:i + step] for n, a in arrays.items()} for i in range(0, batch, step)]
 
 
+class Rows(NamedTuple):
+    """Where one chunk's fixed-size outputs go: rows ``start : start + count`` of
+    the whole batch's result arrays (*arrays*: output name -> array)."""
+
+    arrays: Mapping[str, Any]
+    start: int
+    count: int
+
+
+def result_rows(info: ModelInfo, names: Sequence[str], chunks: Sequence[Mapping[str, Any]],
+                placement: Placement = HOST) -> list[Rows | None]:
+    """The whole batch's result arrays, made before the chunks run, and each chunk's rows of them.
+
+    Outputs of fixed size are copied out of each chunk's slot straight into
+    their rows, instead of into arrays of their own that are then joined (a
+    second copy of every output).  Others (variable dims, BYTES) are joined.
+    """
+    fixed = [name for name in names if info.output(name).fixed]
+    if not fixed or not info.batched:
+        return [None] * len(chunks)
+    counts = [next(iter(chunk.values())).shape[0] for chunk in chunks]
+    batch = sum(counts)
+    arrays = {}
+    for name in fixed:
+        spec = info.output(name)
+        shape = (batch,) + spec.dims
+        arrays[name] = np.empty(shape, spec.dtype) if placement.device is None \
+            else _devices.empty(placement, spec.dtype, shape)
+    starts = np.cumsum([0] + counts[:-1]).tolist()
+    return [Rows(arrays, start, count) for start, count in zip(starts, counts)]
+
+
 def join_chunks(parts: Sequence[Mapping[str, Any]], names: Sequence[str],
-                placement: Placement = HOST) -> dict[str, Any]:
-    """The outputs of a chunked batch, reassembled in order (on the GPU where *placement* says)."""
+                placement: Placement = HOST, rows: Rows | None = None) -> dict[str, Any]:
+    """The outputs of a chunked batch, reassembled in order (on the GPU where *placement*
+    says); outputs the chunks wrote into *rows* are its arrays."""
     joined = {}
     for name in names:
+        if rows is not None and name in rows.arrays:
+            joined[name] = rows.arrays[name]
+            continue
         pieces = [part[name] for part in parts]
         on_host = placement.device is None or isinstance(pieces[0], np.ndarray)  # BYTES stay on the host
         joined[name] = np.concatenate(pieces) if on_host else _devices.concatenate(pieces, placement)

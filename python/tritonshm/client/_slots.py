@@ -114,8 +114,9 @@ class SlotMemory(abc.ABC):
         """A fresh numpy copy of the tensor at *offset*, independent of this memory."""
 
     @abc.abstractmethod
-    def copy_into(self, dst: Any, offset: int, nbytes: int) -> None:
-        """Copy ``nbytes`` at *offset* into the device array *dst* (stream-ordered)."""
+    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0) -> None:
+        """Copy ``nbytes`` at *offset* into bytes ``dst_offset...`` of *dst*: a
+        C-contiguous numpy array, or a device array (stream-ordered)."""
 
     def register(self, client: Any) -> Any:
         """Register with the server behind *client*: the name (an awaitable for aio clients)."""
@@ -186,8 +187,12 @@ class SystemSlotMemory(SlotMemory):
         parallel_copy(result, source)
         return result
 
-    def copy_into(self, dst: Any, offset: int, nbytes: int) -> None:
-        copy_bytes(dst, self._bytes, nbytes, 0, offset)
+    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0) -> None:
+        if isinstance(dst, np.ndarray):
+            flat = dst.reshape(-1).view(np.uint8)
+            parallel_copy(flat[dst_offset:dst_offset + nbytes], self._bytes[offset:offset + nbytes])
+        else:
+            copy_bytes(dst, self._bytes, nbytes, dst_offset, offset)
 
     def close(self) -> None:
         self._bytes = None
@@ -250,5 +255,5 @@ class CudaSlotMemory(SlotMemory):
     def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         return self.region.read(dtype, shape, offset)
 
-    def copy_into(self, dst: Any, offset: int, nbytes: int) -> None:
-        copy_bytes(dst, self.region, nbytes, 0, offset)
+    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0) -> None:
+        copy_bytes(dst, self.region, nbytes, dst_offset, offset)
