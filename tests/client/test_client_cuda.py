@@ -483,3 +483,16 @@ def test_chunked_results_are_written_straight_into_their_rows(url, fake_cuda, sl
         copies_in = 3 if slots_on == "device" else 0
         assert used.memcpy_calls - copies_in == 3
         assert used.memcpy_bytes - (batch.nbytes if slots_on == "device" else 0) == batch.nbytes
+
+
+@pytest.mark.parametrize("rows", [1, 8, 9, 16, 17, 30])
+@pytest.mark.parametrize("given, wanted", [("host", "cpu"), ("host", "cuda"), ("device", "cpu"),
+                                           ("device", "cuda")])
+def test_chunk_boundaries_every_way(url, rows, given, wanted):
+    batch = sample(np.float32, rows * 4, seed=rows).reshape(rows, 4)
+    with tritonshm.Client(url, slots=2) as c:
+        x = batch if given == "host" else device_array(batch)
+        out = c.infer("batched_fp32", {"INPUT0": x}, output_device=wanted)["OUTPUT0"]
+        got = out if wanted == "cpu" else out.get()
+        assert got.shape == (rows, 4)
+        np.testing.assert_array_equal(got, batch * 2)
