@@ -151,6 +151,13 @@ def _torch_dtype(dtype: np.dtype) -> Any:
     return torch.from_numpy(np.empty(0, dtype)).dtype  # torch's own numpy mapping
 
 
+@functools.lru_cache(maxsize=None)
+def _torch_device(device: int) -> Any:
+    import torch
+
+    return torch.device("cuda", device)  # made once: torch parses device strings on every call
+
+
 def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int]) -> Any:
     """A new, uninitialised device array of *shape* x *dtype* where *placement* says."""
     device, shape = placement.device, tuple(shape)
@@ -158,7 +165,7 @@ def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int]) -> Any:
     if placement.library == "torch":
         import torch
 
-        return torch.empty(shape, dtype=_torch_dtype(dtype), device=f"cuda:{device}")
+        return torch.empty(shape, dtype=_torch_dtype(dtype), device=_torch_device(device))
     if placement.library == "cupy":
         import cupy
 
