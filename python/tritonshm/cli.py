@@ -44,6 +44,7 @@ def _ls_server(url: str) -> int:
     """The regions the server at *url* has registered, system and CUDA; ours with their pid.
 
     CUDA pools live in device memory, not /dev/shm: the server's list is where they show.
+    The state column says whether that pid runs here: it means nothing for a remote server.
     """
     from . import _transport, triton
     from .errors import Error
@@ -54,11 +55,15 @@ def _ls_server(url: str) -> int:
     except Exception as exc:  # noqa: BLE001 - tritonclient raises its own types
         print(f"tritonshm ls: cannot connect to {url}: {exc}", file=sys.stderr)
         return 1
+    cuda_note = None
     try:
         regions = [(name, "system", "", entry["byte_size"])
                    for name, entry in triton.status(client).items()]
-        regions += [(name, "cuda", f"cuda:{entry['device_id']}", entry["byte_size"])
-                    for name, entry in triton.status(client, kind="cuda").items()]
+        try:
+            regions += [(name, "cuda", f"cuda:{entry['device_id']}", entry["byte_size"])
+                        for name, entry in triton.status(client, kind="cuda").items()]
+        except Error as exc:  # a CPU-only server may have no CUDA shared memory at all
+            cuda_note = f"(no CUDA shared-memory list from the server: {exc})"
     except Error as exc:
         print(f"tritonshm ls: {exc}", file=sys.stderr)
         return 1
@@ -71,6 +76,8 @@ def _ls_server(url: str) -> int:
         ours = _OUR_NAME.match(name)
         pid, state = (ours[1], "live" if _segments.pid_alive(int(ours[1])) else "gone") if ours else ("-", "other")
         print(f"{name:<45} {kind:<6} {device or '-':<7} {pid:>8} {state:<6} {_human(nbytes):>12}")
+    if cuda_note is not None:
+        print(cuda_note)
     return 0
 
 

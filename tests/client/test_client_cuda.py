@@ -496,3 +496,67 @@ def test_chunk_boundaries_every_way(url, rows, given, wanted):
         got = out if wanted == "cpu" else out.get()
         assert got.shape == (rows, 4)
         np.testing.assert_array_equal(got, batch * 2)
+
+
+def test_a_blocked_thread_is_let_in_when_a_held_cuda_slot_comes_free(url):
+    """The slot is held by a request, then only by a DLPack tensor, then by nothing:
+    a thread waiting at the byte cap must get it then, not at its timeout (60 s)."""
+    data = sample(np.float32, 64)
+    with tritonshm.Client(url, slots=1, max_pool_bytes=4096) as c:
+        req = c.request("identity_fp32", shapes={"INPUT0": (64,)}, device="cuda:0")
+        cuda.copy(req.inputs["INPUT0"], data)
+        out = req.run()["OUTPUT0"]
+        holder = [out.__dlpack__()]
+        del out
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(lambda: c.infer("identity_fp32", {"INPUT0": device_array(data)},
+                                                  timeout=60)["OUTPUT0"].get())
+            time.sleep(0.2)
+            req.close()  # the request goes; the slot is now held by the DLPack tensor only
+            del req
+            time.sleep(0.2)
+            assert not waiting.done()
+            holder.clear()  # the tensor goes: its deleter (in C) tells nobody
+            np.testing.assert_array_equal(waiting.result(timeout=30), data)
+
+
+@pytest.mark.parametrize("driver", ["blocking", "aio"])
+def test_concurrent_first_requests_all_fall_back_with_one_warning(server, fake_cuda, driver):
+    batch = sample(np.float32, 30 * 4).reshape(30, 4)  # 4 chunks, each the first of its kind
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if driver == "blocking":
+            with tritonshm.Client(server.grpc_url, slots=4) as c:
+                out = c.infer("batched_fp32", {"INPUT0": device_array(batch)})["OUTPUT0"]
+        else:
+            async def scenario():
+                async with tritonshm.aio.Client(server.grpc_url, slots=4) as c:
+                    return (await c.infer("batched_fp32", {"INPUT0": device_array(batch)}))["OUTPUT0"]
+
+            out = asyncio.run(scenario())
+    np.testing.assert_array_equal(out.get(), batch * 2)
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(said) == 1 and "pinned system shared memory" in said[0], said
+
+
+def test_device_requests_refuse_what_cuda_slots_cannot_do(url, fake_cuda_server):
+    with tritonshm.Client(url) as c:
+        with pytest.raises(tritonshm.DTypeMismatch):
+            c.request("mixed_bytes", 2, shapes={"INPUT1": (2, 3)}, device="cuda:0")  # BYTES input
+    with tritonshm.Client(fake_cuda_server.grpc_url, transport="cuda") as c:
+        with pytest.raises(tritonshm.InvalidOption, match="transport='cuda'"):
+            c.request("batched_fp32", 2, device="cpu")
+        req = c.request("batched_fp32", 2)  # transport='cuda': device slots by default
+        assert isinstance(req.inputs["INPUT0"], cuda.CudaArray)
+        req.close()
+
+
+def test_chunks_with_rows_of_different_shapes_are_not_joined(fake_cuda):
+    from tritonshm.client import _devices
+
+    parts = [device_array(np.zeros((2, 3), np.float32)), device_array(np.zeros((2, 4), np.float32))]
+    with pytest.raises(tritonshm.ShapeMismatch, match="different shapes"):
+        _devices.concatenate(parts, _devices.Placement(0))
+    joined = _devices.concatenate([device_array(np.ones((2, 3), np.float32)),
+                                   device_array(np.zeros((1, 3), np.float32))], _devices.Placement(0))
+    np.testing.assert_array_equal(joined.get(), np.vstack([np.ones((2, 3)), np.zeros((1, 3))]))

@@ -253,7 +253,7 @@ class Client(Engine):
         """
         info = self.model_info(model, version)
         shapes_full = self._request_shapes(info, batch_size, shapes)
-        slots = self._request_slots(device)
+        slots = self._request_slots(info, device)
         wait = self.timeout if timeout is None else timeout
         return Request(self, info, self._drive(self._request_steps(info, shapes_full, wait, slots)),
                        shapes_full)

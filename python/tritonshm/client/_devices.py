@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import CudaUnavailable, Error, InvalidOption, UnsupportedBuffer
+from ..errors import CudaUnavailable, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
 __all__ = ["DeviceTensor", "Placement", "as_device_tensor", "empty", "to_host", "to_device",
            "concatenate", "copy_bytes", "parse_device", "require_cuda", "library_of"]
@@ -205,6 +205,9 @@ def concatenate(parts: Sequence[Any], placement: Placement) -> Any:
         return torch.cat(list(parts))
     dtype = np.dtype(parts[0].dtype)
     shapes = [tuple(part.shape) for part in parts]
+    if any(shape[1:] != shapes[0][1:] for shape in shapes):
+        raise ShapeMismatch(f"the chunks of a batch returned rows of different shapes {shapes}: "
+                            f"they cannot be joined")
     out = empty(placement, dtype, (sum(s[0] for s in shapes),) + shapes[0][1:])
     offset = 0
     for part, shape in zip(parts, shapes):

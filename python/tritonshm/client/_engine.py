@@ -206,20 +206,23 @@ class Engine:
             try:
                 extent = yield from self._register_extent_steps(pool)
             except SharedMemoryRefused as exc:
+                # Concurrent first requests may each be refused: the first one warns.
                 if slots.startswith("cuda:"):
-                    if self.transport == "cuda" or strict or self._cuda_refused:
+                    if self.transport == "cuda" or strict:
                         raise
-                    warnings.warn(f"tritonshm: GPU tensors fall back to pinned system shared memory: {exc}",
-                                  RuntimeWarning, stacklevel=2)
-                    self._cuda_refused = True
+                    if not self._cuda_refused:
+                        self._cuda_refused = True  # before warning: warnings may be errors
+                        warnings.warn(f"tritonshm: GPU tensors fall back to pinned system shared memory: "
+                                      f"{exc}", RuntimeWarning, stacklevel=2)
                     continue
                 if self.transport in ("shm", "cuda") or strict:
                     raise
-                warnings.warn(
-                    f"tritonshm: falling back to plain {'HTTP' if self._wire.http else 'gRPC'}: {exc}",
-                    RuntimeWarning, stacklevel=2,
-                )
-                self._wire_only = True
+                if not self._wire_only:
+                    self._wire_only = True
+                    warnings.warn(
+                        f"tritonshm: falling back to plain {'HTTP' if self._wire.http else 'gRPC'}: {exc}",
+                        RuntimeWarning, stacklevel=2,
+                    )
                 return None
             pool.add_extent(extent)
             with self._lock:
@@ -579,12 +582,19 @@ class Engine:
             full[spec.name] = tuple(shape)
         return full
 
-    def _request_slots(self, device: Any) -> str:
+    def _request_slots(self, info: ModelInfo, device: Any) -> str:
         """The slot memory of a zero-copy request whose views should be on *device*."""
-        target = None if device is None else _devices.parse_device(device, "device")
-        if target is None:
-            return f"cuda:{self._default_device}" if self.transport == "cuda" else "system"
-        return f"cuda:{target}"
+        if device is None:
+            slots = f"cuda:{self._default_device}" if self.transport == "cuda" else "system"
+        else:
+            target = _devices.parse_device(device, "device")
+            if target is None and self.transport == "cuda":
+                raise InvalidOption("device='cpu' asks for host slots, which transport='cuda' never uses")
+            slots = "system" if target is None else f"cuda:{target}"
+        if slots != "system" and info.has_bytes:
+            raise InvalidOption(f"model {info.name!r} has BYTES tensors, which travel in host slots only: "
+                                f"request() it without device=")
+        return slots
 
     def _request_steps(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
                        timeout: float | None, slots: str = "system") -> Steps:

@@ -27,6 +27,7 @@ import collections
 import dataclasses
 import mmap
 import threading
+import time
 import weakref
 from typing import Any, Callable, Mapping
 
@@ -206,6 +207,8 @@ class SlotPool:
         """True when no slot is free, some are only held by views, and one
         more extent fits under ``max_bytes``: grow instead of waiting."""
         with self._cond:
+            if self._watched:
+                self._look_at_watched()  # first: a slot it frees is no reason to grow
             return (not self._free and not self.retired and not self._growing and self.held > 0
                     and self.nbytes + self.extent_bytes <= self.max_bytes)
 
@@ -249,7 +252,9 @@ class SlotPool:
             except BaseException:
                 with self._cond:  # no lease came of it: the slot is free again
                     self._running -= 1
-                    self._free.append((extent, index))
+                    if not extent.closed:
+                        self._free.append((extent, index))
+                    self._wake()
                 raise
             finalizer.atexit = False
         return Lease(self, extent, index, handle, base)
@@ -269,12 +274,24 @@ class SlotPool:
             self._release(lease.extent, lease.index)
 
     def wait(self, timeout: float | None) -> bool:
-        """Block until a slot may be free (or the pool retired); False on timeout."""
+        """Block until a slot may be free (or the pool retired); False on timeout.
+
+        While slots are held natively (DLPack tensors, whose deleters wake
+        nobody), look at them again every few milliseconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._sleepers += 1
             try:
-                return self._cond.wait_for(lambda: self._free or self.retired or self.should_grow(),
-                                           timeout)
+                while True:
+                    if self._watched:
+                        self._look_at_watched()  # before looking for a free slot: it may make one
+                    if self._free or self.retired or self.should_grow():
+                        return True
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(self.wait_slice(left))
             finally:
                 self._sleepers -= 1
 
@@ -319,6 +336,7 @@ class SlotPool:
                 return
             if probe is not None and probe.holders > 1:
                 self._watched.append((extent, index, probe))
+                self._wake()  # a waiter must start looking at it
                 return
             self._free.append((extent, index))
             self._collect_surplus()
@@ -337,6 +355,7 @@ class SlotPool:
         if len(still) != len(self._watched):
             self._watched = still
             self._collect_surplus()
+            self._wake()
     def _collect_surplus(self) -> None:
         """Move idle extents beyond what the pool needs out of service."""
         if self.retired or self.closed:
