@@ -560,3 +560,39 @@ def test_chunks_with_rows_of_different_shapes_are_not_joined(fake_cuda):
     joined = _devices.concatenate([device_array(np.ones((2, 3), np.float32)),
                                    device_array(np.zeros((1, 3), np.float32))], _devices.Placement(0))
     np.testing.assert_array_equal(joined.get(), np.vstack([np.ones((2, 3)), np.zeros((1, 3))]))
+
+
+def test_aio_cancelled_during_registration_leaves_nothing_registered_behind(url, fake_cuda_server):
+    """The registration completes after the caller gave up: its memory must join the pool (and
+    be unregistered with it at close), not be freed while the server holds it open."""
+    from tritonshm.client._steps import Register
+
+    data = sample(np.float32, 32)
+
+    async def scenario():
+        async with tritonshm.aio.Client(url) as c:
+            started, go = asyncio.Event(), asyncio.Event()
+            real = c._handlers[Register]
+
+            async def slow_register(step):
+                started.set()
+                await go.wait()
+                return await real(step)
+
+            c._handlers[Register] = slow_register
+            task = asyncio.ensure_future(c.infer("identity_fp32", {"INPUT0": device_array(data)}))
+            await started.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            go.set()
+            for _ in range(200):  # the shielded registration finishes in the background
+                if c.pools() and c.pools()[0].regions:
+                    break
+                await asyncio.sleep(0.01)
+            (name,) = c.pools()[0].regions
+            return name
+
+    name = asyncio.run(scenario())
+    with tritonshm.Client(fake_cuda_server.grpc_url) as probe:
+        assert name not in tritonshm.status(probe.tritonclient, kind="cuda")

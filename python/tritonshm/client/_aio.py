@@ -83,7 +83,7 @@ class Client(Engine):
             try:
                 outcome, failure = await asyncio.shield(task), None
             except asyncio.CancelledError:
-                self._abandon(steps, task)
+                self._abandon(steps, step, task)
                 raise
             except Exception as exc:
                 outcome, failure = None, exc
@@ -91,15 +91,21 @@ class Client(Engine):
         return step.value
 
     @staticmethod
-    def _abandon(steps: Steps, task: asyncio.Future) -> None:
+    def _abandon(steps: Steps, step: Any, task: asyncio.Future) -> None:
         """The caller was cancelled: end *steps* once their current I/O is over.
 
         Closing the steps returns their slot; while the server may still be
-        writing outputs into it (or registering memory), that must wait.
+        writing outputs into it (or registering memory), that must wait.  A
+        registration that went through is handed to the steps first, so its
+        memory joins its pool (and is unregistered with it) rather than
+        being freed while the server has it open.
         """
         def finish(done: asyncio.Future) -> None:
-            if not done.cancelled():
-                done.exception()  # retrieved: nobody else will ask
+            if not done.cancelled() and done.exception() is None and isinstance(step, Register):
+                try:
+                    advance(steps, done.result())
+                except Exception:
+                    pass  # what came next failed: closing below still runs the steps' clean-up
             steps.close()
 
         if task.done():
