@@ -236,8 +236,13 @@ class Engine:
             # Another request installed a pool meanwhile (or we closed): drop ours, look again.
             pool.retire()
             with self._lock:
-                self._retired.add(pool)
-            self._check_open()
+                closed = self._closed
+                if not closed:
+                    self._retired.add(pool)
+            if closed:  # close() has run: nobody else will unregister it
+                for dropped in pool.close():
+                    yield from self._drop_extent_steps(dropped)
+                self._check_open()
 
     def _register_extent_steps(self, pool: SlotPool) -> Steps:
         """A new registered extent for *pool* (not yet in service)."""
@@ -271,9 +276,12 @@ class Engine:
                 continue  # a larger pool replaced it meanwhile
             if pool.start_growing():
                 try:
-                    pool.add_extent((yield from self._register_extent_steps(pool)))
+                    extent = yield from self._register_extent_steps(pool)
                 finally:
                     pool.stop_growing()
+                if not pool.add_extent(extent):  # the client closed meanwhile
+                    yield from self._drop_extent_steps(extent)
+                    self._check_open()
                 continue
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:

@@ -196,12 +196,16 @@ class SlotPool:
         """Memory for one more extent, not yet registered nor part of the pool."""
         return Extent(self._make_memory(self.extent_bytes), self.slots_per_extent)
 
-    def add_extent(self, extent: Extent) -> None:
-        """Put a registered extent into service."""
+    def add_extent(self, extent: Extent) -> bool:
+        """Put a registered extent into service; False (and nothing done) if the pool
+        was closed meanwhile: the caller unregisters and closes the extent then."""
         with self._cond:
+            if self.closed:
+                return False
             self._extents.append(extent)
             self._free.extend((extent, i) for i in reversed(range(extent.nslots)))
             self._wake()
+            return True
 
     def should_grow(self) -> bool:
         """True when no slot is free, some are only held by views, and one
