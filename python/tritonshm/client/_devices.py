@@ -165,7 +165,12 @@ def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int]) -> Any:
     if placement.library == "torch":
         import torch
 
-        return torch.empty(shape, dtype=_torch_dtype(dtype), device=_torch_device(device))
+        try:
+            torch_dtype = _torch_dtype(dtype)
+        except TypeError:  # a dtype this torch lacks (uint32 before torch 2.3): our own array then
+            pass
+        else:
+            return torch.empty(shape, dtype=torch_dtype, device=_torch_device(device))
     if placement.library == "cupy":
         import cupy
 
@@ -199,7 +204,7 @@ def to_device(array: np.ndarray, placement: Placement) -> Any:
 
 def concatenate(parts: Sequence[Any], placement: Placement) -> Any:
     """Device arrays (same dtype, rows of the same shape) joined along the first axis."""
-    if placement.library == "torch":  # torch joins its own tensors
+    if library_of(parts[0]) == "torch":  # torch joins its own tensors
         import torch
 
         return torch.cat(list(parts))
