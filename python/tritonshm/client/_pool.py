@@ -180,8 +180,7 @@ class SlotPool:
     def held(self) -> int:
         """Slots out of the pool whose request is over but whose views live on."""
         with self._cond:
-            if self._watched:
-                self._look_at_watched()
+            self._look_at_watched()
             return self.nslots - len(self._free) - self._running
 
     @property
@@ -211,8 +210,7 @@ class SlotPool:
         """True when no slot is free, some are only held by views, and one
         more extent fits under ``max_bytes``: grow instead of waiting."""
         with self._cond:
-            if self._watched:
-                self._look_at_watched()  # first: a slot it frees is no reason to grow
+            self._look_at_watched()  # first: a slot it frees is no reason to grow
             return (not self._free and not self.retired and not self._growing and self.held > 0
                     and self.nbytes + self.extent_bytes <= self.max_bytes)
 
@@ -240,7 +238,7 @@ class SlotPool:
         back with :meth:`finished_and_back` (a request that copies its results out).
         """
         with self._cond:
-            if not self._free and self._watched:
+            if not self._free:
                 self._look_at_watched()
             if not self._free or self.retired:
                 return None
@@ -288,8 +286,7 @@ class SlotPool:
             self._sleepers += 1
             try:
                 while True:
-                    if self._watched:
-                        self._look_at_watched()  # before looking for a free slot: it may make one
+                    self._look_at_watched()  # before looking for a free slot: it may make one
                     if self._free or self.retired or self.should_grow():
                         return True
                     left = None if deadline is None else deadline - time.monotonic()
@@ -348,6 +345,8 @@ class SlotPool:
 
     def _look_at_watched(self) -> None:
         """Free the watched slots whose last view is gone (under the lock)."""
+        if not self._watched:
+            return
         still = []
         for extent, index, probe in self._watched:
             if extent.closed:
@@ -360,6 +359,7 @@ class SlotPool:
             self._watched = still
             self._collect_surplus()
             self._wake()
+
     def _collect_surplus(self) -> None:
         """Move idle extents beyond what the pool needs out of service."""
         if self.retired or self.closed:
@@ -390,8 +390,7 @@ class SlotPool:
         """Extents to unregister and close now: idle surplus, or all of a drained retired pool."""
         with self._cond:
             out, self._surplus = self._surplus, []
-            if self._watched:
-                self._look_at_watched()
+            self._look_at_watched()
             if self.retired and not self.closed and len(self._free) == self.nslots:
                 out.extend(self._extents)
                 self._extents = []
