@@ -48,6 +48,8 @@ ENV_DRIVER = "TSHM_FAKE_CUDA_DRIVER"  # "none" -> cudaErrorInsufficientDriver (3
 ENV_TOTAL_MEM = "TSHM_FAKE_CUDA_TOTAL_MEM"  # bytes per device, default 16 GiB
 ENV_FAIL = "TSHM_FAKE_CUDA_FAIL"  # "cudaMemcpy=700,cudaMalloc=2": fail those calls
 ENV_TRACE = "TSHM_FAKE_CUDA_TRACE"  # a file: "<pid> <function>" appended per call
+ENV_SYNC = "TSHM_FAKE_CUDA_SYNC"  # "1": every queued op lands on return (the old, kind behaviour)
+ENV_NO_READONLY_REGISTER = "TSHM_FAKE_CUDA_NO_READONLY_REGISTER"  # "1": attribute 113 is 0
 
 SHM_DIR = "/dev/shm"
 #: "tshm-fakecuda-<pid>-<hex>": the fake's segments (never "tritonshm-").
@@ -66,10 +68,19 @@ ERROR_DEVICE_UNINITIALIZED = 201  # "invalid device context" (CUDA_ERROR_INVALID
 ERROR_INVALID_RESOURCE_HANDLE = 400
 ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
 ERROR_HOST_MEMORY_NOT_REGISTERED = 713
+ERROR_NOT_READY = 600  # cudaEventQuery / cudaStreamQuery: work still queued
+ERROR_NOT_SUPPORTED = 801
 CU_ERROR_NOT_FOUND = 500  # driver API (the fake cuMemGetAddressRange)
 
 # tshm_fake_cuda_pointer_kind() results.
-KIND_UNKNOWN, KIND_ALLOC, KIND_OPENED, KIND_HOST_REGISTERED = 0, 1, 2, 3
+KIND_UNKNOWN, KIND_ALLOC, KIND_OPENED, KIND_HOST_REGISTERED, KIND_HOST_ALLOC = 0, 1, 2, 3, 4
+
+# Special stream handles, and flags.
+LEGACY_STREAM = 1  # (NULL, 0, is the legacy default stream too)
+PER_THREAD_STREAM = 2
+STREAM_DEFAULT, STREAM_NON_BLOCKING = 0, 1
+EVENT_DISABLE_TIMING = 2
+ATTR_HOST_REGISTER_READ_ONLY_SUPPORTED = 113
 
 MEMCPY_DEFAULT = 4
 
@@ -125,6 +136,19 @@ STAT_NAMES = (
     "memcpy_bytes",  # their bytes
     "stream_sync_calls",  # cudaStreamSynchronize
     "errors",  # calls that returned an error (any entry point)
+    # appended for streams, events and lifetimes
+    "stream_creates",  # successful cudaStreamCreateWithFlags
+    "event_records",  # successful cudaEventRecord
+    "event_syncs",  # successful cudaEventSynchronize
+    "event_queries",  # cudaEventQuery answered 0 or 600
+    "stream_waits",  # successful cudaStreamWaitEvent
+    "async_copies",  # successful cudaMemcpyAsync of > 0 bytes
+    "legacy_syncs",  # syncs of the legacy default stream, incl. the implicit one in cudaMemcpy
+    "device_syncs",  # cudaDeviceSynchronize
+    "freed_while_open",  # cudaFree of memory another (live) process had open through IPC
+    "host_allocs",  # successful cudaHostAlloc
+    "live_host_allocs",  # cudaHostAlloc'ed and not yet cudaFreeHost'ed
+    "async_copy_bytes",  # bytes of the async_copies
 )
 
 
@@ -147,6 +171,18 @@ class FakeCudaStats:
     memcpy_bytes: int = 0
     stream_sync_calls: int = 0
     errors: int = 0
+    stream_creates: int = 0
+    event_records: int = 0
+    event_syncs: int = 0
+    event_queries: int = 0
+    stream_waits: int = 0
+    async_copies: int = 0
+    legacy_syncs: int = 0
+    device_syncs: int = 0
+    freed_while_open: int = 0
+    host_allocs: int = 0
+    live_host_allocs: int = 0
+    async_copy_bytes: int = 0
 
     def __sub__(self, other: FakeCudaStats) -> FakeCudaStats:
         return FakeCudaStats(
@@ -199,6 +235,18 @@ _PROTOTYPES = {
     "cudaIpcCloseMemHandle": (ctypes.c_int, [ctypes.c_void_p]),
     "cudaHostRegister": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]),
     "cudaHostUnregister": (ctypes.c_int, [ctypes.c_void_p]),
+    # streams, events, pinned memory (streams and events are void *)
+    "cudaStreamCreateWithFlags": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]),
+    "cudaStreamDestroy": (ctypes.c_int, [ctypes.c_void_p]),
+    "cudaStreamWaitEvent": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]),
+    "cudaEventCreateWithFlags": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]),
+    "cudaEventRecord": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
+    "cudaEventQuery": (ctypes.c_int, [ctypes.c_void_p]),
+    "cudaEventSynchronize": (ctypes.c_int, [ctypes.c_void_p]),
+    "cudaEventDestroy": (ctypes.c_int, [ctypes.c_void_p]),
+    "cudaDeviceSynchronize": (ctypes.c_int, []),
+    "cudaHostAlloc": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]),
+    "cudaFreeHost": (ctypes.c_int, [ctypes.c_void_p]),
     # server support: what a real tritonserver calls besides the above
     "cudaMemcpyAsync": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
     "cudaGetDriverEntryPoint": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_int)]),
@@ -206,13 +254,20 @@ _PROTOTYPES = {
     "tshm_fake_cuda_stats": (ctypes.c_int, [ctypes.POINTER(ctypes.c_longlong), ctypes.c_int]),
     "tshm_fake_cuda_pointer_kind": (ctypes.c_int, [ctypes.c_void_p]),
     "tshm_fake_cuda_owner_pid": (ctypes.c_int, []),
+    "tshm_fake_cuda_kernel_write": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
+    "tshm_fake_cuda_contexts": (ctypes.c_ulonglong, []),
+    "tshm_fake_cuda_reset_contexts": (None, []),
+    "tshm_fake_cuda_pending": (ctypes.c_longlong, []),
 }
 
 #: The extra entry points for a real tritonserver with the fake LD_PRELOADed.
 SERVER_SYMBOLS = ("cudaMemcpyAsync", "cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion")
 
 #: The cudart entry points tritonshm resolves (csrc/tshm_cuda.h), all exported by the fake.
-CUDART_SYMBOLS = tuple(n for n in _PROTOTYPES if n.startswith("cuda") and n not in SERVER_SYMBOLS)
+CUDART_SYMBOLS = tuple(n for n in _PROTOTYPES if n.startswith("cuda") and not n.startswith("cudaGetDriverEntryPoint"))
+
+#: Driver entry points handed out by the fake's cudaGetDriverEntryPoint(ByVersion).
+DRIVER_SYMBOLS = ("cuMemGetAddressRange", "cuMemGetAddressRange_v2", "cuGetErrorString", "cuDevicePrimaryCtxGetState")
 
 # cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr ptr), cuGetErrorString
 _CU_MEM_GET_ADDRESS_RANGE = ctypes.CFUNCTYPE(
@@ -347,12 +402,14 @@ def server_env(lib: str | os.PathLike, trace: str | os.PathLike | None = None, *
     ``LocalServer(env=server_env(lib))`` preloads the fake into the server
     (2.51 with its bundled CUDA 12.6 runtime: the fake's symbols win over the
     runtime's, and every call the fake does not export still fails for want
-    of a driver).  *trace* names a file for the fake's call trace (see
+    of a driver).  ``TSHM_FAKE_CUDA_SYNC=1``: the server's own queued copies
+    land on return (it is a stand-in, not under test).  *trace* names a file for the fake's call trace (see
     :func:`read_trace`); *settings* are more variables, e.g.
     ``TSHM_FAKE_CUDA_DEVICES="2"``.  The server's python backend stubs
     inherit the preload; they make no CUDA call for KIND_CPU models.
     """
-    env = {"LD_PRELOAD": str(lib), **settings}
+    # The server is a stand-in, not under test: its copies land on return.
+    env = {"LD_PRELOAD": str(lib), ENV_SYNC: "1", **settings}
     if trace is not None:
         env[ENV_TRACE] = str(trace)
     return env

@@ -137,7 +137,12 @@ enum {
     ST_LIVE_ALLOCS, ST_LIVE_BYTES, ST_LIVE_IPC_OPENS, ST_LIVE_HOST_REGS,
     ST_FREE_CALLS, ST_HOST_UNREGISTER_CALLS, ST_MALLOC_CALLS, ST_IPC_GET_CALLS,
     ST_IPC_OPEN_CALLS, ST_IPC_CLOSE_CALLS, ST_HOST_REGISTER_CALLS, ST_MEMCPY_CALLS,
-    ST_MEMCPY_BYTES, ST_STREAM_SYNC_CALLS, ST_ERRORS, ST_COUNT
+    ST_MEMCPY_BYTES, ST_STREAM_SYNC_CALLS, ST_ERRORS,
+    /* appended for streams, events and lifetimes (keep the order above) */
+    ST_STREAM_CREATES, ST_EVENT_RECORDS, ST_EVENT_SYNCS, ST_EVENT_QUERIES, ST_STREAM_WAITS,
+    ST_ASYNC_COPIES, ST_LEGACY_SYNCS, ST_DEVICE_SYNCS, ST_FREED_WHILE_OPEN, ST_HOST_ALLOCS,
+    ST_LIVE_HOST_ALLOCS, ST_ASYNC_COPY_BYTES,
+    ST_COUNT
 };
 static long long stats[ST_COUNT];
 
@@ -244,7 +249,7 @@ static entry *find(const void *p, size_t n, int kind, int base_only)
 {
     uintptr_t a = (uintptr_t)p;
     for (entry *e = entries; e != NULL; e = e->next) {
-        if (kind != 0 ? e->kind != kind : e->kind == KIND_HOSTREG)
+        if (kind != 0 ? e->kind != kind : e->kind >= KIND_HOSTREG)
             continue;
         uintptr_t b = (uintptr_t)e->base;
         if (base_only ? a == b : (a >= b && a - b < e->size && n <= e->size - (a - b)))
@@ -259,7 +264,7 @@ static entry *find_containing(const void *p)
     uintptr_t a = (uintptr_t)p;
     for (entry *e = entries; e != NULL; e = e->next) {
         uintptr_t b = (uintptr_t)e->base;
-        if (e->kind != KIND_HOSTREG && a >= b && a - b < e->size)
+        if (e->kind < KIND_HOSTREG && a >= b && a - b < e->size)
             return e;
     }
     return NULL;
@@ -417,6 +422,7 @@ API int cudaDeviceGetAttribute(int *value, int attr, int device)
     case 75: *value = 9; return OK;          /* ComputeCapabilityMajor */
     case 76: *value = 0; return OK;          /* ComputeCapabilityMinor */
     case 99: *value = 1; return OK;          /* HostRegisterSupported */
+    case 113: *value = 1; return OK;         /* HostRegisterReadOnlySupported */
     default: return fail(INVALID_VALUE);
     }
 }
@@ -881,6 +887,8 @@ static int fake_cuGetErrorString(int result, const char **text)
     return CU_SUCCESS;
 }
 
+static int fake_cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active);
+
 static int driver_entry_point(const char *fn, const char *symbol, void **func, int *status)
 {
     char label[160];  /* traced as "cudaGetDriverEntryPoint:cuMemGetAddressRange" */
@@ -896,6 +904,8 @@ static int driver_entry_point(const char *fn, const char *symbol, void **func, i
         *func = (void *)fake_cuMemGetAddressRange;
     else if (strcmp(symbol, "cuGetErrorString") == 0)
         *func = (void *)fake_cuGetErrorString;
+    else if (strcmp(symbol, "cuDevicePrimaryCtxGetState") == 0)
+        *func = (void *)fake_cuDevicePrimaryCtxGetState;
     if (status != NULL)
         *status = *func != NULL ? 0 : 1;  /* cudaDriverEntryPointSuccess / SymbolNotFound */
     return OK;  /* as 12.x: success, with NULL for a symbol it does not know */
@@ -916,4 +926,267 @@ API int cudaGetDriverEntryPointByVersion(const char *symbol, void **func, unsign
     (void)version;
     (void)flags;
     return driver_entry_point("cudaGetDriverEntryPointByVersion", symbol, func, status);
+}
+
+/* ------------------------------------------------- streams, events, pinned
+ *
+ * (first cut: synchronous -- every call is complete on return.)
+ */
+
+#define LEGACY_STREAM ((void *)1)
+#define PER_THREAD_STREAM ((void *)2)
+
+typedef struct fake_stream {
+    struct fake_stream *next;
+    int device;
+    unsigned flags;
+} fake_stream;
+
+typedef struct fake_event {
+    struct fake_event *next;
+    int device;
+    unsigned flags;
+} fake_event;
+
+static fake_stream *streams;
+static fake_event *events;
+
+/* NULL, 1 and 2 are the default streams; anything else must be ours. */
+static int check_stream(void *s)
+{
+    if (s == NULL || s == LEGACY_STREAM || s == PER_THREAD_STREAM)
+        return OK;
+    int rc = INVALID_RESOURCE_HANDLE;
+    pthread_mutex_lock(&lock);
+    for (fake_stream *x = streams; x != NULL; x = x->next)
+        if ((void *)x == s)
+            rc = OK;
+    pthread_mutex_unlock(&lock);
+    return rc;
+}
+
+static fake_event *find_event(void *e)
+{
+    for (fake_event *x = events; x != NULL; x = x->next)
+        if ((void *)x == e)
+            return x;
+    return NULL;
+}
+
+API int cudaStreamCreateWithFlags(void **stream, unsigned flags)
+{
+    ENTER("cudaStreamCreateWithFlags", 1);
+    if (stream == NULL || flags > 1)
+        return fail(INVALID_VALUE);
+    fake_stream *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return fail(MEMORY_ALLOCATION);
+    s->device = current_device;
+    s->flags = flags;
+    pthread_mutex_lock(&lock);
+    s->next = streams;
+    streams = s;
+    stats[ST_STREAM_CREATES]++;
+    pthread_mutex_unlock(&lock);
+    *stream = s;
+    return OK;
+}
+
+API int cudaStreamDestroy(void *stream)
+{
+    ENTER("cudaStreamDestroy", 1);
+    pthread_mutex_lock(&lock);
+    fake_stream **pp = &streams;
+    while (*pp != NULL && (void *)*pp != stream)
+        pp = &(*pp)->next;
+    fake_stream *s = *pp;
+    if (s != NULL)
+        *pp = s->next;
+    pthread_mutex_unlock(&lock);
+    if (s == NULL)
+        return fail(INVALID_RESOURCE_HANDLE);
+    free(s);
+    return OK;
+}
+
+API int cudaEventCreateWithFlags(void **event, unsigned flags)
+{
+    ENTER("cudaEventCreateWithFlags", 1);
+    if (event == NULL || flags > 7)
+        return fail(INVALID_VALUE);
+    fake_event *e = calloc(1, sizeof *e);
+    if (e == NULL)
+        return fail(MEMORY_ALLOCATION);
+    e->device = current_device;
+    e->flags = flags;
+    pthread_mutex_lock(&lock);
+    e->next = events;
+    events = e;
+    pthread_mutex_unlock(&lock);
+    *event = e;
+    return OK;
+}
+
+API int cudaEventDestroy(void *event)
+{
+    ENTER("cudaEventDestroy", 1);
+    pthread_mutex_lock(&lock);
+    fake_event **pp = &events;
+    while (*pp != NULL && (void *)*pp != event)
+        pp = &(*pp)->next;
+    fake_event *e = *pp;
+    if (e != NULL)
+        *pp = e->next;
+    pthread_mutex_unlock(&lock);
+    if (e == NULL)
+        return fail(INVALID_RESOURCE_HANDLE);
+    free(e);
+    return OK;
+}
+
+API int cudaEventRecord(void *event, void *stream)
+{
+    ENTER("cudaEventRecord", 1);
+    int rc = check_stream(stream);
+    if (rc != OK)
+        return fail(rc);
+    pthread_mutex_lock(&lock);
+    fake_event *e = find_event(event);
+    if (e != NULL)
+        stats[ST_EVENT_RECORDS]++;
+    pthread_mutex_unlock(&lock);
+    return e != NULL ? OK : fail(INVALID_RESOURCE_HANDLE);
+}
+
+static int event_call(const char *fn, void *event, int stat)
+{
+    ENTER(fn, 1);
+    pthread_mutex_lock(&lock);
+    fake_event *e = find_event(event);
+    if (e != NULL)
+        stats[stat]++;
+    pthread_mutex_unlock(&lock);
+    return e != NULL ? OK : fail(INVALID_RESOURCE_HANDLE);
+}
+
+API int cudaEventQuery(void *event)
+{
+    return event_call("cudaEventQuery", event, ST_EVENT_QUERIES);
+}
+
+API int cudaEventSynchronize(void *event)
+{
+    return event_call("cudaEventSynchronize", event, ST_EVENT_SYNCS);
+}
+
+API int cudaStreamWaitEvent(void *stream, void *event, unsigned flags)
+{
+    ENTER("cudaStreamWaitEvent", 1);
+    int rc = check_stream(stream);
+    if (rc != OK)
+        return fail(rc);
+    if (flags > 1)
+        return fail(INVALID_VALUE);
+    return event_call("cudaStreamWaitEvent", event, ST_STREAM_WAITS);
+}
+
+API int cudaDeviceSynchronize(void)
+{
+    ENTER("cudaDeviceSynchronize", 1);
+    stat_add(ST_DEVICE_SYNCS, 1);
+    return OK;
+}
+
+API int cudaHostAlloc(void **ptr, size_t nbytes, unsigned flags)
+{
+    ENTER("cudaHostAlloc", 1);
+    if (ptr == NULL || flags > 0xF)
+        return fail(INVALID_VALUE);
+    *ptr = NULL;
+    void *p = mmap(NULL, nbytes ? nbytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return fail(MEMORY_ALLOCATION);
+    entry *e = calloc(1, sizeof *e);
+    if (e == NULL) {
+        munmap(p, nbytes ? nbytes : 1);
+        return fail(MEMORY_ALLOCATION);
+    }
+    e->kind = 4;
+    e->base = p;
+    e->size = nbytes ? nbytes : 1;
+    e->device = current_device;
+    pthread_mutex_lock(&lock);
+    e->next = entries;
+    entries = e;
+    stats[ST_HOST_ALLOCS]++;
+    stats[ST_LIVE_HOST_ALLOCS]++;
+    pthread_mutex_unlock(&lock);
+    *ptr = p;
+    return OK;
+}
+
+API int cudaFreeHost(void *ptr)
+{
+    ENTER("cudaFreeHost", 1);
+    if (ptr == NULL)
+        return OK;
+    pthread_mutex_lock(&lock);
+    entry *e = find(ptr, 0, 4, 1);
+    if (e != NULL) {
+        unlink_entry(e);
+        stats[ST_LIVE_HOST_ALLOCS]--;
+    }
+    pthread_mutex_unlock(&lock);
+    if (e == NULL)
+        return fail(INVALID_VALUE);
+    munmap(e->base, e->size);
+    free(e);
+    return OK;
+}
+
+/* --------------------------------------------------- test-only additions */
+
+API int tshm_fake_cuda_kernel_write(void *stream, void *dst, const void *src, size_t n)
+{
+    ENTER("tshm_fake_cuda_kernel_write", 1);
+    int rc = check_stream(stream);
+    if (rc != OK)
+        return fail(rc);
+    if (n == 0)
+        return OK;
+    pthread_mutex_lock(&lock);
+    rc = dst != NULL && src != NULL && find(dst, n, 0, 0) != NULL ? OK : INVALID_VALUE;
+    pthread_mutex_unlock(&lock);
+    if (rc != OK)
+        return fail(rc);
+    memmove(dst, src, n);
+    return OK;
+}
+
+static unsigned long long contexts;
+
+API unsigned long long tshm_fake_cuda_contexts(void)
+{
+    return __atomic_load_n(&contexts, __ATOMIC_SEQ_CST);
+}
+
+API void tshm_fake_cuda_reset_contexts(void)
+{
+    __atomic_store_n(&contexts, 0, __ATOMIC_SEQ_CST);
+}
+
+API long long tshm_fake_cuda_pending(void)
+{
+    return 0;
+}
+
+static int fake_cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active)
+{
+    if (flags == NULL || active == NULL)
+        return CU_INVALID_VALUE;
+    if (dev < 0 || dev >= device_count())
+        return INVALID_DEVICE;
+    *flags = 0;
+    *active = (int)((tshm_fake_cuda_contexts() >> dev) & 1);
+    return CU_SUCCESS;
 }
