@@ -413,3 +413,34 @@ def test_gpu_bench_command(gpu, tmp_path):
     assert "identity_fp32 (CPU)" in done.stdout and "targets" in done.stdout
     written = json.loads(path.read_text())
     assert written["format"] == bench.GPU_FORMAT and written["meta"]["server"] == "started"
+
+
+def test_gpu_client_infer_runs_on_cuda_slots_only(monkeypatch):
+    """bench --gpu's Client.infer asks for transport='cuda' (a refused registration raises, never a
+    silent fallback) and its rows are refused unless every pool it used is cuda:N memory."""
+    from types import SimpleNamespace
+
+    from tritonshm.client import PoolInfo
+
+    made = {}
+
+    class Recorder:
+        def __init__(self, url, **kwargs):
+            made.update(kwargs, url=url)
+
+    monkeypatch.setattr("tritonshm.client.Client", Recorder)
+    method = object.__new__(_gpu.GpuClientInfer)
+    method.setting = _gpu.GpuSetting.of("127.0.0.1:1", _gpu.GPU_MODEL, 16)
+    method.open()
+    assert made == {"url": "127.0.0.1:1", "transport": "cuda"}
+
+    def pool(memory):
+        return PoolInfo("m", "", memory, 4, 0, 0, 4096, 16384, ("r",))
+
+    for memories, refused in [(["cuda:0"], False), (["pinned:0"], True), (["system"], True),
+                              (["cuda:0", "pinned:0"], True), ([], True)]:
+        method.client = SimpleNamespace(pools=lambda memories=memories: [pool(m) for m in memories])
+        problem = method.memory_problem()
+        assert (problem is not None) == refused, memories
+        if refused:
+            assert "refusing to report" in problem

@@ -13,8 +13,9 @@ a result counts once it is on the device.  Methods:
   ``tc-cuda`` (tritonclient's CUDA shared-memory utilities: regions made and
   registered once, copy in from the tensor, the result copied to a fresh
   GPU tensor);
-* tritonshm: ``Client.infer`` (the torch tensor in, a torch tensor on the
-  GPU out) and ``zero-copy`` (``Client.request(..., device="cuda:0")``: the
+* tritonshm: ``Client.infer`` (``transport="cuda"``: the torch tensor in, a
+  torch tensor on the GPU out; a row whose pools are not ``cuda:N`` memory
+  is refused, never reported) and ``zero-copy`` (``Client.request(..., device="cuda:0")``: the
   input written into the device slot untimed, ``run()`` timed, the output a
   view of the slot);
 * reference: ``floor`` (:class:`tritonshm.CudaRegion` registered once, the
@@ -253,16 +254,26 @@ class GpuTritonclientCuda(GpuMethod, TwoRegions):
 class GpuClientInfer(GpuMethod, ClientInfer):
     name = "Client.infer"
     group = "tritonshm"
-    description = ("tritonshm.Client(url).infer(model, {name: x}): the torch tensor in, a fresh torch "
+    description = ("tritonshm.Client(url, transport='cuda').infer(model, {name: x}): the torch tensor in, a fresh torch "
                    "tensor on the GPU out (copy=True, output_device='auto')")
 
     def open(self) -> None:
         from ..client import Client
 
-        self.client = Client(self.setting.url)
+        # transport="cuda": a server that refuses our CUDA memory is an error, never a silent
+        # fallback to pinned system slots or the wire timed under this method's name.
+        self.client = Client(self.setting.url, transport="cuda")
 
     def send(self, x: Any) -> Any:
         return self.client.infer(self.setting.model, {INPUT: x})[OUTPUT]
+
+    def memory_problem(self) -> str | None:
+        """Why this method's timings must not be reported (its pools not in GPU memory), or None."""
+        memories = sorted({pool.memory for pool in self.client.pools()})
+        if not memories or any(not m.startswith("cuda:") for m in memories):
+            return (f"{self.name} ({self.setting.model}) ran through {memories or 'no pool'}, not CUDA "
+                    f"slots (cuda:N): refusing to report it")
+        return None
 
 
 class GpuZeroCopy(GpuClientInfer):
@@ -473,6 +484,10 @@ def run_gpu(url: str, sizes: Sequence[int] = GPU_SIZES, *, reps: int | None = No
         instances = [cls(GpuSetting.of(url, model, count)) for model in active for cls in runnable]
 
         def check(method: Method, out: Any, x: Any) -> str | None:
+            if isinstance(method, GpuClientInfer):
+                problem = method.memory_problem()
+                if problem is not None:
+                    return problem
             return device_output_problem(f"{method.name} ({method.setting.model})", nbytes, out, x)
 
         measured = interleave(instances, sample_tensor(torch, count, seed + index),

@@ -23,7 +23,7 @@ import numpy as np
 from .. import _transport, triton
 from . import _intake
 from ._client import Request as _BlockingRequest
-from ._client import _release_everything
+from ._client import _held_for_the_server, _release_everything
 from ._engine import Engine
 from ._model import ModelInfo
 from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForSlot, advance
@@ -66,7 +66,7 @@ class Client(Engine):
         connect = functools.partial(blocking.connect, address, ssl=ssl)
         self._finalizer = weakref.finalize(
             self, _release_everything, Connector(connect, blocking.http, io_threads=1),
-            self._pools, self._retired, {}, self._creator_pid, False)
+            self._pools, self._retired, {}, self._creator_pid, False, self._parked)
 
     @property
     def tritonclient(self) -> Any:
@@ -187,9 +187,18 @@ class Client(Engine):
         self._closed = True
         self._finalizer.detach()
         try:
+            await self._until_idle(self.timeout)  # in-flight requests finish on the memory they use
             await self._drive(self._close_steps())
+            _held_for_the_server.extend(self._parked)  # refused still: never freed under the server
+            self._parked.clear()
         finally:
             await self._aio_client.close()
+
+    async def _until_idle(self, timeout: float | None) -> None:
+        """Wait (without blocking the loop) until no request is in flight, or *timeout* passed."""
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        while self._in_flight and (deadline is None or asyncio.get_running_loop().time() < deadline):
+            await asyncio.sleep(0.005)
 
     async def __aenter__(self) -> "Client":
         return self

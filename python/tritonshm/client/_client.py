@@ -14,7 +14,7 @@ from . import _intake
 from ._devices import Placement
 from ._engine import Engine, close_pools_steps
 from ._model import ModelInfo
-from ._pool import Lease, SlotPool
+from ._pool import Extent, Lease, SlotPool
 from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForSlot, advance
 from ._threads import Connector, Workers
 
@@ -76,25 +76,35 @@ class Request:
         self.close()
 
 
+# Device memory a server refused to let go of when its client closed: held for the life of the
+# process (freeing it under the server would be undefined behaviour; the driver frees it at exit).
+_held_for_the_server: list[Extent] = []
+
+
 def _release_everything(connector: Connector, pools: dict[Any, SlotPool], retired: set[SlotPool],
-                        workers: dict[str, Workers], creator_pid: int, wait: bool) -> None:
+                        workers: dict[str, Workers], creator_pid: int, wait: bool,
+                        parked: list[Extent]) -> None:
     """Stop the threads, unregister and close every pool, close the connections.
 
     Module level, holding no reference to the client: it is also the
     finalizer of a client that was never closed, so it is best effort: a
-    name the server cannot unregister does not stop the rest.
+    name the server cannot unregister does not stop the rest (host memory is
+    closed all the same; device memory stays parked, never freed).
     """
     for group in list(workers.values()):
         group.shutdown(wait)
     workers.clear()
-    steps = close_pools_steps(pools, retired, creator_pid)
+    steps = close_pools_steps(pools, retired, creator_pid, parked)
     step = advance(steps)
     while not isinstance(step, Done):  # only Unregister steps come out of these
         try:
             connector.call(lambda tc, name=step.name: triton.unregister(tc, name))
-        except Exception:
-            pass  # best effort: a dead server has forgotten it anyway
-        step = advance(steps)
+            outcome, failure = None, None
+        except Exception as exc:
+            outcome, failure = None, exc
+        step = advance(steps, outcome, failure)
+    _held_for_the_server.extend(parked)
+    parked.clear()
     connector.close(wait)
 
 
@@ -134,7 +144,8 @@ class Client(Engine):
         }
         # Runs close()'s work if the user forgets: at garbage collection or exit.
         self._finalizer = weakref.finalize(self, _release_everything, self._connector, self._pools,
-                                           self._retired, self._workers, self._creator_pid, False)
+                                           self._retired, self._workers, self._creator_pid, False,
+                                           self._parked)
 
     @property
     def tritonclient(self) -> Any:
@@ -263,6 +274,10 @@ class Client(Engine):
     def close(self) -> None:
         """Unregister and unlink this client's regions and close its connections; idempotent.
 
+        New requests are refused at once; requests already in flight (on any
+        thread) are waited for -- up to the client's *timeout* -- before the
+        memory they use is unregistered.  Device memory the server refuses
+        to unregister (it may still be reading it) is never freed under it.
         Result views handed out earlier stay valid: they keep their memory.
         """
         if self._closed:
@@ -270,6 +285,7 @@ class Client(Engine):
         self._closed = True
         for group in list(self._workers.values()):
             group.shutdown()  # finish what was submitted, while the pools still exist
+        self._wait_idle(self.timeout)
         self._finalizer()
 
     def __enter__(self) -> "Client":

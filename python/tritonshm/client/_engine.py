@@ -11,13 +11,14 @@ fallbacks exist once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import threading
 import time
 import warnings
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -40,21 +41,41 @@ from ._pool import Extent, Layout, Lease, PoolInfo, SlotPool
 from ._slots import CudaSlotMemory, PinnedSlotMemory, SlotMemory, SystemSlotMemory
 from ._steps import FetchModel, Register, Send, Steps, Unregister, WaitForSlot
 
-__all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps"]
+__all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "retry_parked_steps"]
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 
 
-def drop_extent_steps(extent: Extent, creator_pid: int) -> Steps:
-    """Unregister one extent (never from a forked child: the name is the parent's) and close it."""
+def drop_extent_steps(extent: Extent, creator_pid: int, parked: list[Extent] | None = None) -> Steps:
+    """Unregister one extent (never from a forked child: the name is the parent's) and close it.
+
+    Device memory the server may still have open is never freed under it
+    (``cudaFree`` of memory another process has open through CUDA IPC is
+    undefined behaviour): when its unregistration is refused, the extent is
+    *parked* instead -- appended to *parked*, still open, to be tried again
+    (:func:`retry_parked_steps`).  A server that is gone has let go of it,
+    and host memory may always be unlinked (the server's mapping stays
+    valid).
+    """
     try:
         if extent.name is not None and os.getpid() == creator_pid:
             yield Unregister(extent.name)
-    except (ServerUnavailable, RegistrationError):
-        pass  # a dead or restarted server has forgotten it anyway
-    finally:
-        extent.memory.close()
+    except ServerUnavailable:
+        pass  # a dead server holds nothing open
+    except RegistrationError:
+        if extent.memory.kind == "cuda" and parked is not None:
+            parked.append(extent)
+            return
+    extent.memory.close()
+
+
+def retry_parked_steps(parked: list[Extent], creator_pid: int) -> Steps:
+    """Try again to unregister and close the parked extents; those still refused stay parked."""
+    doomed = list(parked)
+    parked.clear()
+    for extent in doomed:
+        yield from drop_extent_steps(extent, creator_pid, parked)
 
 
 class Route(NamedTuple):
@@ -65,8 +86,10 @@ class Route(NamedTuple):
     results: Placement
 
 
-def close_pools_steps(pools: dict[Any, SlotPool], retired: set[SlotPool], creator_pid: int) -> Steps:
-    """Empty *pools* and *retired* now, then the steps that unregister and close all they held.
+def close_pools_steps(pools: dict[Any, SlotPool], retired: set[SlotPool], creator_pid: int,
+                      parked: list[Extent]) -> Steps:
+    """Empty *pools* and *retired* now, then the steps that unregister and close all they held
+    (and try the *parked* extents again; device memory still refused stays parked).
 
     Module level, holding no engine: a forgotten client's finalizer runs it too.
     """
@@ -75,9 +98,10 @@ def close_pools_steps(pools: dict[Any, SlotPool], retired: set[SlotPool], creato
     retired.clear()
 
     def steps() -> Steps:
+        yield from retry_parked_steps(parked, creator_pid)
         for pool in doomed:
             for extent in pool.close():
-                yield from drop_extent_steps(extent, creator_pid)
+                yield from drop_extent_steps(extent, creator_pid, parked)
 
     return steps()
 
@@ -115,6 +139,11 @@ class Engine:
         self._models: dict[tuple[str, str], ModelInfo] = {}
         self._pools: dict[tuple[str, str, str], SlotPool] = {}   # by model, version and slot memory
         self._retired: set[SlotPool] = set()
+        # Device extents the server refused to unregister: kept open (never freed under it), retried.
+        self._parked: list[Extent] = []
+        # Requests between their first step and their last: close() lets them finish first.
+        self._in_flight = 0
+        self._idle = threading.Condition(self._lock)
         self._plans: dict[tuple, dict[str, int]] = {}   # slot needs by model and input shapes
         self._wire_only = transport == "wire"
         self._closed = False
@@ -309,11 +338,15 @@ class Engine:
             return [pool.snapshot(memory) for (_, _, memory), pool in self._pools.items()]
 
     def _has_disposals(self) -> bool:
-        """Whether a pool has idle surplus, or a retired pool is waiting to be dropped."""
-        return bool(self._retired) or any(pool.has_surplus for pool in list(self._pools.values()))
+        """Whether a pool has idle surplus, a retired pool is waiting to be dropped, or
+        device memory is parked."""
+        return bool(self._retired) or bool(self._parked) \
+            or any(pool.has_surplus for pool in list(self._pools.values()))
 
     def _dispose_steps(self) -> Steps:
-        """Unregister and close idle surplus extents and drained retired pools."""
+        """Unregister and close idle surplus extents, drained retired pools and parked extents."""
+        if self._parked:
+            yield from retry_parked_steps(self._parked, self._creator_pid)
         with self._lock:
             pools = list(self._pools.values()) + list(self._retired)
         for pool in pools:
@@ -324,12 +357,32 @@ class Engine:
                     self._retired.discard(pool)
 
     def _drop_extent_steps(self, extent: Extent) -> Steps:
-        return drop_extent_steps(extent, self._creator_pid)
+        return drop_extent_steps(extent, self._creator_pid, self._parked)
 
     def _close_steps(self) -> Steps:
         """Unregister and close every pool (the client is closing)."""
         with self._lock:
-            return close_pools_steps(self._pools, self._retired, self._creator_pid)
+            return close_pools_steps(self._pools, self._retired, self._creator_pid, self._parked)
+
+    # -- requests in flight -----------------------------------------------
+
+    @contextlib.contextmanager
+    def _flight(self) -> Iterator[None]:
+        """Count one request in flight for its duration (generator steps: until they end or close)."""
+        with self._lock:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._idle.notify_all()
+
+    def _wait_idle(self, timeout: float | None) -> bool:
+        """Block until no request is in flight (True), or *timeout* seconds passed (False)."""
+        with self._lock:
+            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
 
     # -- requests ---------------------------------------------------------
 
@@ -387,6 +440,12 @@ class Engine:
                      copy: bool, timeout: float | None, route: Route, rows: _intake.Rows | None = None) -> Steps:
         """Steps of one request that fits a slot: lease, copy in, run, collect
         (fixed-size outputs into *rows* of a chunked batch's results, when given)."""
+        with self._flight():
+            return (yield from self._chunk_attempts(info, arrays, names, copy, timeout, route, rows))
+
+    def _chunk_attempts(self, info: ModelInfo, arrays: Mapping[str, Any], names: list[str],
+                        copy: bool, timeout: float | None, route: Route,
+                        rows: _intake.Rows | None) -> Steps:
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays)
         needs = self._needs(info, shapes, bytes_sizes)
@@ -430,21 +489,22 @@ class Engine:
                     results: Placement, rows: _intake.Rows | None = None) -> Steps:
         """Steps of running the inputs already in a slot; outputs (checked *names*)
         land there too, and are delivered where *results* says."""
-        inputs, requested = self._slot_request(info, lease, shapes, names, bytes_sizes)
-        send = Send(info.name, info.version, inputs, requested)
-        try:
-            result = yield send
-        except RegionNotRegistered:
-            # The server restarted and forgot our regions: register every
-            # extent of the pool again under its name, then retry once.
-            for extent in lease.pool.extents:
-                try:
-                    yield Register(extent.memory, extent.name)
-                except RegistrationError as exc:
-                    if "already" not in str(exc):  # another request of ours re-registered it
-                        raise
-            result = yield send
-        return self._collect(info, lease, result, names, copy, results, rows)
+        with self._flight():
+            inputs, requested = self._slot_request(info, lease, shapes, names, bytes_sizes)
+            send = Send(info.name, info.version, inputs, requested)
+            try:
+                result = yield send
+            except RegionNotRegistered:
+                # The server restarted and forgot our regions: register every
+                # extent of the pool again under its name, then retry once.
+                for extent in lease.pool.extents:
+                    try:
+                        yield Register(extent.memory, extent.name)
+                    except RegistrationError as exc:
+                        if "already" not in str(exc):  # another request of ours re-registered it
+                            raise
+                result = yield send
+            return self._collect(info, lease, result, names, copy, results, rows)
 
     def _collect(self, info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
                  copy: bool, results: Placement, rows: _intake.Rows | None = None) -> dict[str, Any]:

@@ -38,7 +38,10 @@ from ._slots import SlotMemory
 __all__ = ["Layout", "SlotPool", "Lease", "Extent", "PoolInfo"]
 
 _PAGE = mmap.PAGESIZE
-_TENSOR_ALIGN = 64  # each tensor of a slot starts on a cache line
+# Each tensor of a slot starts 256-byte aligned: what cudaMalloc gives and
+# what Triton's device kernels (and vectorised copies) assume of a CUDA
+# buffer; on the host it is a few cache lines, which costs nothing.
+_TENSOR_ALIGN = 256
 # How often a waiting request looks again at slots only DLPack tensors hold:
 # their deleters run in C, on any thread, and cannot wake anyone.
 _PROBE_INTERVAL = 0.005
@@ -58,7 +61,7 @@ class Layout:
 
     @classmethod
     def for_capacities(cls, capacities: Mapping[str, int]) -> "Layout":
-        """Tensors one after the other, each cache-line aligned; slots page-aligned."""
+        """Tensors one after the other, each 256-byte aligned; slots page-aligned."""
         offsets, cursor, rooms = {}, 0, {}
         for name, capacity in capacities.items():
             # Never an empty room: Triton refuses a binding of 0 bytes.
