@@ -141,3 +141,27 @@ def test_refused_device_memory_is_retried_by_later_requests(url, fake_cuda, monk
         assert c._parked == [] and fake_cuda.pointer_kind(ptr) == KIND_UNKNOWN
     finally:
         c.close()
+
+
+def test_a_copy_mode_lease_keeps_its_device_memory_while_it_runs(fake_cuda):
+    """A request that copies its results out holds no view of its slot; its lease still keeps the
+    device memory alive, so an extent closed under it is freed only when the request is over."""
+    from fake_cuda import KIND_ALLOC, KIND_UNKNOWN
+    from tritonshm.client._model import ModelInfo
+    from tritonshm.client._pool import Layout, SlotPool
+    from tritonshm.client._slots import CudaSlotMemory
+
+    info = ModelInfo.__new__(ModelInfo)
+    pool = SlotPool(info, Layout.for_capacities({"x": 1024}), 2, 1 << 20, CudaSlotMemory)
+    extent = pool.new_extent()
+    pool.add_extent(extent)
+    ptr = extent.memory.region.ptr
+    lease = pool.try_acquire(hold=False)
+    for dropped in pool.close():   # the client closing under the request
+        dropped.memory.close()
+    gc.collect()
+    assert fake_cuda.pointer_kind(ptr) == KIND_ALLOC
+    pool.finished_and_back(lease)
+    del lease
+    gc.collect()
+    assert fake_cuda.pointer_kind(ptr) == KIND_UNKNOWN

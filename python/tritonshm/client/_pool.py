@@ -111,6 +111,9 @@ class Lease:
     index: int
     handle: Any           # SlotMemory.lease(): its lifetime holds the slot (None: finished_and_back())
     base: int             # the slot's offset in its extent's memory
+    # A lease without a handle that still keeps its memory alive while the request runs (device
+    # memory: closing the extent under an in-flight copy or inference must not free it).
+    keep: Any = None
 
     def offset(self, tensor: str) -> int:
         """Where *tensor* starts in the extent's memory."""
@@ -248,21 +251,23 @@ class SlotPool:
             extent, index = self._free.pop()  # LIFO: the slot used last is still in cache
             self._running += 1
         base = index * self.layout.slot_bytes
-        handle = None
-        if hold:
-            memory = extent.memory
-            try:
+        handle = keep = None
+        memory = extent.memory
+        try:
+            if hold:
                 handle = memory.lease(base, self.layout.slot_bytes)
                 finalizer = weakref.finalize(handle, self._release, extent, index, memory.probe(handle))
-            except BaseException:
-                with self._cond:  # no lease came of it: the slot is free again
-                    self._running -= 1
-                    if not extent.closed:
-                        self._free.append((extent, index))
-                    self._wake()
-                raise
-            finalizer.atexit = False
-        return Lease(self, extent, index, handle, base)
+                finalizer.atexit = False
+            elif memory.kind == "cuda":
+                keep = memory.lease(base, self.layout.slot_bytes)
+        except BaseException:
+            with self._cond:  # no lease came of it: the slot is free again
+                self._running -= 1
+                if not extent.closed:
+                    self._free.append((extent, index))
+                self._wake()
+            raise
+        return Lease(self, extent, index, handle, base, keep)
 
     def wait_slice(self, left: float | None) -> float | None:
         """How long to wait for a slot at a time: *left*, or less while slots
@@ -274,6 +279,7 @@ class SlotPool:
     def finished_and_back(self, lease: Lease) -> None:
         """:meth:`finished`, and the slot of a lease taken without *hold* back in the pool."""
         assert lease.handle is None, "a held lease returns when its views are gone"
+        lease.keep = None
         with self._cond:
             self._running -= 1
             self._release(lease.extent, lease.index)
