@@ -239,6 +239,7 @@ _PROTOTYPES = {
     "cudaStreamCreateWithFlags": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]),
     "cudaStreamDestroy": (ctypes.c_int, [ctypes.c_void_p]),
     "cudaStreamWaitEvent": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]),
+    "cudaStreamQuery": (ctypes.c_int, [ctypes.c_void_p]),
     "cudaEventCreateWithFlags": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]),
     "cudaEventRecord": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
     "cudaEventQuery": (ctypes.c_int, [ctypes.c_void_p]),
@@ -273,6 +274,9 @@ DRIVER_SYMBOLS = ("cuMemGetAddressRange", "cuMemGetAddressRange_v2", "cuGetError
 _CU_MEM_GET_ADDRESS_RANGE = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_size_t), ctypes.c_ulonglong)
 _CU_GET_ERROR_STRING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))
+# cuDevicePrimaryCtxGetState(CUdevice dev, unsigned *flags, int *active)
+_CU_DEVICE_PRIMARY_CTX_GET_STATE = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_int))
 
 
 class FakeCudart:
@@ -315,6 +319,28 @@ class FakeCudart:
 
     def owner_pid(self) -> int:
         return self.lib.tshm_fake_cuda_owner_pid()
+
+    def pending(self) -> int:
+        """Copies and kernel writes queued and not landed yet (all streams)."""
+        return self.lib.tshm_fake_cuda_pending()
+
+    def contexts(self) -> set[int]:
+        """The devices that have a primary context in this process."""
+        mask = self.lib.tshm_fake_cuda_contexts()
+        return {d for d in range(64) if mask >> d & 1}
+
+    def reset_contexts(self) -> None:
+        """Forget every context (as if the process had just started)."""
+        self.lib.tshm_fake_cuda_reset_contexts()
+
+    def primary_ctx_active(self, device: int) -> bool:
+        """cuDevicePrimaryCtxGetState(*device*)'s ``active``, through the driver entry point."""
+        fn = _CU_DEVICE_PRIMARY_CTX_GET_STATE(self.driver_entry_point("cuDevicePrimaryCtxGetState"))
+        flags, active = ctypes.c_uint(), ctypes.c_int(-1)
+        rc = fn(device, ctypes.byref(flags), ctypes.byref(active))
+        if rc != SUCCESS:
+            raise FakeCudaError("cuDevicePrimaryCtxGetState", rc, str(rc))
+        return bool(active.value)
 
     # --- calls that raise ------------------------------------------------
 
@@ -361,6 +387,75 @@ class FakeCudart:
     def memcpy(self, dst: int, src: int, nbytes: int, kind: int = MEMCPY_DEFAULT) -> None:
         self.check("cudaMemcpy", self.lib.cudaMemcpy(dst, src, nbytes, kind))
 
+    def memcpy_async(self, dst: int, src: int, nbytes: int, stream: int | None, kind: int = MEMCPY_DEFAULT) -> None:
+        self.check("cudaMemcpyAsync", self.lib.cudaMemcpyAsync(dst, src, nbytes, kind, stream))
+
+    def kernel_write(self, stream: int | None, dst: int, data: bytes) -> None:
+        """A test-only "kernel" on *stream* writing *data* (copied now) at *dst* when it lands."""
+        self.check("tshm_fake_cuda_kernel_write", self.lib.tshm_fake_cuda_kernel_write(stream, dst, data, len(data)))
+
+    def device_attribute(self, attr: int, device: int = 0) -> int:
+        v = ctypes.c_int()
+        self.check("cudaDeviceGetAttribute", self.lib.cudaDeviceGetAttribute(ctypes.byref(v), attr, device))
+        return v.value
+
+    def device_synchronize(self) -> None:
+        self.check("cudaDeviceSynchronize", self.lib.cudaDeviceSynchronize())
+
+    # streams and events: handles are ints (None / LEGACY_STREAM: the legacy default stream)
+
+    def stream_create(self, flags: int = STREAM_NON_BLOCKING) -> int:
+        s = ctypes.c_void_p()
+        self.check("cudaStreamCreateWithFlags", self.lib.cudaStreamCreateWithFlags(ctypes.byref(s), flags))
+        return s.value
+
+    def stream_destroy(self, stream: int) -> None:
+        self.check("cudaStreamDestroy", self.lib.cudaStreamDestroy(stream))
+
+    def stream_synchronize(self, stream: int | None) -> None:
+        self.check("cudaStreamSynchronize", self.lib.cudaStreamSynchronize(stream))
+
+    def stream_query(self, stream: int | None) -> bool:
+        """True when done; False for 600 (not ready: the next query lands the work)."""
+        rc = self.lib.cudaStreamQuery(stream)
+        if rc == ERROR_NOT_READY:
+            return False
+        self.check("cudaStreamQuery", rc)
+        return True
+
+    def stream_wait_event(self, stream: int | None, event: int) -> None:
+        self.check("cudaStreamWaitEvent", self.lib.cudaStreamWaitEvent(stream, event, 0))
+
+    def event_create(self, flags: int = EVENT_DISABLE_TIMING) -> int:
+        e = ctypes.c_void_p()
+        self.check("cudaEventCreateWithFlags", self.lib.cudaEventCreateWithFlags(ctypes.byref(e), flags))
+        return e.value
+
+    def event_record(self, event: int, stream: int | None) -> None:
+        self.check("cudaEventRecord", self.lib.cudaEventRecord(event, stream))
+
+    def event_query(self, event: int) -> bool:
+        """True when done; False for 600 (not ready: the next query lands the work)."""
+        rc = self.lib.cudaEventQuery(event)
+        if rc == ERROR_NOT_READY:
+            return False
+        self.check("cudaEventQuery", rc)
+        return True
+
+    def event_synchronize(self, event: int) -> None:
+        self.check("cudaEventSynchronize", self.lib.cudaEventSynchronize(event))
+
+    def event_destroy(self, event: int) -> None:
+        self.check("cudaEventDestroy", self.lib.cudaEventDestroy(event))
+
+    def host_alloc(self, nbytes: int, flags: int = 0) -> int:
+        p = ctypes.c_void_p()
+        self.check("cudaHostAlloc", self.lib.cudaHostAlloc(ctypes.byref(p), nbytes, flags))
+        return p.value or 0
+
+    def free_host(self, ptr: int) -> None:
+        self.check("cudaFreeHost", self.lib.cudaFreeHost(ptr))
+
     def host_register(self, ptr: int, nbytes: int, flags: int = 1) -> None:
         self.check("cudaHostRegister", self.lib.cudaHostRegister(ptr, nbytes, flags))
 
@@ -389,7 +484,8 @@ class FakeCudart:
         return text.value.decode()
 
     def read(self, ptr: int, nbytes: int) -> bytes:
-        """The bytes at a fake device pointer (fake device memory is host memory)."""
+        """The bytes at a fake device pointer as they are now (fake device memory is host
+        memory): queued work that has not landed is not in them."""
         return ctypes.string_at(ptr, nbytes)
 
     def write(self, ptr: int, data: bytes) -> None:

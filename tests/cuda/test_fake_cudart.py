@@ -41,19 +41,25 @@ def build_dir(request, tmp_path_factory) -> Path:
     return cache.mkdir("fake_cudart") if cache is not None else tmp_path_factory.mktemp("fake_cudart")
 
 
+ENV_VARS = (fake_cuda.ENV_DEVICES, fake_cuda.ENV_DRIVER, fake_cuda.ENV_TOTAL_MEM, fake_cuda.ENV_FAIL,
+            fake_cuda.ENV_SYNC, fake_cuda.ENV_NO_READONLY_REGISTER)
+
+
 @pytest.fixture(autouse=True)
 def clean_fake(fake, monkeypatch):
     """Each test starts with the default environment and device 0, and
-    must give back everything it took from the fake."""
-    for var in (fake_cuda.ENV_DEVICES, fake_cuda.ENV_DRIVER, fake_cuda.ENV_TOTAL_MEM, fake_cuda.ENV_FAIL):
+    must give back everything it took from the fake, with no work queued."""
+    for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
     before = fake.stats()
     segments = set(fake_cuda.fake_segments())
     yield
-    for var in (fake_cuda.ENV_DEVICES, fake_cuda.ENV_DRIVER, fake_cuda.ENV_FAIL):
+    for var in ENV_VARS:
         os.environ.pop(var, None)
     fake.set_device(0)
+    assert fake.pending() == 0, "the test left queued work (sync what you queue)"
     assert fake.stats().live == before.live, "the test left fake allocations, opens or registrations"
+    assert fake.stats().live_host_allocs == before.live_host_allocs, "the test left cudaHostAlloc'ed memory"
     mine = {n for n, pid in fake_cuda.fake_segments().items() if pid == os.getpid()}
     assert mine <= segments, f"fake segments left in /dev/shm: {mine - segments}"
 
@@ -179,10 +185,11 @@ def test_memcpy(fake):
     try:
         src = ctypes.create_string_buffer((bytes(range(256)) * 40)[:n], n)
         dst = ctypes.create_string_buffer(n)
-        fake.memcpy(dev, ctypes.addressof(src), n, 1)  # HostToDevice
-        fake.memcpy(other, dev, n, 3)  # DeviceToDevice
-        fake.memcpy(ctypes.addressof(dst), other, n)  # Default
-        assert dst.raw == src.raw
+        fake.memcpy(dev, ctypes.addressof(src), n, 1)  # HostToDevice: source staged, copy queued
+        fake.memcpy(other, dev, n, 3)  # DeviceToDevice: queued
+        assert fake.read(other, 8) == bytes(8) and fake.pending() == 2
+        fake.memcpy(ctypes.addressof(dst), other, n)  # Default (DeviceToHost): complete on return
+        assert dst.raw == src.raw and fake.pending() == 0
         fake.memcpy(ctypes.addressof(dst), dev + 100, 50, 2)  # DeviceToHost, interior
         assert dst.raw[:50] == src.raw[100:150]
         assert fake.lib.cudaMemcpy(None, None, 0, 4) == 0  # nothing to copy
@@ -194,7 +201,9 @@ def test_memcpy(fake):
         assert fake.lib.cudaMemcpy(ctypes.addressof(dst), ctypes.addressof(src), 8, 1) == fake_cuda.ERROR_INVALID_VALUE
         assert fake.lib.cudaMemcpy(ctypes.addressof(dst), ctypes.addressof(src), 8, 0) == 0  # HostToHost
         assert fake.lib.cudaStreamSynchronize(None) == 0
-        assert fake.lib.cudaStreamSynchronize(0x1234) == 0
+        assert fake.lib.cudaStreamSynchronize(fake_cuda.LEGACY_STREAM) == 0
+        assert fake.lib.cudaStreamSynchronize(fake_cuda.PER_THREAD_STREAM) == 0
+        assert fake.lib.cudaStreamSynchronize(0x1234) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE  # not ours
     finally:
         fake.free(dev)
         fake.free(other)
@@ -603,11 +612,14 @@ def test_server_support_entry_points(fake):
         assert fake.lib.cudaGetDriverEntryPointByVersion(b"cuGetErrorString", ctypes.byref(f), 12060, 0,
                                                          ctypes.byref(status)) == 0
         assert f.value == fake.driver_entry_point("cuGetErrorString") and status.value == 0
-        # an asynchronous copy is complete on return
+        # an asynchronous copy lands at the stream's sync (the server runs with TSHM_FAKE_CUDA_SYNC=1)
         fake.write(ptr, b"async!")
         assert fake.lib.cudaMemcpyAsync(host, ptr, 6, 2, None) == 0
+        assert host.raw[:6] == bytes(6)
+        fake.stream_synchronize(None)
         assert host.raw[:6] == b"async!"
-        assert fake.lib.cudaMemcpyAsync(host, ptr + n - 2, 6, 2, 0x99) == fake_cuda.ERROR_INVALID_VALUE
+        assert fake.lib.cudaMemcpyAsync(host, ptr + n - 2, 6, 2, None) == fake_cuda.ERROR_INVALID_VALUE
+        assert fake.lib.cudaMemcpyAsync(host, ptr, 6, 2, 0x99) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
     finally:
         fake.free(ptr)
 

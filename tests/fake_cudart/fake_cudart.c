@@ -5,33 +5,90 @@
  *
  * A tiny shared library that exports a handful of libcudart entry points
  * with their real signatures (written with plain C types: cudaError_t is
- * int, streams are void *, cudaIpcMemHandle_t is 64 bytes passed by value),
- * so that tritonshm's CUDA layer -- which dlopen()s libcudart and resolves
- * exactly these symbols -- can be tested on machines without a GPU.  It is
- * built by tests/fake_cuda.py into a cache directory at test time; it is not
- * part of the wheel.
+ * int, streams and events are void *, cudaIpcMemHandle_t is 64 bytes passed
+ * by value), so that tritonshm's CUDA layer -- which dlopen()s libcudart and
+ * resolves exactly these symbols -- can be tested on machines without a GPU.
+ * It is built by tests/fake_cuda.py into a cache directory at test time; it
+ * is not part of the wheel.
+ *
+ * It is ADVERSARIAL on purpose: where CUDA leaves a result undefined until
+ * something synchronizes, the fake shows the old bytes, so code that forgets
+ * an event or a stream sync fails in CI instead of on a customer's GPU.
  *
  * What it models
  *   - "Device memory" is a POSIX shm segment ("/tshm-fakecuda-<pid>-<16hex>",
  *     0600) mapped MAP_SHARED; cudaMalloc returns the mapping's address, so
- *     all fake device memory is host-addressable and cudaMemcpy is memmove.
- *     cudaFree unmaps and unlinks.  Only a base pointer can be freed.
- *   - CUDA IPC: cudaIpcGetMemHandle (base pointers only) writes a handle
- *     {"TSHMFAKE", creator pid, device, size, segment name}; another process
- *     cudaIpcOpenMemHandle()s it by mapping the segment, so writes are seen
- *     both ways.  Opening in the exporting process fails with 201, as real
- *     CUDA does; opening the same handle twice in one process returns the
- *     same pointer and counts references (as cuIpcOpenMemHandle does);
- *     a freed allocation or a dead exporter gives 400.
+ *     all fake device memory is host-addressable (tests read it directly:
+ *     that is what "the GPU holds now").  cudaFree unmaps and unlinks.  Only
+ *     a base pointer can be freed.  The segment has one extra page after the
+ *     data: the table of processes that have it open through IPC.
+ *   - Asynchrony.  Every stream has a FIFO of queued operations (copies,
+ *     test-only "kernel writes", event marks, waits).  NOTHING queued lands
+ *     (touches its destination) until something synchronizes it:
+ *     cudaStreamSynchronize of its stream, cudaEventSynchronize of an event
+ *     recorded after it, cudaEventQuery/cudaStreamQuery (the FIRST query of
+ *     unfinished work answers 600 cudaErrorNotReady, the next one lands it:
+ *     progress, without letting a caller that never polls pass),
+ *     cudaDeviceSynchronize, an implicitly synchronizing call (cudaFree,
+ *     cudaFreeHost, cudaHostUnregister, cudaIpcCloseMemHandle land all
+ *     work), or a later op that depends on it being landed.  Until then
+ *     every reader -- this process's host code, the server process -- sees
+ *     the OLD bytes.
+ *       cudaMemcpyAsync: a pageable host source is copied at call time
+ *     (CUDA stages it); a device or pinned (cudaHostAlloc'ed, registered)
+ *     source is read when the copy lands, so reusing a pinned staging buffer
+ *     before the copy is known complete is caught.  The destination is
+ *     written when it lands, pageable host memory included.
+ *       cudaMemcpy (legacy default stream), per CUDA's "API synchronization
+ *     behavior": device->host, host->host and pinned host->device are
+ *     complete on return (after what they depend on); pageable host->device
+ *     (source staged at call time) and device->device are only queued.
+ *   - Streams: NULL and 1 are the legacy default stream of the current
+ *     device, 2 its per-thread default stream (one per thread and device);
+ *     any other handle must come from cudaStreamCreateWithFlags (else 400).
+ *     Legacy semantics: an op on the legacy stream first depends on all
+ *     queued work of every *blocking* stream of its device (per-thread
+ *     default streams are blocking), and later work on blocking streams
+ *     depends on it.  cudaStreamNonBlocking streams have no implicit
+ *     ordering with it.  Streams and events belong to the device current at
+ *     creation; recording an event on a stream of another device, or a
+ *     kernel write on a stream of another device, gives 400 (copies, waits
+ *     and syncs across devices are allowed, as in CUDA).  cudaStreamWaitEvent
+ *     makes the stream's later ops depend on the event's recorded point.
+ *   - TSHM_FAKE_CUDA_SYNC=1: every op lands as soon as it is queued (the
+ *     old, kind behaviour).  fake_cuda.server_env() sets it for a
+ *     tritonserver (a stand-in, not under test).
  *   - Devices: TSHM_FAKE_CUDA_DEVICES (default 1; 0 -> cudaErrorNoDevice),
  *     TSHM_FAKE_CUDA_DRIVER=none -> cudaErrorInsufficientDriver (35).  The
  *     current device is per thread.  A few attributes (compute capability
- *     9.0, 132 SMs, host-register support, PCI bus id = ordinal), a name,
- *     16 GiB per device (TSHM_FAKE_CUDA_TOTAL_MEM overrides) with free
- *     memory going down by what this process allocated on that device.
- *   - cudaHostRegister/Unregister bookkeeping: overlapping ranges (712),
+ *     9.0, 132 SMs, host-register support, read-only host-register support
+ *     113 unless TSHM_FAKE_CUDA_NO_READONLY_REGISTER=1, PCI bus id =
+ *     ordinal), a name, 16 GiB per device (TSHM_FAKE_CUDA_TOTAL_MEM
+ *     overrides) with free memory going down by what this process allocated
+ *     on that device.
+ *   - Contexts: one "has a primary context" flag per device.  cudaSetDevice(d)
+ *     creates d's (CUDA 12 semantics); every call that works on memory,
+ *     streams or events creates the current device's; device queries
+ *     (count, current, attributes, properties, versions, error names) do
+ *     not.  cuDevicePrimaryCtxGetState reports it; tests read the whole set
+ *     with tshm_fake_cuda_contexts().
+ *   - CUDA IPC: cudaIpcGetMemHandle (base pointers only) writes a handle
+ *     {"TSHMFAKE", creator pid, device, size, segment name}; another process
+ *     cudaIpcOpenMemHandle()s it by mapping the segment, so writes that have
+ *     landed are seen both ways.  Opening in the exporting process fails
+ *     with 201, as real CUDA does; opening the same handle twice in one
+ *     process returns the same pointer and counts references (as
+ *     cuIpcOpenMemHandle does); a freed allocation or a dead exporter gives
+ *     400.  An opening process writes its pid into the segment's table until
+ *     its last close.  cudaFree of an allocation that a live process still
+ *     has open -- undefined behaviour in CUDA, the server may read freed or
+ *     reused memory -- counts stat freed_while_open and fills the memory
+ *     with 0xDB before unmapping, so the opener sees garbage.
+ *   - Pinned host memory: cudaHostAlloc (an anonymous mapping) / cudaFreeHost;
+ *     cudaHostRegister/Unregister bookkeeping: overlapping ranges (712),
  *     unknown bases (713), ranges that are not mapped, or not writable
- *     without cudaHostRegisterReadOnly (1), read from /proc/self/maps.
+ *     without cudaHostRegisterReadOnly (1), read from /proc/self/maps;
+ *     cudaHostRegisterReadOnly where attribute 113 is 0: 801.
  *   - Fork: the first process to use the fake owns it; calls from a forked
  *     child return cudaErrorInitializationError (3), as real CUDA does after
  *     the parent initialized it.
@@ -40,7 +97,13 @@
  *   - TSHM_FAKE_CUDA_TRACE=<file> appends "<pid> <function>" per call.
  *   - Environment variables are read on every call, so tests can flip them
  *     with os.environ / monkeypatch (not while other threads call the fake).
- *   - Counters for tests: tshm_fake_cuda_stats(), tshm_fake_cuda_pointer_kind().
+ *   - Thread-safe: one mutex around all state; a "sync" does its landing
+ *     under it (nothing ever really waits).
+ *   - For tests: tshm_fake_cuda_stats(), tshm_fake_cuda_pointer_kind(),
+ *     tshm_fake_cuda_kernel_write() (a "kernel" on a stream: writes dst from
+ *     a snapshot of src when it lands), tshm_fake_cuda_contexts() /
+ *     tshm_fake_cuda_reset_contexts(), tshm_fake_cuda_pending() (copies and
+ *     kernel writes queued, not landed).
  *   - A real tritonserver 2.51 (CUDA 12.6 runtime bundled, no driver on the
  *     machine) with this library LD_PRELOADed registers fake CUDA regions,
  *     refuses an oversized byte_size and runs inferences through them: for
@@ -50,16 +113,26 @@
  *     makes reaches its own libcudart, which fails (no driver) as before.
  *
  * What it does NOT model
- *   - Any GPU: no kernels, no real streams or events, no asynchrony (every
- *     call is complete on return), no contexts beyond "current device".
+ *   - Any GPU: no kernels (only kernel_write), no concurrency between
+ *     streams (ops land in an order the dependencies allow, when a sync asks
+ *     for them), no timing (cudaEventElapsedTime is not exported), no graph
+ *     capture, no stream priorities or callbacks (cudaLaunchHostFunc).
+ *   - Errors from the device (sticky errors, illegal addresses at land time):
+ *     an op whose memory is gone by the time it lands is undefined here as
+ *     in CUDA (a pageable destination freed before the sync is written
+ *     anyway -- keep it alive).
  *   - Real handle bytes, real device numbering, peer access, UVA tricks,
  *     pool/managed memory, page-locking (registration is bookkeeping only).
  *   - Uninitialized device memory (shm pages read as zero), alignment beyond
  *     the page size, memory limits other than the 16 GiB budget.
+ *   - cudaMemcpyAsync of device->pageable memory: CUDA returns only after
+ *     the copy; the fake keeps it queued until a sync (stricter).
  *   - Exporter exit: real CUDA frees device memory at exit; the fake unlinks
  *     its live segments in a destructor on normal exit only (a killed test
  *     process leaves /dev/shm/tshm-fakecuda-<pid>-* behind; fake_cuda.py
- *     can remove those of dead processes).
+ *     can remove those of dead processes).  Per-thread default streams of
+ *     exited threads, destroyed streams and their events' targets are kept
+ *     (small) so that no recorded point ever dangles.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -91,8 +164,10 @@ enum {
     INVALID_DEVICE = 101,
     DEVICE_UNINITIALIZED = 201, /* "invalid device context" */
     INVALID_RESOURCE_HANDLE = 400,
+    NOT_READY = 600,
     HOST_MEMORY_ALREADY_REGISTERED = 712,
     HOST_MEMORY_NOT_REGISTERED = 713,
+    NOT_SUPPORTED = 801,
     UNKNOWN = 999,
 };
 
@@ -113,18 +188,25 @@ typedef struct handle_body {
 _Static_assert(sizeof(handle_body) == 64, "fake IPC handle must be 64 bytes");
 
 #define DEFAULT_TOTAL_MEM (16ULL << 30)
+#define MAX_DEVICES 64   /* TSHM_FAKE_CUDA_DEVICES is capped there; one bit each */
 
 /* ------------------------------------------------------------------ state */
 
-enum { KIND_ALLOC = 1, KIND_OPENED = 2, KIND_HOSTREG = 3 };
+enum { KIND_ALLOC = 1, KIND_OPENED = 2, KIND_HOSTREG = 3, KIND_HOSTALLOC = 4 };
+
+/* Device memory (ours, or opened through IPC) vs pinned host memory. */
+static int is_device_kind(int kind) { return kind == KIND_ALLOC || kind == KIND_OPENED; }
+static int is_pinned_kind(int kind) { return kind == KIND_HOSTREG || kind == KIND_HOSTALLOC; }
 
 typedef struct entry {
     struct entry *next;
     int kind;
     uint8_t *base;
-    size_t size;
+    size_t size;          /* usable bytes */
+    size_t map_size;      /* bytes mapped: alloc/opened add the open table page */
     int device;
-    long refs;            /* opened mappings: open count */
+    long refs;            /* opened mappings: open count in this process */
+    int32_t *open_slot;   /* opened mappings: our pid's slot in the open table */
     char name[48];        /* shm name, with the leading '/' */
 } entry;
 
@@ -132,6 +214,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *entries;
 static pid_t owner_pid;   /* the process that first used the fake */
 static __thread int current_device;
+static unsigned long long contexts;  /* bit d: device d has a primary context */
 
 enum {
     ST_LIVE_ALLOCS, ST_LIVE_BYTES, ST_LIVE_IPC_OPENS, ST_LIVE_HOST_REGS,
@@ -146,6 +229,12 @@ enum {
 };
 static long long stats[ST_COUNT];
 
+static int env_flag(const char *name)
+{
+    const char *s = getenv(name);
+    return s != NULL && strcmp(s, "1") == 0;
+}
+
 static int device_count(void)
 {
     const char *s = getenv("TSHM_FAKE_CUDA_DEVICES");
@@ -153,7 +242,7 @@ static int device_count(void)
         return 1;
     char *end;
     long n = strtol(s, &end, 10);
-    return (*end != '\0' || n < 0 || n > 64) ? 1 : (int)n;
+    return (*end != '\0' || n < 0 || n > MAX_DEVICES) ? 1 : (int)n;
 }
 
 static int driver_missing(void)
@@ -161,6 +250,11 @@ static int driver_missing(void)
     const char *s = getenv("TSHM_FAKE_CUDA_DRIVER");
     return s != NULL && strcmp(s, "none") == 0;
 }
+
+/* TSHM_FAKE_CUDA_SYNC=1: ops land as soon as they are queued. */
+static int sync_mode(void) { return env_flag("TSHM_FAKE_CUDA_SYNC"); }
+
+static int readonly_register_supported(void) { return !env_flag("TSHM_FAKE_CUDA_NO_READONLY_REGISTER"); }
 
 static unsigned long long total_mem(void)
 {
@@ -231,6 +325,12 @@ static int enter(const char *fn, int need_device)
     return checks(fn, need_device);
 }
 
+static void create_context(int device)
+{
+    if (device >= 0 && device < MAX_DEVICES)
+        __atomic_or_fetch(&contexts, 1ULL << device, __ATOMIC_SEQ_CST);
+}
+
 #define ENTER(fn, need_device)            \
     do {                                  \
         int enter_rc = enter(fn, need_device); \
@@ -238,18 +338,21 @@ static int enter(const char *fn, int need_device)
             return enter_rc;              \
     } while (0)
 
-static void stat_add(int which, long long n)
-{
-    __atomic_add_fetch(&stats[which], n, __ATOMIC_RELAXED);
-}
+/* ENTER for calls that work on memory, streams or events: like the real
+ * runtime, they create the current device's primary context. */
+#define ENTER_CTX(fn)                     \
+    do {                                  \
+        ENTER(fn, 1);                     \
+        create_context(current_device);   \
+    } while (0)
 
-/* The entry of `kind` (0: alloc or opened) containing [p, p+n), or NULL.
+/* The entry of `kind` (0: any device kind) containing [p, p+n), or NULL.
  * With `base_only`, p must be the entry's base.  Caller holds the lock. */
 static entry *find(const void *p, size_t n, int kind, int base_only)
 {
     uintptr_t a = (uintptr_t)p;
     for (entry *e = entries; e != NULL; e = e->next) {
-        if (kind != 0 ? e->kind != kind : e->kind >= KIND_HOSTREG)
+        if (kind != 0 ? e->kind != kind : !is_device_kind(e->kind))
             continue;
         uintptr_t b = (uintptr_t)e->base;
         if (base_only ? a == b : (a >= b && a - b < e->size && n <= e->size - (a - b)))
@@ -264,10 +367,22 @@ static entry *find_containing(const void *p)
     uintptr_t a = (uintptr_t)p;
     for (entry *e = entries; e != NULL; e = e->next) {
         uintptr_t b = (uintptr_t)e->base;
-        if (e->kind < KIND_HOSTREG && a >= b && a - b < e->size)
+        if (is_device_kind(e->kind) && a >= b && a - b < e->size)
             return e;
     }
     return NULL;
+}
+
+/* Is all of [p, p+n) inside one pinned (allocated or registered) host range? */
+static int is_pinned(const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (entry *e = entries; e != NULL; e = e->next) {
+        uintptr_t b = (uintptr_t)e->base;
+        if (is_pinned_kind(e->kind) && a >= b && a - b < e->size && n <= e->size - (a - b))
+            return 1;
+    }
+    return 0;
 }
 
 static void unlink_entry(entry *e)
@@ -300,12 +415,319 @@ static uint64_t random64(void)
     return (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ULL ^ __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
 }
 
+/* ------------------------------------------------- the IPC open table
+ *
+ * A device segment is [data, rounded up to a page][one page of int32 pids].
+ * A process that opens the segment through IPC claims a slot with its pid
+ * (atomically: the page is shared by every process that maps it) and clears
+ * it at its last close, so the exporter's cudaFree can tell that someone
+ * still reads the memory.  Slots of dead processes do not count: real CUDA
+ * closes a process's IPC mappings when it exits.
+ */
+
+static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+static size_t data_span(size_t n)
+{
+    size_t page = page_size();
+    return (n + page - 1) / page * page;
+}
+
+static size_t segment_size(size_t n) { return data_span(n) + page_size(); }
+
+static int32_t *open_table(const entry *e) { return (int32_t *)(e->base + data_span(e->size)); }
+
+static size_t open_table_slots(void) { return page_size() / sizeof(int32_t); }
+
+static int32_t *claim_open_slot(entry *e)
+{
+    int32_t *table = open_table(e), me = (int32_t)getpid();
+    for (size_t i = 0; i < open_table_slots(); i++) {
+        int32_t expected = 0;
+        if (__atomic_compare_exchange_n(&table[i], &expected, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            return &table[i];
+    }
+    return NULL;  /* full: this open goes unseen (never in practice) */
+}
+
+/* How many live processes other than us have the allocation open. */
+static int live_openers(const entry *e)
+{
+    const int32_t *table = open_table(e);
+    int n = 0;
+    for (size_t i = 0; i < open_table_slots(); i++) {
+        int32_t pid = __atomic_load_n(&table[i], __ATOMIC_SEQ_CST);
+        if (pid > 0 && pid != (int32_t)getpid() && (kill(pid, 0) == 0 || errno == EPERM))
+            n++;
+    }
+    return n;
+}
+
+/* ---------------------------------------------------- streams and landing
+ *
+ * Every op gets a ticket from one process-wide counter, so "everything
+ * stream s had queued when X happened" is the point (s, ticket).  An op
+ * lands only after the ops before it on its stream and after the points it
+ * depends on (a waited event, the legacy stream's implicit barrier).  A
+ * dependency always points at an earlier ticket, so landing terminates.
+ */
+
+enum { STREAM_LEGACY, STREAM_BLOCKING, STREAM_NON_BLOCKING };
+
+#define LEGACY_HANDLE ((void *)1)
+#define PER_THREAD_HANDLE ((void *)2)
+
+struct fake_stream;
+
+typedef struct point {
+    struct fake_stream *stream;
+    uint64_t ticket;
+} point;
+
+typedef struct op {
+    struct op *next;
+    uint64_t ticket;
+    uint8_t *dst;           /* NULL: a mark (event record, wait, sync barrier) */
+    const uint8_t *src;     /* read when it lands (device or pinned source) ... */
+    uint8_t *snapshot;      /* ... or the source as it was when queued */
+    size_t n;
+    int ndeps;
+    point deps[];           /* land these first */
+} op;
+
+typedef struct fake_stream {
+    struct fake_stream *next;
+    int device;
+    int kind;               /* STREAM_* */
+    int user;               /* made by cudaStreamCreateWithFlags: a valid handle */
+    int destroyed;          /* cudaStreamDestroy'ed (or its thread exited) */
+    int polled;             /* cudaStreamQuery answered 600 for the current tail */
+    op *head, *tail;
+} fake_stream;
+
+typedef struct fake_event {
+    struct fake_event *next;
+    int device;
+    unsigned flags;
+    point at;               /* stream NULL: never recorded */
+    int polled;             /* cudaEventQuery answered 600 for this record */
+} fake_event;
+
+static fake_stream *streams;       /* every stream with a use: live, or destroyed with work left */
+static fake_stream *graveyard;     /* destroyed and empty: kept so no point dangles */
+static fake_stream *legacy_streams[MAX_DEVICES];
+static fake_event *events;
+static uint64_t last_ticket;
+static long long pending_ops;      /* copies and kernel writes queued, not landed */
+
+/* Per-thread default streams ((void *)2), one per device, released at thread exit. */
+typedef struct thread_streams {
+    fake_stream *of_device[MAX_DEVICES];
+} thread_streams;
+static __thread thread_streams *my_streams;
+static pthread_key_t thread_key;
+
+static fake_stream *new_stream(int device, int kind, int user)
+{
+    fake_stream *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return NULL;
+    s->device = device;
+    s->kind = kind;
+    s->user = user;
+    s->next = streams;
+    streams = s;
+    return s;
+}
+
+/* Destroyed streams whose work has all landed move to the graveyard. */
+static void reap_streams(void)
+{
+    fake_stream **pp = &streams;
+    while (*pp != NULL) {
+        fake_stream *s = *pp;
+        if (s->destroyed && s->head == NULL) {
+            *pp = s->next;
+            s->next = graveyard;
+            graveyard = s;
+        } else {
+            pp = &s->next;
+        }
+    }
+}
+
+static void release_thread_streams(void *p)
+{
+    thread_streams *ts = p;
+    pthread_mutex_lock(&lock);
+    for (int d = 0; d < MAX_DEVICES; d++)
+        if (ts->of_device[d] != NULL)
+            ts->of_device[d]->destroyed = 1;  /* its queued work still lands */
+    reap_streams();
+    pthread_mutex_unlock(&lock);
+    free(ts);
+}
+
+/* The stream a handle names, on the current device for the default ones.
+ * Caller holds the lock. */
+static int resolve_stream(void *handle, fake_stream **out)
+{
+    int d = current_device;
+    *out = NULL;
+    if (handle == NULL || handle == LEGACY_HANDLE) {
+        if (legacy_streams[d] == NULL)
+            legacy_streams[d] = new_stream(d, STREAM_LEGACY, 0);
+        *out = legacy_streams[d];
+        return *out != NULL ? OK : MEMORY_ALLOCATION;
+    }
+    if (handle == PER_THREAD_HANDLE) {
+        if (my_streams == NULL) {
+            my_streams = calloc(1, sizeof *my_streams);
+            if (my_streams == NULL)
+                return MEMORY_ALLOCATION;
+            pthread_setspecific(thread_key, my_streams);
+        }
+        if (my_streams->of_device[d] == NULL)  /* blocking: it syncs with the legacy stream */
+            my_streams->of_device[d] = new_stream(d, STREAM_BLOCKING, 0);
+        *out = my_streams->of_device[d];
+        return *out != NULL ? OK : MEMORY_ALLOCATION;
+    }
+    for (fake_stream *s = streams; s != NULL; s = s->next) {
+        if ((void *)s == handle && s->user && !s->destroyed) {
+            *out = s;
+            return OK;
+        }
+    }
+    return INVALID_RESOURCE_HANDLE;
+}
+
+static fake_event *find_event(const void *handle)
+{
+    for (fake_event *e = events; e != NULL; e = e->next)
+        if ((const void *)e == handle)
+            return e;
+    return NULL;
+}
+
+static int has_landed(point p)
+{
+    return p.stream == NULL || p.stream->head == NULL || p.stream->head->ticket > p.ticket;
+}
+
+/* Land every op of s up to ticket t, dependencies first.  Caller holds the lock. */
+static void land(fake_stream *s, uint64_t t)
+{
+    while (s->head != NULL && s->head->ticket <= t) {
+        op *o = s->head;
+        for (int i = 0; i < o->ndeps; i++)
+            land(o->deps[i].stream, o->deps[i].ticket);  /* earlier tickets: never o itself */
+        s->head = o->next;
+        if (s->head == NULL)
+            s->tail = NULL;
+        if (o->dst != NULL) {
+            memmove(o->dst, o->snapshot != NULL ? o->snapshot : o->src, o->n);
+            pending_ops--;
+        }
+        free(o->snapshot);
+        free(o);
+    }
+}
+
+static void land_stream(fake_stream *s) { land(s, UINT64_MAX); }
+
+/* Land all work of one device (-1: of every device).  Caller holds the lock. */
+static void land_device(int device)
+{
+    for (fake_stream *s = streams; s != NULL; s = s->next)
+        if (device < 0 || s->device == device)
+            land_stream(s);
+    reap_streams();
+}
+
+/* Queue an op on s: a copy of n bytes to dst (from src when it lands, or
+ * from `snapshot`, which it takes over), or a mark (dst NULL), after `wait`
+ * if given and after what the legacy-stream rules order before it.
+ * Returns its ticket, 0 when out of memory.  Caller holds the lock. */
+static uint64_t enqueue(fake_stream *s, void *dst, const void *src, uint8_t *snapshot, size_t n,
+                        const point *wait)
+{
+    fake_stream *legacy = legacy_streams[s->device];
+    int ndeps = wait != NULL && !has_landed(*wait);
+    if (s->kind == STREAM_LEGACY) {
+        for (fake_stream *x = streams; x != NULL; x = x->next)
+            ndeps += x->kind == STREAM_BLOCKING && x->device == s->device && x->tail != NULL;
+    } else if (s->kind == STREAM_BLOCKING) {
+        ndeps += legacy != NULL && legacy->tail != NULL;
+    }
+    op *o = calloc(1, sizeof *o + (size_t)ndeps * sizeof(point));
+    if (o == NULL) {
+        free(snapshot);
+        return 0;
+    }
+    int i = 0;
+    if (wait != NULL && !has_landed(*wait))
+        o->deps[i++] = *wait;
+    if (s->kind == STREAM_LEGACY) {  /* after all queued work of the device's blocking streams */
+        for (fake_stream *x = streams; x != NULL; x = x->next)
+            if (x->kind == STREAM_BLOCKING && x->device == s->device && x->tail != NULL)
+                o->deps[i++] = (point){x, x->tail->ticket};
+    } else if (s->kind == STREAM_BLOCKING && legacy != NULL && legacy->tail != NULL) {
+        o->deps[i++] = (point){legacy, legacy->tail->ticket};  /* after the legacy stream's */
+    }
+    o->ndeps = i;
+    o->ticket = ++last_ticket;
+    o->dst = dst;
+    o->src = src;
+    o->snapshot = snapshot;
+    o->n = n;
+    if (s->tail != NULL)
+        s->tail->next = o;
+    else
+        s->head = o;
+    s->tail = o;
+    s->polled = 0;
+    if (dst != NULL)
+        pending_ops++;
+    uint64_t t = o->ticket;
+    if (sync_mode())
+        land(s, t);
+    return t;
+}
+
+/* A copy of [p, p+n) made now (what CUDA does with pageable sources). */
+static uint8_t *snapshot_of(const void *p, size_t n)
+{
+    uint8_t *copy = malloc(n);
+    if (copy != NULL)
+        memcpy(copy, p, n);
+    return copy;
+}
+
+/* Synchronize s: everything it has queued, and for the legacy stream
+ * everything the device's blocking streams queued before (a barrier).
+ * Caller holds the lock. */
+static int sync_stream(fake_stream *s)
+{
+    if (s->kind == STREAM_LEGACY) {
+        uint64_t t = enqueue(s, NULL, NULL, NULL, 0, NULL);
+        if (t == 0)
+            return MEMORY_ALLOCATION;
+        land(s, t);
+        stats[ST_LEGACY_SYNCS]++;
+    } else {
+        land_stream(s);
+    }
+    reap_streams();
+    return OK;
+}
+
 static void prepare_fork(void) { pthread_mutex_lock(&lock); }
 static void after_fork(void) { pthread_mutex_unlock(&lock); }
 
 __attribute__((constructor)) static void fake_init(void)
 {
     pthread_atfork(prepare_fork, after_fork, after_fork);
+    pthread_key_create(&thread_key, release_thread_streams);
 }
 
 /* Real CUDA frees device memory when the process exits: on a normal exit,
@@ -339,11 +761,13 @@ static const struct {
     {INVALID_DEVICE, "cudaErrorInvalidDevice", "invalid device ordinal"},
     {DEVICE_UNINITIALIZED, "cudaErrorDeviceUninitialized", "invalid device context"},
     {INVALID_RESOURCE_HANDLE, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {NOT_READY, "cudaErrorNotReady", "device not ready"},
     {700, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
     {HOST_MEMORY_ALREADY_REGISTERED, "cudaErrorHostMemoryAlreadyRegistered",
      "part or all of the requested memory range is already mapped"},
     {HOST_MEMORY_NOT_REGISTERED, "cudaErrorHostMemoryNotRegistered",
      "pointer does not correspond to a registered memory region"},
+    {NOT_SUPPORTED, "cudaErrorNotSupported", "operation not supported"},
     {UNKNOWN, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -400,12 +824,14 @@ API int cudaGetDevice(int *device)
     return OK;
 }
 
+/* CUDA 12: setting a device initializes its primary context. */
 API int cudaSetDevice(int device)
 {
     ENTER("cudaSetDevice", 1);
     if (device < 0 || device >= device_count())
         return fail(INVALID_DEVICE);
     current_device = device;
+    create_context(device);
     return OK;
 }
 
@@ -422,7 +848,7 @@ API int cudaDeviceGetAttribute(int *value, int attr, int device)
     case 75: *value = 9; return OK;          /* ComputeCapabilityMajor */
     case 76: *value = 0; return OK;          /* ComputeCapabilityMinor */
     case 99: *value = 1; return OK;          /* HostRegisterSupported */
-    case 113: *value = 1; return OK;         /* HostRegisterReadOnlySupported */
+    case 113: *value = readonly_register_supported(); return OK;  /* HostRegisterReadOnlySupported */
     default: return fail(INVALID_VALUE);
     }
 }
@@ -453,7 +879,7 @@ API int cudaGetDeviceProperties(void *prop, int device)
 
 API int cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
-    ENTER("cudaMemGetInfo", 1);
+    ENTER_CTX("cudaMemGetInfo");
     if (free_bytes == NULL || total_bytes == NULL)
         return fail(INVALID_VALUE);
     unsigned long long total = total_mem();
@@ -465,11 +891,22 @@ API int cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
     return OK;
 }
 
+/* Wait for all work of the current device. */
+API int cudaDeviceSynchronize(void)
+{
+    ENTER_CTX("cudaDeviceSynchronize");
+    pthread_mutex_lock(&lock);
+    land_device(current_device);
+    stats[ST_DEVICE_SYNCS]++;
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
+
 /* ----------------------------------------------------------------- memory */
 
 API int cudaMalloc(void **ptr, size_t nbytes)
 {
-    ENTER("cudaMalloc", 1);
+    ENTER_CTX("cudaMalloc");
     if (ptr == NULL)
         return fail(INVALID_VALUE);
     *ptr = NULL;
@@ -480,6 +917,7 @@ API int cudaMalloc(void **ptr, size_t nbytes)
         return fail(MEMORY_ALLOCATION);
     e->kind = KIND_ALLOC;
     e->size = nbytes;
+    e->map_size = segment_size(nbytes);  /* + the IPC open table */
     e->device = current_device;
 
     pthread_mutex_lock(&lock);
@@ -500,8 +938,8 @@ API int cudaMalloc(void **ptr, size_t nbytes)
     }
     void *p = MAP_FAILED;
     if (fd >= 0) {
-        if (ftruncate(fd, (off_t)nbytes) == 0)
-            p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (ftruncate(fd, (off_t)e->map_size) == 0)
+            p = mmap(NULL, e->map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         close(fd);
         if (p == MAP_FAILED)
             shm_unlink(e->name);
@@ -522,9 +960,12 @@ API int cudaMalloc(void **ptr, size_t nbytes)
     return OK;
 }
 
+/* cudaFree synchronizes (the fake lands the work of every device, so no
+ * queued op can write into the unmapped range); freeing what another live
+ * process has open is counted and poisoned. */
 API int cudaFree(void *ptr)
 {
-    ENTER("cudaFree", 1);
+    ENTER_CTX("cudaFree");
     if (ptr == NULL)
         return OK;
     pthread_mutex_lock(&lock);
@@ -533,31 +974,61 @@ API int cudaFree(void *ptr)
         pthread_mutex_unlock(&lock);
         return fail(INVALID_VALUE);
     }
+    land_device(-1);
     unlink_entry(e);
     stats[ST_LIVE_ALLOCS]--;
     stats[ST_LIVE_BYTES] -= (long long)e->size;
     stats[ST_FREE_CALLS]++;
+    int poisoned = live_openers(e) > 0;
+    if (poisoned)
+        stats[ST_FREED_WHILE_OPEN]++;
     pthread_mutex_unlock(&lock);
-    munmap(e->base, e->size);
+    if (poisoned)
+        memset(e->base, 0xDB, e->size);  /* what the opener reads from now on */
+    munmap(e->base, e->map_size);
     shm_unlink(e->name);
     free(e);
     return OK;
 }
 
-/* A device endpoint must lie inside one allocation or opened mapping. */
-static int check_endpoint(const void *p, size_t n, int must_be_device)
+/* ----------------------------------------------------------------- copies */
+
+enum { AT_PAGEABLE, AT_PINNED, AT_DEVICE };
+
+/* Where [p, p+n) lives; a device range must lie inside one allocation or
+ * opened mapping.  Caller holds the lock. */
+static int locate(const void *p, size_t n, int *at)
 {
-    entry *e = find_containing(p);
-    if (e == NULL)
-        return must_be_device ? INVALID_VALUE : OK;
-    return find(p, n, 0, 0) != NULL ? OK : INVALID_VALUE;
+    if (find_containing(p) != NULL) {
+        *at = AT_DEVICE;
+        return find(p, n, 0, 0) != NULL ? OK : INVALID_VALUE;
+    }
+    *at = is_pinned(p, n) ? AT_PINNED : AT_PAGEABLE;
+    return OK;
 }
 
-static int memcpy_impl(const char *fn, void *dst, const void *src, size_t nbytes, int kind)
+/* Check a copy's arguments; on success, where its ends live.  Caller holds the lock. */
+static int check_copy(void *dst, const void *src, size_t nbytes, int kind, int *dst_at, int *src_at)
 {
-    ENTER(fn, 1);
     /* cudaMemcpyKind: 0 HostToHost, 1 HostToDevice, 2 DeviceToHost,
      * 3 DeviceToDevice, 4 Default (inferred; the fake can always do it). */
+    int rc = locate(dst, nbytes, dst_at);
+    if (rc == OK)
+        rc = locate(src, nbytes, src_at);
+    if (rc == OK && (kind == 1 || kind == 3) && *dst_at != AT_DEVICE)
+        rc = INVALID_VALUE;
+    if (rc == OK && (kind == 2 || kind == 3) && *src_at != AT_DEVICE)
+        rc = INVALID_VALUE;
+    return rc;
+}
+
+/* cudaMemcpy: on the legacy default stream.  Per CUDA's "API
+ * synchronization behavior": pageable host->device returns once the source
+ * is staged, device->device does not synchronize at all (both stay queued);
+ * pinned host->device, device->host and host->host are complete on return. */
+API int cudaMemcpy(void *dst, const void *src, size_t nbytes, int kind)
+{
+    ENTER_CTX("cudaMemcpy");
     if (kind < 0 || kind > 4)
         return fail(INVALID_MEMCPY_DIRECTION);
     if (nbytes == 0)
@@ -565,36 +1036,254 @@ static int memcpy_impl(const char *fn, void *dst, const void *src, size_t nbytes
     if (dst == NULL || src == NULL)
         return fail(INVALID_VALUE);
     pthread_mutex_lock(&lock);
-    int rc = check_endpoint(dst, nbytes, kind == 1 || kind == 3);
+    int dst_at, src_at;
+    fake_stream *s = NULL;
+    int rc = check_copy(dst, src, nbytes, kind, &dst_at, &src_at);
     if (rc == OK)
-        rc = check_endpoint(src, nbytes, kind == 2 || kind == 3);
+        rc = resolve_stream(LEGACY_HANDLE, &s);
+    uint8_t *snapshot = NULL;
+    if (rc == OK && src_at == AT_PAGEABLE && (snapshot = snapshot_of(src, nbytes)) == NULL)
+        rc = MEMORY_ALLOCATION;
+    uint64_t t = 0;
+    if (rc == OK && (t = enqueue(s, dst, src, snapshot, nbytes, NULL)) == 0)
+        rc = MEMORY_ALLOCATION;
+    if (rc == OK) {
+        int queued_only = dst_at == AT_DEVICE && src_at != AT_PINNED;
+        if (!queued_only) {
+            land(s, t);
+            stats[ST_LEGACY_SYNCS]++;
+        }
+        stats[ST_MEMCPY_CALLS]++;
+        stats[ST_MEMCPY_BYTES] += (long long)nbytes;
+    }
     pthread_mutex_unlock(&lock);
-    if (rc != OK)
-        return fail(rc);
-    memmove(dst, src, nbytes);
-    stat_add(ST_MEMCPY_CALLS, 1);
-    stat_add(ST_MEMCPY_BYTES, (long long)nbytes);
+    return fail(rc);
+}
+
+/* Queued on `stream`; a pageable source is staged now, anything else is
+ * read (and the destination written) when the copy lands. */
+API int cudaMemcpyAsync(void *dst, const void *src, size_t nbytes, int kind, void *stream)
+{
+    ENTER_CTX("cudaMemcpyAsync");
+    if (kind < 0 || kind > 4)
+        return fail(INVALID_MEMCPY_DIRECTION);
+    pthread_mutex_lock(&lock);
+    fake_stream *s = NULL;
+    int rc = resolve_stream(stream, &s);  /* a stream of another device is fine for copies */
+    int dst_at, src_at;
+    if (rc == OK && nbytes > 0) {
+        if (dst == NULL || src == NULL)
+            rc = INVALID_VALUE;
+        if (rc == OK)
+            rc = check_copy(dst, src, nbytes, kind, &dst_at, &src_at);
+        uint8_t *snapshot = NULL;
+        if (rc == OK && src_at == AT_PAGEABLE && (snapshot = snapshot_of(src, nbytes)) == NULL)
+            rc = MEMORY_ALLOCATION;
+        if (rc == OK && enqueue(s, dst, src, snapshot, nbytes, NULL) == 0)
+            rc = MEMORY_ALLOCATION;
+        if (rc == OK) {
+            stats[ST_ASYNC_COPIES]++;
+            stats[ST_ASYNC_COPY_BYTES] += (long long)nbytes;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return fail(rc);
+}
+
+/* ---------------------------------------------------------------- streams */
+
+API int cudaStreamCreateWithFlags(void **stream, unsigned flags)
+{
+    ENTER_CTX("cudaStreamCreateWithFlags");
+    if (stream == NULL || flags > 1)  /* cudaStreamDefault 0, cudaStreamNonBlocking 1 */
+        return fail(INVALID_VALUE);
+    pthread_mutex_lock(&lock);
+    fake_stream *s = new_stream(current_device, flags ? STREAM_NON_BLOCKING : STREAM_BLOCKING, 1);
+    if (s != NULL)
+        stats[ST_STREAM_CREATES]++;
+    pthread_mutex_unlock(&lock);
+    if (s == NULL)
+        return fail(MEMORY_ALLOCATION);
+    *stream = s;
     return OK;
 }
 
-API int cudaMemcpy(void *dst, const void *src, size_t nbytes, int kind)
+/* As CUDA: returns at once; work already queued still lands later. */
+API int cudaStreamDestroy(void *stream)
 {
-    return memcpy_impl("cudaMemcpy", dst, src, nbytes, kind);
+    ENTER_CTX("cudaStreamDestroy");
+    pthread_mutex_lock(&lock);
+    fake_stream *s = NULL;
+    int rc = INVALID_RESOURCE_HANDLE;  /* the default streams cannot be destroyed */
+    if (stream != NULL && stream != LEGACY_HANDLE && stream != PER_THREAD_HANDLE)
+        rc = resolve_stream(stream, &s);
+    if (rc == OK) {
+        s->destroyed = 1;
+        reap_streams();
+    }
+    pthread_mutex_unlock(&lock);
+    return fail(rc);
 }
 
 API int cudaStreamSynchronize(void *stream)
 {
-    (void)stream;
-    ENTER("cudaStreamSynchronize", 1);
-    stat_add(ST_STREAM_SYNC_CALLS, 1);
+    ENTER_CTX("cudaStreamSynchronize");
+    pthread_mutex_lock(&lock);
+    fake_stream *s = NULL;
+    int rc = resolve_stream(stream, &s);
+    if (rc == OK)
+        rc = sync_stream(s);
+    stats[ST_STREAM_SYNC_CALLS]++;
+    pthread_mutex_unlock(&lock);
+    return fail(rc);
+}
+
+/* 600 the first time the stream has unlanded work; the next query lands it. */
+API int cudaStreamQuery(void *stream)
+{
+    ENTER_CTX("cudaStreamQuery");
+    pthread_mutex_lock(&lock);
+    fake_stream *s = NULL;
+    int rc = resolve_stream(stream, &s);
+    if (rc == OK && s->tail != NULL) {
+        if (!s->polled) {
+            s->polled = 1;
+            rc = NOT_READY;
+        } else {
+            land_stream(s);
+            reap_streams();
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return rc == NOT_READY ? rc : fail(rc);
+}
+
+/* Later ops of `stream` wait for what the event's record covered. */
+API int cudaStreamWaitEvent(void *stream, void *event, unsigned flags)
+{
+    ENTER_CTX("cudaStreamWaitEvent");
+    if (flags > 1)  /* cudaEventWaitDefault 0, cudaEventWaitExternal 1 */
+        return fail(INVALID_VALUE);
+    pthread_mutex_lock(&lock);
+    fake_stream *s = NULL;
+    int rc = resolve_stream(stream, &s);  /* the event may be of another device */
+    fake_event *e = rc == OK ? find_event(event) : NULL;
+    if (rc == OK && e == NULL)
+        rc = INVALID_RESOURCE_HANDLE;
+    if (rc == OK && !has_landed(e->at) && enqueue(s, NULL, NULL, NULL, 0, &e->at) == 0)
+        rc = MEMORY_ALLOCATION;
+    if (rc == OK)
+        stats[ST_STREAM_WAITS]++;
+    pthread_mutex_unlock(&lock);
+    return fail(rc);
+}
+
+/* ----------------------------------------------------------------- events */
+
+API int cudaEventCreateWithFlags(void **event, unsigned flags)
+{
+    ENTER_CTX("cudaEventCreateWithFlags");
+    /* Default 0, BlockingSync 1, DisableTiming 2, Interprocess 4 */
+    if (event == NULL || flags > 7)
+        return fail(INVALID_VALUE);
+    fake_event *e = calloc(1, sizeof *e);
+    if (e == NULL)
+        return fail(MEMORY_ALLOCATION);
+    e->device = current_device;
+    e->flags = flags;
+    pthread_mutex_lock(&lock);
+    e->next = events;
+    events = e;
+    pthread_mutex_unlock(&lock);
+    *event = e;
     return OK;
+}
+
+API int cudaEventDestroy(void *event)
+{
+    ENTER_CTX("cudaEventDestroy");
+    pthread_mutex_lock(&lock);
+    fake_event **pp = &events;
+    while (*pp != NULL && (void *)*pp != event)
+        pp = &(*pp)->next;
+    fake_event *e = *pp;
+    if (e != NULL)
+        *pp = e->next;
+    pthread_mutex_unlock(&lock);
+    if (e == NULL)
+        return fail(INVALID_RESOURCE_HANDLE);
+    free(e);  /* ops depend on points, never on events: nothing dangles */
+    return OK;
+}
+
+/* The event now stands for everything `stream` has queued (a mark op, so
+ * the legacy stream's implicit barrier is part of it). */
+API int cudaEventRecord(void *event, void *stream)
+{
+    ENTER_CTX("cudaEventRecord");
+    pthread_mutex_lock(&lock);
+    fake_stream *s = NULL;
+    int rc = resolve_stream(stream, &s);
+    fake_event *e = rc == OK ? find_event(event) : NULL;
+    if (rc == OK && (e == NULL || e->device != s->device))
+        rc = INVALID_RESOURCE_HANDLE;
+    uint64_t t = 0;
+    if (rc == OK && (t = enqueue(s, NULL, NULL, NULL, 0, NULL)) == 0)
+        rc = MEMORY_ALLOCATION;
+    if (rc == OK) {
+        e->at = (point){s, t};
+        e->polled = 0;
+        stats[ST_EVENT_RECORDS]++;
+    }
+    pthread_mutex_unlock(&lock);
+    return fail(rc);
+}
+
+/* 0 when the recorded work has landed (or nothing was recorded); 600 the
+ * first time it has not; the next query lands it and answers 0. */
+API int cudaEventQuery(void *event)
+{
+    ENTER_CTX("cudaEventQuery");
+    pthread_mutex_lock(&lock);
+    fake_event *e = find_event(event);
+    int rc = e != NULL ? OK : INVALID_RESOURCE_HANDLE;
+    if (e != NULL) {
+        stats[ST_EVENT_QUERIES]++;
+        if (!has_landed(e->at)) {
+            if (!e->polled) {
+                e->polled = 1;
+                rc = NOT_READY;
+            } else {
+                land(e->at.stream, e->at.ticket);
+                reap_streams();
+            }
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    return rc == NOT_READY ? rc : fail(rc);
+}
+
+API int cudaEventSynchronize(void *event)
+{
+    ENTER_CTX("cudaEventSynchronize");
+    pthread_mutex_lock(&lock);
+    fake_event *e = find_event(event);
+    if (e != NULL) {
+        if (!has_landed(e->at)) {
+            land(e->at.stream, e->at.ticket);
+            reap_streams();
+        }
+        stats[ST_EVENT_SYNCS]++;
+    }
+    pthread_mutex_unlock(&lock);
+    return e != NULL ? OK : fail(INVALID_RESOURCE_HANDLE);
 }
 
 /* -------------------------------------------------------------------- IPC */
 
 API int cudaIpcGetMemHandle(fake_ipc_handle *handle, void *ptr)
 {
-    ENTER("cudaIpcGetMemHandle", 1);
+    ENTER_CTX("cudaIpcGetMemHandle");
     if (handle == NULL || ptr == NULL)
         return fail(INVALID_VALUE);
     handle_body body;
@@ -618,7 +1307,7 @@ API int cudaIpcGetMemHandle(fake_ipc_handle *handle, void *ptr)
 
 API int cudaIpcOpenMemHandle(void **ptr, fake_ipc_handle handle, unsigned int flags)
 {
-    ENTER("cudaIpcOpenMemHandle", 1);
+    ENTER_CTX("cudaIpcOpenMemHandle");
     if (ptr == NULL || flags > 1)
         return fail(INVALID_VALUE);
     *ptr = NULL;
@@ -627,7 +1316,7 @@ API int cudaIpcOpenMemHandle(void **ptr, fake_ipc_handle handle, unsigned int fl
     if (memcmp(body.magic, HANDLE_MAGIC, sizeof body.magic) != 0 ||
         memchr(body.name, '\0', sizeof body.name) == NULL ||
         strncmp(body.name, SEGMENT_PREFIX, strlen(SEGMENT_PREFIX)) != 0 ||
-        strchr(body.name, '/') != NULL || body.size == 0)
+        strchr(body.name, '/') != NULL || body.size == 0 || body.size > (1ULL << 48))
         return fail(INVALID_RESOURCE_HANDLE);
     if (body.pid == (int32_t)getpid())
         return fail(DEVICE_UNINITIALIZED);
@@ -637,7 +1326,7 @@ API int cudaIpcOpenMemHandle(void **ptr, fake_ipc_handle handle, unsigned int fl
 
     char name[48];
     snprintf(name, sizeof name, "/%s", body.name);
-    size_t size = (size_t)body.size;
+    size_t size = (size_t)body.size, map_size = segment_size(size);
 
     pthread_mutex_lock(&lock);
     for (entry *e = entries; e != NULL; e = e->next) {
@@ -657,20 +1346,21 @@ API int cudaIpcOpenMemHandle(void **ptr, fake_ipc_handle handle, unsigned int fl
         return fail(INVALID_RESOURCE_HANDLE);  /* freed by its exporter */
     struct stat st;
     void *p = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= body.size)
-        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= map_size)
+        p = mmap(NULL, map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED)
         return fail(INVALID_RESOURCE_HANDLE);
 
     entry *e = calloc(1, sizeof *e);
     if (e == NULL) {
-        munmap(p, size);
+        munmap(p, map_size);
         return fail(MEMORY_ALLOCATION);
     }
     e->kind = KIND_OPENED;
     e->base = p;
     e->size = size;
+    e->map_size = map_size;
     e->device = current_device;
     e->refs = 1;
     snprintf(e->name, sizeof e->name, "%s", name);
@@ -684,6 +1374,7 @@ API int cudaIpcOpenMemHandle(void **ptr, fake_ipc_handle handle, unsigned int fl
         twin->refs++;
         *ptr = twin->base;
     } else {
+        e->open_slot = claim_open_slot(e);  /* the exporter's cudaFree sees us now */
         e->next = entries;
         entries = e;
         *ptr = p;
@@ -692,7 +1383,7 @@ API int cudaIpcOpenMemHandle(void **ptr, fake_ipc_handle handle, unsigned int fl
     stats[ST_IPC_OPEN_CALLS]++;
     pthread_mutex_unlock(&lock);
     if (twin != NULL) {
-        munmap(p, size);
+        munmap(p, map_size);
         free(e);
     }
     return OK;
@@ -700,7 +1391,7 @@ API int cudaIpcOpenMemHandle(void **ptr, fake_ipc_handle handle, unsigned int fl
 
 API int cudaIpcCloseMemHandle(void *ptr)
 {
-    ENTER("cudaIpcCloseMemHandle", 1);
+    ENTER_CTX("cudaIpcCloseMemHandle");
     pthread_mutex_lock(&lock);
     entry *e = ptr != NULL ? find(ptr, 0, KIND_OPENED, 1) : NULL;
     if (e == NULL) {
@@ -710,17 +1401,21 @@ API int cudaIpcCloseMemHandle(void *ptr)
     stats[ST_LIVE_IPC_OPENS]--;
     stats[ST_IPC_CLOSE_CALLS]++;
     int last = --e->refs == 0;
-    if (last)
+    if (last) {
+        land_device(-1);  /* nothing queued may write into the mapping once it is gone */
         unlink_entry(e);
+        if (e->open_slot != NULL)
+            __atomic_store_n(e->open_slot, 0, __ATOMIC_SEQ_CST);
+    }
     pthread_mutex_unlock(&lock);
     if (last) {
-        munmap(e->base, e->size);
+        munmap(e->base, e->map_size);
         free(e);
     }
     return OK;
 }
 
-/* ---------------------------------------------------- host registration */
+/* ------------------------------------------------------- pinned host memory */
 
 /* 0 when every page of [p, p+n) is mapped readable, and writable unless
  * `read_only` is allowed; from /proc/self/maps. */
@@ -759,10 +1454,12 @@ static int check_host_range(const void *p, size_t n, int read_only_ok)
 
 API int cudaHostRegister(void *ptr, size_t nbytes, unsigned int flags)
 {
-    ENTER("cudaHostRegister", 1);
+    ENTER_CTX("cudaHostRegister");
     /* Portable 1, DeviceMap 2, IoMemory 4, ReadOnly 8. */
     if (ptr == NULL || nbytes == 0 || (flags & ~0xFu) != 0)
         return fail(INVALID_VALUE);
+    if ((flags & 8) != 0 && !readonly_register_supported())
+        return fail(NOT_SUPPORTED);  /* attribute 113 says so: callers must ask first */
     int rc = check_host_range(ptr, nbytes, (flags & 8) != 0);
     if (rc != OK)
         return fail(rc);
@@ -777,7 +1474,7 @@ API int cudaHostRegister(void *ptr, size_t nbytes, unsigned int flags)
     pthread_mutex_lock(&lock);
     for (entry *o = entries; o != NULL; o = o->next) {
         uintptr_t b = (uintptr_t)o->base;
-        if (o->kind == KIND_HOSTREG && a < b + o->size && b < a + nbytes) {
+        if (is_pinned_kind(o->kind) && a < b + o->size && b < a + nbytes) {  /* cudaHostAlloc'ed too */
             pthread_mutex_unlock(&lock);
             free(e);
             return fail(HOST_MEMORY_ALREADY_REGISTERED);
@@ -791,12 +1488,15 @@ API int cudaHostRegister(void *ptr, size_t nbytes, unsigned int flags)
     return OK;
 }
 
+/* Unpinning waits for the copies that read or write the range (the fake:
+ * for all work), so no queued copy touches memory its owner may unmap next. */
 API int cudaHostUnregister(void *ptr)
 {
-    ENTER("cudaHostUnregister", 1);
+    ENTER_CTX("cudaHostUnregister");
     pthread_mutex_lock(&lock);
     entry *e = find(ptr, 0, KIND_HOSTREG, 1);
     if (e != NULL) {
+        land_device(-1);
         unlink_entry(e);
         stats[ST_LIVE_HOST_REGS]--;
         stats[ST_HOST_UNREGISTER_CALLS]++;
@@ -804,6 +1504,59 @@ API int cudaHostUnregister(void *ptr)
     pthread_mutex_unlock(&lock);
     if (e == NULL)
         return fail(HOST_MEMORY_NOT_REGISTERED);
+    free(e);
+    return OK;
+}
+
+/* Pinned host memory of the current device's context: an anonymous mapping. */
+API int cudaHostAlloc(void **ptr, size_t nbytes, unsigned flags)
+{
+    ENTER_CTX("cudaHostAlloc");
+    /* Default 0, Portable 1, Mapped 2, WriteCombined 4 */
+    if (ptr == NULL || flags > 7)
+        return fail(INVALID_VALUE);
+    *ptr = NULL;
+    if (nbytes == 0)
+        return OK;
+    void *p = mmap(NULL, nbytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return fail(MEMORY_ALLOCATION);
+    entry *e = calloc(1, sizeof *e);
+    if (e == NULL) {
+        munmap(p, nbytes);
+        return fail(MEMORY_ALLOCATION);
+    }
+    e->kind = KIND_HOSTALLOC;
+    e->base = p;
+    e->size = e->map_size = nbytes;
+    e->device = current_device;
+    pthread_mutex_lock(&lock);
+    e->next = entries;
+    entries = e;
+    stats[ST_HOST_ALLOCS]++;
+    stats[ST_LIVE_HOST_ALLOCS]++;
+    pthread_mutex_unlock(&lock);
+    *ptr = p;
+    return OK;
+}
+
+/* Synchronizes, as CUDA's cudaFreeHost does (the fake: all work). */
+API int cudaFreeHost(void *ptr)
+{
+    ENTER_CTX("cudaFreeHost");
+    if (ptr == NULL)
+        return OK;
+    pthread_mutex_lock(&lock);
+    entry *e = find(ptr, 0, KIND_HOSTALLOC, 1);
+    if (e != NULL) {
+        land_device(-1);
+        unlink_entry(e);
+        stats[ST_LIVE_HOST_ALLOCS]--;
+    }
+    pthread_mutex_unlock(&lock);
+    if (e == NULL)
+        return fail(INVALID_VALUE);
+    munmap(e->base, e->map_size);
     free(e);
     return OK;
 }
@@ -822,7 +1575,7 @@ API int tshm_fake_cuda_stats(long long *out, int cap)
 }
 
 /* What `ptr` points into: 0 nothing known, 1 a cudaMalloc allocation,
- * 2 an IPC-opened mapping, 3 a cudaHostRegister'ed range. */
+ * 2 an IPC-opened mapping, 3 a cudaHostRegister'ed range, 4 cudaHostAlloc'ed. */
 API int tshm_fake_cuda_pointer_kind(const void *ptr)
 {
     int kind = 0;
@@ -843,23 +1596,63 @@ API int tshm_fake_cuda_owner_pid(void)
     return (int)__atomic_load_n(&owner_pid, __ATOMIC_SEQ_CST);
 }
 
+/* A "kernel" on `stream`: writes n bytes of device memory at dst from a
+ * snapshot of src taken now, when it lands (what torch's copy_/fill_ is to
+ * the fake).  Like a launch, the stream must belong to the current device. */
+API int tshm_fake_cuda_kernel_write(void *stream, void *dst, const void *src, size_t n)
+{
+    ENTER_CTX("tshm_fake_cuda_kernel_write");
+    if (n == 0)
+        return OK;
+    if (dst == NULL || src == NULL)
+        return fail(INVALID_VALUE);
+    pthread_mutex_lock(&lock);
+    fake_stream *s = NULL;
+    int rc = resolve_stream(stream, &s);
+    if (rc == OK && s->device != current_device)
+        rc = INVALID_RESOURCE_HANDLE;
+    if (rc == OK && find(dst, n, 0, 0) == NULL)
+        rc = INVALID_VALUE;
+    uint8_t *snapshot = NULL;
+    if (rc == OK && (snapshot = snapshot_of(src, n)) == NULL)
+        rc = MEMORY_ALLOCATION;
+    if (rc == OK && enqueue(s, dst, NULL, snapshot, n, NULL) == 0)
+        rc = MEMORY_ALLOCATION;
+    pthread_mutex_unlock(&lock);
+    return fail(rc);
+}
+
+/* Bit d set: device d has a primary context in this process. */
+API unsigned long long tshm_fake_cuda_contexts(void)
+{
+    return __atomic_load_n(&contexts, __ATOMIC_SEQ_CST);
+}
+
+/* Forget every context (as if the process had just started). */
+API void tshm_fake_cuda_reset_contexts(void)
+{
+    __atomic_store_n(&contexts, 0, __ATOMIC_SEQ_CST);
+}
+
+/* Copies and kernel writes queued and not landed yet. */
+API long long tshm_fake_cuda_pending(void)
+{
+    pthread_mutex_lock(&lock);
+    long long n = pending_ops;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
 /* ------------------------------------------------------- server support
  *
  * Entry points a real tritonserver (2.51, with its bundled libcudart 12.6)
- * calls when this library is LD_PRELOADed into it and a client registers
- * fake CUDA shared memory.  tritonshm itself never calls these.
+ * reaches through cudaGetDriverEntryPoint when this library is LD_PRELOADed
+ * into it (and that tritonshm may resolve the same way).
  */
-
-/* Every call is complete on return: an asynchronous copy is a copy. */
-API int cudaMemcpyAsync(void *dst, const void *src, size_t nbytes, int kind, void *stream)
-{
-    (void)stream;
-    return memcpy_impl("cudaMemcpyAsync", dst, src, nbytes, kind);
-}
 
 /* Driver API (reached through cudaGetDriverEntryPoint, never linked):
  * CUresult values and CUdeviceptr as unsigned long long. */
-enum { CU_SUCCESS = 0, CU_INVALID_VALUE = 1, CU_NOT_FOUND = 500 };
+enum { CU_SUCCESS = 0, CU_INVALID_VALUE = 1, CU_INVALID_DEVICE = 101, CU_NOT_FOUND = 500 };
 
 /* cuMemGetAddressRange(_v2): the allocation or opened mapping containing
  * dptr; the server passes pbase == NULL. */
@@ -887,7 +1680,21 @@ static int fake_cuGetErrorString(int result, const char **text)
     return CU_SUCCESS;
 }
 
-static int fake_cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active);
+/* cuDevicePrimaryCtxGetState(dev, &flags, &active): does `dev` have a
+ * primary context yet?  Creates none. */
+static int fake_cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active)
+{
+    int rc = enter("cuDevicePrimaryCtxGetState", 1);
+    if (rc != OK)
+        return rc;
+    if (flags == NULL || active == NULL)
+        return CU_INVALID_VALUE;
+    if (dev < 0 || dev >= device_count())
+        return CU_INVALID_DEVICE;
+    *flags = 0;
+    *active = (int)((tshm_fake_cuda_contexts() >> dev) & 1);
+    return CU_SUCCESS;
+}
 
 static int driver_entry_point(const char *fn, const char *symbol, void **func, int *status)
 {
@@ -926,267 +1733,4 @@ API int cudaGetDriverEntryPointByVersion(const char *symbol, void **func, unsign
     (void)version;
     (void)flags;
     return driver_entry_point("cudaGetDriverEntryPointByVersion", symbol, func, status);
-}
-
-/* ------------------------------------------------- streams, events, pinned
- *
- * (first cut: synchronous -- every call is complete on return.)
- */
-
-#define LEGACY_STREAM ((void *)1)
-#define PER_THREAD_STREAM ((void *)2)
-
-typedef struct fake_stream {
-    struct fake_stream *next;
-    int device;
-    unsigned flags;
-} fake_stream;
-
-typedef struct fake_event {
-    struct fake_event *next;
-    int device;
-    unsigned flags;
-} fake_event;
-
-static fake_stream *streams;
-static fake_event *events;
-
-/* NULL, 1 and 2 are the default streams; anything else must be ours. */
-static int check_stream(void *s)
-{
-    if (s == NULL || s == LEGACY_STREAM || s == PER_THREAD_STREAM)
-        return OK;
-    int rc = INVALID_RESOURCE_HANDLE;
-    pthread_mutex_lock(&lock);
-    for (fake_stream *x = streams; x != NULL; x = x->next)
-        if ((void *)x == s)
-            rc = OK;
-    pthread_mutex_unlock(&lock);
-    return rc;
-}
-
-static fake_event *find_event(void *e)
-{
-    for (fake_event *x = events; x != NULL; x = x->next)
-        if ((void *)x == e)
-            return x;
-    return NULL;
-}
-
-API int cudaStreamCreateWithFlags(void **stream, unsigned flags)
-{
-    ENTER("cudaStreamCreateWithFlags", 1);
-    if (stream == NULL || flags > 1)
-        return fail(INVALID_VALUE);
-    fake_stream *s = calloc(1, sizeof *s);
-    if (s == NULL)
-        return fail(MEMORY_ALLOCATION);
-    s->device = current_device;
-    s->flags = flags;
-    pthread_mutex_lock(&lock);
-    s->next = streams;
-    streams = s;
-    stats[ST_STREAM_CREATES]++;
-    pthread_mutex_unlock(&lock);
-    *stream = s;
-    return OK;
-}
-
-API int cudaStreamDestroy(void *stream)
-{
-    ENTER("cudaStreamDestroy", 1);
-    pthread_mutex_lock(&lock);
-    fake_stream **pp = &streams;
-    while (*pp != NULL && (void *)*pp != stream)
-        pp = &(*pp)->next;
-    fake_stream *s = *pp;
-    if (s != NULL)
-        *pp = s->next;
-    pthread_mutex_unlock(&lock);
-    if (s == NULL)
-        return fail(INVALID_RESOURCE_HANDLE);
-    free(s);
-    return OK;
-}
-
-API int cudaEventCreateWithFlags(void **event, unsigned flags)
-{
-    ENTER("cudaEventCreateWithFlags", 1);
-    if (event == NULL || flags > 7)
-        return fail(INVALID_VALUE);
-    fake_event *e = calloc(1, sizeof *e);
-    if (e == NULL)
-        return fail(MEMORY_ALLOCATION);
-    e->device = current_device;
-    e->flags = flags;
-    pthread_mutex_lock(&lock);
-    e->next = events;
-    events = e;
-    pthread_mutex_unlock(&lock);
-    *event = e;
-    return OK;
-}
-
-API int cudaEventDestroy(void *event)
-{
-    ENTER("cudaEventDestroy", 1);
-    pthread_mutex_lock(&lock);
-    fake_event **pp = &events;
-    while (*pp != NULL && (void *)*pp != event)
-        pp = &(*pp)->next;
-    fake_event *e = *pp;
-    if (e != NULL)
-        *pp = e->next;
-    pthread_mutex_unlock(&lock);
-    if (e == NULL)
-        return fail(INVALID_RESOURCE_HANDLE);
-    free(e);
-    return OK;
-}
-
-API int cudaEventRecord(void *event, void *stream)
-{
-    ENTER("cudaEventRecord", 1);
-    int rc = check_stream(stream);
-    if (rc != OK)
-        return fail(rc);
-    pthread_mutex_lock(&lock);
-    fake_event *e = find_event(event);
-    if (e != NULL)
-        stats[ST_EVENT_RECORDS]++;
-    pthread_mutex_unlock(&lock);
-    return e != NULL ? OK : fail(INVALID_RESOURCE_HANDLE);
-}
-
-static int event_call(const char *fn, void *event, int stat)
-{
-    ENTER(fn, 1);
-    pthread_mutex_lock(&lock);
-    fake_event *e = find_event(event);
-    if (e != NULL)
-        stats[stat]++;
-    pthread_mutex_unlock(&lock);
-    return e != NULL ? OK : fail(INVALID_RESOURCE_HANDLE);
-}
-
-API int cudaEventQuery(void *event)
-{
-    return event_call("cudaEventQuery", event, ST_EVENT_QUERIES);
-}
-
-API int cudaEventSynchronize(void *event)
-{
-    return event_call("cudaEventSynchronize", event, ST_EVENT_SYNCS);
-}
-
-API int cudaStreamWaitEvent(void *stream, void *event, unsigned flags)
-{
-    ENTER("cudaStreamWaitEvent", 1);
-    int rc = check_stream(stream);
-    if (rc != OK)
-        return fail(rc);
-    if (flags > 1)
-        return fail(INVALID_VALUE);
-    return event_call("cudaStreamWaitEvent", event, ST_STREAM_WAITS);
-}
-
-API int cudaDeviceSynchronize(void)
-{
-    ENTER("cudaDeviceSynchronize", 1);
-    stat_add(ST_DEVICE_SYNCS, 1);
-    return OK;
-}
-
-API int cudaHostAlloc(void **ptr, size_t nbytes, unsigned flags)
-{
-    ENTER("cudaHostAlloc", 1);
-    if (ptr == NULL || flags > 0xF)
-        return fail(INVALID_VALUE);
-    *ptr = NULL;
-    void *p = mmap(NULL, nbytes ? nbytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return fail(MEMORY_ALLOCATION);
-    entry *e = calloc(1, sizeof *e);
-    if (e == NULL) {
-        munmap(p, nbytes ? nbytes : 1);
-        return fail(MEMORY_ALLOCATION);
-    }
-    e->kind = 4;
-    e->base = p;
-    e->size = nbytes ? nbytes : 1;
-    e->device = current_device;
-    pthread_mutex_lock(&lock);
-    e->next = entries;
-    entries = e;
-    stats[ST_HOST_ALLOCS]++;
-    stats[ST_LIVE_HOST_ALLOCS]++;
-    pthread_mutex_unlock(&lock);
-    *ptr = p;
-    return OK;
-}
-
-API int cudaFreeHost(void *ptr)
-{
-    ENTER("cudaFreeHost", 1);
-    if (ptr == NULL)
-        return OK;
-    pthread_mutex_lock(&lock);
-    entry *e = find(ptr, 0, 4, 1);
-    if (e != NULL) {
-        unlink_entry(e);
-        stats[ST_LIVE_HOST_ALLOCS]--;
-    }
-    pthread_mutex_unlock(&lock);
-    if (e == NULL)
-        return fail(INVALID_VALUE);
-    munmap(e->base, e->size);
-    free(e);
-    return OK;
-}
-
-/* --------------------------------------------------- test-only additions */
-
-API int tshm_fake_cuda_kernel_write(void *stream, void *dst, const void *src, size_t n)
-{
-    ENTER("tshm_fake_cuda_kernel_write", 1);
-    int rc = check_stream(stream);
-    if (rc != OK)
-        return fail(rc);
-    if (n == 0)
-        return OK;
-    pthread_mutex_lock(&lock);
-    rc = dst != NULL && src != NULL && find(dst, n, 0, 0) != NULL ? OK : INVALID_VALUE;
-    pthread_mutex_unlock(&lock);
-    if (rc != OK)
-        return fail(rc);
-    memmove(dst, src, n);
-    return OK;
-}
-
-static unsigned long long contexts;
-
-API unsigned long long tshm_fake_cuda_contexts(void)
-{
-    return __atomic_load_n(&contexts, __ATOMIC_SEQ_CST);
-}
-
-API void tshm_fake_cuda_reset_contexts(void)
-{
-    __atomic_store_n(&contexts, 0, __ATOMIC_SEQ_CST);
-}
-
-API long long tshm_fake_cuda_pending(void)
-{
-    return 0;
-}
-
-static int fake_cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active)
-{
-    if (flags == NULL || active == NULL)
-        return CU_INVALID_VALUE;
-    if (dev < 0 || dev >= device_count())
-        return INVALID_DEVICE;
-    *flags = 0;
-    *active = (int)((tshm_fake_cuda_contexts() >> dev) & 1);
-    return CU_SUCCESS;
 }
