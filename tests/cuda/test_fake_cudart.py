@@ -585,6 +585,551 @@ def test_trace(fake, monkeypatch, tmp_path):
     assert fake_cuda.read_trace(trace) == {os.getpid(): ["cudaGetDeviceCount", "cudaMalloc", "cudaFree"]}
 
 
+# --- asynchrony: streams, events, waits ------------------------------------------
+
+NB = fake_cuda.STREAM_NON_BLOCKING
+LEGACY = fake_cuda.LEGACY_STREAM
+
+
+@pytest.fixture
+def dev_buffers(fake):
+    """Two 4 KiB device buffers, freed (and so all work landed) at the end."""
+    ptrs = [fake.malloc(4096), fake.malloc(4096)]
+    yield ptrs
+    for p in ptrs:
+        fake.free(p)
+
+
+@pytest.fixture
+def streams(fake):
+    """stream(flags) makes a stream that is destroyed at the end of the test."""
+    made = []
+
+    def make(flags=NB):
+        made.append(fake.stream_create(flags))
+        return made[-1]
+
+    yield make
+    fake.device_synchronize()
+    for s in made:
+        fake.stream_destroy(s)
+
+
+@pytest.fixture
+def events(fake):
+    made = []
+
+    def make():
+        made.append(fake.event_create())
+        return made[-1]
+
+    yield make
+    for e in made:
+        fake.event_destroy(e)
+
+
+def test_new_entry_points_are_exported(fake):
+    for name in ("cudaStreamCreateWithFlags", "cudaStreamDestroy", "cudaStreamWaitEvent", "cudaStreamQuery",
+                 "cudaEventCreateWithFlags", "cudaEventRecord", "cudaEventQuery", "cudaEventSynchronize",
+                 "cudaEventDestroy", "cudaMemcpyAsync", "cudaDeviceSynchronize", "cudaHostAlloc", "cudaFreeHost",
+                 "tshm_fake_cuda_kernel_write", "tshm_fake_cuda_contexts", "tshm_fake_cuda_reset_contexts",
+                 "tshm_fake_cuda_pending"):
+        assert hasattr(fake.lib, name), name
+        assert name in fake_cuda.CUDART_SYMBOLS or name.startswith("tshm_"), name
+    for name in fake_cuda.DRIVER_SYMBOLS:
+        assert fake.driver_entry_point(name) is not None, name
+    assert fake.error_name(600) == "cudaErrorNotReady"
+    assert fake.error_name(801) == "cudaErrorNotSupported"
+
+
+def test_a_queued_copy_is_invisible_until_its_stream_is_synchronized(fake, dev_buffers, streams):
+    dev, _ = dev_buffers
+    s = streams()
+    before = fake.stats()
+    src = ctypes.create_string_buffer(b"new bytes", 9)
+    fake.memcpy_async(dev, ctypes.addressof(src), 9, s, 1)
+    assert fake.read(dev, 9) == bytes(9)  # the GPU has not done it yet
+    assert fake.pending() == 1
+    other = streams()
+    fake.stream_synchronize(other)  # another stream's sync lands nothing
+    fake.stream_synchronize(None)  # nor does the legacy stream's (s is non-blocking)
+    assert fake.read(dev, 9) == bytes(9)
+    fake.stream_synchronize(s)
+    assert fake.read(dev, 9) == b"new bytes" and fake.pending() == 0
+    d = fake.stats() - before
+    assert (d.async_copies, d.async_copy_bytes, d.memcpy_calls, d.stream_creates) == (1, 9, 0, 1)
+
+
+def test_device_to_pageable_host_lands_at_sync(fake, dev_buffers, streams):
+    dev, _ = dev_buffers
+    fake.write(dev, b"on the device")
+    s = streams()
+    host = ctypes.create_string_buffer(13)
+    fake.memcpy_async(ctypes.addressof(host), dev, 13, s, 2)
+    assert host.raw == bytes(13)
+    fake.stream_synchronize(s)
+    assert host.raw == b"on the device"
+
+
+def test_pageable_source_is_staged_pinned_source_is_read_when_it_lands(fake, dev_buffers, streams):
+    a, b = dev_buffers
+    s = streams()
+    pageable = ctypes.create_string_buffer(b"first", 5)
+    fake.memcpy_async(a, ctypes.addressof(pageable), 5, s, 1)
+    ctypes.memmove(pageable, b"later", 5)  # reusing a pageable buffer at once is fine: CUDA staged it
+    pinned = fake.host_alloc(4096)
+    try:
+        assert fake.pointer_kind(pinned) == fake_cuda.KIND_HOST_ALLOC
+        fake.write(pinned, b"first")
+        fake.memcpy_async(b, pinned, 5, s, 1)
+        fake.write(pinned, b"later")  # reusing a pinned staging buffer before the sync: caught
+        fake.stream_synchronize(s)
+        assert fake.read(a, 5) == b"first"
+        assert fake.read(b, 5) == b"later"
+    finally:
+        fake.free_host(pinned)
+    # cudaHostRegister'ed memory is pinned too
+    addr = anon_map(1)
+    try:
+        fake.host_register(addr, PAGE)
+        fake.write(addr, b"first")
+        fake.memcpy_async(a, addr, 5, s, 1)
+        fake.write(addr, b"again")
+        fake.stream_synchronize(s)
+        assert fake.read(a, 5) == b"again"
+        fake.host_unregister(addr)
+    finally:
+        unmap(addr, 1)
+
+
+def test_memcpy_follows_cuda_synchronization_rules(fake, dev_buffers):
+    a, b = dev_buffers
+    before = fake.stats()
+    pageable = ctypes.create_string_buffer(b"pageable", 8)
+    fake.memcpy(a, ctypes.addressof(pageable), 8, 1)  # returns once staged: still queued
+    assert fake.read(a, 8) == bytes(8) and fake.pending() == 1
+    fake.memcpy(b, a, 8, 3)  # device to device: no host synchronization at all
+    assert fake.read(b, 8) == bytes(8) and fake.pending() == 2
+    out = ctypes.create_string_buffer(8)
+    fake.memcpy(ctypes.addressof(out), b, 8, 2)  # device to host: complete on return, after the others
+    assert out.raw == b"pageable" and fake.pending() == 0
+    pinned = fake.host_alloc(64)
+    try:
+        fake.write(pinned, b"pinned!!")
+        fake.memcpy(a, pinned, 8, 1)  # pinned host to device: complete on return
+        assert fake.read(a, 8) == b"pinned!!"
+    finally:
+        fake.free_host(pinned)
+    d = fake.stats() - before
+    assert (d.memcpy_calls, d.memcpy_bytes, d.legacy_syncs, d.async_copies) == (4, 32, 2, 0)
+
+
+def test_event_query_answers_not_ready_once_then_lands(fake, dev_buffers, streams, events):
+    dev, _ = dev_buffers
+    s, e = streams(), events()
+    assert fake.event_query(e)  # never recorded: done
+    before = fake.stats()
+    fake.kernel_write(s, dev, b"kernel")
+    fake.event_record(e, s)
+    assert fake.lib.cudaEventQuery(e) == fake_cuda.ERROR_NOT_READY
+    assert fake.read(dev, 6) == bytes(6)
+    assert fake.lib.cudaEventQuery(e) == 0  # progress: the second query finds it done
+    assert fake.read(dev, 6) == b"kernel"
+    assert fake.event_query(e)
+    d = fake.stats() - before
+    assert (d.event_records, d.event_queries, d.errors) == (1, 3, 0)  # 600 is not counted as an error
+    # a new record re-arms it
+    fake.kernel_write(s, dev, b"again!")
+    fake.event_record(e, s)
+    assert not fake.event_query(e) and fake.read(dev, 6) == b"kernel"
+    assert fake.event_query(e) and fake.read(dev, 6) == b"again!"
+
+
+def test_stream_query_answers_not_ready_once_then_lands(fake, dev_buffers, streams):
+    dev, _ = dev_buffers
+    s = streams()
+    assert fake.stream_query(s)
+    fake.kernel_write(s, dev, b"x")
+    assert not fake.stream_query(s) and fake.read(dev, 1) == b"\0"
+    assert fake.stream_query(s) and fake.read(dev, 1) == b"x"
+
+
+def test_event_covers_only_the_work_before_its_record(fake, dev_buffers, streams, events):
+    a, b = dev_buffers
+    s, e = streams(), events()
+    fake.kernel_write(s, a, b"before")
+    fake.event_record(e, s)
+    fake.kernel_write(s, b, b"after!")
+    before = fake.stats()
+    fake.event_synchronize(e)
+    assert fake.read(a, 6) == b"before" and fake.read(b, 6) == bytes(6)
+    assert fake.pending() == 1 and (fake.stats() - before).event_syncs == 1
+    fake.stream_synchronize(s)
+    assert fake.read(b, 6) == b"after!"
+
+
+def test_stream_wait_event_orders_work_across_streams(fake, dev_buffers, streams, events):
+    a, b = dev_buffers
+    producer, consumer, e = streams(), streams(), events()
+    # without a wait: the consumer's copy reads a before the producer's write lands
+    fake.kernel_write(producer, a, b"produced")
+    fake.memcpy_async(b, a, 8, consumer, 3)
+    fake.stream_synchronize(consumer)
+    assert fake.read(b, 8) == bytes(8) and fake.read(a, 8) == bytes(8)
+    fake.stream_synchronize(producer)
+    # with one: syncing only the consumer lands the producer's work first
+    fake.write(a, bytes(8))
+    fake.kernel_write(producer, a, b"produced")
+    fake.event_record(e, producer)
+    before = fake.stats()
+    fake.stream_wait_event(consumer, e)
+    fake.kernel_write(producer, a, b"too late")  # after the record: not waited for
+    fake.memcpy_async(b, a, 8, consumer, 3)
+    fake.stream_synchronize(consumer)
+    assert fake.read(b, 8) == b"produced"
+    assert fake.pending() == 1  # "too late" is still queued on the producer
+    assert (fake.stats() - before).stream_waits == 1
+    fake.stream_synchronize(producer)
+    assert fake.read(a, 8) == b"too late"
+
+
+def test_legacy_stream_orders_blocking_streams_not_non_blocking_ones(fake, dev_buffers, streams):
+    a, b = dev_buffers
+    blocking, non_blocking = streams(fake_cuda.STREAM_DEFAULT), streams(NB)
+    fake.kernel_write(blocking, a, b"blocking")
+    fake.kernel_write(non_blocking, b, b"nonblock")
+    out = ctypes.create_string_buffer(8)
+    fake.memcpy(ctypes.addressof(out), a, 8, 2)  # legacy stream: waits for the blocking stream
+    assert out.raw == b"blocking"
+    fake.memcpy(ctypes.addressof(out), b, 8, 2)  # but not for the non-blocking one
+    assert out.raw == bytes(8) and fake.pending() == 1
+    fake.stream_synchronize(non_blocking)
+    # later work on a blocking stream waits for the legacy stream's
+    src = ctypes.create_string_buffer(b"legacy!!", 8)
+    fake.memcpy(a, ctypes.addressof(src), 8, 1)  # queued on the legacy stream
+    fake.memcpy_async(b, a, 8, blocking, 3)
+    fake.memcpy_async(ctypes.addressof(out), a, 8, non_blocking, 2)
+    fake.stream_synchronize(non_blocking)  # no implicit order: reads a before the legacy copy lands
+    assert out.raw == b"blocking"
+    fake.stream_synchronize(blocking)
+    assert fake.read(b, 8) == b"legacy!!"
+    # syncing the legacy stream is a barrier for the blocking streams' work
+    fake.kernel_write(blocking, a, b"barrier!")
+    before = fake.stats()
+    fake.stream_synchronize(None)
+    assert fake.read(a, 8) == b"barrier!" and (fake.stats() - before).legacy_syncs == 1
+
+
+def test_per_thread_default_stream_is_per_thread_and_blocking(fake, dev_buffers):
+    a, b = dev_buffers
+    ptds = fake_cuda.PER_THREAD_STREAM
+    fake.kernel_write(ptds, a, b"mine")
+
+    def other_thread():
+        fake.stream_synchronize(ptds)  # its own per-thread stream: lands nothing of ours
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert fake.read(a, 4) == bytes(4)
+    out = ctypes.create_string_buffer(4)
+    fake.memcpy(ctypes.addressof(out), a, 4, 2)  # the legacy stream waits for it (it is blocking)
+    assert out.raw == b"mine"
+
+    # a thread that exits with work queued on its per-thread stream: it still lands at a device sync
+    t = threading.Thread(target=lambda: fake.kernel_write(ptds, b, b"orphan"))
+    t.start()
+    t.join()
+    assert fake.read(b, 6) == bytes(6)
+    fake.device_synchronize()
+    assert fake.read(b, 6) == b"orphan"
+
+
+def test_device_synchronize_and_free_land_work(fake, dev_buffers, streams, monkeypatch):
+    monkeypatch.setenv(fake_cuda.ENV_DEVICES, "2")
+    a, b = dev_buffers
+    s0 = streams()
+    fake.kernel_write(s0, a, b"dev0")
+    fake.set_device(1)
+    try:
+        s1 = streams()
+        fake.memcpy_async(b, ctypes.addressof(ctypes.create_string_buffer(b"dev1", 4)), 4, s1, 1)
+        before = fake.stats()
+        fake.device_synchronize()  # device 1 only
+        assert fake.read(b, 4) == b"dev1" and fake.read(a, 4) == bytes(4)
+        assert (fake.stats() - before).device_syncs == 1
+    finally:
+        fake.set_device(0)
+    spare = fake.malloc(16)
+    fake.free(spare)  # cudaFree synchronizes
+    assert fake.read(a, 4) == b"dev0" and fake.pending() == 0
+
+
+def test_destroyed_stream_keeps_its_queued_work(fake, dev_buffers, events):
+    a, _ = dev_buffers
+    s, e = fake.stream_create(), events()
+    fake.kernel_write(s, a, b"queued")
+    fake.event_record(e, s)
+    fake.stream_destroy(s)  # returns at once, as CUDA
+    assert fake.lib.cudaStreamSynchronize(s) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
+    assert fake.lib.cudaStreamDestroy(s) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
+    assert fake.read(a, 6) == bytes(6)
+    fake.event_synchronize(e)  # the event still stands for it
+    assert fake.read(a, 6) == b"queued"
+
+
+def test_stream_and_event_handles_are_checked(fake, dev_buffers, streams, events, monkeypatch):
+    a, _ = dev_buffers
+    bad = 0x1234
+    lib = fake.lib
+    e, s = events(), streams()
+    host = ctypes.create_string_buffer(8)
+    assert lib.cudaStreamDestroy(None) == lib.cudaStreamDestroy(LEGACY) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
+    assert lib.cudaStreamDestroy(fake_cuda.PER_THREAD_STREAM) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
+    for call in (lambda: lib.cudaStreamSynchronize(bad), lambda: lib.cudaStreamQuery(bad),
+                 lambda: lib.cudaStreamDestroy(bad), lambda: lib.cudaStreamWaitEvent(bad, e, 0),
+                 lambda: lib.cudaStreamWaitEvent(s, bad, 0), lambda: lib.cudaEventRecord(bad, s),
+                 lambda: lib.cudaEventRecord(e, bad), lambda: lib.cudaEventQuery(bad),
+                 lambda: lib.cudaEventSynchronize(bad), lambda: lib.cudaEventDestroy(bad),
+                 lambda: lib.cudaMemcpyAsync(a, host, 8, 1, bad),
+                 lambda: lib.tshm_fake_cuda_kernel_write(bad, a, host, 8)):
+        assert call() == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
+    out = ctypes.c_void_p()
+    assert lib.cudaStreamCreateWithFlags(ctypes.byref(out), 2) == fake_cuda.ERROR_INVALID_VALUE
+    assert lib.cudaStreamCreateWithFlags(None, 0) == fake_cuda.ERROR_INVALID_VALUE
+    assert lib.cudaEventCreateWithFlags(ctypes.byref(out), 8) == fake_cuda.ERROR_INVALID_VALUE
+    assert lib.cudaStreamWaitEvent(s, e, 2) == fake_cuda.ERROR_INVALID_VALUE
+    # a kernel writes device memory only
+    assert lib.tshm_fake_cuda_kernel_write(s, host, host, 8) == fake_cuda.ERROR_INVALID_VALUE
+    assert lib.tshm_fake_cuda_kernel_write(s, a + 4090, host, 8) == fake_cuda.ERROR_INVALID_VALUE
+    # streams and events belong to the device current at creation
+    monkeypatch.setenv(fake_cuda.ENV_DEVICES, "2")
+    fake.set_device(1)
+    try:
+        e1, s1 = events(), streams()
+        assert lib.cudaEventRecord(e1, s) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE  # s is device 0's
+        assert lib.cudaEventRecord(e, s1) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
+        assert lib.tshm_fake_cuda_kernel_write(s, a, host, 8) == fake_cuda.ERROR_INVALID_RESOURCE_HANDLE
+        fake.event_record(e1, s1)
+        fake.memcpy_async(a, ctypes.addressof(host), 8, s, 1)  # a copy may use another device's stream
+        fake.stream_wait_event(s, e1)  # and a wait may cross devices
+        fake.event_synchronize(e1)  # so may a sync or a query
+        assert fake.event_query(e1)
+    finally:
+        fake.set_device(0)
+    fake.stream_synchronize(s)
+
+
+def test_sync_mode_lands_everything_on_return(fake, dev_buffers, streams, events, monkeypatch):
+    monkeypatch.setenv(fake_cuda.ENV_SYNC, "1")
+    a, b = dev_buffers
+    s, e = streams(), events()
+    fake.kernel_write(s, a, b"at once")
+    assert fake.read(a, 7) == b"at once" and fake.pending() == 0
+    fake.memcpy(b, a, 7, 3)
+    assert fake.read(b, 7) == b"at once"
+    fake.event_record(e, s)
+    assert fake.event_query(e)
+
+
+def test_many_threads_with_their_own_streams(fake):
+    n_threads, rounds = 8, 50
+    ptrs = [fake.malloc(4096) for _ in range(n_threads)]
+    errors = []
+
+    def work(i):
+        try:
+            s = fake.stream_create()
+            e = fake.event_create()
+            for r in range(rounds):
+                data = f"thread {i} round {r}".encode()
+                fake.kernel_write(s, ptrs[i], data)
+                fake.event_record(e, s)
+                while not fake.event_query(e):
+                    pass
+                out = ctypes.create_string_buffer(len(data))
+                fake.memcpy_async(ctypes.addressof(out), ptrs[i], len(data), s, 2)
+                fake.stream_synchronize(s)
+                if out.raw != data:
+                    errors.append((i, r, out.raw))
+            fake.event_destroy(e)
+            fake.stream_destroy(s)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for p in ptrs:
+        fake.free(p)
+    assert errors == []
+
+
+# --- contexts ---------------------------------------------------------------------
+
+
+def test_contexts_are_created_by_set_device_and_by_work_not_by_queries(fake, monkeypatch):
+    monkeypatch.setenv(fake_cuda.ENV_DEVICES, "2")
+    fake.reset_contexts()
+    assert fake.contexts() == set()
+    assert not fake.primary_ctx_active(0) and not fake.primary_ctx_active(1)
+    seen = {}
+
+    def fresh_thread():
+        fake.device_count()
+        fake.get_device()
+        fake.device_attribute(75, 1)
+        fake.lib.cudaGetDeviceProperties_v2(ctypes.create_string_buffer(4096), 0)
+        seen["after queries"] = fake.contexts()
+        fake.set_device(1)  # CUDA 12: initializes device 1's context, and only that one
+        seen["after set 1"] = fake.contexts()
+        fake.free(fake.malloc(16))
+        seen["after malloc"] = fake.contexts()
+
+    t = threading.Thread(target=fresh_thread)
+    t.start()
+    t.join()
+    assert seen == {"after queries": set(), "after set 1": {1}, "after malloc": {1}}
+    assert fake.primary_ctx_active(1) and not fake.primary_ctx_active(0)
+    # a thread that never set a device works on device 0: that creates device 0's
+    t = threading.Thread(target=lambda: fake.stream_destroy(fake.stream_create()))
+    t.start()
+    t.join()
+    assert fake.contexts() == {0, 1}
+    fn = fake_cuda._CU_DEVICE_PRIMARY_CTX_GET_STATE(fake.driver_entry_point("cuDevicePrimaryCtxGetState"))
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    assert fn(2, ctypes.byref(flags), ctypes.byref(active)) == fake_cuda.ERROR_INVALID_DEVICE
+    assert fn(0, None, None) == fake_cuda.ERROR_INVALID_VALUE
+
+
+CHILD_CONTEXTS = """
+    import json, threading
+    from fake_cuda import FakeCudart
+    fake = FakeCudart(sys.argv[1])
+    out = dict(start=sorted(fake.contexts()))
+    def on_one():
+        fake.set_device(1)
+        p = fake.host_alloc(64)
+        fake.free_host(p)
+    t = threading.Thread(target=on_one)
+    t.start(); t.join()
+    out["after"] = sorted(fake.contexts())
+    print(json.dumps(out))
+"""
+
+
+def test_a_fresh_process_that_uses_device_1_has_no_context_on_device_0(fake, monkeypatch):
+    monkeypatch.setenv(fake_cuda.ENV_DEVICES, "2")  # the child inherits it
+    assert run_child(CHILD_CONTEXTS, fake.path) == dict(start=[], after=[1])
+
+
+# --- lifetimes: freeing what another process has open ----------------------------
+
+CHILD_HOLDS_OPEN = """
+    import json, os
+    from fake_cuda import FakeCudart
+    fake = FakeCudart(sys.argv[1])
+    handle, n, mode = bytes.fromhex(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    p = fake.ipc_open(handle)
+    if mode == "close":
+        fake.ipc_close(p)
+    print("ready", flush=True)
+    if mode == "die":
+        os._exit(0)          # no close: the process is gone, as a killed server
+    sys.stdin.readline()     # the exporter has freed it
+    seen = fake.read(p, n).hex() if mode == "hold" else ""
+    if mode == "hold":
+        fake.ipc_close(p)
+    print(json.dumps(dict(seen=seen)))
+"""
+
+
+def _free_with_child(fake, mode):
+    n = 64
+    ptr = fake.malloc(n)
+    fake.write(ptr, b"payload!" * 8)
+    handle = fake.ipc_get_handle(ptr)
+    code = f"import sys; sys.path.insert(0, {str(TESTS_DIR)!r})\n" + textwrap.dedent(CHILD_HOLDS_OPEN)
+    before = fake.stats()
+    with subprocess.Popen([sys.executable, "-c", code, fake.path, handle.hex(), str(n), mode],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            assert child.stdout.readline().strip() == "ready", child.stderr.read()
+            if mode == "die":
+                child.wait(timeout=60)
+            fake.free(ptr)
+            out, err = child.communicate("go\n", timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    assert child.returncode == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])["seen"] if mode != "die" else ""
+    return (fake.stats() - before).freed_while_open, bytes.fromhex(seen)
+
+
+def test_free_while_another_process_has_it_open_is_counted_and_poisoned(fake):
+    count, seen = _free_with_child(fake, "hold")
+    assert count == 1
+    assert seen == b"\xdb" * 64  # the opener reads garbage from now on
+
+
+def test_free_after_the_opener_closed_or_died_is_fine(fake):
+    assert _free_with_child(fake, "close") == (0, b"")
+    assert _free_with_child(fake, "die") == (0, b"")
+
+
+# --- pinned host memory, attribute 113 --------------------------------------------
+
+
+def test_host_alloc_and_free_host(fake):
+    before = fake.stats()
+    p = fake.host_alloc(10000)
+    try:
+        assert fake.pointer_kind(p) == fake.pointer_kind(p + 9999) == fake_cuda.KIND_HOST_ALLOC
+        fake.write(p + 9990, b"0123456789")  # host memory to its last byte
+        assert fake.lib.cudaHostRegister(p + PAGE, 10, 1) == fake_cuda.ERROR_HOST_MEMORY_ALREADY_REGISTERED
+        assert fake.lib.cudaHostUnregister(p) == fake_cuda.ERROR_HOST_MEMORY_NOT_REGISTERED
+        assert fake.lib.cudaFreeHost(p + 8) == fake_cuda.ERROR_INVALID_VALUE
+        assert fake.lib.cudaFree(p) == fake_cuda.ERROR_INVALID_VALUE
+        h = ctypes.c_void_p(1)
+        assert fake.lib.cudaHostAlloc(ctypes.byref(h), 16, 8) == fake_cuda.ERROR_INVALID_VALUE
+        assert fake.lib.cudaHostAlloc(ctypes.byref(h), 0, 0) == 0 and h.value is None
+        d = fake.stats() - before
+        assert (d.host_allocs, d.live_host_allocs) == (1, 1)
+    finally:
+        fake.free_host(p)
+    assert fake.lib.cudaFreeHost(p) == fake_cuda.ERROR_INVALID_VALUE
+    assert fake.lib.cudaFreeHost(None) == 0
+    assert (fake.stats() - before).live_host_allocs == 0
+
+
+def test_free_host_lands_the_copies_that_read_it(fake, dev_buffers, streams):
+    a, _ = dev_buffers
+    s = streams()
+    p = fake.host_alloc(64)
+    fake.write(p, b"staged")
+    fake.memcpy_async(a, p, 6, s, 1)
+    fake.free_host(p)  # synchronizes before the memory goes
+    assert fake.read(a, 6) == b"staged" and fake.pending() == 0
+
+
+def test_read_only_host_register_attribute(fake, monkeypatch):
+    attr = fake_cuda.ATTR_HOST_REGISTER_READ_ONLY_SUPPORTED
+    assert fake.device_attribute(attr) == 1
+    ro = anon_map(1, mmap.PROT_READ)
+    try:
+        monkeypatch.setenv(fake_cuda.ENV_NO_READONLY_REGISTER, "1")
+        assert fake.device_attribute(attr) == 0
+        assert fake.lib.cudaHostRegister(ro, PAGE, 1 | 8) == fake_cuda.ERROR_NOT_SUPPORTED
+        monkeypatch.delenv(fake_cuda.ENV_NO_READONLY_REGISTER)
+        fake.host_register(ro, PAGE, 1 | 8)
+        fake.host_unregister(ro)
+    finally:
+        unmap(ro, 1)
+
+
 # --- server support: what a real tritonserver calls besides tritonshm's table ---
 
 
