@@ -35,14 +35,50 @@ static const struct symbol symbols[] = {
     SYM(MemGetInfo, "cudaMemGetInfo"),
     SYM(Malloc, "cudaMalloc"),
     SYM(Free, "cudaFree"),
-    SYM(Memcpy, "cudaMemcpy"),
+    /* The plain names (not _ptsz): handle 0 means the legacy default
+     * stream, which is only ever used to record an event on it. */
+    SYM(MemcpyAsync, "cudaMemcpyAsync"),
+    SYM(DeviceSynchronize, "cudaDeviceSynchronize"),
+    SYM(StreamCreateWithFlags, "cudaStreamCreateWithFlags"),
+    SYM(StreamDestroy, "cudaStreamDestroy"),
     SYM(StreamSynchronize, "cudaStreamSynchronize"),
+    SYM(StreamWaitEvent, "cudaStreamWaitEvent"),
+    SYM(EventCreateWithFlags, "cudaEventCreateWithFlags"),
+    SYM(EventRecord, "cudaEventRecord"),
+    SYM(EventQuery, "cudaEventQuery"),
+    SYM(EventSynchronize, "cudaEventSynchronize"),
+    SYM(EventDestroy, "cudaEventDestroy"),
     SYM(IpcGetMemHandle, "cudaIpcGetMemHandle"),
     SYM(IpcOpenMemHandle, "cudaIpcOpenMemHandle"),
     SYM(IpcCloseMemHandle, "cudaIpcCloseMemHandle"),
     SYM(HostRegister, "cudaHostRegister"),
     SYM(HostUnregister, "cudaHostUnregister"),
+    SYM(HostAlloc, "cudaHostAlloc"),
+    SYM(FreeHost, "cudaFreeHost"),
 };
+
+typedef int (*entry_by_version_fn)(const char *symbol, void **fn, unsigned int version,
+                                   unsigned long long flags, int *status);
+typedef int (*entry_fn)(const char *symbol, void **fn, unsigned long long flags, int *status);
+
+/* A driver entry point through the runtime (which found the driver), or
+ * NULL.  ByVersion is the only one left in 13.x; 11.x's plain one takes no
+ * status argument, which the x86-64 and aarch64 conventions let us pass
+ * regardless.  Flags 0: cudaEnableDefault. */
+static void *driver_entry_point(void *lib, const char *symbol)
+{
+    void *fn = NULL;
+    int status = 0;
+    entry_by_version_fn by_version = (entry_by_version_fn)dlsym(lib, "cudaGetDriverEntryPointByVersion");
+    if (by_version != NULL && by_version(symbol, &fn, 12000, 0, &status) == 0 && status == 0 && fn != NULL)
+        return fn;
+    fn = NULL;
+    status = 0;
+    entry_fn plain = (entry_fn)dlsym(lib, "cudaGetDriverEntryPoint");
+    if (plain != NULL && plain(symbol, &fn, 0, &status) == 0 && status == 0)
+        return fn;
+    return NULL;
+}
 
 int tshm_cudart_open(const char *path, tshm_cudart **out, char *why, size_t why_cap)
 {
@@ -75,6 +111,8 @@ int tshm_cudart_open(const char *path, tshm_cudart **out, char *why, size_t why_
         }
         memcpy((char *)rt + symbols[i].offset, &fn, sizeof fn);
     }
+    void *state = driver_entry_point(lib, "cuDevicePrimaryCtxGetState");
+    memcpy(&rt->PrimaryCtxGetState, &state, sizeof state);
     *out = rt;
     return 0;
 }
@@ -101,21 +139,128 @@ const char *tshm_cuda_error_string(const tshm_cudart *rt, int error)
 
 /* --- the current device ---------------------------------------------------- */
 
-/* The runtime's current device is per thread.  Switch for one operation and
- * put the caller's back, so that we never move a user's thread to another
- * GPU behind their back. */
-static int device_enter(const tshm_cudart *rt, int device, int *previous)
+int tshm_cuda_device_has_context(const tshm_cudart *rt, int device)
 {
+    unsigned int flags = 0;
+    int active = 0;
+    if (rt == NULL || rt->PrimaryCtxGetState == NULL || rt->PrimaryCtxGetState(device, &flags, &active) != 0)
+        return -1;
+    return active != 0;
+}
+
+/* The runtime's current device is per thread.  Switch for one operation and
+ * put the caller's back -- we never move a user's thread to another GPU
+ * behind their back -- unless putting it back would create a context on a
+ * device the process never used (tshm_cuda.h). */
+int tshm_cuda_device_enter(const tshm_cudart *rt, int device, int *previous)
+{
+    if (rt == NULL || previous == NULL || device < 0)
+        return -EINVAL;
     int rc = rt->GetDevice(previous);
     if (rc != 0)
         return rc;
-    return *previous == device ? 0 : rt->SetDevice(device);
+    if (*previous == device)
+        return 0;
+    /* Decided before switching: our own call cannot make a context on the
+     * previous device, so its state now is its state at leave. */
+    if (tshm_cuda_device_has_context(rt, *previous) == 0)
+        *previous = device;
+    return rt->SetDevice(device);
+}
+
+void tshm_cuda_device_leave(const tshm_cudart *rt, int device, int previous)
+{
+    if (rt != NULL && previous != device && previous >= 0)
+        rt->SetDevice(previous);
+}
+
+static int device_enter(const tshm_cudart *rt, int device, int *previous)
+{
+    return tshm_cuda_device_enter(rt, device, previous);
 }
 
 static void device_leave(const tshm_cudart *rt, int device, int previous)
 {
-    if (previous != device)
-        rt->SetDevice(previous);
+    tshm_cuda_device_leave(rt, device, previous);
+}
+
+/* --- streams and events ------------------------------------------------------ */
+
+/* Each wrapper is one runtime call under the device's guard: even a query
+ * or a destroy would otherwise run with whatever device the thread has
+ * current, and the runtime creates that device's context first. */
+#define GUARDED(rt, device, call)                                   \
+    do {                                                            \
+        if ((rt) == NULL)                                           \
+            return -EINVAL;                                         \
+        int previous_;                                              \
+        int rc_ = device_enter((rt), (device), &previous_);         \
+        if (rc_ != 0)                                               \
+            return rc_;                                             \
+        rc_ = (call);                                               \
+        device_leave((rt), (device), previous_);                    \
+        return rc_;                                                 \
+    } while (0)
+
+int tshm_cuda_stream_new(const tshm_cudart *rt, int device, void **out)
+{
+    if (out == NULL)
+        return -EINVAL;
+    GUARDED(rt, device, rt->StreamCreateWithFlags(out, TSHM_CUDA_STREAM_NON_BLOCKING));
+}
+
+int tshm_cuda_stream_free(const tshm_cudart *rt, int device, void *stream)
+{
+    if (stream == NULL)
+        return -EINVAL;
+    GUARDED(rt, device, rt->StreamDestroy(stream));
+}
+
+int tshm_cuda_stream_sync(const tshm_cudart *rt, int device, void *stream)
+{
+    GUARDED(rt, device, rt->StreamSynchronize(stream));
+}
+
+int tshm_cuda_stream_wait(const tshm_cudart *rt, int device, void *stream, void *event)
+{
+    if (event == NULL)
+        return -EINVAL;
+    GUARDED(rt, device, rt->StreamWaitEvent(stream, event, 0));
+}
+
+int tshm_cuda_event_new(const tshm_cudart *rt, int device, void **out)
+{
+    if (out == NULL)
+        return -EINVAL;
+    GUARDED(rt, device, rt->EventCreateWithFlags(out, TSHM_CUDA_EVENT_DISABLE_TIMING));
+}
+
+int tshm_cuda_event_free(const tshm_cudart *rt, int device, void *event)
+{
+    if (event == NULL)
+        return -EINVAL;
+    GUARDED(rt, device, rt->EventDestroy(event));
+}
+
+int tshm_cuda_event_record(const tshm_cudart *rt, int device, void *event, void *stream)
+{
+    if (event == NULL)
+        return -EINVAL;
+    GUARDED(rt, device, rt->EventRecord(event, stream));
+}
+
+int tshm_cuda_event_query(const tshm_cudart *rt, int device, void *event)
+{
+    if (event == NULL)
+        return -EINVAL;
+    GUARDED(rt, device, rt->EventQuery(event));
+}
+
+int tshm_cuda_event_sync(const tshm_cudart *rt, int device, void *event)
+{
+    if (event == NULL)
+        return -EINVAL;
+    GUARDED(rt, device, rt->EventSynchronize(event));
 }
 
 /* --- allocations ----------------------------------------------------------- */
@@ -238,60 +383,66 @@ static int check_range(const tshm_cuda_alloc *a, size_t offset, size_t len)
     return tshm_check_range(a->nbytes, offset, len);
 }
 
-/* cudaMemcpy runs on the legacy default stream, which waits for every
- * blocking stream's earlier work.  It returns once host memory was read or
- * written, but a device-to-device copy may still be in flight then: the
- * legacy stream is synchronized after it, so that the bytes have landed on
- * return (another process -- the server -- may read them at once). */
-static int memcpy_complete(const tshm_cudart *rt, void *dst, const void *src, size_t len)
+/* Enqueue the waits and the copy on `stream`, then synchronize it if asked:
+ * the caller is under the device's guard.  A non-blocking stream and an
+ * event per producer order exactly what must be ordered: the legacy
+ * stream (cudaMemcpy) would serialize every thread and library, and a
+ * device synchronization would wait for all of their work. */
+static int enqueue_copy(const tshm_cudart *rt, void *stream, void *dst, const void *src, size_t len,
+                        void *const *waits, size_t nwaits, int sync)
 {
-    int rc = rt->Memcpy(dst, src, len, TSHM_CUDA_MEMCPY_DEFAULT);
-    if (rc == 0)
-        rc = rt->StreamSynchronize(NULL);
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < nwaits; i++)
+        if (waits[i] != NULL)
+            rc = rt->StreamWaitEvent(stream, waits[i], 0);
+    if (rc == 0 && dst != src)
+        rc = rt->MemcpyAsync(dst, src, len, TSHM_CUDA_MEMCPY_DEFAULT, stream);
+    if (rc == 0 && sync)
+        rc = rt->StreamSynchronize(stream);
     return rc;
 }
 
-static int copy(tshm_cuda_alloc *a, void *dst, const void *src, size_t len, void *producer_stream)
+static int copy(tshm_cuda_alloc *a, void *dst, const void *src, size_t len, void *stream, void *wait)
 {
+    if (len == 0)
+        return 0;
     int previous;
     int rc = device_enter(a->rt, a->device, &previous);
     if (rc != 0)
         return rc;
-    if (producer_stream != NULL)
-        rc = a->rt->StreamSynchronize(producer_stream);
-    if (rc == 0 && len != 0)
-        rc = memcpy_complete(a->rt, dst, src, len);
+    rc = enqueue_copy(a->rt, stream, dst, src, len, &wait, 1, 1);
     device_leave(a->rt, a->device, previous);
     return rc;
 }
 
 int tshm_cuda_copy_in(tshm_cuda_alloc *a, size_t offset, const void *src, size_t len,
-                      void *producer_stream)
+                      void *stream, void *wait)
 {
     if (a == NULL || (src == NULL && len != 0))
         return -EINVAL;
     int rc = check_range(a, offset, len);
     if (rc != 0)
         return rc;
-    return copy(a, a->ptr + offset, src, len, producer_stream);
+    return copy(a, a->ptr + offset, src, len, stream, wait);
 }
 
-int tshm_cuda_copy_out(tshm_cuda_alloc *a, size_t offset, void *dst, size_t len)
+int tshm_cuda_copy_out(tshm_cuda_alloc *a, size_t offset, void *dst, size_t len,
+                       void *stream, void *wait)
 {
     if (a == NULL || (dst == NULL && len != 0))
         return -EINVAL;
     int rc = check_range(a, offset, len);
     if (rc != 0)
         return rc;
-    return copy(a, dst, a->ptr + offset, len, NULL);
+    return copy(a, dst, a->ptr + offset, len, stream, wait);
 }
 
-int tshm_cuda_memcpy(const tshm_cudart *rt, int device,
+int tshm_cuda_memcpy(const tshm_cudart *rt, int device, void *stream,
                      void *dst, size_t dst_size, size_t dst_offset,
                      const void *src, size_t src_size, size_t src_offset,
-                     size_t len, void *dst_stream, void *src_stream)
+                     size_t len, void *const *waits, size_t nwaits, int sync)
 {
-    if (rt == NULL || device < -1)
+    if (rt == NULL || device < 0 || (waits == NULL && nwaits != 0))
         return -EINVAL;
     int rc = tshm_check_range(dst_size, dst_offset, len);
     if (rc == 0)
@@ -308,23 +459,15 @@ int tshm_cuda_memcpy(const tshm_cudart *rt, int device,
         return -ERANGE;
     d += dst_offset;
     s += src_offset;
-    /* Partial overlap is undefined for cudaMemcpy; the same range is a no-op. */
+    /* Partial overlap is undefined for CUDA copies; the same range is a no-op. */
     if (d != s && d < s + len && s < d + len)
         return -EINVAL;
-    int previous = device;
-    if (device >= 0) {
-        rc = device_enter(rt, device, &previous);
-        if (rc != 0)
-            return rc;
-    }
-    if (dst_stream != NULL)
-        rc = rt->StreamSynchronize(dst_stream);
-    if (rc == 0 && src_stream != NULL && src_stream != dst_stream)
-        rc = rt->StreamSynchronize(src_stream);
-    if (rc == 0 && d != s)
-        rc = memcpy_complete(rt, (void *)d, (const void *)s, len);
-    if (device >= 0)
-        device_leave(rt, device, previous);
+    int previous;
+    rc = device_enter(rt, device, &previous);
+    if (rc != 0)
+        return rc;
+    rc = enqueue_copy(rt, stream, (void *)d, (const void *)s, len, waits, nwaits, sync);
+    device_leave(rt, device, previous);
     return rc;
 }
 
@@ -334,9 +477,13 @@ int tshm_cuda_hold_new(tshm_cuda_alloc *a, tshm_cuda_hold **out)
 {
     if (a == NULL || out == NULL)
         return -EINVAL;
-    tshm_cuda_hold *h = malloc(sizeof *h);
+    tshm_cuda_hold *h = calloc(1, sizeof *h);
     if (h == NULL)
         return -ENOMEM;
+    if (pthread_mutex_init(&h->lock, NULL) != 0) {
+        free(h);
+        return -ENOMEM;
+    }
     tshm_cuda_alloc_incref(a);
     h->alloc = a;
     __atomic_store_n(&h->refs, 1, __ATOMIC_RELEASE);
@@ -354,6 +501,19 @@ void tshm_cuda_hold_decref(tshm_cuda_hold *h)
     if (__atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
     tshm_cuda_alloc *a = h->alloc;
+    /* Nobody can reuse the range any more; the events only need freeing
+     * (cudaEventDestroy of a pending event is fine: it is released when it
+     * completes).  A forked child has no CUDA to call. */
+    if (h->nreaders != 0 && a->pid == getpid()) {
+        int previous;
+        if (device_enter(a->rt, a->device, &previous) == 0) {
+            for (size_t i = 0; i < h->nreaders; i++)
+                a->rt->EventDestroy(h->readers[i]);
+            device_leave(a->rt, a->device, previous);
+        }
+    }
+    free(h->readers);
+    pthread_mutex_destroy(&h->lock);
     free(h);
     tshm_cuda_alloc_decref(a);
 }
@@ -363,45 +523,170 @@ size_t tshm_cuda_hold_refs(const tshm_cuda_hold *h)
     return __atomic_load_n(&h->refs, __ATOMIC_ACQUIRE);
 }
 
+/* --- readers of a window ------------------------------------------------------ */
+
+struct tshm_cuda_reader {
+    tshm_cuda_hold *hold;   /* one holder */
+    void *stream;           /* the consumer's stream */
+    void *event;            /* created on the hold's device, recorded at release */
+};
+
+int tshm_cuda_reader_new(tshm_cuda_hold *h, void *stream, tshm_cuda_reader **out)
+{
+    if (h == NULL || out == NULL)
+        return -EINVAL;
+    tshm_cuda_reader *r = malloc(sizeof *r);
+    if (r == NULL)
+        return -ENOMEM;
+    tshm_cuda_alloc *a = h->alloc;
+    int rc = tshm_cuda_event_new(a->rt, a->device, &r->event);
+    if (rc != 0) {
+        free(r);
+        return rc;
+    }
+    tshm_cuda_hold_incref(h);
+    r->hold = h;
+    r->stream = stream;
+    *out = r;
+    return 0;
+}
+
+/* Park `event` on the hold; 0, or -ENOMEM (the caller then waits for it). */
+static int park(tshm_cuda_hold *h, void *event)
+{
+    int rc = 0;
+    pthread_mutex_lock(&h->lock);
+    if (h->nreaders == h->readers_cap) {
+        size_t cap = h->readers_cap != 0 ? 2 * h->readers_cap : 4;
+        void **grown = cap > SIZE_MAX / sizeof *grown ? NULL : realloc(h->readers, cap * sizeof *grown);
+        if (grown == NULL)
+            rc = -ENOMEM;
+        else {
+            h->readers = grown;
+            h->readers_cap = cap;
+        }
+    }
+    if (rc == 0)
+        h->readers[h->nreaders++] = event;
+    pthread_mutex_unlock(&h->lock);
+    return rc;
+}
+
+void tshm_cuda_reader_release(void *ctx)
+{
+    tshm_cuda_reader *r = ctx;
+    tshm_cuda_hold *h = r->hold;
+    tshm_cuda_alloc *a = h->alloc;
+    const tshm_cudart *rt = a->rt;
+    int previous;
+    if (a->pid == getpid() && device_enter(rt, a->device, &previous) == 0) {
+        int parked = 0;
+        if (rt->EventRecord(r->event, r->stream) == 0) {
+            parked = park(h, r->event) == 0;
+            if (!parked)  /* no memory to park it: wait for the reader here */
+                rt->EventSynchronize(r->event);
+        } else {
+            /* The consumer's stream is gone (or foreign to the device): its
+             * work can only be known finished by waiting for the device. */
+            rt->DeviceSynchronize();
+        }
+        if (!parked)
+            rt->EventDestroy(r->event);
+        device_leave(rt, a->device, previous);
+    }
+    free(r);
+    tshm_cuda_hold_decref(h);
+}
+
+int tshm_cuda_hold_readers_pending(tshm_cuda_hold *h, int *pending)
+{
+    if (h == NULL || pending == NULL)
+        return -EINVAL;
+    tshm_cuda_alloc *a = h->alloc;
+    int rc = 0;
+    *pending = 0;
+    pthread_mutex_lock(&h->lock);
+    if (h->nreaders != 0) {
+        int previous;
+        rc = device_enter(a->rt, a->device, &previous);
+        if (rc == 0) {
+            size_t kept = 0;
+            for (size_t i = 0; i < h->nreaders; i++) {
+                int q = rc == 0 ? a->rt->EventQuery(h->readers[i]) : TSHM_CUDA_ERROR_NOT_READY;
+                if (q == 0) {
+                    a->rt->EventDestroy(h->readers[i]);
+                    continue;
+                }
+                if (q != TSHM_CUDA_ERROR_NOT_READY)
+                    rc = q;
+                h->readers[kept++] = h->readers[i];
+            }
+            h->nreaders = kept;
+            *pending = kept != 0;
+            device_leave(a->rt, a->device, previous);
+        }
+    }
+    pthread_mutex_unlock(&h->lock);
+    return rc;
+}
+
 /* --- pinned host mappings ----------------------------------------------------- */
 
 struct pin {
     const tshm_cudart *rt;
+    int device;
     pid_t pid;
 };
 
 static void unpin(tshm_mapping *m, void *ctx)
 {
     struct pin *pin = ctx;
-    if (pin->pid == getpid())
+    int previous;
+    if (pin->pid == getpid() && device_enter(pin->rt, pin->device, &previous) == 0) {
         pin->rt->HostUnregister(m->addr);
+        device_leave(pin->rt, pin->device, previous);
+    }
     free(pin);
 }
 
-int tshm_cuda_pin_mapping(const tshm_cudart *rt, tshm_mapping *m)
+int tshm_cuda_pin_mapping(const tshm_cudart *rt, int device, tshm_mapping *m)
 {
-    if (rt == NULL || m == NULL)
+    if (rt == NULL || m == NULL || device < 0)
         return -EINVAL;
     if (__atomic_load_n(&m->unmap_hook, __ATOMIC_ACQUIRE) != NULL)
         return -EALREADY;
+    unsigned flags = TSHM_CUDA_HOST_REGISTER_PORTABLE;
+    if (m->readonly) {
+        /* Without the attribute the ReadOnly flag is refused, and a
+         * read-only mapping cannot be registered without it. */
+        int supported = 0;
+        int rc = rt->DeviceGetAttribute(&supported, TSHM_CUDA_ATTR_HOST_REGISTER_READ_ONLY_SUPPORTED, device);
+        if (rc != 0)
+            return rc;
+        if (!supported)
+            return -EOPNOTSUPP;
+        flags |= TSHM_CUDA_HOST_REGISTER_READ_ONLY;
+    }
     struct pin *pin = malloc(sizeof *pin);
     if (pin == NULL)
         return -ENOMEM;
     pin->rt = rt;
+    pin->device = device;
     pin->pid = getpid();
-    unsigned flags = TSHM_CUDA_HOST_REGISTER_PORTABLE;
-    if (m->readonly)
-        flags |= TSHM_CUDA_HOST_REGISTER_READ_ONLY;
-    int rc = rt->HostRegister(m->addr, m->nbytes, flags);
+    int previous;
+    int rc = device_enter(rt, device, &previous);
     if (rc != 0) {
         free(pin);
         return rc;
     }
-    rc = tshm_mapping_set_unmap_hook(m, unpin, pin);
-    if (rc != 0) {
-        /* Another thread pinned it between our check and now. */
-        rt->HostUnregister(m->addr);
-        free(pin);
+    rc = rt->HostRegister(m->addr, m->nbytes, flags);
+    if (rc == 0) {
+        rc = tshm_mapping_set_unmap_hook(m, unpin, pin);
+        if (rc != 0)  /* another thread pinned it between our check and now */
+            rt->HostUnregister(m->addr);
     }
+    device_leave(rt, device, previous);
+    if (rc != 0)
+        free(pin);
     return rc;
 }

@@ -8,6 +8,29 @@
         slot = c.window(4096, 4096)               # a counted byte range: slot.holders
         cuda.copy(slot, host_array, src_offset=0) # any of regions/windows/views/device/host
         cuda.describe(torch_tensor)               # (dtype, shape, device) or None
+        cap = cuda.capture(torch_tensor)          # on the caller's thread: memory + event
+        cuda.copy(slot, cap, stream=cuda.copy_stream(0))   # later, any thread; async
+        slot.readers_pending()                    # a consumer's stream still reading?
+
+Ordering
+--------
+Nothing here uses the legacy default stream (``cudaMemcpy``), which
+serializes every thread and library of the process, or a device-wide
+synchronization.  Copies run on a non-blocking stream: this thread's
+:func:`copy_stream` (complete on return), or the :class:`Stream` given
+as ``copy(..., stream=)`` (asynchronous).  Producers' pending work is
+ordered before a copy by events: a DLPack producer is told the copy's
+stream (``__dlpack__(stream=...)``: torch records an event on its current
+stream and makes ours wait), a CUDA Array Interface producer's ``stream``
+gets an event our stream waits for, and a :class:`Capture` carries an
+event recorded when it was taken.  :func:`current_stream` is the caller's
+current stream as torch/cupy (or :data:`current_stream_providers`) see it.
+
+Devices: every runtime call and every ``__dlpack__`` of a foreign tensor
+runs under :func:`device_guard` of its device, which puts the caller's
+previous device back only if it has a context -- no context (hundreds of
+MiB) is ever created on a GPU the process did not use.  Device numbers
+are checked against the device count (:class:`~tritonshm.OutOfBounds`).
 
 Importing this module loads no CUDA library: the runtime is opened on the
 first operation that needs it, and a machine without CUDA gets
@@ -15,7 +38,7 @@ first operation that needs it, and a machine without CUDA gets
 
 How the runtime is reached, and why
 -----------------------------------
-The C core ``dlopen``\\ s ``libcudart`` and resolves the nineteen entry points
+The C core ``dlopen``\\ s ``libcudart`` and resolves the thirty entry points
 it uses (``csrc/tshm_cuda.h``), declared with plain C types.  The
 alternatives were weighed against what this layer must guarantee:
 
@@ -58,18 +81,34 @@ __all__ = [
     "copy",
     "describe",
     "empty",
+    "capture",
+    "Capture",
     "PinnedRegion",
+    "Stream",
+    "Event",
+    "copy_stream",
+    "current_stream",
+    "current_stream_providers",
+    "device_guard",
     "CudaUnavailable",
 ]
+
+_CUDA_NAMES = ("CudaRegion", "CudaWindow", "CudaArray", "copy", "describe", "empty", "capture", "Capture")
+_STREAM_NAMES = ("Stream", "Event", "copy_stream", "current_stream", "current_stream_providers", "device_guard")
 
 
 def __getattr__(name: str) -> Any:
     # The region types live in Cython modules that load no CUDA library
     # either; importing them lazily keeps `import tritonshm.cuda` cheap.
-    if name in ("CudaRegion", "CudaWindow", "CudaArray", "copy", "describe", "empty"):
+    if name in _CUDA_NAMES:
         from ._memory import _cuda
 
         return getattr(_cuda, name)
+    if name in _STREAM_NAMES:
+        # current_stream_providers is the module's own list: appending to it works.
+        from ._memory import _stream
+
+        return getattr(_stream, name)
     if name == "PinnedRegion":
         from ._memory._pinned import PinnedRegion
 

@@ -148,7 +148,7 @@ def test_read_copies_only_that_range(fake_cuda):
     with tritonshm.CudaRegion.create(1 << 20) as c:
         before = fake_cuda.stats()
         c.read(np.uint8, 100, offset=1000)
-        assert (fake_cuda.stats() - before).memcpy_bytes == 100
+        assert (fake_cuda.stats() - before).async_copy_bytes == 100
 
 
 def test_write_from_a_device_array_is_device_to_device(fake_cuda):
@@ -159,14 +159,19 @@ def test_write_from_a_device_array_is_device_to_device(fake_cuda):
         np.testing.assert_array_equal(dst.read(np.int32, 256), data)
 
         class CaiOnly:  # a producer that speaks only the CUDA Array Interface, with a stream
-            def __init__(self, view):
-                self.__cuda_array_interface__ = dict(view.__cuda_array_interface__, stream=12345)
+            def __init__(self, view, stream):
+                self.__cuda_array_interface__ = dict(view.__cuda_array_interface__, stream=stream)
 
-        before = fake_cuda.stats()
-        dst.write(CaiOnly(src.view(np.int32, 128, offset=512)), offset=1024)
-        # The producer's stream is synchronized before the copy.
-        assert (fake_cuda.stats() - before).stream_sync_calls >= 1
-        np.testing.assert_array_equal(dst.read(np.int32, 128, offset=1024), data[128:])
+        stream = fake_cuda.stream_create()
+        try:
+            before = fake_cuda.stats()
+            dst.write(CaiOnly(src.view(np.int32, 128, offset=512), stream), offset=1024)
+            # An event on the producer's stream is waited for by the copy stream (no host wait on it).
+            delta = fake_cuda.stats() - before
+            assert delta.event_records == 1 and delta.stream_waits == 1 and delta.legacy_syncs == 0
+            np.testing.assert_array_equal(dst.read(np.int32, 128, offset=1024), data[128:])
+        finally:
+            fake_cuda.stream_destroy(stream)
 
 
 def test_write_refuses_non_contiguous_and_misfits_and_writes_nothing(fake_cuda):
@@ -211,7 +216,7 @@ def test_bad_arguments(fake_cuda):
         tritonshm.CudaRegion.create(-5)
     with pytest.raises(OutOfBounds):
         tritonshm.CudaRegion.create("big")
-    with pytest.raises(CudaError, match="cudaErrorInvalidDevice"):
+    with pytest.raises(OutOfBounds, match="sees 1 CUDA GPU"):
         tritonshm.CudaRegion.create(64, device=7)
     with tritonshm.CudaRegion.create(64) as c:
         with pytest.raises(DTypeMismatch, match="no DLPack equivalent"):
@@ -227,7 +232,7 @@ def test_cuda_failures_become_cuda_errors(fake_cuda, monkeypatch):
     assert info.value.code == 2 and info.value.name == "cudaErrorMemoryAllocation"
     monkeypatch.delenv(ENV_FAIL)
     with tritonshm.CudaRegion.create(64) as c:
-        monkeypatch.setenv(ENV_FAIL, "cudaMemcpy=700")
+        monkeypatch.setenv(ENV_FAIL, "cudaMemcpyAsync=700")
         with pytest.raises(CudaError, match="700"):
             c.write(b"x" * 8)
         with pytest.raises(CudaError):

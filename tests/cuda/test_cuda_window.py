@@ -4,7 +4,8 @@ Windows are what the client's CUDA slot pools are made of: a slot is free
 again when its probe window is the only holder left, so the count must
 include every view and every DLPack tensor a consumer still holds, and
 must drop from any thread.  The fake runtime's counters tell whether the
-memory was freed and how many bytes cudaMemcpy moved.
+memory was freed and how many bytes cudaMemcpyAsync moved, and on which
+kind of stream (never the legacy default stream, never a device sync).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tritonshm
 from tritonshm import CudaError, DTypeMismatch, OutOfBounds, RegionClosed, UnsupportedBuffer, cuda
 from tritonshm._memory import _cuda
 
-from fake_cuda import ENV_FAIL, ClosingIndex, consume_dlpack
+from fake_cuda import ENV_DEVICES, ENV_FAIL, ClosingIndex, consume_dlpack
 
 # --------------------------------------------------------------------------
 # DLPack without torch: producers here, the consumer is fake_cuda.consume_dlpack
@@ -292,12 +293,16 @@ SIZE = 256
 class Ends:
     """Makes copy() ends of SIZE bytes (plus a margin around device ones) and reads them back."""
 
-    def __init__(self):
+    def __init__(self, fake):
         self.regions = []
+        self.fake = fake
+        self.streams = []
 
     def close(self):
         for r in self.regions:
             r.close()
+        for s in self.streams:
+            self.fake.stream_destroy(s)
 
     def make(self, kind, data):
         """An end of *kind* holding *data* (SIZE uint8), and a function returning its current bytes."""
@@ -321,8 +326,9 @@ class Ends:
             return r.window(128, SIZE), read
         if kind == "array":
             return r.view(np.uint8, SIZE, offset=128), read
-        if kind == "cai":
-            return CaiOnly(r.view(np.uint8, SIZE, offset=128), stream=777), read
+        if kind == "cai":  # a producer on a stream of its own (the fake's, so a real handle)
+            self.streams.append(self.fake.stream_create())
+            return CaiOnly(r.view(np.uint8, SIZE, offset=128), stream=self.streams[-1]), read
         if kind == "dlpack":
             return DLPackOnly(r.view(np.uint8, SIZE, offset=128)), read
         raise AssertionError(kind)
@@ -333,7 +339,7 @@ KINDS = ["region", "window", "array", "cai", "dlpack", "host", "host_f64"]
 
 @pytest.fixture
 def ends(fake_cuda):
-    e = Ends()
+    e = Ends(fake_cuda)
     yield e
     e.close()
 
@@ -348,13 +354,16 @@ def test_copy_between_every_kind_of_end(fake_cuda, ends, dst_kind, src_kind):
     before = fake_cuda.stats()
     assert cuda.copy(dst, src, 40, dst_offset=16, src_offset=100) == 40
     delta = fake_cuda.stats() - before
-    assert delta.memcpy_calls == 1 and delta.memcpy_bytes == 40
+    assert delta.async_copies == 1 and delta.async_copy_bytes == 40
+    # Issue 17 #6: never cudaMemcpy, the legacy default stream or a device-wide sync.
+    assert delta.memcpy_calls == 0 and delta.legacy_syncs == 0 and delta.device_syncs == 0
     expected = dst_bytes.copy()
     expected[16:56] = src_bytes[100:140]
     np.testing.assert_array_equal(read_dst(), expected)
     np.testing.assert_array_equal(read_src(), src_bytes)
     if "cai" in (dst_kind, src_kind):
-        assert delta.stream_sync_calls >= 2  # the producer's stream, then the legacy one
+        # An event on the producer's stream, waited for by the copy stream (no host wait on it).
+        assert delta.event_records >= 1 and delta.stream_waits >= 1
     # Default nbytes: the rest of src after src_offset.
     assert cuda.copy(dst, src, src_offset=SIZE - 8) == 8
     expected[:8] = src_bytes[SIZE - 8:]
@@ -362,12 +371,15 @@ def test_copy_between_every_kind_of_end(fake_cuda, ends, dst_kind, src_kind):
     del src, dst
 
 
-def test_dlpack_ends_get_the_legacy_stream_handshake(fake_cuda):
+def test_dlpack_ends_get_the_copy_streams_handshake(fake_cuda):
     with tritonshm.CudaRegion.create(64) as a, tritonshm.CudaRegion.create(64) as b:
         a.write(np.arange(64, dtype=np.uint8))
         src, dst = DLPackOnly(a.view(np.uint8, 64)), DLPackOnly(b.view(np.uint8, 64))
         assert cuda.copy(dst, src) == 64
-        assert src.streams == [1] and dst.streams == [1]
+        # The producer is told the stream the copy runs on: this thread's copy stream, not legacy.
+        handle = cuda.copy_stream(0).handle
+        assert handle not in (0, 1, 2)
+        assert src.streams == [handle] and dst.streams == [handle]
         np.testing.assert_array_equal(b.read(np.uint8, 64), np.arange(64, dtype=np.uint8))
         assert a.exports == 1 and b.exports == 1  # the imported tensors were released
         del src, dst
@@ -414,7 +426,7 @@ def test_copy_out_of_range_is_refused_and_copies_nothing(fake_cuda, kwargs):
             cuda.copy(dst, src, **kwargs)
         with pytest.raises(OutOfBounds):
             cuda.copy(host_dst, dst.window(), **kwargs)
-        assert fake_cuda.stats().memcpy_calls == before.memcpy_calls
+        assert fake_cuda.stats().async_copies == before.async_copies
         assert not dst.read(np.uint8, 64).any() and not host_dst.any()
         assert dst.exports == 0
 
@@ -435,7 +447,7 @@ def test_copy_zero_bytes_makes_no_cuda_call(fake_cuda):
         assert cuda.copy(c, np.ones(8, np.uint8), src_offset=8) == 0  # nothing left after the offset
         assert cuda.copy(np.zeros(0, np.uint8), c, 0, src_offset=64) == 0
         assert cuda.copy(c.window(64), c.window(0, 0)) == 0
-        assert fake_cuda.stats().memcpy_calls == before.memcpy_calls
+        assert fake_cuda.stats().async_copies == before.async_copies
         assert fake_cuda.stats().stream_sync_calls == before.stream_sync_calls
         assert not c.read(np.uint8, 64).any()
 
@@ -472,19 +484,19 @@ def test_copy_refuses_what_it_cannot_use(fake_cuda):
             cuda.copy("text", c)
         with pytest.raises(OutOfBounds, match="overlap"):
             cuda.copy(c, c, 16, dst_offset=8)
-        assert fake_cuda.stats().memcpy_calls == before.memcpy_calls
+        assert fake_cuda.stats().async_copies == before.async_copies
         np.testing.assert_array_equal(c.read(np.uint8, 64), np.arange(64, dtype=np.uint8))
         # The same range onto itself is allowed and moves nothing.
         before = fake_cuda.stats()
         assert cuda.copy(c, c.window(0, 16)) == 16
-        assert fake_cuda.stats().memcpy_calls == before.memcpy_calls
+        assert fake_cuda.stats().async_copies == before.async_copies
         assert c.exports == 0
 
 
 def test_copy_failure_is_a_cuda_error_and_gives_references_back(fake_cuda, monkeypatch):
     with tritonshm.CudaRegion.create(64) as a, tritonshm.CudaRegion.create(64) as b:
         w = b.window()
-        monkeypatch.setenv(ENV_FAIL, "cudaMemcpy=700")
+        monkeypatch.setenv(ENV_FAIL, "cudaMemcpyAsync=700")
         with pytest.raises(CudaError, match="700"):
             cuda.copy(a, w)
         with pytest.raises(CudaError):
@@ -518,7 +530,7 @@ def test_region_closed_during_the_copy_setup_keeps_its_memory_until_done(fake_cu
 
     before = fake_cuda.stats()
     assert cuda.copy(c, ClosesTheDestination()) == 64
-    assert (fake_cuda.stats() - before).memcpy_bytes == 64
+    assert (fake_cuda.stats() - before).async_copy_bytes == 64
     assert c.closed and c.exports == 0
     del view
     other.close()
@@ -538,7 +550,8 @@ def test_copy_and_describe_are_in_tritonshm_cuda():
 # --------------------------------------------------------------------------
 
 
-def test_describe_device_arrays(fake_cuda):
+def test_describe_device_arrays(fake_cuda, monkeypatch):
+    monkeypatch.setenv(ENV_DEVICES, "4")  # a CAI producer on device 3 is read under device 3's guard
     with tritonshm.CudaRegion.create(4096) as c:
         v = c.view(np.float16, (3, 5), offset=64)
         dt, shape, device = cuda.describe(v)

@@ -1,5 +1,6 @@
 # CUDA regions and their device views, for other Cython modules.
 from ._runtime cimport Runtime
+from ._stream cimport Event, Stream
 from ._tshm cimport tshm_cuda_alloc, tshm_cudart
 
 # Windows' holds and the general copy (csrc/tshm_cuda.h); declared here, beside
@@ -11,10 +12,14 @@ cdef extern from "tshm_cuda.h" nogil:
     void tshm_cuda_hold_incref(tshm_cuda_hold *h)
     void tshm_cuda_hold_decref(tshm_cuda_hold *h)
     size_t tshm_cuda_hold_refs(const tshm_cuda_hold *h)
-    int tshm_cuda_memcpy(const tshm_cudart *rt, int device,
+    ctypedef struct tshm_cuda_reader
+    int tshm_cuda_reader_new(tshm_cuda_hold *h, void *stream, tshm_cuda_reader **out)
+    void tshm_cuda_reader_release(void *reader)
+    int tshm_cuda_hold_readers_pending(tshm_cuda_hold *h, int *pending)
+    int tshm_cuda_memcpy(const tshm_cudart *rt, int device, void *stream,
                          void *dst, size_t dst_size, size_t dst_offset,
                          const void *src, size_t src_size, size_t src_offset,
-                         size_t len, void *dst_stream, void *src_stream)
+                         size_t len, void *const *waits, size_t nwaits, int sync)
 
 
 cdef class CudaRegion:
@@ -30,7 +35,7 @@ cdef class CudaRegion:
     cdef object __weakref__
 
     cdef tshm_cuda_alloc *_live(self) except NULL
-    cdef object _copy_in_device(self, size_t src, size_t length, object offset, size_t stream)
+    cdef object _copy_in_device(self, size_t src, size_t length, object offset, Stream stream, Event wait)
 
 
 cdef class CudaWindow:

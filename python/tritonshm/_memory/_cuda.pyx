@@ -11,9 +11,22 @@ the region is closed *and* the last view is gone.
 A :class:`CudaWindow` is a byte range of a region with a count of its own
 (``tshm_cuda_hold``): its window objects, their views and the DLPack
 tensors made from those are its :attr:`~CudaWindow.holders`, so a pool
-knows when every user of one slot is gone.  :func:`copy` copies between
-any two of regions, windows, views, device arrays and host buffers;
+knows when every user of one slot is gone -- including a consumer's
+kernels still reading it: a DLPack tensor handed out on a consumer's
+stream leaves an event on that stream when its deleter runs
+(:meth:`CudaWindow.readers_pending`).
+
+:func:`copy` copies between any two of regions, windows, views, device
+arrays, :class:`Capture`\ s and host buffers, on the calling thread's copy
+stream (complete on return) or on a given :class:`~._stream.Stream`
+(asynchronous); :func:`capture` takes a device array as it is *now*, on
+the caller's thread (its producer's pending work marked by an event);
 :func:`describe` tells a device array's dtype, shape and device.
+
+Ordering, in short: nothing here uses the legacy default stream or a
+device-wide synchronization.  A DLPack producer is told our stream
+(``__dlpack__(stream=...)``, under its device's guard); a CUDA Array
+Interface producer's ``stream`` gets an event our stream waits for.
 """
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
@@ -22,8 +35,11 @@ from posix.unistd cimport getpid
 
 from ._dlpack cimport Imported, export_capsule
 from ._runtime cimport Runtime, current
+from ._stream cimport Event, Stream, new_event, thread_copy_stream
 from ._tshm cimport (
     TSHM_IPC_HANDLE_BYTES,
+    tshm_cuda_device_enter,
+    tshm_cuda_device_leave,
     kDLCUDA,
     kDLCUDAManaged,
     tshm_cuda_alloc,
@@ -46,11 +62,12 @@ import weakref
 
 import numpy as np
 
-from ..errors import CudaError, DTypeMismatch, OutOfBounds, RegionClosed, UnsupportedBuffer
+from ..errors import CudaError, DTypeMismatch, Error, OutOfBounds, RegionClosed, UnsupportedBuffer
 from . import _dlpack
 from ._args import device_of as _device_of, index as _index, layout as _layout, span as _span
+from ._stream import current_stream as _current_stream
 
-__all__ = ["CudaRegion", "CudaWindow", "CudaArray", "copy", "describe", "empty"]
+__all__ = ["CudaRegion", "CudaWindow", "CudaArray", "Capture", "capture", "copy", "describe", "empty"]
 
 # The handles of this process's live regions: opening one of them here is
 # CUDA's error 201; say what is going on instead.
@@ -129,9 +146,10 @@ cdef class CudaRegion:
             raise OutOfBounds(f"a region needs a positive size, not nbytes={n}")
         if n > (<size_t>-1) // 2:
             raise OutOfBounds(f"nbytes={n} is larger than any allocation can be")
-        dev = _device_of(device)
+        _device_of(device)  # a malformed number is refused before CUDA is looked for
         size = n
         rt = current()
+        dev = rt.valid_device(device)
         with nogil:
             rc = tshm_cuda_alloc_new(rt.rt, dev, size, &a)
         rt.check(rc, f"allocating {n} bytes on CUDA device {dev}")
@@ -175,7 +193,7 @@ cdef class CudaRegion:
         n = _index(nbytes, "nbytes")
         if n <= 0:
             raise OutOfBounds(f"a region needs a positive size, not nbytes={n}")
-        dev = _device_of(device)
+        _device_of(device)
         mine = _own_handles.get(raw)
         if mine is not None:
             raise CudaError(f"{mine!r} was created by this process, which cannot open its own IPC handle "
@@ -184,6 +202,7 @@ cdef class CudaRegion:
         memcpy(h.reserved, <const char *>raw, TSHM_IPC_HANDLE_BYTES)
         size = n
         rt = current()
+        dev = rt.valid_device(device)
         with nogil:
             rc = tshm_cuda_alloc_open(rt.rt, dev, &h, size, &a)
         rt.check(rc, f"opening a CUDA IPC handle on device {dev}")
@@ -332,24 +351,35 @@ cdef class CudaRegion:
         """Copy *src* in at byte *offset*; returns the number of bytes written.
 
         *src* is a host buffer (anything C-contiguous with the buffer
-        protocol) or a device array (DLPack or the CUDA Array Interface:
-        torch, cupy, jax, our views).  A device array's pending work on its
-        stream is ordered before the copy; the copy is complete on return.
-        Nothing is written unless the whole of *src* fits.
+        protocol), a device array (DLPack or the CUDA Array Interface:
+        torch, cupy, jax, our views) or a :class:`Capture`.  A device
+        array's pending work on its stream is ordered before the copy (the
+        DLPack handshake, an event on a CUDA Array Interface ``stream``, a
+        capture's event); the copy runs on this thread's copy stream and
+        is complete on return.  Nothing is written unless the whole of
+        *src* fits.
         """
         cdef Imported imp
         cdef Py_buffer buf
+        cdef Stream cs
+        cdef Capture cap
         self._live()
-        imp = _dlpack.import_device(src)
+        cs = thread_copy_stream(self._runtime, self._device)
+        if isinstance(src, Capture):
+            cap = <Capture>src
+            cap._live()
+            return self._copy_in_device(cap.ptr, cap.nbytes, offset, cs, cap.event)
+        imp = _dlpack.import_device(src, _dlpack.dlpack_stream(cs.handle))
         if imp is not None:
             try:
-                return self._copy_in_device(imp.ptr, imp.nbytes, offset, 0)
+                return self._copy_in_device(imp.ptr, imp.nbytes, offset, cs, None)
             finally:
                 imp.release()
         cai = _cuda_array_interface(src)
         if cai is not None:
             ptr, length, stream, _ = cai
-            return self._copy_in_device(ptr, length, offset, stream)
+            return self._copy_in_device(ptr, length, offset, cs,
+                                        _producer_event(self._runtime, _cai_device(src, self._device), stream))
         if isinstance(src, np.ndarray) and src.dtype.hasobject:
             raise DTypeMismatch(f"cannot write an array of dtype {src.dtype} (Python objects) to device memory")
         try:
@@ -361,19 +391,21 @@ cdef class CudaRegion:
                 f"write() needs a C-contiguous host buffer or a device array (DLPack or "
                 f"__cuda_array_interface__); {type(src).__name__} is neither ({exc})") from None
         try:
-            return self._copy_in_device(<size_t>buf.buf, buf.len, offset, 0)
+            return self._copy_in_device(<size_t>buf.buf, buf.len, offset, cs, None)
         finally:
             PyBuffer_Release(&buf)
 
-    cdef object _copy_in_device(self, size_t src, size_t length, object offset, size_t stream):
-        """Copy *length* bytes from *src* (host or device) in at *offset*, after *stream*'s work."""
+    cdef object _copy_in_device(self, size_t src, size_t length, object offset, Stream stream, Event wait):
+        """Copy *length* bytes from *src* (host or device) in at *offset* on *stream*, after *wait*."""
         cdef tshm_cuda_alloc *a
         cdef size_t off
+        cdef void *h = stream._live()
+        cdef void *w = NULL if wait is None else wait._live()
         off, _ = self.span(offset, length)
         a = self._live()  # span() can run __index__ code that closes us
         tshm_cuda_alloc_incref(a)
         with nogil:
-            rc = tshm_cuda_copy_in(a, off, <const void *>src, length, <void *>stream)
+            rc = tshm_cuda_copy_in(a, off, <const void *>src, length, h, w)
         tshm_cuda_alloc_decref(a)
         self._runtime.check(rc, f"copying {length} bytes into {self!r}")
         return length
@@ -388,19 +420,78 @@ cdef class CudaRegion:
 
 cdef object _to_host(Runtime rt, tshm_cuda_alloc *a, size_t offset, size_t length, object dtype,
                      tuple shape, object owner):
-    """Bytes [offset, offset + length) of *a* copied into a new numpy array of *shape* x *dtype*."""
+    """Bytes [offset, offset + length) of *a* copied into a new numpy array of *shape* x *dtype*.
+
+    On this thread's copy stream of the memory's device, complete on return.
+    """
     cdef Py_buffer dst
+    cdef void *h = thread_copy_stream(rt, a.device)._live()
     out = np.empty(length, dtype=np.uint8)
     PyObject_GetBuffer(out, &dst, PyBUF_WRITABLE)
     tshm_cuda_alloc_incref(a)  # a concurrent close() must not free under the copy
     try:
         with nogil:
-            rc = tshm_cuda_copy_out(a, offset, dst.buf, length)
+            rc = tshm_cuda_copy_out(a, offset, dst.buf, length, h, NULL)
     finally:
         tshm_cuda_alloc_decref(a)
         PyBuffer_Release(&dst)
     rt.check(rc, f"copying {length} bytes out of {owner!r}")
     return out.view(dtype).reshape(shape)
+
+
+cdef Event _producer_event(Runtime rt, int device, size_t stream):
+    """An event recorded now on a CUDA Array Interface producer's *stream* (0: none to wait for)."""
+    cdef Event event
+    if stream == 0:
+        return None
+    event = new_event(rt, device)
+    event._record(stream)
+    return event
+
+
+def _cai_device(obj, int fallback):
+    """The device of a CUDA Array Interface producer (its ``__dlpack_device__``), else *fallback*.
+
+    The interface carries no device; finding it from the pointer would
+    need ``cudaPointerGetAttributes``, whose struct changed between CUDA 12
+    and 13.
+    """
+    where = _cai_dlpack_device(obj)
+    if where is not None and where[0] in _dlpack.DEVICE_MEMORY_TYPES:
+        return where[1]
+    return fallback
+
+
+def _cai_dlpack_device(obj):
+    """``obj.__dlpack_device__()`` of an object that may speak no other DLPack, or None."""
+    device_of = getattr(obj, "__dlpack_device__", None)
+    if device_of is None:
+        return None
+    try:
+        device_type, device_id = device_of()
+        return int(device_type), int(device_id)
+    except Error:
+        raise
+    except Exception as exc:
+        raise UnsupportedBuffer(f"{type(obj).__name__}.__dlpack_device__() refused "
+                                f"({type(exc).__name__}: {exc})") from exc
+
+
+def _read_cai(obj):
+    """``obj.__cuda_array_interface__`` (None when absent), read with the object's device current."""
+    cdef Runtime rt
+    cdef int previous = 0
+    cdef int device
+    where = _cai_dlpack_device(obj)
+    if where is None or where[0] not in _dlpack.DEVICE_MEMORY_TYPES:
+        return getattr(obj, "__cuda_array_interface__", None)
+    rt = current()
+    device = where[1]
+    rt.check(tshm_cuda_device_enter(rt.rt, device, &previous), f"selecting CUDA device {device}")
+    try:
+        return getattr(obj, "__cuda_array_interface__", None)
+    finally:
+        tshm_cuda_device_leave(rt.rt, device, previous)
 
 
 def _cuda_array_interface(obj):
@@ -420,7 +511,13 @@ def _parse_cai(obj, cai=None):
     *stream* is 0 when the producer gave None (nothing to wait for).
     """
     if cai is None:
-        cai = getattr(obj, "__cuda_array_interface__", None)
+        try:
+            cai = _read_cai(obj)
+        except Error:
+            raise
+        except Exception as exc:  # the producer's own refusal
+            raise UnsupportedBuffer(f"{type(obj).__name__}.__cuda_array_interface__ refused "
+                                    f"({type(exc).__name__}: {exc})") from exc
     if cai is None:
         return None
     try:
@@ -473,9 +570,10 @@ def empty(dtype, shape, device=0):
     _dlpack.dl_dtype(dt)  # refuse what no consumer could describe
     if nbytes > (<size_t>-1) // 2:
         raise OutOfBounds(f"{nbytes} bytes is larger than any allocation can be")
-    dev = _device_of(device)
+    _device_of(device)
     size = max(<size_t>nbytes, 1)  # cudaMalloc of 0 bytes gives no pointer
     rt = current()
+    dev = rt.valid_device(device)
     with nogil:
         rc = tshm_cuda_alloc_new(rt.rt, dev, size, &a)
     rt.check(rc, f"allocating {nbytes} bytes on CUDA device {dev}")
@@ -559,13 +657,27 @@ cdef class CudaArray:
 
         The tensor holds the memory until its consumer's deleter runs (on any
         thread; the release is plain C).  A window's view gives the tensor
-        a holder of the window's count instead (which holds the memory).
+        a holder of the window's count instead (which holds the memory),
+        and remembers the consumer's *stream* (None and 1: the legacy
+        default stream, 2: per-thread, a handle; -1: the consumer promised
+        nothing to order): the deleter records an event on it, and the
+        window counts as read (:meth:`CudaWindow.readers_pending`) until
+        the consumer's work queued before the deleter ran is done.  Our
+        memory has no pending work of ours, so *stream* needs no wait.
         """
+        cdef tshm_cuda_reader *reader = NULL
         versioned = _dlpack.check_request(stream, max_version, dl_device, copy, kDLCUDA, self._alloc.device)
         if self._hold != NULL:
-            tshm_cuda_hold_incref(self._hold)  # the capsule's own; export_capsule takes it over
+            if stream == -1:
+                tshm_cuda_hold_incref(self._hold)  # the capsule's own; export_capsule takes it over
+                return export_capsule(<void *>(self._alloc.ptr + self._offset), kDLCUDA, self._alloc.device,
+                                      self.dtype, self.shape, False, versioned, _release_hold, self._hold)
+            handle = 1 if stream is None else <size_t>stream
+            self._runtime.check(tshm_cuda_reader_new(self._hold, <void *><size_t>handle, &reader),
+                                f"preparing a DLPack export of {self!r}")
+            # The reader holds one holder; export_capsule takes it over.
             return export_capsule(<void *>(self._alloc.ptr + self._offset), kDLCUDA, self._alloc.device,
-                                  self.dtype, self.shape, False, versioned, _release_hold, self._hold)
+                                  self.dtype, self.shape, False, versioned, tshm_cuda_reader_release, reader)
         tshm_cuda_alloc_incref(self._alloc)  # the capsule's own; export_capsule takes it over
         return export_capsule(<void *>(self._alloc.ptr + self._offset), kDLCUDA, self._alloc.device,
                               self.dtype, self.shape, False, versioned, _release_alloc, self._alloc)
@@ -642,6 +754,19 @@ cdef class CudaWindow:
         """How many window objects, views and DLPack tensors of this range are alive (>= 1: this one)."""
         return tshm_cuda_hold_refs(self._h())
 
+    def readers_pending(self):
+        """True while a consumer that let go of a DLPack tensor of this range may still be reading it.
+
+        When a consumer's tensor (made with ``__dlpack__(stream=s)``) is
+        deleted, an event is recorded on *s*; this queries those events
+        (never blocks) and forgets the complete ones.  A pool reuses the
+        range only when ``holders <= 1 and not readers_pending()``.
+        """
+        cdef int pending = 0
+        self._runtime.check(tshm_cuda_hold_readers_pending(self._h(), &pending),
+                            f"querying the readers of {self!r}")
+        return pending != 0
+
     def share(self):
         """Another window object over the same range and the same count (one more holder)."""
         cdef CudaWindow w = CudaWindow.__new__(CudaWindow)
@@ -688,6 +813,172 @@ cdef class CudaWindow:
         raise TypeError("a CudaWindow cannot be pickled; pickle its region and call window() there")
 
 
+# -- capture() -------------------------------------------------------------------
+
+cdef class Capture:
+    """A device array as it was when :func:`capture` was called: its memory, and its work so far.
+
+    Holds the array's memory (a DLPack producer's tensor, or the object
+    itself for the CUDA Array Interface and :class:`CudaArray`) until
+    :meth:`release`, and :attr:`event`, recorded after the work the
+    producer had queued on it at capture time.  :func:`copy` (and
+    :meth:`CudaRegion.write`) accept a capture as either end: the copy's
+    stream waits for the event, so the copy may run later, on any thread,
+    and still see the bytes the caller meant.
+
+    Release it after the copies that read it are done (a copy without
+    ``stream=`` is done on return): the producer may reuse the memory
+    once it is released.
+    """
+
+    cdef readonly size_t ptr
+    cdef readonly object nbytes
+    cdef readonly int device
+    cdef readonly object dtype
+    cdef readonly tuple shape
+    cdef readonly bint readonly
+    cdef readonly Event event
+    cdef object _obj           # a CUDA Array Interface producer or a CudaArray, kept alive
+    cdef Imported _imported    # a DLPack producer's tensor
+    cdef bint _released
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use tritonshm.cuda.capture(device_array)")
+
+    cdef int _live(self) except -1:
+        if self._released:
+            raise RegionClosed(f"{self!r} was released")
+        return 0
+
+    @property
+    def closed(self):
+        """True after :meth:`release`."""
+        return self._released
+
+    def release(self):
+        """Hand the memory back to its producer and drop the event; idempotent."""
+        if self._released:
+            return
+        self._released = True
+        if self._imported is not None:
+            self._imported.release()
+            self._imported = None
+        self._obj = None
+
+    def __enter__(self):
+        self._live()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.release()
+
+    def __repr__(self):
+        state = " released" if self._released else ""
+        return f"<Capture {self.nbytes} bytes on cuda:{self.device} at 0x{self.ptr:x}{state}>"
+
+    def __reduce__(self):
+        raise TypeError("a Capture belongs to this process and cannot be pickled")
+
+
+cdef int _device_wanted(object want, int actual, object obj) except -1:
+    if want is not None and want != actual:
+        raise UnsupportedBuffer(f"{type(obj).__name__} lives on cuda:{actual}, not device={want}")
+    return 0
+
+
+def capture(obj, device=None):
+    """Take a device array as it is now, on the caller's thread: a :class:`Capture`.
+
+    *obj* is a :class:`CudaArray`, a DLPack producer of CUDA memory (torch,
+    cupy, jax) or a CUDA Array Interface producer.  What "its work so far"
+    means, per kind:
+
+    * DLPack: ``__dlpack__(stream=copy_stream(device))`` under the tensor's
+      device guard (the producer orders its pending work on *its* current
+      stream before our copy stream: torch's handshake), then the event is
+      recorded on the copy stream;
+    * CUDA Array Interface: recorded on its ``stream``, or on
+      :func:`current_stream` of the device when it gives none;
+    * :class:`CudaArray`: recorded on :func:`current_stream` of its device.
+
+    Call it where the work was queued: torch's and cupy's current streams are
+    per thread.  *device* is the device of a CUDA Array Interface producer
+    that does not say (default 0), or a check for the others.  A producer's
+    refusal is :class:`UnsupportedBuffer`; host memory too.
+    """
+    cdef Capture cap
+    cdef CudaArray array
+    cdef Runtime rt
+    cdef Imported imp
+    cdef Stream cs
+    cdef int dev
+    want = None if device is None else _device_of(device)
+    if isinstance(obj, Capture):
+        (<Capture>obj)._live()
+        return obj
+    cap = Capture.__new__(Capture)
+    if isinstance(obj, CudaArray):
+        array = <CudaArray>obj
+        if array._alloc == NULL:
+            raise UnsupportedBuffer("this CudaArray was not made by view()")
+        dev = array._alloc.device
+        _device_wanted(want, dev, obj)
+        cap.event = new_event(array._runtime, dev)
+        cap.event._record(_current_stream(dev))
+        cap._obj = obj
+        cap.ptr = array.ptr
+        cap.nbytes = array.nbytes
+        cap.dtype = array.dtype
+        cap.shape = array.shape
+        cap.readonly = False
+        cap.device = dev
+        return cap
+    where = _dlpack.dlpack_device(obj)
+    if where is not None and where[0] in _dlpack.DEVICE_MEMORY_TYPES:
+        rt = current()
+        dev = rt.valid_device(where[1])
+        _device_wanted(want, dev, obj)
+        cs = thread_copy_stream(rt, dev)
+        imp = _dlpack.import_device(obj, _dlpack.dlpack_stream(cs.handle), _dlpack.DEVICE_MEMORY_TYPES)
+        try:
+            cap.event = new_event(rt, dev)
+            cap.event._record(<size_t>cs._live())
+            try:
+                cap.dtype = imp.dtype
+            except DTypeMismatch:  # bfloat16 and co: the bytes can still be copied
+                cap.dtype = None
+        except BaseException:
+            imp.release()
+            raise
+        cap._imported = imp
+        cap.ptr = imp.ptr
+        cap.nbytes = imp.nbytes
+        cap.shape = imp.shape
+        cap.readonly = imp.readonly
+        cap.device = dev
+        return cap
+    parsed = _parse_cai(obj)
+    if parsed is None:
+        raise UnsupportedBuffer(
+            f"capture() takes a device array (a CudaArray, DLPack CUDA memory or __cuda_array_interface__); "
+            f"{type(obj).__name__} is none of these: copy host memory directly")
+    ptr, dt, shape, stream, readonly = parsed
+    rt = current()
+    dev = rt.valid_device(_cai_device(obj, want if want is not None else 0))
+    _device_wanted(want, dev, obj)
+    cap.event = new_event(rt, dev)
+    cap.event._record(stream if stream != 0 else _current_stream(dev))
+    cap._obj = obj
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    cap.ptr = ptr
+    cap.nbytes = count * dt.itemsize
+    cap.dtype = dt
+    cap.shape = shape
+    cap.readonly = readonly
+    cap.device = dev
+    return cap
+
+
 # -- copy() --------------------------------------------------------------------
 
 cdef class _Side:
@@ -696,7 +987,9 @@ cdef class _Side:
     cdef size_t base          # address of byte 0
     cdef size_t size          # bytes addressable from base
     cdef int device           # CUDA device, or -1 when unknown
-    cdef size_t stream        # a CAI producer's stream to wait for, or 0
+    cdef size_t wait          # an event the copy's stream waits for first, or 0
+    cdef Event event          # the event behind `wait` when this end made it (a CAI producer's stream)
+    cdef Capture capture      # a Capture end, kept for the copy
     cdef tshm_cuda_alloc *alloc  # our reference to a native allocation during the copy
     cdef Runtime runtime      # a native end's runtime
     cdef Imported imported
@@ -729,6 +1022,8 @@ cdef class _Side:
             tshm_cuda_alloc_decref(self.alloc)
             self.alloc = NULL
         self.keep = None
+        self.event = None
+        self.capture = None
 
 
 cdef _Side _native(tshm_cuda_alloc *a, size_t base, size_t size, Runtime rt, object owner):
@@ -743,12 +1038,46 @@ cdef _Side _native(tshm_cuda_alloc *a, size_t base, size_t size, Runtime rt, obj
     return side
 
 
-cdef _Side _resolve(object obj, bint writable, str role):
-    """*obj* as one end of a copy; raises the project's errors for what cannot be one."""
+cdef int _device_hint(object obj) except -2:
+    """The device an end says it is on without being asked for its memory, or -1."""
+    cdef CudaArray array
+    if isinstance(obj, CudaRegion):
+        return (<CudaRegion>obj)._device
+    if isinstance(obj, CudaWindow):
+        return (<CudaWindow>obj)._h().alloc.device
+    if isinstance(obj, CudaArray):
+        array = <CudaArray>obj
+        return array._alloc.device if array._alloc != NULL else -1
+    if isinstance(obj, Capture):
+        return (<Capture>obj).device
+    where = _dlpack.dlpack_device(obj)
+    if where is not None and where[0] in _dlpack.DEVICE_MEMORY_TYPES:
+        return where[1]
+    return -1
+
+
+cdef Runtime _runtime_of(object obj):
+    """A native end's runtime (regions keep the one they were made with), else None."""
+    if isinstance(obj, CudaRegion):
+        return (<CudaRegion>obj)._runtime
+    if isinstance(obj, CudaWindow):
+        return (<CudaWindow>obj)._runtime
+    if isinstance(obj, CudaArray):
+        return (<CudaArray>obj)._runtime
+    return None
+
+
+cdef _Side _resolve(object obj, bint writable, str role, Runtime rt, int device, object dl_stream):
+    """*obj* as one end of a copy on a stream of *device*; raises the project's errors for what cannot be one.
+
+    *dl_stream* is the copy's stream in ``__dlpack__``'s terms, for the
+    DLPack handshake.
+    """
     cdef _Side side
     cdef CudaRegion region
     cdef CudaWindow window
     cdef CudaArray array
+    cdef Capture cap
     cdef Imported imp
     cdef tshm_cuda_alloc *a
     if isinstance(obj, CudaRegion):
@@ -767,7 +1096,19 @@ cdef _Side _resolve(object obj, bint writable, str role):
         return _native(a, <size_t>a.ptr + array._offset, array.nbytes, array._runtime, array)
     name = type(obj).__name__
     side = _Side.__new__(_Side)
-    imp = _dlpack.import_device(obj)
+    if isinstance(obj, Capture):
+        cap = <Capture>obj
+        cap._live()
+        if writable and cap.readonly:
+            raise UnsupportedBuffer(f"the {role} ({cap!r}) is read-only")
+        side.capture = cap
+        side.base = cap.ptr
+        side.size = cap.nbytes
+        side.device = cap.device
+        side.wait = <size_t>cap.event._live()
+        side.what = repr(cap)
+        return side
+    imp = _dlpack.import_device(obj, dl_stream)
     if imp is not None:
         side.imported = imp
         if writable and imp.readonly:
@@ -785,7 +1126,9 @@ cdef _Side _resolve(object obj, bint writable, str role):
             raise UnsupportedBuffer(f"the {role} ({name}) is read-only (__cuda_array_interface__)")
         side.base = ptr
         side.size = length
-        side.stream = stream
+        side.event = _producer_event(rt, _cai_device(obj, device), stream)
+        if side.event is not None:
+            side.wait = <size_t>side.event._live()
         side.what = f"{name} (CUDA Array Interface, {length} bytes)"
         return side
     if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
@@ -800,7 +1143,7 @@ cdef _Side _resolve(object obj, bint writable, str role):
             side.keep = flat
         else:
             raise UnsupportedBuffer(
-                f"copy() needs a region, window, CudaArray, device array (DLPack or "
+                f"copy() needs a region, window, CudaArray, Capture, device array (DLPack or "
                 f"__cuda_array_interface__) or C-contiguous host buffer as the {role}; "
                 f"{name} is none of these ({exc})") from None
     side.has_buf = True
@@ -825,39 +1168,75 @@ cdef object _range(_Side side, str role, object offset, object nbytes):
     return off, size
 
 
-def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0):
+def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None):
     """Copy *nbytes* bytes from ``src[src_offset:]`` to ``dst[dst_offset:]``; returns *nbytes*.
 
     Each end is a :class:`CudaRegion`, a :class:`CudaWindow`, a
-    :class:`CudaArray` (their memory directly), a device array speaking
-    DLPack (torch, cupy, jax: its producer orders its pending work before
-    the copy) or the CUDA Array Interface (its stream is synchronized
-    first), or a C-contiguous host buffer (numpy of any dtype, bytes; *dst*
-    must be writable).  Offsets are in bytes; *nbytes* defaults to the rest
-    of *src* after *src_offset*.
+    :class:`CudaArray` (their memory directly), a :class:`Capture` (the
+    copy waits for its event), a device array speaking DLPack (torch,
+    cupy, jax: told the copy's stream, its producer orders its pending work
+    before it) or the CUDA Array Interface (an event on its ``stream`` is
+    waited for), or a C-contiguous host buffer (numpy of any dtype, bytes;
+    *dst* must be writable).  Offsets are in bytes; *nbytes* defaults to
+    the rest of *src* after *src_offset*.
 
     Both ranges are checked first (:class:`OutOfBounds`; partially
-    overlapping ranges too): on any error nothing is copied.  The copy is a
-    ``cudaMemcpy`` (direction from unified addressing; host to host works
-    too) on the legacy default stream, with the GIL released, and is
-    complete on return.  Zero bytes make no CUDA call.  It runs on the
-    device (and runtime) of a region, window or view end (*dst*'s first),
-    else of a DLPack device end, else on the calling thread's device.
+    overlapping ranges too): on any error nothing is copied.  The copy is
+    a ``cudaMemcpyAsync`` (direction from unified addressing; host to host
+    works too) with the GIL released:
+
+    * without *stream*: on this thread's :func:`copy_stream` of the copy's
+      device, which is then synchronized -- complete on return;
+    * with *stream* (a :class:`Stream`): enqueued on it and **not** complete
+      on return; record an event or synchronize the stream before relying
+      on the bytes, and keep the ends alive until then (a :class:`Capture`
+      keeps a producer's memory).
+
+    Never the legacy default stream, never a device-wide synchronization.
+    Zero bytes make no CUDA call.  The copy's device is *stream*'s, else
+    that of a region, window, view or capture end (*dst*'s first), else of a
+    DLPack device end, else the calling thread's current device.
     """
     cdef _Side d = None
     cdef _Side s = None
     cdef Runtime rt
+    cdef Stream cs
     cdef size_t c_doff, c_soff, c_len
+    cdef void *waits[2]
+    cdef void *h
     cdef int device
+    cdef int sync
     cdef int rc
     n = None if nbytes is None else _index(nbytes, "nbytes")
     if n is not None and n < 0:
         raise OutOfBounds(f"nbytes={n} is negative")
     doff = _index(dst_offset, "dst_offset")
     soff = _index(src_offset, "src_offset")
+    if stream is not None and not isinstance(stream, Stream):
+        raise UnsupportedBuffer(f"stream must be a tritonshm.cuda.Stream (Stream.create(device) or "
+                                f"copy_stream(device)), not {type(stream).__name__}")
     try:
-        d = _resolve(dst, True, "destination")
-        s = _resolve(src, False, "source")
+        rt = _runtime_of(dst)
+        if rt is None:
+            rt = _runtime_of(src)
+        if stream is not None:
+            cs = <Stream>stream
+            cs._live()
+            device = cs._device
+            if rt is None:
+                rt = cs._runtime
+        else:
+            if rt is None:
+                rt = current()
+            device = _device_hint(dst)
+            if device < 0:
+                device = _device_hint(src)
+            if device < 0:
+                rt.check(rt.rt.GetDevice(&device), "reading the current CUDA device")
+            cs = thread_copy_stream(rt, device)
+        dl_stream = _dlpack.dlpack_stream(<size_t>cs._live())
+        d = _resolve(dst, True, "destination", rt, device, dl_stream)
+        s = _resolve(src, False, "source", rt, device, dl_stream)
         soff, n = _range(s, "src", soff, n)
         doff, n = _range(d, "dst", doff, n)
         if n == 0:
@@ -865,20 +1244,16 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0):
         if d.base + doff != s.base + soff and d.base + doff < s.base + soff + n \
                 and s.base + soff < d.base + doff + n:
             raise OutOfBounds(f"the destination and source ranges of {n} bytes overlap")
-        if d.runtime is not None:
-            rt = d.runtime
-        elif s.runtime is not None:
-            rt = s.runtime
-        else:
-            rt = current()
-        device = d.device if d.device >= 0 else s.device
         c_doff = doff
         c_soff = soff
         c_len = n
+        waits[0] = <void *>d.wait
+        waits[1] = <void *>s.wait
+        h = cs._live()
+        sync = stream is None
         with nogil:
-            rc = tshm_cuda_memcpy(rt.rt, device, <void *>d.base, d.size, c_doff,
-                                  <const void *>s.base, s.size, c_soff, c_len,
-                                  <void *>d.stream, <void *>s.stream)
+            rc = tshm_cuda_memcpy(rt.rt, device, h, <void *>d.base, d.size, c_doff,
+                                  <const void *>s.base, s.size, c_soff, c_len, waits, 2, sync)
         if rc != 0:
             rt.check(rc, f"copying {n} bytes from {s.describe()} to {d.describe()}")
         return n
@@ -895,39 +1270,44 @@ def describe(obj):
     """``(dtype, shape, device)`` of a C-contiguous CUDA device array, or None for anything else.
 
     Device arrays are :class:`CudaArray` (also a :class:`CudaWindow`'s
-    views), objects with ``__cuda_array_interface__`` (looked at first: it is
-    cheap) and DLPack producers whose ``__dlpack_device__`` is CUDA or
-    CUDA-managed memory.  Pinned host memory (kDLCUDAHost) is not a device
-    array here: None, as for numpy and everything else.
+    views), :class:`Capture`\ s, objects with ``__cuda_array_interface__``
+    (looked at first: it is cheap) and DLPack producers whose
+    ``__dlpack_device__`` is CUDA or CUDA-managed memory.  Pinned host
+    memory (kDLCUDAHost) is not a device array here: None, as for numpy and
+    everything else.
 
     The CUDA Array Interface carries no device: it is taken from the
     object's ``__dlpack_device__`` when it has one, else assumed to be 0
     (finding it from the pointer would need ``cudaPointerGetAttributes``).
-    DLPack producers are imported without stream synchronisation and
-    released at once.
+    DLPack producers are imported without stream synchronisation, under
+    their device's guard, and released at once.
 
     Raises :class:`UnsupportedBuffer` for a non-contiguous (or malformed)
     device array and :class:`DTypeMismatch` for a dtype numpy lacks.
     """
     cdef CudaArray array
+    cdef Capture cap
     cdef Imported imp
     if isinstance(obj, CudaArray) and (<CudaArray>obj)._alloc != NULL:
         array = <CudaArray>obj
         return array.dtype, array.shape, array._alloc.device
+    if isinstance(obj, Capture):
+        cap = <Capture>obj
+        if cap.dtype is None:
+            raise DTypeMismatch(f"{cap!r} has a dtype numpy lacks")
+        return cap.dtype, cap.shape, cap.device
     if isinstance(obj, np.ndarray):
         return None
     try:
-        cai = getattr(obj, "__cuda_array_interface__", None)
+        cai = _read_cai(obj)
+    except Error:
+        raise
     except Exception:  # torch raises for dtypes the interface cannot name (bfloat16): ask DLPack
         cai = None
     parsed = _parse_cai(obj, cai) if cai is not None else None
     if parsed is not None:
         _, dt, shape, _, _ = parsed
-        device = 0
-        device_of = getattr(obj, "__dlpack_device__", None)
-        if device_of is not None:
-            device = int(device_of()[1])
-        return dt, shape, device
+        return dt, shape, _cai_device(obj, 0)
     imp = _dlpack.import_device(obj, -1, _dlpack.DEVICE_MEMORY_TYPES)
     if imp is None:
         return None

@@ -9,7 +9,10 @@ call it on any thread, without the GIL.  :func:`check_request` applies the
 
 *Import*: :func:`import_device` takes a producer's tensor (torch, cupy,
 jax, our own views) for the length of a copy, with the stream handshake
-that orders the copy after the producer's work.
+that orders the copy after the producer's work.  The producer is asked
+under the guard of its tensor's device (torch refuses to export a tensor
+that is not on the current device), and its refusals (BufferError and
+co) become :class:`~tritonshm.UnsupportedBuffer` that say what to do.
 """
 
 from cpython.pycapsule cimport (
@@ -19,6 +22,8 @@ from cpython.pycapsule cimport (
     PyCapsule_SetName,
 )
 from libc.stdint cimport int64_t
+
+from ._runtime cimport Runtime, current
 
 from ._tshm cimport (
     DLDataType,
@@ -37,13 +42,15 @@ from ._tshm cimport (
     kDLInt,
     kDLUInt,
     tshm_dlpack_is_c_contiguous,
+    tshm_cuda_device_enter,
+    tshm_cuda_device_leave,
     tshm_dlpack_new,
     tshm_release_fn,
 )
 
 import numpy as np
 
-from ..errors import DLPackError, DTypeMismatch, UnsupportedBuffer
+from ..errors import DLPackError, DTypeMismatch, Error, UnsupportedBuffer
 
 __all__ = ["Imported", "check_request", "dl_dtype", "numpy_dtype", "import_device", "KDL_CPU", "KDL_CUDA"]
 
@@ -219,26 +226,73 @@ def _take_capsule(obj, stream):
         return obj.__dlpack__(stream=stream)
 
 
-def import_device(obj, int stream=1, device_types=CUDA_DEVICE_TYPES):
+def dlpack_stream(size_t handle):
+    """A ``cudaStream_t`` as ``__dlpack__``'s *stream*: 0 (the legacy default stream) is spelled 1."""
+    return 1 if handle == 0 else handle
+
+
+cdef object _refusal(object obj, str what, object exc):
+    """A producer's own exception (BufferError, RuntimeError ...) as the UnsupportedBuffer we raise."""
+    return UnsupportedBuffer(
+        f"{type(obj).__name__}.{what} refused ({type(exc).__name__}: {exc}); tritonshm asks for a "
+        f"C-contiguous CUDA tensor with its device made current: make the tensor contiguous, or "
+        f"copy it to host memory first")
+
+
+cdef object _capsule_on_device(object obj, int device, object stream):
+    """``obj.__dlpack__(stream=...)`` with *device* current (torch refuses another device)."""
+    cdef Runtime rt = current()
+    cdef int previous = 0
+    rt.check(tshm_cuda_device_enter(rt.rt, device, &previous), f"selecting CUDA device {device}")
+    try:
+        return _take_capsule(obj, stream)
+    finally:
+        tshm_cuda_device_leave(rt.rt, device, previous)
+
+
+def dlpack_device(obj):
+    """``obj.__dlpack_device__()`` as ``(type, id)`` ints, or None when *obj* speaks no DLPack."""
+    device_of = getattr(obj, "__dlpack_device__", None)
+    if device_of is None or not hasattr(obj, "__dlpack__"):
+        return None
+    try:
+        device_type, device_id = device_of()
+        return int(device_type), int(device_id)
+    except Error:
+        raise
+    except Exception as exc:
+        raise _refusal(obj, "__dlpack_device__()", exc) from exc
+
+
+def import_device(obj, stream=1, device_types=CUDA_DEVICE_TYPES):
     """Take *obj*'s tensor through DLPack if it lives in CUDA-reachable memory.
 
     Returns an :class:`Imported`, or None when *obj* speaks no DLPack or
     lives on the host (the caller then uses the buffer protocol).  *stream*
-    is the consumer's CUDA stream (1: the legacy default stream, which our
-    copies use; -1: no synchronisation): the producer orders its pending
-    work before it.  *device_types* are the DLPack device types taken
-    (default: CUDA, pinned host and managed memory).
+    is the consumer's CUDA stream in ``__dlpack__``'s terms (1: the legacy
+    default stream; a handle: the copy's stream; -1: no synchronisation):
+    the producer orders its pending work before it.  *device_types* are the
+    DLPack device types taken (default: CUDA, pinned host and managed
+    memory).  Device memory is asked for under its device's guard.
     """
     cdef Imported imp
     cdef DLTensor *t
     cdef void *p
-    device_of = getattr(obj, "__dlpack_device__", None)
-    if device_of is None or not hasattr(obj, "__dlpack__"):
+    where = dlpack_device(obj)
+    if where is None:
         return None
-    device_type, device_id = device_of()
+    device_type, device_id = where
     if device_type not in device_types:
         return None
-    capsule = _take_capsule(obj, stream)
+    try:
+        if device_type in DEVICE_MEMORY_TYPES:
+            capsule = _capsule_on_device(obj, device_id, stream)
+        else:
+            capsule = _take_capsule(obj, stream)
+    except Error:
+        raise
+    except Exception as exc:  # BufferError (torch: another device, a needed copy), RuntimeError ...
+        raise _refusal(obj, "__dlpack__()", exc) from exc
     imp = Imported.__new__(Imported)
     if PyCapsule_IsValid(capsule, _VERSIONED):
         p = PyCapsule_GetPointer(capsule, _VERSIONED)

@@ -16,6 +16,9 @@ from ._runtime cimport Runtime, current
 from ._system cimport SystemRegion
 from ._tshm cimport tshm_cuda_pin_mapping
 
+import errno
+
+from ..errors import CudaUnavailable
 from ._args import device_of as _device_of
 
 __all__ = ["PinnedRegion"]
@@ -36,7 +39,11 @@ cdef class PinnedRegion(SystemRegion):
 
     @classmethod
     def create(cls, nbytes, device=0):
-        """Create a new segment of *nbytes* and pin it (*device*'s context does the pinning)."""
+        """Create a new segment of *nbytes* and pin it under *device*'s guard (its context does the pinning).
+
+        *device* is checked against the device count before the segment is made.
+        """
+        current().valid_device(device)
         cdef PinnedRegion self = super(PinnedRegion, cls).create(nbytes)
         self._pin(device)
         return self
@@ -49,16 +56,28 @@ cdef class PinnedRegion(SystemRegion):
         return self
 
     cdef _pin(self, device):
-        """Page-lock the mapping once, made; on failure close (and unlink) the new region."""
+        """Page-lock the mapping once, made; on failure close (and unlink) the new region.
+
+        Under *device*'s guard: the registration belongs to the current
+        device's context, and a thread that never chose a device would
+        otherwise register (and create a context) on device 0.
+        """
         cdef Runtime rt
-        dev = _device_of(device)
+        cdef int dev
+        cdef int rc
+        _device_of(device)
         try:
             rt = current()
+            dev = rt.valid_device(device)
             if not rt.device_info(dev).get("host_register_supported", True):
-                from ..errors import CudaUnavailable
                 raise CudaUnavailable(f"CUDA device {dev} cannot page-lock host memory (cudaHostRegister)")
-            rt.check(tshm_cuda_pin_mapping(rt.rt, self._live_mapping()),
-                     f"page-locking {self.nbytes} bytes of {self.key!r} (cudaHostRegister; "
+            rc = tshm_cuda_pin_mapping(rt.rt, dev, self._live_mapping())
+            if rc == -errno.EOPNOTSUPP:
+                raise CudaUnavailable(
+                    f"CUDA device {dev} cannot page-lock read-only memory "
+                    f"(cudaDevAttrHostRegisterReadOnlySupported is 0): attach {self.key!r} with "
+                    f"readonly=False, or use a plain SystemRegion")
+            rt.check(rc, f"page-locking {self.nbytes} bytes of {self.key!r} (cudaHostRegister; "
                      f"containers may cap locked memory: --ulimit memlock=-1)")
         except BaseException:
             self.close()

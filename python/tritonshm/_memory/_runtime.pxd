@@ -6,5 +6,6 @@ cdef class Runtime:
     cdef readonly str requested   # the path or soname it was loaded by
 
     cdef int check(self, int rc, str what) except -1
+    cdef int valid_device(self, object device) except -1
 
 cpdef Runtime current()

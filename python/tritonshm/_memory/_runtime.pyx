@@ -21,6 +21,8 @@ from ._tshm cimport (
     TSHM_CUDA_ERROR_INVALID_DEVICE,
     TSHM_CUDA_ERROR_MEMORY_ALLOCATION,
     TSHM_CUDA_ERROR_NO_DEVICE,
+    tshm_cuda_device_enter,
+    tshm_cuda_device_leave,
     tshm_cuda_error_name,
     tshm_cuda_error_string,
     tshm_cudart_open,
@@ -32,6 +34,7 @@ import os
 import threading
 
 from ..errors import CudaError, CudaUnavailable, OutOfBounds, os_error
+from ._args import device_of as _device_of
 
 __all__ = ["Runtime", "current", "use", "candidates"]
 
@@ -105,17 +108,39 @@ cdef class Runtime:
             info["host_register_supported"] = bool(info["host_register_supported"])
         return info
 
-    def mem_info(self, int device):
+    def mem_info(self, device):
         """``(free, total)`` bytes of *device* (creates its context if needed)."""
         cdef size_t free_bytes = 0, total_bytes = 0
         cdef int previous = 0
-        self.check(self.rt.GetDevice(&previous), "reading the current CUDA device")
-        self.check(self.rt.SetDevice(device), f"selecting CUDA device {device}")
+        cdef int dev = self.valid_device(device)
+        self.check(tshm_cuda_device_enter(self.rt, dev, &previous), f"selecting CUDA device {dev}")
         try:
             self.check(self.rt.MemGetInfo(&free_bytes, &total_bytes), "reading device memory")
         finally:
-            self.rt.SetDevice(previous)
+            tshm_cuda_device_leave(self.rt, dev, previous)
         return free_bytes, total_bytes
+
+    cdef int valid_device(self, object device) except -1:
+        """*device* as a device number this process has; OutOfBounds (a ValueError) if it has none such.
+
+        Checked before any call that would take the number to the runtime,
+        so that a wrong number says how many GPUs there are instead of
+        failing later (or in another process) with cudaErrorInvalidDevice.
+        """
+        cdef int count = 0
+        dev = _device_of(device)
+        self.check(self.rt.GetDeviceCount(&count), "counting CUDA devices")
+        if dev >= count:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            raise OutOfBounds(
+                f"device={dev} does not exist: this process sees {count} CUDA GPU{'s' if count != 1 else ''}"
+                + (f" (0..{count - 1})" if count > 1 else "")
+                + (f" with CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""))
+        return dev
+
+    def check_device(self, device):
+        """*device* as a valid device number of this process (see :meth:`valid_device`); else OutOfBounds."""
+        return self.valid_device(device)
 
     def error_name(self, int code):
         """``cudaGetErrorName(code)``."""

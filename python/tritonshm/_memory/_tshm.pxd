@@ -31,12 +31,15 @@ cdef extern from "tshm_cuda.h" nogil:
         TSHM_CUDA_ERROR_NO_DEVICE
         TSHM_CUDA_ERROR_INVALID_DEVICE
         TSHM_CUDA_ERROR_INVALID_CONTEXT
+        TSHM_CUDA_ERROR_INVALID_RESOURCE_HANDLE
+        TSHM_CUDA_ERROR_NOT_READY
     enum:
         TSHM_CUDA_ATTR_MULTIPROCESSOR_COUNT
         TSHM_CUDA_ATTR_PCI_BUS_ID
         TSHM_CUDA_ATTR_COMPUTE_CAPABILITY_MAJOR
         TSHM_CUDA_ATTR_COMPUTE_CAPABILITY_MINOR
         TSHM_CUDA_ATTR_HOST_REGISTER_SUPPORTED
+        TSHM_CUDA_ATTR_HOST_REGISTER_READ_ONLY_SUPPORTED
 
     ctypedef struct tshm_ipc_handle:
         char reserved[64]
@@ -56,6 +59,19 @@ cdef extern from "tshm_cuda.h" nogil:
     const char *tshm_cuda_error_name(const tshm_cudart *rt, int error)
     const char *tshm_cuda_error_string(const tshm_cudart *rt, int error)
 
+    int tshm_cuda_device_enter(const tshm_cudart *rt, int device, int *previous)
+    void tshm_cuda_device_leave(const tshm_cudart *rt, int device, int previous)
+    int tshm_cuda_device_has_context(const tshm_cudart *rt, int device)
+    int tshm_cuda_stream_new(const tshm_cudart *rt, int device, void **out)
+    int tshm_cuda_stream_free(const tshm_cudart *rt, int device, void *stream)
+    int tshm_cuda_stream_sync(const tshm_cudart *rt, int device, void *stream)
+    int tshm_cuda_stream_wait(const tshm_cudart *rt, int device, void *stream, void *event)
+    int tshm_cuda_event_new(const tshm_cudart *rt, int device, void **out)
+    int tshm_cuda_event_free(const tshm_cudart *rt, int device, void *event)
+    int tshm_cuda_event_record(const tshm_cudart *rt, int device, void *event, void *stream)
+    int tshm_cuda_event_query(const tshm_cudart *rt, int device, void *event)
+    int tshm_cuda_event_sync(const tshm_cudart *rt, int device, void *event)
+
     ctypedef struct tshm_cuda_alloc:
         const tshm_cudart *rt
         uint8_t *ptr
@@ -73,9 +89,10 @@ cdef extern from "tshm_cuda.h" nogil:
     void tshm_cuda_alloc_unobserve(tshm_cuda_alloc *a)
     int tshm_cuda_ipc_handle(const tshm_cuda_alloc *a, tshm_ipc_handle *out)
     int tshm_cuda_copy_in(tshm_cuda_alloc *a, size_t offset, const void *src, size_t length,
-                          void *producer_stream)
-    int tshm_cuda_copy_out(tshm_cuda_alloc *a, size_t offset, void *dst, size_t length)
-    int tshm_cuda_pin_mapping(const tshm_cudart *rt, tshm_mapping *m)
+                          void *stream, void *wait)
+    int tshm_cuda_copy_out(tshm_cuda_alloc *a, size_t offset, void *dst, size_t length,
+                           void *stream, void *wait)
+    int tshm_cuda_pin_mapping(const tshm_cudart *rt, int device, tshm_mapping *m)
 
 
 cdef extern from "tshm_dlpack.h" nogil:

@@ -1,0 +1,415 @@
+# cython: language_level=3, embedsignature=True
+"""Streams, events and the device guard: how tritonshm's work is ordered with everyone else's.
+
+Everything a GPU library does is asynchronous: a torch ``copy_`` is queued
+on torch's *current stream* and done later.  tritonshm orders its copies
+with CUDA events, never with a device-wide synchronization nor the legacy
+default stream (which serializes every thread and library in the process):
+
+* :class:`Stream` -- a non-blocking CUDA stream of one device;
+  :func:`copy_stream` is the calling thread's own, made once, which
+  :func:`tritonshm.cuda.copy` and the regions' ``write``/``read`` use.
+* :class:`Event` -- a point in a stream's work (DisableTiming), recorded on
+  a producer's stream and waited for by a copy stream, or queried
+  (:meth:`Event.query`) by code that must not block.
+* :func:`current_stream` -- the calling thread's current stream on a device,
+  as the libraries in use see it (:data:`current_stream_providers`).
+* :func:`device_guard` -- the C guard as a context manager: makes a device
+  current and puts the caller's previous device back only if that device
+  has a context, so no context is ever created on a GPU the process did
+  not use.
+
+Every runtime call runs under the guard of its stream's or event's device.
+"""
+
+from posix.unistd cimport getpid
+
+from ._runtime cimport Runtime, current
+from ._tshm cimport (
+    TSHM_CUDA_ERROR_NOT_READY,
+    tshm_cuda_device_enter,
+    tshm_cuda_device_has_context,
+    tshm_cuda_device_leave,
+    tshm_cuda_event_free,
+    tshm_cuda_event_new,
+    tshm_cuda_event_query,
+    tshm_cuda_event_record,
+    tshm_cuda_event_sync,
+    tshm_cuda_stream_free,
+    tshm_cuda_stream_new,
+    tshm_cuda_stream_sync,
+    tshm_cuda_stream_wait,
+)
+
+import operator
+import sys
+import threading
+
+from ..errors import OutOfBounds, RegionClosed, UnsupportedBuffer
+from ._args import device_of as _device_of
+
+__all__ = ["Stream", "Event", "DeviceGuard", "copy_stream", "current_stream", "current_stream_providers",
+           "device_guard", "has_context"]
+
+
+cdef class Stream:
+    """A non-blocking CUDA stream of one device (``cudaStreamCreateWithFlags(..., NonBlocking)``).
+
+    Work queued on it has no implicit ordering with the legacy default
+    stream or any other stream: order it with :class:`Event`\\ s.  Destroyed
+    by :meth:`close` or when the object dies (queued work still completes).
+    """
+
+    def __cinit__(self):
+        self._handle = NULL
+        self._pid = -1
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use Stream.create(device), or copy_stream(device) for this thread's own")
+
+    def __dealloc__(self):
+        self._free()
+
+    cdef _free(self):
+        cdef void *h = self._handle
+        self._handle = NULL
+        if h != NULL and self._pid == getpid():
+            tshm_cuda_stream_free(self._runtime.rt, self._device, h)
+
+    @staticmethod
+    def create(device=0):
+        """A new non-blocking stream of *device* (validated against the device count)."""
+        cdef Runtime rt = current()
+        return _new_stream(rt, rt.valid_device(device))
+
+    cdef void *_live(self) except NULL:
+        if self._handle == NULL:
+            raise RegionClosed(f"{self!r} is closed")
+        return self._handle
+
+    @property
+    def handle(self):
+        """The ``cudaStream_t`` as an int (what ``__dlpack__(stream=)`` and other libraries take)."""
+        return <size_t>self._live()
+
+    @property
+    def device(self):
+        """The CUDA device the stream belongs to."""
+        return self._device
+
+    @property
+    def closed(self):
+        """True after :meth:`close`."""
+        return self._handle == NULL
+
+    def synchronize(self):
+        """Wait (GIL released) until everything queued on the stream so far is done."""
+        cdef void *h = self._live()
+        cdef int rc
+        with nogil:
+            rc = tshm_cuda_stream_sync(self._runtime.rt, self._device, h)
+        self._runtime.check(rc, f"synchronizing {self!r}")
+
+    def wait(self, Event event not None):
+        """Make work queued on this stream from now on wait for *event* (no host blocking)."""
+        cdef void *h = self._live()
+        self._runtime.check(tshm_cuda_stream_wait(self._runtime.rt, self._device, h, event._live()),
+                            f"making {self!r} wait for {event!r}")
+
+    def record(self):
+        """A new :class:`Event` recorded on this stream now: the point of its work queued so far."""
+        cdef Event event = new_event(self._runtime, self._device)
+        event._record(<size_t>self._live())
+        return event
+
+    def close(self):
+        """Destroy the stream; idempotent.  Work already queued still completes."""
+        self._free()
+
+    def __enter__(self):
+        self._live()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __repr__(self):
+        if self._handle == NULL:
+            return f"<Stream cuda:{self._device} closed>"
+        return f"<Stream cuda:{self._device} 0x{<size_t>self._handle:x}>"
+
+    def __reduce__(self):
+        raise TypeError("a CUDA stream belongs to this process and cannot be pickled")
+
+
+cdef Stream _new_stream(Runtime rt, int device):
+    cdef Stream self = Stream.__new__(Stream)
+    cdef void *h = NULL
+    cdef int rc
+    with nogil:
+        rc = tshm_cuda_stream_new(rt.rt, device, &h)
+    rt.check(rc, f"creating a CUDA stream on device {device}")
+    self._handle = h
+    self._device = device
+    self._runtime = rt
+    self._pid = getpid()
+    return self
+
+
+cdef size_t stream_handle(object stream) except? 0:
+    """A stream argument as a ``cudaStream_t``: a :class:`Stream`, or an int handle (0: legacy default)."""
+    if isinstance(stream, Stream):
+        return <size_t>(<Stream>stream)._live()
+    try:
+        h = operator.index(stream)
+    except TypeError:
+        raise UnsupportedBuffer(f"a stream is a Stream or an int handle, not {type(stream).__name__}") from None
+    if h < 0 or h > <size_t>-1:
+        raise OutOfBounds(f"stream handle {h} is not a pointer")
+    return h
+
+
+cdef class Event:
+    """A point in a stream's work (``cudaEventCreateWithFlags(..., DisableTiming)``).
+
+    :meth:`record` it on a stream (ours, or a producer's: any library's
+    handle), then have another stream :meth:`Stream.wait` for it, poll it
+    with :meth:`query`, or block on it with :meth:`synchronize`.  A new
+    event that was never recorded is complete.
+    """
+
+    def __cinit__(self):
+        self._handle = NULL
+        self._pid = -1
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use Event.create(device)")
+
+    def __dealloc__(self):
+        self._free()
+
+    cdef _free(self):
+        cdef void *h = self._handle
+        self._handle = NULL
+        if h != NULL and self._pid == getpid():
+            tshm_cuda_event_free(self._runtime.rt, self._device, h)
+
+    @staticmethod
+    def create(device=0):
+        """A new event of *device* (validated against the device count)."""
+        cdef Runtime rt = current()
+        return new_event(rt, rt.valid_device(device))
+
+    cdef void *_live(self) except NULL:
+        if self._handle == NULL:
+            raise RegionClosed(f"{self!r} is closed")
+        return self._handle
+
+    cdef int _record(self, size_t stream) except -1:
+        cdef void *h = self._live()
+        self._runtime.check(tshm_cuda_event_record(self._runtime.rt, self._device, h, <void *>stream),
+                            f"recording {self!r} on stream 0x{stream:x}")
+        return 0
+
+    @property
+    def handle(self):
+        """The ``cudaEvent_t`` as an int."""
+        return <size_t>self._live()
+
+    @property
+    def device(self):
+        """The CUDA device the event belongs to (it can be recorded on that device's streams only)."""
+        return self._device
+
+    @property
+    def closed(self):
+        """True after :meth:`close`."""
+        return self._handle == NULL
+
+    def record(self, stream=0):
+        """Record the event on *stream* (a :class:`Stream` or an int handle; 0: the legacy default stream).
+
+        Returns the event, so ``Event.create(d).record(s)`` reads as one step.
+        """
+        self._record(stream_handle(stream))
+        return self
+
+    def query(self):
+        """True when the work before the last :meth:`record` is done; never blocks."""
+        cdef int rc = tshm_cuda_event_query(self._runtime.rt, self._device, self._live())
+        if rc == TSHM_CUDA_ERROR_NOT_READY:
+            return False
+        self._runtime.check(rc, f"querying {self!r}")
+        return True
+
+    def synchronize(self):
+        """Wait (GIL released) until the work before the last :meth:`record` is done."""
+        cdef void *h = self._live()
+        cdef int rc
+        with nogil:
+            rc = tshm_cuda_event_sync(self._runtime.rt, self._device, h)
+        self._runtime.check(rc, f"synchronizing {self!r}")
+
+    def close(self):
+        """Destroy the event; idempotent (a pending one is released when it completes)."""
+        self._free()
+
+    def __repr__(self):
+        if self._handle == NULL:
+            return f"<Event cuda:{self._device} closed>"
+        return f"<Event cuda:{self._device} 0x{<size_t>self._handle:x}>"
+
+    def __reduce__(self):
+        raise TypeError("a CUDA event belongs to this process and cannot be pickled")
+
+
+cdef Event new_event(Runtime rt, int device):
+    """A new event of *device*; *device* is already known to be valid."""
+    cdef Event self = Event.__new__(Event)
+    cdef void *h = NULL
+    rt.check(tshm_cuda_event_new(rt.rt, device, &h), f"creating a CUDA event on device {device}")
+    self._handle = h
+    self._device = device
+    self._runtime = rt
+    self._pid = getpid()
+    return self
+
+
+# -- this thread's copy streams ---------------------------------------------------
+
+_local = threading.local()
+
+
+cdef Stream thread_copy_stream(Runtime rt, int device):
+    """This thread's copy stream of *device* under *rt*, made on first use."""
+    cdef Stream s
+    streams = getattr(_local, "streams", None)
+    if streams is None or getattr(_local, "runtime", None) is not rt:
+        # Another runtime (tests switch): its streams die with the old dict.
+        streams = _local.streams = {}
+        _local.runtime = rt
+    s = streams.get(device)
+    if s is None or s._handle == NULL or s._pid != getpid():
+        s = _new_stream(rt, device)
+        streams[device] = s
+    return s
+
+
+def copy_stream(device=0):
+    """This thread's non-blocking copy stream of *device*, made once per thread and device.
+
+    tritonshm's own copies run on it; a copy that must wait for other work
+    waits for an event of that work, so threads never serialize on each other.
+    """
+    cdef Runtime rt = current()
+    return thread_copy_stream(rt, rt.valid_device(device))
+
+
+# -- the caller's current stream ---------------------------------------------------
+
+def _torch_current_stream(device):
+    """torch's current stream on *device* for this thread, if torch is in use and it is not the default."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        handle = torch.cuda.current_stream(device).cuda_stream
+    except Exception:  # a CPU-only build, or a device torch cannot see
+        return None
+    return handle or None  # the default stream: let another library answer (else 0 anyway)
+
+
+def _cupy_current_stream(device):
+    """cupy's current stream on *device* for this thread, if cupy is loaded and it is not the default."""
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return None
+    try:
+        handle = cupy.cuda.get_current_stream(device).ptr
+    except Exception:  # an old cupy without the device argument, no GPU, ...
+        return None
+    return handle or None
+
+
+#: Callables ``device -> stream handle or None`` asked in order by
+#: :func:`current_stream`; the first that answers (not None) wins.  Built
+#: in: torch (when loaded and initialized) and cupy (when loaded), each
+#: answering only for a non-default current stream.  Test doubles and other
+#: libraries insert their own.
+current_stream_providers = [_torch_current_stream, _cupy_current_stream]
+
+
+def current_stream(device=0):
+    """The calling thread's current CUDA stream on *device*, as an int handle.
+
+    The first of :data:`current_stream_providers` that answers; 0 (the
+    legacy default stream) when none does.  Asked on the caller's thread at
+    the time of the call: that is where and when torch's and cupy's notion
+    of "current" is the user's.
+    """
+    dev = _device_of(device)
+    for provider in tuple(current_stream_providers):
+        handle = provider(dev)
+        if handle is not None:
+            h = operator.index(handle)
+            if h < 0:
+                raise OutOfBounds(f"{provider!r} gave stream handle {h} for device {dev}")
+            return h
+    return 0
+
+
+# -- the device guard ----------------------------------------------------------------
+
+cdef class DeviceGuard:
+    """``with device_guard(d):`` -- *d* is the current device inside; the caller's comes back after.
+
+    The caller's previous device is put back only if it has an active
+    primary context (torch does the same): a thread that never used a GPU
+    reads device 0 as current, and putting 0 back would create a context
+    there.  Then the thread stays on *d*.  Re-entrant; each exit undoes
+    its own enter.
+    """
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use device_guard(device)")
+
+    def __enter__(self):
+        cdef int previous = 0
+        self._runtime.check(tshm_cuda_device_enter(self._runtime.rt, self._device, &previous),
+                            f"selecting CUDA device {self._device}")
+        self._previous.append(previous)
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._previous:
+            tshm_cuda_device_leave(self._runtime.rt, self._device, self._previous.pop())
+
+    @property
+    def device(self):
+        """The device made current inside the block."""
+        return self._device
+
+    def __repr__(self):
+        return f"<device_guard cuda:{self._device}>"
+
+
+def device_guard(device):
+    """A :class:`DeviceGuard` for *device* (validated against the device count)."""
+    cdef Runtime rt = current()
+    cdef DeviceGuard guard = DeviceGuard.__new__(DeviceGuard)
+    guard._runtime = rt
+    guard._device = rt.valid_device(device)
+    guard._previous = []
+    return guard
+
+
+def has_context(device):
+    """True when *device*'s primary context is active, False when not, None when the runtime cannot tell.
+
+    Creates nothing; what the device guard decides by.
+    """
+    cdef Runtime rt = current()
+    cdef int state = tshm_cuda_device_has_context(rt.rt, rt.valid_device(device))
+    return None if state < 0 else bool(state)
