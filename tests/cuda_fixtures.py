@@ -5,6 +5,12 @@
   and fails the test if device memory, IPC opens or host registrations it
   made are still outstanding at the end.  It runs everywhere, GPU or not:
   regions keep the runtime they were made with, so the real one is untouched.
+* ``torch_like`` / ``cupy_like`` are producer doubles (tests/fake_producers.py)
+  over ``fake_cuda``: torch's and cupy's per-thread current streams, async
+  writes, DLPack/CAI stream handshakes and device refusal, without either
+  library.  While the test runs, each is the first of tritonshm's
+  ``_stream.current_stream_providers`` (where that exists).  Not imported by
+  conftest.py yet: ``from cuda_fixtures import torch_like, cupy_like``.
 * ``fake_cuda_server`` is a real Triton server whose CUDA calls go to the
   fake (``LD_PRELOAD``), so it opens the fake handles tritonshm exports.
 * ``gpu`` skips a test unless a real CUDA GPU is usable; tests that need it
@@ -15,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import pytest
@@ -46,11 +53,63 @@ def fake_cuda(fake_cudart_path, monkeypatch):
         yield fake
     finally:
         _runtime.use(previous)
+        # Work the test left queued must not land in a later test (its pageable
+        # destination may be freed memory by then): drop it.
+        fake.discard_pending()
     gc.collect()
     live = fake.stats().live
     if live != before.live:
         pytest.fail(f"fake CUDA leak check: (allocations, IPC opens, host registrations) went "
                     f"from {before.live} to {live}", pytrace=False)
+
+
+@contextlib.contextmanager
+def current_stream_provider(provider):
+    """Put *provider* first in tritonshm's ``_stream.current_stream_providers`` while in the
+    block (the list is changed in place: tritonshm reads it at each call); nothing where
+    this tritonshm has no such list."""
+    try:
+        from tritonshm._memory import _stream
+    except ImportError:
+        providers = None
+    else:
+        providers = getattr(_stream, "current_stream_providers", None)
+    if providers is None:
+        yield None
+        return
+    providers.insert(0, provider)
+    try:
+        yield providers
+    finally:
+        providers.remove(provider)
+
+
+def _producer_double(cls, fake):
+    producer = cls(fake)
+    try:
+        with current_stream_provider(producer.current_stream_provider):
+            yield producer
+    finally:
+        producer.close()
+        gc.collect()  # tensors the test dropped free their memory before fake_cuda's leak check
+
+
+@pytest.fixture
+def torch_like(fake_cuda):
+    """A torch-like producer double (fake_producers.TorchLike) on the FAKE runtime,
+    registered as tritonshm's first current-stream provider for the test."""
+    from fake_producers import TorchLike
+
+    yield from _producer_double(TorchLike, fake_cuda)
+
+
+@pytest.fixture
+def cupy_like(fake_cuda):
+    """A cupy-like producer double (fake_producers.CupyLike) on the FAKE runtime,
+    registered as tritonshm's first current-stream provider for the test."""
+    from fake_producers import CupyLike
+
+    yield from _producer_double(CupyLike, fake_cuda)
 
 
 @pytest.fixture(scope="session")

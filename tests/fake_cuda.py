@@ -259,6 +259,7 @@ _PROTOTYPES = {
     "tshm_fake_cuda_contexts": (ctypes.c_ulonglong, []),
     "tshm_fake_cuda_reset_contexts": (None, []),
     "tshm_fake_cuda_pending": (ctypes.c_longlong, []),
+    "tshm_fake_cuda_discard_pending": (ctypes.c_longlong, []),
 }
 
 #: The extra entry points for a real tritonserver with the fake LD_PRELOADed.
@@ -323,6 +324,10 @@ class FakeCudart:
     def pending(self) -> int:
         """Copies and kernel writes queued and not landed yet (all streams)."""
         return self.lib.tshm_fake_cuda_pending()
+
+    def discard_pending(self) -> int:
+        """Drop all queued work without landing it (a test's teardown); returns how many ops."""
+        return self.lib.tshm_fake_cuda_discard_pending()
 
     def contexts(self) -> set[int]:
         """The devices that have a primary context in this process."""

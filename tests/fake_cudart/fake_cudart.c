@@ -103,7 +103,8 @@
  *     tshm_fake_cuda_kernel_write() (a "kernel" on a stream: writes dst from
  *     a snapshot of src when it lands), tshm_fake_cuda_contexts() /
  *     tshm_fake_cuda_reset_contexts(), tshm_fake_cuda_pending() (copies and
- *     kernel writes queued, not landed).
+ *     kernel writes queued, not landed), tshm_fake_cuda_discard_pending()
+ *     (drop them: a test's teardown).
  *   - A real tritonserver 2.51 (CUDA 12.6 runtime bundled, no driver on the
  *     machine) with this library LD_PRELOADed registers fake CUDA regions,
  *     refuses an oversized byte_size and runs inferences through them: for
@@ -1641,6 +1642,29 @@ API long long tshm_fake_cuda_pending(void)
     long long n = pending_ops;
     pthread_mutex_unlock(&lock);
     return n;
+}
+
+/* Drop every queued op without landing it; returns how many copies and
+ * kernel writes were dropped.  For a test's teardown: work a test left
+ * queued must not land in the next test (its pageable destination may be
+ * freed memory by then). */
+API long long tshm_fake_cuda_discard_pending(void)
+{
+    pthread_mutex_lock(&lock);
+    long long dropped = pending_ops;
+    for (fake_stream *s = streams; s != NULL; s = s->next) {
+        while (s->head != NULL) {
+            op *o = s->head;
+            s->head = o->next;
+            free(o->snapshot);
+            free(o);
+        }
+        s->tail = NULL;
+    }
+    pending_ops = 0;
+    reap_streams();
+    pthread_mutex_unlock(&lock);
+    return dropped;
 }
 
 /* ------------------------------------------------------- server support

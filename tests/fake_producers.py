@@ -1,0 +1,470 @@
+"""Torch-like and cupy-like producer DOUBLES over the FAKE CUDA runtime (tests only, never shipped).
+
+They stand in for torch and cupy where neither (nor a GPU) is installed, and
+behave the way those libraries do in the respects that decide whether a
+consumer of their memory is correct:
+
+* **Per-thread, per-device current stream.**  Each thread starts on the
+  legacy default stream of every device; ``with producer.stream(device):``
+  makes a new non-blocking stream current for that thread and device.
+* **Everything is asynchronous.**  ``t.copy_(x)`` and ``t.fill_(v)`` are
+  test-only "kernel writes" (``tshm_fake_cuda_kernel_write``) queued on the
+  current stream of the tensor's device: the bytes reach the (fake) device
+  memory only when something synchronizes that stream.  ``t.numpy()`` copies
+  on the current stream and synchronizes it, as ``.cpu()`` does.
+* **DLPack export with the stream handshake.**  ``t.__dlpack__(stream=s)``
+  records an event on the producer's current stream and makes ``s`` wait on
+  it when ``s`` is another stream.  ``TorchLike`` refuses to export a tensor
+  that is not on the thread's current device, with torch's
+  ``BufferError("Can't export tensors on a different CUDA device index...")``;
+  like torch, it does no synchronization for ``stream=None`` or ``-1``.
+  ``CupyLike`` (the array API's reading) treats ``None`` as the legacy default
+  stream, ``-1`` as "no sync", and works under a guard of the array's device.
+* **CUDA Array Interface v3** (``CupyLike``): ``"stream"`` is the current
+  stream of the array's device (1 for the legacy default stream).
+* **A consumer.**  ``producer.from_dlpack(obj)`` does what ``torch.from_dlpack``
+  does: passes its current stream for the object's device (1 for legacy),
+  asks for a versioned capsule first, and holds the capsule until the
+  resulting tensor dies, when it calls the producer's deleter.
+* **Memory** of ``empty``/``zeros``/``from_numpy`` is the fake's own
+  ``cudaMalloc`` (through ctypes) on the tensor's device, freed (under a guard
+  of that device) when the tensor dies.
+
+``producer.current_stream_provider(device)`` answers what tritonshm's
+``_stream.current_stream_providers`` expect: the thread's current stream on
+*device* when the double has one set there (a non-default stream), else None
+("not mine: ask the next provider"; the default is the legacy stream).  The
+``torch_like`` / ``cupy_like`` fixtures of cuda_fixtures.py register it.
+
+This module needs neither tritonshm nor torch/cupy: numpy, ctypes and
+fake_cuda only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import weakref
+
+import numpy as np
+
+import fake_cuda
+from fake_cuda import DLManagedTensor, DLManagedTensorVersioned, FakeCudart
+
+KDL_CUDA = 2
+DEVICE_INDEX_ERROR = "Can't export tensors on a different CUDA device index"
+
+# --------------------------------------------------------------------------
+# DLPack capsules made through the C API (ctypes): what torch's C++ does
+# --------------------------------------------------------------------------
+
+_NAME_VERSIONED = ctypes.create_string_buffer(b"dltensor_versioned")  # the capsule keeps a pointer to it
+_NAME_LEGACY = ctypes.create_string_buffer(b"dltensor")
+_PyCapsule_New = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
+    ("PyCapsule_New", ctypes.pythonapi))
+# The same C API on a raw PyObject * (the capsule destructor gets one that is being freed).
+_PyCapsule_IsValid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi))
+_PyCapsule_GetPointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_PyCapsule_GetName = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
+
+#: Exported managed tensors by address: (struct, shape array, the tensor it keeps alive).
+_EXPORTS: dict[int, tuple] = {}
+
+
+def _release_export(address: int) -> None:
+    _EXPORTS.pop(address, None)
+
+
+# The managed tensor's deleter: a consumer calls it from any thread, with or
+# without the GIL (a ctypes callback takes the GIL itself).
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_release_export)
+
+
+def _capsule_destructor(capsule: int) -> None:
+    # Never consumed (still "dltensor..."): the producer lets go itself.
+    for name in (_NAME_VERSIONED, _NAME_LEGACY):
+        if _PyCapsule_IsValid(capsule, name):
+            _release_export(_PyCapsule_GetPointer(capsule, name))
+            return
+
+
+_CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_capsule_destructor)
+
+_DL_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}  # kDLInt, kDLUInt, kDLFloat, kDLBool
+_NP_KINDS = {v: k for k, v in _DL_CODES.items()}
+
+
+def _dl_dtype(dtype: np.dtype) -> tuple[int, int]:
+    if dtype.kind not in _DL_CODES:
+        raise BufferError(f"no DLPack type for {dtype}")
+    return _DL_CODES[dtype.kind], dtype.itemsize * 8
+
+
+def _np_dtype(code: int, bits: int, lanes: int) -> np.dtype:
+    if lanes != 1 or code not in _NP_KINDS:
+        raise BufferError(f"unsupported DLPack dtype code={code} bits={bits} lanes={lanes}")
+    return np.dtype("?") if code == 6 else np.dtype(f"{_NP_KINDS[code]}{bits // 8}")
+
+
+def _make_capsule(tensor: FakeDeviceTensor, versioned: bool):
+    shape = (ctypes.c_int64 * max(len(tensor.shape), 1))(*tensor.shape)
+    managed = DLManagedTensorVersioned() if versioned else DLManagedTensor()
+    if versioned:
+        managed.major, managed.minor, managed.flags = 1, 0, 0
+    dl = managed.dl_tensor
+    dl.data = tensor.ptr
+    dl.device_type, dl.device_id = KDL_CUDA, tensor.device
+    dl.ndim = len(tensor.shape)
+    dl.code, dl.bits = _dl_dtype(tensor.dtype)
+    dl.lanes = 1
+    dl.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    dl.strides = None  # compact, row-major
+    dl.byte_offset = 0
+    managed.deleter = ctypes.cast(_DELETER, ctypes.c_void_p).value
+    address = ctypes.addressof(managed)
+    _EXPORTS[address] = (managed, shape, tensor)
+    name = _NAME_VERSIONED if versioned else _NAME_LEGACY
+    return _PyCapsule_New(address, ctypes.addressof(name), ctypes.cast(_CAPSULE_DESTRUCTOR, ctypes.c_void_p).value)
+
+
+def live_exports() -> int:
+    """Capsules made by the doubles whose deleter has not run yet."""
+    return len(_EXPORTS)
+
+
+# --------------------------------------------------------------------------
+# Tensors
+# --------------------------------------------------------------------------
+
+
+def _free_device_memory(producer_ref, fake: FakeCudart, ptr: int, device: int) -> None:
+    producer = producer_ref()
+    guard = producer.device(device) if producer is not None else contextlib.nullcontext()
+    with guard:
+        fake.free(ptr)
+
+
+class FakeDeviceTensor:
+    """A contiguous array in fake device memory, owned by its producer double.
+
+    ``ptr``, ``nbytes``, ``shape``, ``dtype``, ``device``; ``data_ptr()`` as
+    torch.  ``owner`` is whatever keeps the memory alive (a consumed capsule
+    for a tensor made by ``from_dlpack``).
+    """
+
+    def __init__(self, producer: _Producer, ptr: int, shape, dtype, device: int, *, read_only: bool = False):
+        self.producer = producer
+        self.ptr = ptr
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self.device = device
+        self.read_only = read_only
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} {self.dtype}{list(self.shape)} cuda:{self.device} "
+                f"at 0x{self.ptr:x}>")
+
+    # --- asynchronous writes on the current stream -------------------------
+
+    def copy_(self, src) -> FakeDeviceTensor:
+        """Queue a copy of *src* (array-like, or another fake device tensor) on the current stream."""
+        if self.read_only:
+            raise ValueError("this tensor is read-only")
+        p = self.producer
+        with p.device(self.device):
+            stream = p.current_stream(self.device)
+            if isinstance(src, FakeDeviceTensor):
+                if src.nbytes != self.nbytes:
+                    raise ValueError(f"copy_ of {src.nbytes} bytes into {self.nbytes}")
+                p.fake.memcpy_async(self.ptr, src.ptr, self.nbytes, stream, 3)
+            else:
+                data = np.ascontiguousarray(np.broadcast_to(np.asarray(src, dtype=self.dtype), self.shape))
+                p.fake.kernel_write(stream, self.ptr, data.tobytes())
+        return self
+
+    def fill_(self, value) -> FakeDeviceTensor:
+        return self.copy_(np.full(self.shape, value, dtype=self.dtype))
+
+    # --- reads ---------------------------------------------------------------
+
+    def numpy(self) -> np.ndarray:
+        """Copy to the host on the current stream and wait for that stream (as ``.cpu()``)."""
+        out = np.empty(self.shape, dtype=self.dtype)
+        p = self.producer
+        with p.device(self.device):
+            stream = p.current_stream(self.device)
+            if self.nbytes:
+                p.fake.memcpy_async(out.ctypes.data, self.ptr, self.nbytes, stream, 2)
+            p.fake.stream_synchronize(stream)
+        return out
+
+    cpu = numpy
+
+    # --- DLPack --------------------------------------------------------------
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (KDL_CUDA, self.device)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        if stream is not None and type(stream) is not int:
+            raise TypeError("stream must be ``int`` or ``none``")
+        if copy:
+            raise BufferError("copy=True is not supported by this double")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"cannot export to device {tuple(dl_device)}")
+        self._export_checks()
+        self._handshake(stream)
+        versioned = max_version is not None and tuple(max_version)[0] >= 1
+        return _make_capsule(self, versioned)
+
+    def _export_checks(self) -> None:
+        pass
+
+    def _handshake(self, stream) -> None:
+        raise NotImplementedError
+
+    def _order_before(self, consumer_stream: int) -> None:
+        """Torch's handshake: an event on our current stream, waited for by *consumer_stream*."""
+        p = self.producer
+        current = p.current_stream(self.device)
+        consumer = 0 if consumer_stream in (0, 1) else consumer_stream  # 1 (CUDA) / 0: the legacy stream
+        if consumer == current:
+            return
+        with p.device(self.device):
+            event = p.fake.event_create()
+            try:
+                p.fake.event_record(event, current)
+                p.fake.stream_wait_event(consumer, event)
+            finally:
+                p.fake.event_destroy(event)
+        p.handshakes += 1
+
+
+class FakeTorchTensor(FakeDeviceTensor):
+    """torch.Tensor's behaviour as a DLPack producer (torch/_tensor.py ``__dlpack__``)."""
+
+    def _export_checks(self) -> None:
+        current = self.producer.fake.get_device()
+        if current != self.device:
+            raise BufferError(f"{DEVICE_INDEX_ERROR}. Expected: {self.device}. Current device: {current}.")
+
+    def _handshake(self, stream) -> None:
+        if stream is None or stream == -1:  # torch: no synchronization
+            return
+        self._order_before(stream)
+
+
+class FakeCupyArray(FakeDeviceTensor):
+    """cupy.ndarray's behaviour as a producer: CAI v3 and DLPack under its own device."""
+
+    def _handshake(self, stream) -> None:
+        if stream == -1:
+            return
+        self._order_before(1 if stream is None else stream)  # None: the legacy default stream
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        stream = self.producer.current_stream(self.device)
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "descr": [("", self.dtype.str)],
+            "data": (self.ptr, self.read_only),
+            "strides": None,
+            "version": 3,
+            "stream": stream if stream else 1,  # 1: the legacy default stream (0 is not allowed)
+        }
+
+    get = FakeDeviceTensor.numpy
+
+
+# --------------------------------------------------------------------------
+# Producers
+# --------------------------------------------------------------------------
+
+
+class _Producer:
+    tensor_type: type[FakeDeviceTensor] = FakeDeviceTensor
+    name = "fake"
+
+    def __init__(self, fake: FakeCudart):
+        self.fake = fake
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._made_streams: list[tuple[int, int]] = []
+        #: How many stream handshakes (event recorded + waited) exports did.
+        self.handshakes = 0
+        #: How many times tritonshm asked current_stream_provider.
+        self.provider_calls = 0
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} over {self.fake.path}>"
+
+    # --- devices -------------------------------------------------------------
+
+    def current_device(self) -> int:
+        return self.fake.get_device()
+
+    @contextlib.contextmanager
+    def device(self, device: int):
+        """Make *device* current; restore the previous one only if it has a context
+        (torch's MaybeSetDevice: a guard never creates a context on device 0)."""
+        previous = self.fake.get_device()
+        if previous == device:
+            yield
+            return
+        self.fake.set_device(device)
+        try:
+            yield
+        finally:
+            if self.fake.primary_ctx_active(previous):
+                self.fake.set_device(previous)
+
+    # --- streams -------------------------------------------------------------
+
+    def _streams(self) -> dict[int, int]:
+        streams = getattr(self._local, "streams", None)
+        if streams is None:
+            streams = self._local.streams = {}
+        return streams
+
+    def current_stream(self, device: int | None = None) -> int:
+        """This thread's current stream on *device* (default: the current device); 0 is the legacy one."""
+        if device is None:
+            device = self.fake.get_device()
+        return self._streams().get(device, 0)
+
+    def current_stream_provider(self, device: int) -> int | None:
+        """For tritonshm's ``current_stream_providers``: our non-default current stream, else None."""
+        self.provider_calls += 1
+        return self._streams().get(device) or None
+
+    @contextlib.contextmanager
+    def stream(self, device: int | None = None, handle: int | None = None):
+        """Make a new non-blocking stream (or *handle*) this thread's current one on *device*; yields it."""
+        if device is None:
+            device = self.fake.get_device()
+        if handle is None:
+            with self.device(device):
+                handle = self.fake.stream_create(fake_cuda.STREAM_NON_BLOCKING)
+            with self._lock:
+                self._made_streams.append((device, handle))
+        streams = self._streams()
+        previous = streams.get(device)
+        streams[device] = handle
+        try:
+            yield handle
+        finally:
+            if previous is None:
+                streams.pop(device, None)
+            else:
+                streams[device] = previous
+
+    def synchronize(self, device: int | None = None) -> None:
+        """torch.cuda.synchronize(device): wait for all work of the device."""
+        if device is None:
+            device = self.fake.get_device()
+        with self.device(device):
+            self.fake.device_synchronize()
+
+    def close(self) -> None:
+        """Destroy the streams this double made (their queued work still lands)."""
+        with self._lock:
+            made, self._made_streams = self._made_streams, []
+        for _, handle in made:
+            self.fake.stream_destroy(handle)
+
+    # --- tensors ---------------------------------------------------------------
+
+    def _device_arg(self, device) -> int:
+        if device is None:
+            return self.fake.get_device()
+        if isinstance(device, str):  # "cuda:1" / "cuda"
+            _, _, index = device.partition(":")
+            return int(index) if index else self.fake.get_device()
+        return int(device)
+
+    def empty(self, shape, dtype="float32", device=None) -> FakeDeviceTensor:
+        device = self._device_arg(device)
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        with self.device(device):
+            ptr = self.fake.malloc(max(nbytes, 1))
+        t = self.tensor_type(self, ptr, shape, dtype, device)
+        weakref.finalize(t, _free_device_memory, weakref.ref(self), self.fake, ptr, device)
+        return t
+
+    def zeros(self, shape, dtype="float32", device=None) -> FakeDeviceTensor:
+        return self.empty(shape, dtype, device).fill_(0)
+
+    def from_numpy(self, array, device=None) -> FakeDeviceTensor:
+        """A device copy of *array*, queued on the current stream (like ``torch.tensor(a, device=...)``)."""
+        array = np.ascontiguousarray(array)
+        return self.empty(array.shape, array.dtype, device).copy_(array)
+
+    # --- consuming ------------------------------------------------------------
+
+    def from_dlpack(self, obj) -> FakeDeviceTensor:
+        """torch.from_dlpack(obj): our current stream for its device is passed, the capsule
+        is held until the returned tensor dies (its deleter runs then)."""
+        device_type, device_id = obj.__dlpack_device__()
+        if device_type != KDL_CUDA:
+            raise BufferError(f"{type(self).__name__} consumes CUDA memory only, not device type {device_type}")
+        current = self.current_stream(device_id)
+        kwargs = {"max_version": (1, 0), "stream": current if current else 1}
+        try:
+            capsule = obj.__dlpack__(**kwargs)
+        except TypeError:
+            kwargs.pop("max_version")
+            capsule = obj.__dlpack__(**kwargs)
+        versioned = _PyCapsule_GetName(capsule) == b"dltensor_versioned"
+        address, managed, deleter = fake_cuda.consume_dlpack(capsule, versioned=versioned)
+        dl = managed.dl_tensor
+        try:
+            if dl.device_type != KDL_CUDA:
+                raise BufferError(f"capsule on device type {dl.device_type}")
+            shape = tuple(dl.shape[i] for i in range(dl.ndim))
+            dtype = _np_dtype(dl.code, dl.bits, dl.lanes)
+            if dl.strides:
+                expected = np.empty(shape, dtype).strides
+                strides = tuple(dl.strides[i] * dtype.itemsize for i in range(dl.ndim))
+                if any(n > 1 and s != e for n, s, e in zip(shape, strides, expected)):
+                    raise BufferError("this double takes compact arrays only")
+            read_only = versioned and bool(managed.flags & 1)
+            t = self.tensor_type(self, (dl.data or 0) + dl.byte_offset, shape, dtype, dl.device_id,
+                                 read_only=read_only)
+        except BaseException:
+            if managed.deleter:
+                deleter(address)
+            raise
+        t.capsule = capsule  # held until the tensor dies
+        if managed.deleter:
+            weakref.finalize(t, deleter, address)
+        return t
+
+
+class TorchLike(_Producer):
+    """A torch double: tensors refuse DLPack export from a non-current device; ``None``/-1: no sync."""
+
+    tensor_type = FakeTorchTensor
+    name = "torch-like"
+
+    def tensor(self, data, dtype=None, device=None) -> FakeTorchTensor:
+        return self.from_numpy(np.asarray(data, dtype=dtype), device)
+
+
+class CupyLike(_Producer):
+    """A cupy double: arrays with ``__cuda_array_interface__`` v3 and DLPack (``None``: legacy stream)."""
+
+    tensor_type = FakeCupyArray
+    name = "cupy-like"
+
+    def asarray(self, data, dtype=None, device=None) -> FakeCupyArray:
+        return self.from_numpy(np.asarray(data, dtype=dtype), device)
