@@ -7,7 +7,9 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self
 
-__all__ = ["CudaRegion", "CudaWindow", "CudaArray", "copy", "describe", "empty"]
+from ._stream import Event, Stream
+
+__all__ = ["CudaRegion", "CudaWindow", "CudaArray", "Capture", "capture", "copy", "describe", "empty"]
 
 class CudaRegion:
     """Device memory from ``cudaMalloc``, exportable to another process by IPC handle."""
@@ -96,12 +98,45 @@ class CudaWindow:
     def key(self) -> str: ...
     @property
     def holders(self) -> int: ...
+    def readers_pending(self) -> bool: ...
     def share(self) -> CudaWindow: ...
     def span(self, offset: int = 0, nbytes: int | None = None) -> tuple[int, int]: ...
     def view(self, dtype: npt.DTypeLike, shape: int | Sequence[int], offset: int = 0) -> CudaArray: ...
     def __reduce__(self) -> tuple[Any, ...]: ...
 
-def copy(dst: Any, src: Any, nbytes: int | None = None, *, dst_offset: int = 0, src_offset: int = 0) -> int:
+class Capture:
+    """A device array as it was when :func:`capture` was called: its memory, and its work so far."""
+
+    ptr: int
+    nbytes: int
+    device: int
+    dtype: np.dtype[Any] | None
+    shape: tuple[int, ...]
+    readonly: bool
+    event: Event
+    @property
+    def closed(self) -> bool: ...
+    def release(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+def capture(obj: Any, device: int | None = None) -> Capture:
+    """Take a device array as it is now, on the caller's thread: a :class:`Capture`."""
+
+def copy(
+    dst: Any,
+    src: Any,
+    nbytes: int | None = None,
+    *,
+    dst_offset: int = 0,
+    src_offset: int = 0,
+    stream: Stream | None = None,
+) -> int:
     """Copy *nbytes* bytes from ``src[src_offset:]`` to ``dst[dst_offset:]``; returns *nbytes*."""
 
 def describe(obj: Any) -> tuple[np.dtype[Any], tuple[int, ...], int] | None:
