@@ -199,6 +199,128 @@ def _child(payload, how):
         region.close()
 
 
+# --------------------------------------------------------------------------
+# Streams, events, capture, readers (issue 17) with torch and cupy on non-default streams
+# --------------------------------------------------------------------------
+
+_BUSY = 200_000_000  # torch.cuda._sleep cycles: long enough that a racing copy would see old bytes
+
+
+def test_stream_and_event_api_with_a_torch_side_stream(torch):
+    n = 1 << 20
+    with tritonshm.CudaRegion.create(n * 4) as c:
+        side = torch.cuda.Stream()
+        ours = cuda.Stream.create(0)
+        with torch.cuda.stream(side):
+            assert cuda.current_stream(0) == side.cuda_stream
+            x = torch.zeros(n, device="cuda")
+            torch.cuda._sleep(_BUSY)
+            x.fill_(5.0)
+        done = cuda.Event.create(0).record(side.cuda_stream)
+        ours.wait(done)
+        cuda.copy(c, x, stream=ours)  # DLPack handshake with `ours` as well
+        ours.synchronize()
+        assert done.query() is True
+        assert (c.read(np.float32, n) == 5.0).all()
+        ours.close()
+        done.close()
+
+
+def test_capture_on_a_side_stream_orders_a_copy_on_another_thread(torch):
+    import threading
+
+    n = 1 << 22
+    with tritonshm.CudaRegion.create(n * 4) as c:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            x = torch.zeros(n, device="cuda")
+            torch.cuda._sleep(_BUSY)
+            x.fill_(3.0)
+            cap = cuda.capture(x)  # on the caller's thread, with `side` current
+        worker = threading.Thread(target=lambda: cuda.copy(c, cap))
+        worker.start()
+        worker.join()
+        assert (c.read(np.float32, n) == 3.0).all()
+        cap.release()
+
+
+def test_capture_of_cupy_on_its_stream(cupy):
+    n = 1 << 20
+    with tritonshm.CudaRegion.create(n * 8) as c:
+        s = cupy.cuda.Stream(non_blocking=True)
+        with s:
+            a = cupy.arange(n, dtype=cupy.float64)
+            cap = cuda.capture(a)
+        c.write(cap)
+        np.testing.assert_array_equal(c.read(np.float64, n), np.arange(n))
+        cap.release()
+
+
+def test_window_readers_pending_until_torchs_stream_is_done(torch):
+    with tritonshm.CudaRegion.create(1 << 20) as c:
+        c.write(np.ones(1 << 18, np.float32))
+        probe = c.window()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            t = torch.from_dlpack(probe.share().view(np.float32, 1 << 18))  # stream=side
+            torch.cuda._sleep(_BUSY * 5)
+            total = t.sum()
+            del t
+        gc.collect()
+        assert probe.holders == 1
+        assert probe.readers_pending() is True  # torch's kernel has not run yet
+        side.synchronize()
+        assert probe.readers_pending() is False
+        assert float(total) == float(1 << 18)
+        del probe
+
+
+def test_copies_do_not_wait_for_the_legacy_default_stream(torch):
+    import time
+
+    with tritonshm.CudaRegion.create(1 << 20) as c:
+        c.write(np.zeros(1 << 18, np.float32))  # the thread's copy stream exists now
+        torch.cuda._sleep(_BUSY * 20)  # the legacy default stream (torch's default) is busy for ~2 s
+        start = time.perf_counter()
+        c.write(np.ones(1 << 18, np.float32))
+        c.read(np.float32, 16)
+        elapsed = time.perf_counter() - start
+        torch.cuda.synchronize()
+        assert elapsed < 0.5, f"a copy waited {elapsed:.2f} s for the legacy default stream"
+
+
+def _two_gpus():
+    if cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+
+
+def test_torch_tensor_on_another_device_is_exported_under_its_guard(torch):
+    _two_gpus()
+    torch.cuda.set_device(0)
+    x = torch.arange(1024, dtype=torch.float32, device="cuda:1")
+    with tritonshm.CudaRegion.create(4096, device=0) as c:
+        c.write(x)  # torch would refuse __dlpack__ with device 0 current
+        np.testing.assert_array_equal(c.read(np.float32, 1024), np.arange(1024))
+    assert torch.cuda.current_device() == 0
+
+
+def test_a_process_that_uses_only_gpu_1_creates_no_context_on_gpu_0():
+    _two_gpus()
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, tritonshm\n"
+        "from tritonshm._memory import _stream\n"
+        "with tritonshm.CudaRegion.create(1 << 20, device=1) as c:\n"
+        "    c.write(np.ones(1024, np.float32)); c.read(np.float32, 1024)\n"
+        "    tritonshm.PinnedRegion.create(1 << 16, device=1).close()\n"
+        "print(_stream.has_context(0), _stream.has_context(1))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("how", ["pickle", "handle"])
 def test_another_process_attaches_by_handle_and_by_pickle(how):
     with tritonshm.CudaRegion.create(1 << 20) as c:
