@@ -111,8 +111,13 @@ int tshm_cudart_open(const char *path, tshm_cudart **out, char *why, size_t why_
         }
         memcpy((char *)rt + symbols[i].offset, &fn, sizeof fn);
     }
-    void *state = driver_entry_point(lib, "cuDevicePrimaryCtxGetState");
-    memcpy(&rt->PrimaryCtxGetState, &state, sizeof state);
+    /* Before CUDA 12, cudaSetDevice created no context: putting the
+     * previous device back is then harmless, and always done (no query). */
+    int version = 0;
+    if (rt->RuntimeGetVersion(&version) == 0 && version >= 12000) {
+        void *state = driver_entry_point(lib, "cuDevicePrimaryCtxGetState");
+        memcpy(&rt->PrimaryCtxGetState, &state, sizeof state);
+    }
     *out = rt;
     return 0;
 }

@@ -140,7 +140,8 @@ const char *tshm_cuda_error_string(const tshm_cudart *rt, int error);
  * unconditional restore would create a context (hundreds of MiB) on GPU 0
  * in a process that only ever used GPU 1.  The thread then stays on the
  * device it entered.  When the runtime cannot tell (no driver entry
- * point), the previous device is always put back.
+ * point), or is older than 12.0 (whose cudaSetDevice creates no context),
+ * the previous device is always put back.
  *
  * `*previous` is what to hand to leave (it equals `device` when nothing is
  * to be restored).  Entering the current device makes no runtime call
