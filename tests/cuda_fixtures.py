@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 
 import pytest
@@ -56,6 +57,11 @@ def fake_cuda(fake_cudart_path, monkeypatch):
         # Work the test left queued must not land in a later test (its pageable
         # destination may be freed memory by then): drop it.
         fake.discard_pending()
+        # The current device is per thread and outlives the test (a guard may
+        # leave this thread on the device it entered): the next test starts on 0.
+        device = ctypes.c_int(0)
+        if fake.lib.cudaGetDevice(ctypes.byref(device)) == 0 and device.value != 0:
+            fake.lib.cudaSetDevice(0)
     gc.collect()
     live = fake.stats().live
     if live != before.live:

@@ -1037,7 +1037,7 @@ API int cudaMemcpy(void *dst, const void *src, size_t nbytes, int kind)
     if (dst == NULL || src == NULL)
         return fail(INVALID_VALUE);
     pthread_mutex_lock(&lock);
-    int dst_at, src_at;
+    int dst_at = AT_PAGEABLE, src_at = AT_PAGEABLE;
     fake_stream *s = NULL;
     int rc = check_copy(dst, src, nbytes, kind, &dst_at, &src_at);
     if (rc == OK)
@@ -1071,7 +1071,7 @@ API int cudaMemcpyAsync(void *dst, const void *src, size_t nbytes, int kind, voi
     pthread_mutex_lock(&lock);
     fake_stream *s = NULL;
     int rc = resolve_stream(stream, &s);  /* a stream of another device is fine for copies */
-    int dst_at, src_at;
+    int dst_at = AT_PAGEABLE, src_at = AT_PAGEABLE;
     if (rc == OK && nbytes > 0) {
         if (dst == NULL || src == NULL)
             rc = INVALID_VALUE;
