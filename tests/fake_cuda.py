@@ -149,6 +149,7 @@ STAT_NAMES = (
     "host_allocs",  # successful cudaHostAlloc
     "live_host_allocs",  # cudaHostAlloc'ed and not yet cudaFreeHost'ed
     "async_copy_bytes",  # bytes of the async_copies
+    "pageable_async_copies",  # async_copies with an end in pageable (not pinned) host memory
 )
 
 
@@ -183,6 +184,7 @@ class FakeCudaStats:
     host_allocs: int = 0
     live_host_allocs: int = 0
     async_copy_bytes: int = 0
+    pageable_async_copies: int = 0
 
     def __sub__(self, other: FakeCudaStats) -> FakeCudaStats:
         return FakeCudaStats(

@@ -674,6 +674,7 @@ def test_device_to_pageable_host_lands_at_sync(fake, dev_buffers, streams):
 def test_pageable_source_is_staged_pinned_source_is_read_when_it_lands(fake, dev_buffers, streams):
     a, b = dev_buffers
     s = streams()
+    before = fake.stats()
     pageable = ctypes.create_string_buffer(b"first", 5)
     fake.memcpy_async(a, ctypes.addressof(pageable), 5, s, 1)
     ctypes.memmove(pageable, b"later", 5)  # reusing a pageable buffer at once is fine: CUDA staged it
@@ -688,6 +689,7 @@ def test_pageable_source_is_staged_pinned_source_is_read_when_it_lands(fake, dev
         assert fake.read(b, 5) == b"later"
     finally:
         fake.free_host(pinned)
+    assert (fake.stats() - before).pageable_async_copies == 1  # the staged one
     # cudaHostRegister'ed memory is pinned too
     addr = anon_map(1)
     try:

@@ -99,7 +99,9 @@
  *     with os.environ / monkeypatch (not while other threads call the fake).
  *   - Thread-safe: one mutex around all state; a "sync" does its landing
  *     under it (nothing ever really waits).
- *   - For tests: tshm_fake_cuda_stats(), tshm_fake_cuda_pointer_kind(),
+ *   - For tests: tshm_fake_cuda_stats() (counters: calls, syncs of each
+ *     kind, freed_while_open, async copies with a pageable end, ...; the
+ *     names are in fake_cuda.py), tshm_fake_cuda_pointer_kind(),
  *     tshm_fake_cuda_kernel_write() (a "kernel" on a stream: writes dst from
  *     a snapshot of src when it lands), tshm_fake_cuda_contexts() /
  *     tshm_fake_cuda_reset_contexts(), tshm_fake_cuda_pending() (copies and
@@ -225,7 +227,7 @@ enum {
     /* appended for streams, events and lifetimes (keep the order above) */
     ST_STREAM_CREATES, ST_EVENT_RECORDS, ST_EVENT_SYNCS, ST_EVENT_QUERIES, ST_STREAM_WAITS,
     ST_ASYNC_COPIES, ST_LEGACY_SYNCS, ST_DEVICE_SYNCS, ST_FREED_WHILE_OPEN, ST_HOST_ALLOCS,
-    ST_LIVE_HOST_ALLOCS, ST_ASYNC_COPY_BYTES,
+    ST_LIVE_HOST_ALLOCS, ST_ASYNC_COPY_BYTES, ST_PAGEABLE_ASYNC_COPIES,
     ST_COUNT
 };
 static long long stats[ST_COUNT];
@@ -1085,6 +1087,8 @@ API int cudaMemcpyAsync(void *dst, const void *src, size_t nbytes, int kind, voi
         if (rc == OK) {
             stats[ST_ASYNC_COPIES]++;
             stats[ST_ASYNC_COPY_BYTES] += (long long)nbytes;
+            if (src_at == AT_PAGEABLE || dst_at == AT_PAGEABLE)
+                stats[ST_PAGEABLE_ASYNC_COPIES]++;  /* slow on a GPU: not staged through pinned memory */
         }
     }
     pthread_mutex_unlock(&lock);
