@@ -16,8 +16,16 @@ This module needs neither a GPU nor tritonshm: only a C compiler and ctypes.
   (:meth:`FakeCudart.stats`) are those of the copy tritonshm uses.
 * :class:`FakeCudaStats` is a snapshot of the fake's counters; subtracting
   two snapshots gives what happened in between.
+* The fake is asynchronous like a GPU: copies and test-only kernel writes
+  (:meth:`FakeCudart.kernel_write`) queued on a stream land only when
+  something synchronizes it, so :meth:`FakeCudart.read` shows the old bytes
+  until then; :meth:`FakeCudart.pending` counts what is queued.  Streams and
+  events are plain ints (``None``/``LEGACY_STREAM``: the legacy default stream).
 * :func:`server_env` is the environment that makes a real tritonserver
-  (2.51) open fake handles: ``LocalServer(env=server_env(lib))``.
+  (2.51) open fake handles: ``LocalServer(env=server_env(lib))``; it sets
+  ``TSHM_FAKE_CUDA_SYNC=1`` (the server is a stand-in: its copies land at once).
+* tests/fake_producers.py builds torch-like and cupy-like producer doubles
+  on :class:`FakeCudart`.
 * :func:`consume_dlpack` takes a DLPack capsule's tensor as a consumer
   (torch, cupy) does, through ctypes: how the tests hold exported device
   memory without either library; :class:`ClosingIndex` is an offset that

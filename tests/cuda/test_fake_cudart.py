@@ -934,14 +934,17 @@ def test_sync_mode_lands_everything_on_return(fake, dev_buffers, streams, events
     assert fake.event_query(e)
 
 
-def test_many_threads_with_their_own_streams(fake):
+@pytest.mark.parametrize("flags", [NB, fake_cuda.STREAM_DEFAULT], ids=["non-blocking", "blocking"])
+def test_many_threads_with_their_own_streams(fake, flags):
+    """Threads queue, poll, copy back and sync at once; with blocking streams every
+    thread's legacy cudaMemcpy also lands the other threads' queued work."""
     n_threads, rounds = 8, 50
     ptrs = [fake.malloc(4096) for _ in range(n_threads)]
     errors = []
 
     def work(i):
         try:
-            s = fake.stream_create()
+            s = fake.stream_create(flags)
             e = fake.event_create()
             for r in range(rounds):
                 data = f"thread {i} round {r}".encode()
@@ -954,6 +957,11 @@ def test_many_threads_with_their_own_streams(fake):
                 fake.stream_synchronize(s)
                 if out.raw != data:
                     errors.append((i, r, out.raw))
+                if flags == fake_cuda.STREAM_DEFAULT:
+                    fake.kernel_write(s, ptrs[i], data[::-1])
+                    fake.memcpy(ctypes.addressof(out), ptrs[i], len(data), 2)  # legacy: after s's write
+                    if out.raw != data[::-1]:
+                        errors.append((i, r, "legacy", out.raw))
             fake.event_destroy(e)
             fake.stream_destroy(s)
         except Exception as exc:  # pragma: no cover - reported below
