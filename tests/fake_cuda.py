@@ -158,6 +158,7 @@ STAT_NAMES = (
     "live_host_allocs",  # cudaHostAlloc'ed and not yet cudaFreeHost'ed
     "async_copy_bytes",  # bytes of the async_copies
     "pageable_async_copies",  # async_copies with an end in pageable (not pinned) host memory
+    "lost_ops",  # queued ops that found their memory unmapped when they landed (dropped)
 )
 
 
@@ -193,6 +194,7 @@ class FakeCudaStats:
     live_host_allocs: int = 0
     async_copy_bytes: int = 0
     pageable_async_copies: int = 0
+    lost_ops: int = 0
 
     def __sub__(self, other: FakeCudaStats) -> FakeCudaStats:
         return FakeCudaStats(

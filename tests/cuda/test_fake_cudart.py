@@ -704,6 +704,20 @@ def test_pageable_source_is_staged_pinned_source_is_read_when_it_lands(fake, dev
         unmap(addr, 1)
 
 
+def test_work_landing_on_unmapped_memory_is_dropped_and_counted(fake, dev_buffers, streams):
+    a, _ = dev_buffers
+    s = streams()
+    fake.write(a, b"x" * 64)
+    addr = anon_map(2)
+    fake.memcpy_async(addr + PAGE - 10, a, 64, s, 2)  # lands across both pages
+    unmap(addr + PAGE, 1)  # the caller frees its buffer before the copy is known done
+    before = fake.stats()
+    fake.stream_synchronize(s)  # a GPU would fault; the fake drops the copy instead of crashing
+    assert (fake.stats() - before).lost_ops == 1
+    assert fake.read(addr + PAGE - 10, 10) == bytes(10)
+    unmap(addr, 1)
+
+
 def test_memcpy_follows_cuda_synchronization_rules(fake, dev_buffers):
     a, b = dev_buffers
     before = fake.stats()

@@ -120,10 +120,10 @@
  *     streams (ops land in an order the dependencies allow, when a sync asks
  *     for them), no timing (cudaEventElapsedTime is not exported), no graph
  *     capture, no stream priorities or callbacks (cudaLaunchHostFunc).
- *   - Errors from the device (sticky errors, illegal addresses at land time):
- *     an op whose memory is gone by the time it lands is undefined here as
- *     in CUDA (a pageable destination freed before the sync is written
- *     anyway -- keep it alive).
+ *   - Errors from the device (sticky errors, illegal addresses): an op whose
+ *     memory is unmapped by the time it lands is dropped and counted
+ *     (lost_ops); memory that was freed but is still mapped (a pageable
+ *     buffer back in malloc's pool) is written anyway, as a GPU would.
  *   - Real handle bytes, real device numbering, peer access, UVA tricks,
  *     pool/managed memory, page-locking (registration is bookkeeping only).
  *   - Uninitialized device memory (shm pages read as zero), alignment beyond
@@ -227,7 +227,7 @@ enum {
     /* appended for streams, events and lifetimes (keep the order above) */
     ST_STREAM_CREATES, ST_EVENT_RECORDS, ST_EVENT_SYNCS, ST_EVENT_QUERIES, ST_STREAM_WAITS,
     ST_ASYNC_COPIES, ST_LEGACY_SYNCS, ST_DEVICE_SYNCS, ST_FREED_WHILE_OPEN, ST_HOST_ALLOCS,
-    ST_LIVE_HOST_ALLOCS, ST_ASYNC_COPY_BYTES, ST_PAGEABLE_ASYNC_COPIES,
+    ST_LIVE_HOST_ALLOCS, ST_ASYNC_COPY_BYTES, ST_PAGEABLE_ASYNC_COPIES, ST_LOST_OPS,
     ST_COUNT
 };
 static long long stats[ST_COUNT];
@@ -562,6 +562,7 @@ static void reap_streams(void)
 static void release_thread_streams(void *p)
 {
     thread_streams *ts = p;
+    my_streams = NULL;  /* a later destructor's call on this thread starts afresh */
     pthread_mutex_lock(&lock);
     for (int d = 0; d < MAX_DEVICES; d++)
         if (ts->of_device[d] != NULL)
@@ -617,6 +618,16 @@ static int has_landed(point p)
     return p.stream == NULL || p.stream->head == NULL || p.stream->head->ticket > p.ticket;
 }
 
+/* Is every page of [p, p+n) mapped?  msync fails with ENOMEM for a hole.
+ * Landing checks: a GPU writing unmapped (freed) memory is a fault, not a
+ * crash of the test process at some later sync. */
+static int is_mapped(const void *p, size_t n)
+{
+    uintptr_t page = (uintptr_t)page_size();
+    uintptr_t lo = (uintptr_t)p & ~(page - 1), hi = (uintptr_t)p + n;
+    return msync((void *)lo, hi - lo, MS_ASYNC) == 0 || errno != ENOMEM;
+}
+
 /* Land every op of s up to ticket t, dependencies first.  Caller holds the lock. */
 static void land(fake_stream *s, uint64_t t)
 {
@@ -628,7 +639,11 @@ static void land(fake_stream *s, uint64_t t)
         if (s->head == NULL)
             s->tail = NULL;
         if (o->dst != NULL) {
-            memmove(o->dst, o->snapshot != NULL ? o->snapshot : o->src, o->n);
+            const void *from = o->snapshot != NULL ? o->snapshot : o->src;
+            if (is_mapped(o->dst, o->n) && is_mapped(from, o->n))
+                memmove(o->dst, from, o->n);
+            else
+                stats[ST_LOST_OPS]++;  /* the caller unmapped memory with work queued on it */
             pending_ops--;
         }
         free(o->snapshot);
