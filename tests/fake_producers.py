@@ -14,12 +14,12 @@ consumer of their memory is correct:
   on the current stream and synchronizes it, as ``.cpu()`` does.
 * **DLPack export with the stream handshake.**  ``t.__dlpack__(stream=s)``
   records an event on the producer's current stream and makes ``s`` wait on
-  it when ``s`` is another stream.  ``TorchLike`` refuses to export a tensor
-  that is not on the thread's current device, with torch's
-  ``BufferError("Can't export tensors on a different CUDA device index...")``;
-  like torch, it does no synchronization for ``stream=None`` or ``-1``.
-  ``CupyLike`` (the array API's reading) treats ``None`` as the legacy default
-  stream, ``-1`` as "no sync", and works under a guard of the array's device.
+  it when ``s`` is another stream; ``None`` stands for the legacy default
+  stream (1), ``-1`` for "no synchronization".  ``TorchLike`` is torch >= 2.5's
+  ``Tensor.__dlpack__``: it refuses to export a tensor that is not on the
+  thread's current device (``BufferError("Can't export tensors on a different
+  CUDA device index...")``), the per-thread default stream 2 (BufferError) and
+  0 (AssertionError).  ``CupyLike`` works under a guard of the array's device.
 * **CUDA Array Interface v3** (``CupyLike``): ``"stream"`` is the current
   stream of the array's device (1 for the legacy default stream).
 * **A consumer.**  ``producer.from_dlpack(obj)`` does what ``torch.from_dlpack``
@@ -213,13 +213,13 @@ class FakeDeviceTensor:
         return (KDL_CUDA, self.device)
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        if stream is not None and type(stream) is not int:
-            raise TypeError("stream must be ``int`` or ``none``")
         if copy:
             raise BufferError("copy=True is not supported by this double")
         if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
             raise BufferError(f"cannot export to device {tuple(dl_device)}")
         self._export_checks()
+        if stream is not None and type(stream) is not int:
+            raise TypeError("stream must be ``int`` or ``none``")
         self._handshake(stream)
         versioned = max_version is not None and tuple(max_version)[0] >= 1
         return _make_capsule(self, versioned)
@@ -248,7 +248,7 @@ class FakeDeviceTensor:
 
 
 class FakeTorchTensor(FakeDeviceTensor):
-    """torch.Tensor's behaviour as a DLPack producer (torch/_tensor.py ``__dlpack__``)."""
+    """torch.Tensor's behaviour as a DLPack producer (torch/_tensor.py ``__dlpack__``, 2.5+)."""
 
     def _export_checks(self) -> None:
         current = self.producer.fake.get_device()
@@ -256,9 +256,13 @@ class FakeTorchTensor(FakeDeviceTensor):
             raise BufferError(f"{DEVICE_INDEX_ERROR}. Expected: {self.device}. Current device: {current}.")
 
     def _handshake(self, stream) -> None:
-        if stream is None or stream == -1:  # torch: no synchronization
+        if stream == -1:  # no synchronization
             return
-        self._order_before(stream)
+        if stream == 2:
+            raise BufferError("per-thread default stream is not supported.")
+        if stream == 0:
+            raise AssertionError("unsupported stream on CUDA: 0.")
+        self._order_before(1 if stream is None else stream)  # None: the legacy default stream
 
 
 class FakeCupyArray(FakeDeviceTensor):
@@ -451,7 +455,7 @@ class _Producer:
 
 
 class TorchLike(_Producer):
-    """A torch double: tensors refuse DLPack export from a non-current device; ``None``/-1: no sync."""
+    """A torch double: tensors refuse DLPack export from a non-current device (and streams 0 and 2)."""
 
     tensor_type = FakeTorchTensor
     name = "torch-like"

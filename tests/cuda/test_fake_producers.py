@@ -188,34 +188,41 @@ def test_dlpack_handshake_orders_the_consumers_stream(producer, fake, consumer_s
         producer.synchronize()
 
 
-def test_torch_does_not_synchronize_for_stream_none(torch, fake, consumer_stream):
-    t = torch.zeros(4, "int32")
-    torch.synchronize()
-    with torch.stream():
+def test_stream_minus_one_does_not_synchronize(producer, fake, consumer_stream):
+    t = producer.zeros(4, "int32")
+    producer.synchronize()
+    with producer.stream():
         t.fill_(7)
-        capsule = t.__dlpack__()  # torch: None (and -1) -> no synchronization at all
+        capsule = t.__dlpack__(stream=-1)  # -1: the consumer takes care of ordering itself
         del capsule
-        capsule = t.__dlpack__(stream=-1)
-        del capsule
-        assert torch.handshakes == 0
+        assert producer.handshakes == 0
         assert read_on(fake, consumer_stream, t) == bytes(16)  # unordered: the consumer sees stale bytes
-        torch.synchronize()
+        producer.synchronize()
 
 
-def test_cupy_treats_stream_none_as_the_legacy_stream(cupy, fake):
-    a = cupy.zeros(4, "int32")
-    cupy.synchronize()
-    with cupy.stream():
+def test_stream_none_is_the_legacy_stream(producer, fake):
+    a = producer.zeros(4, "int32")
+    producer.synchronize()
+    with producer.stream():
         a.fill_(3)
         capsule = a.__dlpack__()  # None: the consumer will use the legacy default stream
-        assert cupy.handshakes == 1
+        assert producer.handshakes == 1
         out = ctypes.create_string_buffer(16)
         fake.memcpy(ctypes.addressof(out), a.ptr, 16, 2)  # cudaMemcpy: the legacy stream
         assert np.frombuffer(out.raw, np.int32).tolist() == [3] * 4
         del capsule
-        a.__dlpack__(stream=-1)  # -1: no synchronization
-        assert cupy.handshakes == 1
-        cupy.synchronize()
+        producer.synchronize()
+
+
+def test_torch_refuses_streams_0_and_2_and_non_ints(torch):
+    t = torch.empty(4, "uint8")
+    with pytest.raises(BufferError, match="per-thread default stream is not supported"):
+        t.__dlpack__(stream=2)
+    with pytest.raises(AssertionError, match="unsupported stream on CUDA: 0"):
+        t.__dlpack__(stream=0)
+    with pytest.raises(TypeError):
+        t.__dlpack__(stream=object())
+    assert torch.handshakes == 0
 
 
 def test_torch_refuses_export_from_a_non_current_device(torch, fake, two_devices, consumer_stream):
