@@ -761,6 +761,27 @@ def test_event_query_answers_not_ready_once_then_lands(fake, dev_buffers, stream
     assert fake.event_query(e) and fake.read(dev, 6) == b"again!"
 
 
+def test_event_recorded_with_nothing_unfinished_is_complete_at_once(fake, dev_buffers, streams, events):
+    a, _ = dev_buffers
+    s, e, e2 = streams(), events(), events()
+    fake.event_record(e, s)
+    assert fake.event_query(e)  # an idle stream: done, as on a GPU
+    fake.event_record(e, None)  # the legacy stream, with no blocking stream busy
+    assert fake.event_query(e)
+    fake.event_record(e2, s)
+    fake.stream_wait_event(s, e)
+    assert fake.stream_query(s)  # marks and satisfied waits are no work
+    fake.kernel_write(s, a, b"w")
+    fake.event_record(e, s)
+    assert not fake.event_query(e)  # real work before it: not at once
+    assert fake.event_query(e)
+    blocking = streams(fake_cuda.STREAM_DEFAULT)
+    fake.kernel_write(blocking, a, b"b")
+    fake.event_record(e, None)  # the legacy stream waits for the blocking stream's write
+    assert not fake.event_query(e) and fake.read(a, 1) == b"w"
+    assert fake.event_query(e) and fake.read(a, 1) == b"b"
+
+
 def test_stream_query_answers_not_ready_once_then_lands(fake, dev_buffers, streams):
     dev, _ = dev_buffers
     s = streams()

@@ -28,7 +28,8 @@
  *     cudaStreamSynchronize of its stream, cudaEventSynchronize of an event
  *     recorded after it, cudaEventQuery/cudaStreamQuery (the FIRST query of
  *     unfinished work answers 600 cudaErrorNotReady, the next one lands it:
- *     progress, without letting a caller that never polls pass),
+ *     progress, without letting a caller that never polls pass; an event
+ *     recorded with nothing unfinished before it is complete at once),
  *     cudaDeviceSynchronize, an implicitly synchronizing call (cudaFree,
  *     cudaFreeHost, cudaHostUnregister, cudaIpcCloseMemHandle land all
  *     work), or a later op that depends on it being landed.  Until then
@@ -628,6 +629,25 @@ static int is_mapped(const void *p, size_t n)
     return msync((void *)lo, hi - lo, MS_ASYNC) == 0 || errno != ENOMEM;
 }
 
+/* Drop the marks at the head of s whose dependencies have landed: a mark
+ * with nothing unfinished before it is complete at once (an event recorded
+ * on an idle stream is done, as on a GPU).  One level only: a mark that
+ * waits for another stream's mark stays until a sync or query lands it.
+ * Caller holds the lock. */
+static void settle(fake_stream *s)
+{
+    while (s->head != NULL && s->head->dst == NULL) {
+        op *o = s->head;
+        for (int i = 0; i < o->ndeps; i++)
+            if (!has_landed(o->deps[i]))
+                return;
+        s->head = o->next;
+        if (s->head == NULL)
+            s->tail = NULL;
+        free(o);
+    }
+}
+
 /* Land every op of s up to ticket t, dependencies first.  Caller holds the lock. */
 static void land(fake_stream *s, uint64_t t)
 {
@@ -707,6 +727,7 @@ static uint64_t enqueue(fake_stream *s, void *dst, const void *src, uint8_t *sna
     if (dst != NULL)
         pending_ops++;
     uint64_t t = o->ticket;
+    settle(s);  /* o may be gone now (a mark with nothing before it): t stays valid */
     if (sync_mode())
         land(s, t);
     return t;
@@ -1165,6 +1186,8 @@ API int cudaStreamQuery(void *stream)
     pthread_mutex_lock(&lock);
     fake_stream *s = NULL;
     int rc = resolve_stream(stream, &s);
+    if (rc == OK)
+        settle(s);
     if (rc == OK && s->tail != NULL) {
         if (!s->polled) {
             s->polled = 1;
@@ -1269,6 +1292,8 @@ API int cudaEventQuery(void *event)
     int rc = e != NULL ? OK : INVALID_RESOURCE_HANDLE;
     if (e != NULL) {
         stats[ST_EVENT_QUERIES]++;
+        if (e->at.stream != NULL)
+            settle(e->at.stream);
         if (!has_landed(e->at)) {
             if (!e->polled) {
                 e->polled = 1;
