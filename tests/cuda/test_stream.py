@@ -545,3 +545,26 @@ def test_stream_api_is_in_tritonshm_cuda():
         if callable(obj):
             assert obj.__doc__ and len(obj.__doc__.strip()) > 20, name
     assert callable(cuda.CudaWindow.readers_pending)
+
+
+def test_objects_not_made_by_their_factories_raise_instead_of_crashing(fake_cuda):
+    from tritonshm._memory import _cuda
+
+    array = _cuda.CudaArray.__new__(_cuda.CudaArray)
+    cap = _cuda.Capture.__new__(_cuda.Capture)
+    stream = _stream.Stream.__new__(_stream.Stream)
+    event = _stream.Event.__new__(_stream.Event)
+    guard = _stream.DeviceGuard.__new__(_stream.DeviceGuard)
+    calls = [
+        lambda: array.ptr, lambda: array.get(), lambda: array.__dlpack__(), lambda: cuda.capture(array),
+        lambda: cuda.copy(array, np.zeros(4, np.uint8)), lambda: cuda.describe(array),
+        lambda: cuda.copy(np.zeros(4, np.uint8), cap), lambda: cuda.describe(cap),
+        lambda: stream.record(), lambda: stream.synchronize(), lambda: event.query(), lambda: event.record(0),
+        lambda: guard.__enter__(),
+    ]
+    for call in calls:
+        with pytest.raises((TypeError, RegionClosed, UnsupportedBuffer)):
+            call()
+    repr(array), repr(cap), repr(stream), repr(event), repr(guard)
+    guard.__exit__(None, None, None)
+    cap.release()

@@ -58,3 +58,5 @@ cdef class CudaArray:
     cdef readonly tuple shape
     cdef readonly object nbytes
     cdef object __weakref__
+
+    cdef tshm_cuda_alloc *_a(self) except NULL

@@ -607,15 +607,20 @@ cdef class CudaArray:
             tshm_cuda_alloc_decref(self._alloc)
             self._alloc = NULL
 
+    cdef tshm_cuda_alloc *_a(self) except NULL:
+        if self._alloc == NULL:  # only CudaArray.__new__ without view() makes one
+            raise TypeError("this CudaArray was not made by view() or empty()")
+        return self._alloc
+
     @property
     def ptr(self):
         """The device address of the first element."""
-        return <size_t>self._alloc.ptr + self._offset
+        return <size_t>self._a().ptr + self._offset
 
     @property
     def device(self):
         """The CUDA device the memory lives on."""
-        return self._alloc.device
+        return self._a().device
 
     @property
     def ndim(self):
@@ -633,6 +638,8 @@ cdef class CudaArray:
         return self.shape[0]
 
     def __repr__(self):
+        if self._alloc == NULL:
+            return "<CudaArray (not made by view())>"
         return f"<CudaArray {self.dtype} {self.shape} on cuda:{self.device} at 0x{self.ptr:x}>"
 
     @property
@@ -650,7 +657,7 @@ cdef class CudaArray:
 
     def __dlpack_device__(self):
         """``(kDLCUDA, device)``."""
-        return (kDLCUDA, self._alloc.device)
+        return (kDLCUDA, self._a().device)
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         """A DLPack capsule of this array (versioned when *max_version* allows), zero-copy.
@@ -666,7 +673,7 @@ cdef class CudaArray:
         memory has no pending work of ours, so *stream* needs no wait.
         """
         cdef tshm_cuda_reader *reader = NULL
-        versioned = _dlpack.check_request(stream, max_version, dl_device, copy, kDLCUDA, self._alloc.device)
+        versioned = _dlpack.check_request(stream, max_version, dl_device, copy, kDLCUDA, self._a().device)
         if self._hold != NULL:
             if stream == -1:
                 tshm_cuda_hold_incref(self._hold)  # the capsule's own; export_capsule takes it over
@@ -684,7 +691,7 @@ cdef class CudaArray:
 
     def get(self):
         """A host copy of this array, as numpy."""
-        return _to_host(self._runtime, self._alloc, self._offset, self.nbytes, self.dtype, self.shape, self)
+        return _to_host(self._runtime, self._a(), self._offset, self.nbytes, self.dtype, self.shape, self)
 
     def __array__(self, *args, **kwargs):
         raise TypeError("a CudaArray lives in device memory: use .get() for a host copy "
@@ -846,6 +853,8 @@ cdef class Capture:
         raise TypeError("use tritonshm.cuda.capture(device_array)")
 
     cdef int _live(self) except -1:
+        if self.event is None:  # only Capture.__new__ without capture() makes one
+            raise TypeError("this Capture was not made by capture()")
         if self._released:
             raise RegionClosed(f"{self!r} was released")
         return 0
@@ -1293,6 +1302,7 @@ def describe(obj):
         return array.dtype, array.shape, array._alloc.device
     if isinstance(obj, Capture):
         cap = <Capture>obj
+        cap._live()
         if cap.dtype is None:
             raise DTypeMismatch(f"{cap!r} has a dtype numpy lacks")
         return cap.dtype, cap.shape, cap.device

@@ -118,8 +118,9 @@ cdef class Stream:
 
     def record(self):
         """A new :class:`Event` recorded on this stream now: the point of its work queued so far."""
+        cdef void *h = self._live()
         cdef Event event = new_event(self._runtime, self._device)
-        event._record(<size_t>self._live())
+        event._record(<size_t>h)
         return event
 
     def close(self):
@@ -236,7 +237,8 @@ cdef class Event:
 
     def query(self):
         """True when the work before the last :meth:`record` is done; never blocks."""
-        cdef int rc = tshm_cuda_event_query(self._runtime.rt, self._device, self._live())
+        cdef void *h = self._live()
+        cdef int rc = tshm_cuda_event_query(self._runtime.rt, self._device, h)
         if rc == TSHM_CUDA_ERROR_NOT_READY:
             return False
         self._runtime.check(rc, f"querying {self!r}")
@@ -377,13 +379,15 @@ cdef class DeviceGuard:
 
     def __enter__(self):
         cdef int previous = 0
+        if self._runtime is None:  # only DeviceGuard.__new__ without device_guard() makes one
+            raise TypeError("this DeviceGuard was not made by device_guard()")
         self._runtime.check(tshm_cuda_device_enter(self._runtime.rt, self._device, &previous),
                             f"selecting CUDA device {self._device}")
         self._previous.append(previous)
         return self
 
     def __exit__(self, *exc_info):
-        if self._previous:
+        if self._runtime is not None and self._previous:
             tshm_cuda_device_leave(self._runtime.rt, self._device, self._previous.pop())
 
     @property
