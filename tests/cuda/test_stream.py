@@ -568,3 +568,20 @@ def test_objects_not_made_by_their_factories_raise_instead_of_crashing(fake_cuda
     repr(array), repr(cap), repr(stream), repr(event), repr(guard)
     guard.__exit__(None, None, None)
     cap.release()
+
+
+def test_a_reader_whose_stream_is_gone_is_waited_for_by_a_device_sync(fake_cuda):
+    from fake_cuda import consume_dlpack
+
+    with tritonshm.CudaRegion.create(N) as r:
+        w = r.window()
+        s = fake_cuda.stream_create()
+        ptr, _, deleter = consume_dlpack(w.view(np.uint8, N).__dlpack__(stream=s, max_version=(1, 0)))
+        fake_cuda.kernel_write(s, r.ptr, bytes(DATA))  # the consumer's work on its stream
+        fake_cuda.stream_destroy(s)  # a consumer that destroys its stream before letting go
+        before = fake_cuda.stats()
+        deleter(ptr)  # recording on the dead stream fails: the device is synchronized instead
+        delta = fake_cuda.stats() - before
+        assert delta.device_syncs == 1
+        assert w.holders == 1 and w.readers_pending() is False
+        del w
