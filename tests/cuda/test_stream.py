@@ -206,6 +206,14 @@ def test_device_guard_enters_and_leaves(two_gpus):
 
     assert in_thread(body) == 0
 
+    def fresh():  # a thread that never chose a device reads 0, which has no context: it stays on 1
+        with cuda.device_guard(1):
+            pass
+        return two_gpus.get_device(), two_gpus.contexts()
+
+    two_gpus.reset_contexts()
+    assert in_thread(fresh) == (1, {1})
+
 
 # --------------------------------------------------------------------------
 # #3: contexts, devices, the torch refusal
