@@ -768,6 +768,8 @@ cdef class CudaWindow:
         deleted, an event is recorded on *s*; this queries those events
         (never blocks) and forgets the complete ones.  A pool reuses the
         range only when ``holders <= 1 and not readers_pending()``.
+        Consumers through the CUDA Array Interface name no stream of
+        theirs: only their holding the view counts for them.
         """
         cdef int pending = 0
         self._runtime.check(tshm_cuda_hold_readers_pending(self._h(), &pending),
