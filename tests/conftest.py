@@ -35,7 +35,9 @@ import pytest
 # restarts) live in triton_fixtures.py; importing them here registers them.
 from triton_fixtures import fresh_server, protocol, server, triton_client  # noqa: E402,F401
 # The CUDA fixtures (the fake runtime for CI, the real GPU) live in cuda_fixtures.py.
-from cuda_fixtures import cupy, fake_cuda, fake_cuda_server, fake_cudart_path, gpu, torch  # noqa: E402,F401
+from cuda_fixtures import (  # noqa: E402,F401
+    cupy, cupy_like, fake_cuda, fake_cuda_server, fake_cudart_path, gpu, torch, torch_like,
+)
 
 SHM_DIR = "/dev/shm"
 

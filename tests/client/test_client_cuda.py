@@ -63,9 +63,11 @@ def test_device_input_round_trip_stays_on_the_device(url, fake_cuda):
         before = fake_cuda.stats()
         out = c.infer("identity_fp32", {"INPUT0": tensor})["OUTPUT0"]
         used = fake_cuda.stats() - before
-        # one copy in (device to device), one out into a fresh device array; the pool's
-        # extent and the result are the only allocations
-        assert (used.memcpy_calls, used.memcpy_bytes) == (2, 2 * data.nbytes)
+        # one copy in (device to device), one out into a fresh device array, both queued on a
+        # copy stream (no cudaMemcpy, no legacy-stream or device sync); the pool's extent and
+        # the result are the only allocations
+        assert (used.async_copies, used.async_copy_bytes) == (2, 2 * data.nbytes)
+        assert (used.memcpy_calls, used.legacy_syncs, used.device_syncs) == (0, 0, 0)
         assert used.malloc_calls == 2
         assert isinstance(out, cuda.CudaArray) and out.device == 0
         np.testing.assert_array_equal(out.get(), data)
@@ -481,8 +483,8 @@ def test_chunked_results_are_written_straight_into_their_rows(url, fake_cuda, sl
         np.testing.assert_array_equal(out.get(), batch * 2)
         # one result allocation, and each chunk's rows copied once: no per-chunk arrays to join
         copies_in = 3 if slots_on == "device" else 0
-        assert used.memcpy_calls - copies_in == 3
-        assert used.memcpy_bytes - (batch.nbytes if slots_on == "device" else 0) == batch.nbytes
+        assert used.async_copies - copies_in == 3
+        assert used.async_copy_bytes - (batch.nbytes if slots_on == "device" else 0) == batch.nbytes
 
 
 @pytest.mark.parametrize("rows", [1, 8, 9, 16, 17, 30])

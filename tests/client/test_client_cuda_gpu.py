@@ -142,3 +142,81 @@ def test_thousand_requests_leak_nothing(server, torch):
         assert names <= set(tritonshm.status(c.tritonclient, kind="cuda"))
     with tritonshm.Client(server.grpc_url) as probe:
         assert not names & set(tritonshm.status(probe.tritonclient, kind="cuda"))
+
+
+# -- ordering under real CUDA semantics (issue 17): producers on their own streams and threads --------
+
+def _big_then_small(torch, data: np.ndarray, stream):
+    """*data* written on *stream* behind enough queued work that a reader not ordered after the
+    stream would see the old bytes: a large matmul first, then the copy of *data*."""
+    with torch.cuda.stream(stream):
+        ballast = torch.randn(4096, 4096, device="cuda:0")
+        for _ in range(4):
+            ballast = ballast @ ballast
+        out = torch.empty(len(data), dtype=torch.float32, device="cuda:0")
+        out.copy_(torch.from_numpy(data).pin_memory(), non_blocking=True)
+    return out, ballast
+
+
+def test_an_input_written_on_a_side_stream_is_sent_as_written(server, torch):
+    data = sample(np.float32, 1 << 20)
+    side = torch.cuda.Stream()
+    with tritonshm.Client(server.grpc_url) as c, torch.cuda.stream(side):
+        for _ in range(5):
+            x, _ = _big_then_small(torch, data, side)
+            out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+            np.testing.assert_array_equal(out.cpu().numpy(), data)  # results complete on return
+
+
+def test_infer_async_orders_after_the_callers_stream_not_the_workers(server, torch):
+    data = sample(np.float32, 1 << 20)
+    side = torch.cuda.Stream()
+    with tritonshm.Client(server.grpc_url) as c:
+        with torch.cuda.stream(side):
+            futures = [c.infer_async("identity_fp32", {"INPUT0": _big_then_small(torch, data, side)[0]})
+                       for _ in range(4)]
+        for future in futures:
+            np.testing.assert_array_equal(future.result()["OUTPUT0"].cpu().numpy(), data)
+
+
+def test_run_sends_what_a_side_stream_copy_wrote(server, torch):
+    data = sample(np.float32, 1 << 20)
+    side = torch.cuda.Stream()
+    with tritonshm.Client(server.grpc_url) as c:
+        for _ in range(5):
+            with c.request("identity_fp32", shapes={"INPUT0": (len(data),)}, device="cuda:0") as req:
+                with torch.cuda.stream(side):
+                    x, _ = _big_then_small(torch, data, side)
+                    torch.from_dlpack(req.inputs["INPUT0"]).copy_(x)
+                    out = req.run()["OUTPUT0"]  # ordered after side: torch's current stream here
+                np.testing.assert_array_equal(out.get(), data)
+
+
+def test_two_threads_each_on_its_own_stream(server, torch):
+    def worker(seed):
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream), tritonshm.Client(server.grpc_url) as c:
+            for i in range(20):
+                data = sample(np.float32, 1 << 16, seed=seed * 100 + i)
+                x, _ = _big_then_small(torch, data, stream) if i % 5 == 0 else (None, None)
+                if x is None:
+                    x = torch.from_numpy(data).to("cuda:0", non_blocking=False)
+                out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+                np.testing.assert_array_equal(out.cpu().numpy(), data)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for future in [pool.submit(worker, seed) for seed in range(2)]:
+            future.result()
+
+
+def test_a_tensor_on_the_second_gpu_while_the_first_is_current(server, torch):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    data = sample(np.float32, 4096)
+    with tritonshm.Client(server.grpc_url) as c:
+        torch.cuda.set_device(0)
+        x = torch.from_numpy(data).to("cuda:1")
+        out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+        assert out.device.index == 1
+        np.testing.assert_array_equal(out.cpu().numpy(), data)
+        assert torch.cuda.current_device() == 0

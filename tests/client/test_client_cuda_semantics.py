@@ -9,6 +9,7 @@ a real Triton server (``fake_cuda_server``, the fake ``LD_PRELOAD``-ed).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import gc
 import threading
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 import tritonshm
+import tritonshm.aio
 from tritonshm import triton
 from tritonshm.errors import RegistrationError
 
@@ -25,7 +27,22 @@ from triton_fixtures import client_url, sample
 
 @pytest.fixture
 def url(fake_cuda_server, protocol, fake_cuda):
-    return client_url(fake_cuda_server, protocol)
+    before = fake_cuda.stats()
+    yield client_url(fake_cuda_server, protocol)
+    # The server (another process) had our memory open: never freed under it, in any test here.
+    assert (fake_cuda.stats() - before).freed_while_open == 0
+
+
+@pytest.fixture(scope="module")
+def two_gpu_server(fake_cudart_path):
+    """A real Triton whose (fake) CUDA runtime has two devices, so it opens handles of cuda:1."""
+    from fake_cuda import server_env
+    from tritonshm.server import LocalServer
+
+    from triton_fixtures import start_or_skip
+
+    with start_or_skip(LocalServer(env=server_env(fake_cudart_path, TSHM_FAKE_CUDA_DEVICES="2"))) as srv:
+        yield srv
 
 
 def device_array(data: np.ndarray):
@@ -165,3 +182,159 @@ def test_a_copy_mode_lease_keeps_its_device_memory_while_it_runs(fake_cuda):
     del lease
     gc.collect()
     assert fake_cuda.pointer_kind(ptr) == KIND_UNKNOWN
+
+
+# -- 1. run() sends what the caller's stream wrote ---------------------------------------------
+
+def test_run_waits_for_the_callers_current_stream(url, torch_like):
+    """The README's zero-copy example: a torch-like copy_ into the slot, queued on the caller's
+    (non-default) current stream, then run(): the server must read what the copy wrote."""
+    data = sample(np.float32, 4096)
+    with tritonshm.Client(url) as c:
+        with c.request("identity_fp32", shapes={"INPUT0": (4096,)}, device="cuda:0") as req:
+            with torch_like.stream(0):
+                torch_like.from_dlpack(req.inputs["INPUT0"]).copy_(data)
+                out = req.run()["OUTPUT0"]
+            np.testing.assert_array_equal(out.get(), data)
+            del out
+
+
+def test_run_with_an_explicit_stream(url, torch_like):
+    data = sample(np.float32, 4096)
+    with tritonshm.Client(url) as c:
+        with c.request("identity_fp32", shapes={"INPUT0": (4096,)}, device="cuda:0") as req:
+            with torch_like.stream(0) as side:
+                torch_like.from_dlpack(req.inputs["INPUT0"]).copy_(data)
+            out = req.run(stream=side)["OUTPUT0"]  # not the current stream any more: named
+            np.testing.assert_array_equal(out.get(), data)
+            del out
+
+
+def test_aio_run_orders_at_call_time_without_blocking_the_loop(url, torch_like, fake_cuda):
+    data = sample(np.float32, 4096)
+
+    async def main():
+        async with tritonshm.aio.Client(url) as c:
+            req = await c.request("identity_fp32", shapes={"INPUT0": (4096,)}, device="cuda:0")
+            with torch_like.stream(0):
+                torch_like.from_dlpack(req.inputs["INPUT0"]).copy_(data)
+                pending = req.run()  # the order point is taken here, on the side stream
+            before = fake_cuda.stats()
+            out = (await pending)["OUTPUT0"]
+            used = fake_cuda.stats() - before
+            assert used.event_syncs == 0 and used.event_queries >= 1  # polled, never a blocking sync
+            result = out.get()
+            del out
+            req.close()
+            return result
+
+    np.testing.assert_array_equal(asyncio.run(main()), data)
+
+
+# -- 2. the stream handshake happens on the caller's thread, at call time -------------------------
+
+def test_infer_async_orders_after_the_callers_stream(url, torch_like):
+    data = sample(np.float32, 4096)
+    with tritonshm.Client(url) as c:
+        with torch_like.stream(0):
+            x = torch_like.from_numpy(data)  # queued on the caller's side stream, not landed
+            future = c.infer_async("identity_fp32", {"INPUT0": x})
+        np.testing.assert_array_equal(future.result()["OUTPUT0"].get(), data)
+        assert torch_like.handshakes >= 1
+
+
+def test_a_chunked_batch_orders_every_chunk_after_the_callers_stream(url, torch_like):
+    data = sample(np.float32, 21 * 4).reshape(21, 4)  # 3 chunks of max_batch_size 8, on worker threads
+    with tritonshm.Client(url) as c:
+        with torch_like.stream(0):
+            x = torch_like.from_numpy(data)
+            out = c.infer("batched_fp32", {"INPUT0": x})["OUTPUT0"]
+        np.testing.assert_array_equal(out.get(), data * 2)
+
+
+def test_aio_infer_captures_when_called_not_when_awaited(url, torch_like):
+    data = sample(np.float32, 4096)
+
+    async def main():
+        async with tritonshm.aio.Client(url) as c:
+            with torch_like.stream(0):
+                x = torch_like.from_numpy(data)
+                pending = c.infer("identity_fp32", {"INPUT0": x})
+            return (await pending)["OUTPUT0"].get()  # awaited on the legacy stream
+
+    np.testing.assert_array_equal(asyncio.run(main()), data)
+
+
+def test_cai_producer_stream_is_waited_for(url, cupy_like):
+    data = sample(np.float32, 4096)
+    with tritonshm.Client(url) as c:
+        with cupy_like.stream(0):
+            x = CaiOnly(cupy_like.asarray(data))  # its CAI names the side stream it was made on
+        future = c.infer_async("identity_fp32", {"INPUT0": x})
+        np.testing.assert_array_equal(future.result()["OUTPUT0"].get(), data)
+
+
+class CaiOnly:
+    """A device array that speaks only the CUDA Array Interface (its stream included)."""
+
+    def __init__(self, array):
+        self._array = array
+        self.__cuda_array_interface__ = array.__cuda_array_interface__
+
+
+# -- 3. several GPUs ---------------------------------------------------------------------------
+
+def test_a_tensor_on_gpu_1_while_gpu_0_is_current(two_gpu_server, fake_cuda, torch_like, monkeypatch):
+    """torch refuses DLPack export off the current device: the client exports under the tensor's
+    device, gives the thread its device back, and the pool lives on cuda:1."""
+    monkeypatch.setenv("TSHM_FAKE_CUDA_DEVICES", "2")
+    data = sample(np.float32, 1024)
+    fake_cuda.set_device(0)
+    x = torch_like.from_numpy(data, device=1)
+    with pytest.raises(BufferError, match="different CUDA device"):
+        x.__dlpack__(stream=1)  # the double is as strict as torch
+    with tritonshm.Client(two_gpu_server.grpc_url, transport="cuda") as c:
+        out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+        assert out.device == 1
+        np.testing.assert_array_equal(out.get(), data)
+        assert [p.memory for p in c.pools()] == ["cuda:1"]
+        assert fake_cuda.get_device() == 0
+        del out
+
+
+def test_a_process_that_only_uses_gpu_1_makes_no_context_on_gpu_0(two_gpu_server, fake_cuda, monkeypatch):
+    monkeypatch.setenv("TSHM_FAKE_CUDA_DEVICES", "2")
+    data = sample(np.float32, 1024)
+
+    def only_gpu_1():
+        fake_cuda.reset_contexts()  # as in a fresh process (a fresh thread starts on device 0)
+        with tritonshm.Client(two_gpu_server.grpc_url) as c:
+            out = c.infer("identity_fp32", {"INPUT0": data}, output_device="cuda:1")["OUTPUT0"]
+            result = out.get()
+            del out
+        return result, fake_cuda.contexts()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        result, contexts = pool.submit(only_gpu_1).result()
+    np.testing.assert_array_equal(result, data)
+    assert contexts == {1}, contexts
+
+
+# -- 5. a slot is reused only when its readers' streams are done ----------------------------------
+
+def test_a_slot_is_not_reused_before_the_consumers_stream_has_read_it(url, torch_like, fake_cuda):
+    """A copy=False result taken by a torch-like consumer on its own stream, a kernel still
+    queued there when the tensor dies: the slot stays held until that stream gets there."""
+    data = sample(np.float32, 64)
+    with tritonshm.Client(url, slots=1) as c:
+        view = c.infer("identity_fp32", {"INPUT0": device_array(data)}, copy=False)["OUTPUT0"]
+        with torch_like.stream(0) as side:
+            consumer = torch_like.from_dlpack(view)
+            busy = torch_like.empty(1 << 16, device=0)
+            busy.fill_(1.0)  # the consumer's stream has work queued after it took the slot
+            del view, consumer  # deleters run now; the stream has not got there
+            gc.collect()
+        assert c.pools()[0].held == 1
+        fake_cuda.stream_synchronize(side)
+        assert c.pools()[0].held == 0
+        del busy

@@ -33,6 +33,7 @@ PXD_CLASSES = {
     "_cuda": {"CudaRegion", "CudaArray"},
     "_runtime": {"Runtime"},
     "_dlpack": {"Imported"},
+    "_stream": {"Stream", "Event", "DeviceGuard"},
 }
 #: .pxd files with declarations only (no extension module of their own).
 PXD_ONLY = {"_tshm"}

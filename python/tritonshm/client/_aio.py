@@ -16,28 +16,34 @@ from __future__ import annotations
 import asyncio
 import functools
 import weakref
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 import numpy as np
 
 from .. import _transport, triton
-from . import _intake
+from . import _devices, _intake
 from ._client import Request as _BlockingRequest
 from ._client import _held_for_the_server, _release_everything
 from ._engine import Engine
 from ._model import ModelInfo
-from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForSlot, advance
+from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot, advance
 from ._threads import Connector
 
 __all__ = ["Client", "Request"]
 
 
 class Request(_BlockingRequest):
-    """:class:`tritonshm.client.Request` whose :meth:`run` is a coroutine."""
+    """:class:`tritonshm.client.Request` whose :meth:`run` returns an awaitable."""
 
-    async def run(self, outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:  # type: ignore[override]
-        """Run the inference on the inputs as they are now; outputs are slot views."""
-        return await self._client._drive(self._run_steps(outputs))
+    def run(self, outputs: Sequence[str] | None = None, *,  # type: ignore[override]
+            stream: Any = None) -> Awaitable[dict[str, Any]]:
+        """Run the inference on the inputs as they are now; outputs are slot views.
+
+        The ordering point (see :meth:`tritonshm.client.Request.run`) is taken
+        when this is called, on the calling thread; awaiting it waits for
+        the device work without blocking the event loop.
+        """
+        return self._client._drive(self._run_steps(outputs, stream))
 
 
 class Client(Engine):
@@ -59,6 +65,7 @@ class Client(Engine):
             Register: self._register,
             Unregister: lambda step: triton.unregister(self._aio_client, step.name),
             WaitForSlot: self._wait_for_slot,
+            WaitForDevice: self._wait_for_device,
         }
         # A forgotten client cannot await anything at garbage collection: a
         # blocking connection (made only then) unregisters its pools.
@@ -132,6 +139,14 @@ class Client(Engine):
             return await step.memory.register(self._aio_client)
         return await step.memory.reregister(self._aio_client, step.name)
 
+    @staticmethod
+    async def _wait_for_device(step: WaitForDevice) -> None:
+        """Poll the event, yielding to the loop in between: never a blocking device sync here."""
+        delay = 0.0
+        while not step.event.query():
+            await asyncio.sleep(delay)
+            delay = min(0.001, delay * 2 or 0.00002)  # a copy lands in microseconds; back off to 1 ms
+
     async def _wait_for_slot(self, step: WaitForSlot) -> bool:
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
@@ -155,10 +170,19 @@ class Client(Engine):
         self._check_open()
         return self._models.get((model, version)) or await self._drive(self._model_steps(model, version))
 
-    async def infer(self, model: str, inputs: Mapping[str, Any], *,
-                    outputs: Sequence[str] | None = None, version: str = "", copy: bool = True,
-                    timeout: float | None = None, output_device: str | int = "auto") -> dict[str, Any]:
-        """Like :meth:`tritonshm.Client.infer`; chunks of a large batch run concurrently."""
+    def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
+              version: str = "", copy: bool = True, timeout: float | None = None,
+              output_device: str | int = "auto") -> Awaitable[dict[str, Any]]:
+        """Like :meth:`tritonshm.Client.infer`; chunks of a large batch run concurrently.
+
+        GPU inputs are captured when this is called, on the calling thread
+        (the order point of the contract), not when the result is awaited.
+        """
+        return self._infer(model, _devices.capture_inputs(inputs), outputs, version, copy, timeout,
+                           output_device)
+
+    async def _infer(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
+                     copy: bool, timeout: float | None, output_device: str | int) -> dict[str, Any]:
         info = await self.model_info(model, version)
         chunks, names, route = self._plan(info, inputs, outputs, copy, output_device)
         wait = self.timeout if timeout is None else timeout

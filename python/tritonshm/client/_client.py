@@ -10,12 +10,12 @@ import numpy as np
 
 from .. import triton
 from ..errors import ClientClosed
-from . import _intake
+from . import _devices, _intake
 from ._devices import Placement
 from ._engine import Engine, close_pools_steps
 from ._model import ModelInfo
 from ._pool import Extent, Lease, SlotPool
-from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForSlot, advance
+from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot, advance
 from ._threads import Connector, Workers
 
 __all__ = ["Client", "Request"]
@@ -47,17 +47,30 @@ class Request:
         """What the client knows about the model."""
         return self._info
 
-    def _run_steps(self, outputs: Sequence[str] | None) -> Steps:
+    def _run_steps(self, outputs: Sequence[str] | None, stream: Any = None) -> Steps:
+        """The steps of :meth:`run`; the ordering point (an event on the caller's stream for a
+        slot on a GPU) is taken here, on the calling thread, at call time."""
         if self._lease is None:
             raise ClientClosed("this request is closed")
         names = _intake.output_names(self._info, outputs)
-        here = Placement(self._lease.extent.memory.device)
-        return self._client._slot_steps(self._info, self._lease, self._shapes, names, False, {}, here)
+        device = self._lease.extent.memory.device
+        ready = None if device is None else _devices.current_stream_event(device, stream)
+        return self._client._slot_steps(self._info, self._lease, self._shapes, names, False, {},
+                                        Placement(device), ready=ready)
 
-    def run(self, outputs: Sequence[str] | None = None) -> dict[str, Any]:
+    def run(self, outputs: Sequence[str] | None = None, *, stream: Any = None) -> dict[str, Any]:
         """Run the inference on the inputs as they are now; outputs are slot views
-        (numpy, or :class:`~tritonshm.CudaArray` for a request on a GPU)."""
-        return self._client._drive(self._run_steps(outputs))
+        (numpy, or :class:`~tritonshm.CudaArray` for a request on a GPU).
+
+        For a slot on a GPU, the request is sent once the work queued so far
+        on the calling thread's current stream for that GPU has landed
+        (torch's or cupy's current stream where they are loaded, else the
+        legacy default stream): ``torch.from_dlpack(req.inputs[name]).copy_(x)``
+        then ``run()`` sends what the copy wrote.  Work on another stream
+        must be ordered by the caller, or named: *stream* (a handle, or a
+        tritonshm, torch or cupy stream) replaces the current one.
+        """
+        return self._client._drive(self._run_steps(outputs, stream))
 
     def close(self) -> None:
         """Give up this request's hold on the slot (views keep it until they go)."""
@@ -141,6 +154,7 @@ class Client(Engine):
             Register: self._register,
             Unregister: self._unregister,
             WaitForSlot: lambda step: step.pool.wait(step.timeout),
+            WaitForDevice: lambda step: step.event.synchronize(),  # the GIL released meanwhile
         }
         # Runs close()'s work if the user forgets: at garbage collection or exit.
         self._finalizer = weakref.finalize(self, _release_everything, self._connector, self._pools,
@@ -248,8 +262,14 @@ class Client(Engine):
         return _intake.join_chunks([f.result() for f in futures], names, route.results, rows[0])
 
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
-        """:meth:`infer` in a background thread; returns a ``concurrent.futures.Future``."""
-        return self._workers_for("async").submit(self.infer, model, inputs, **kwargs)
+        """:meth:`infer` in a background thread; returns a ``concurrent.futures.Future``.
+
+        GPU inputs are captured now, on the calling thread: what is sent is
+        ordered after the work queued on them (on the caller's current
+        stream) by the time of this call, as with :meth:`infer`.
+        """
+        workers = self._workers_for("async")
+        return workers.submit(self.infer, model, _devices.capture_inputs(inputs), **kwargs)
 
     def request(self, model: str, batch_size: int | None = None, *,
                 shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",

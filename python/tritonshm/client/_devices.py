@@ -4,8 +4,12 @@ A caller's input is a *device input* when it speaks the CUDA Array
 Interface or DLPack with a CUDA device (torch, cupy, jax, tritonshm's own
 views).  The client never converts one to numpy: it describes it once
 (:class:`DeviceTensor`: dtype, shape, device, and a byte offset so that a
-large batch can be split without slicing the caller's object) and copies
-it with :func:`tritonshm.cuda.copy`, stream-ordered after its producer.
+large batch can be split without slicing the caller's object) and
+*captures* it on the caller's thread, at call time
+(:func:`tritonshm.cuda.capture`): its memory held, and an event marking the
+work the caller had queued on it by then (the DLPack stream handshake, the
+CUDA Array Interface's stream, or the caller's current stream).  Copies
+then run on any thread, on that thread's copy stream, after that event.
 
 Results wanted on a GPU are allocated by the library the inputs came from
 (a torch tensor for torch inputs, a cupy array for cupy, else a
@@ -19,20 +23,22 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 from ..errors import CudaUnavailable, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
-__all__ = ["DeviceTensor", "Placement", "as_device_tensor", "empty", "to_host", "to_device",
-           "concatenate", "copy_bytes", "parse_device", "require_cuda", "library_of"]
+__all__ = ["DeviceTensor", "Placement", "as_device_tensor", "capture_inputs", "empty", "to_host", "to_device",
+           "concatenate", "after_allocation", "copy_bytes", "copy_stream", "landed", "stream_event", "current_stream_event", "parse_device",
+           "require_cuda", "library_of"]
 
 
 class DeviceTensor:
-    """A C-contiguous device array given as input: described, never converted.
+    """A C-contiguous device array given as input: described and captured, never converted.
 
-    ``source[offset : offset + nbytes]`` (in bytes) is the tensor; slicing
+    ``source[offset : offset + nbytes]`` (in bytes) is the tensor, *source*
+    its :class:`~tritonshm.cuda.Capture` (which copies wait for); slicing
     along the first axis (what batch chunking does) moves ``offset``.
     """
 
@@ -111,7 +117,30 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
     if described is None:
         return None
     dtype, shape, device = described
-    return DeviceTensor(value, np.dtype(dtype), tuple(shape), device)
+    try:
+        captured = _cuda.capture(value, device)
+    except Error:
+        raise
+    except Exception as exc:
+        raise UnsupportedBuffer(f"{type(value).__name__} cannot be shared as a device array: {exc}") from exc
+    return DeviceTensor(captured, np.dtype(dtype), tuple(shape), device, library=library_of(value))
+
+
+def capture_inputs(inputs: Any) -> Any:
+    """*inputs* with every device input captured now, on this thread (a new dict; anything that
+    is not a mapping is returned as it is, for the intake to refuse).
+
+    What a call on another thread (``infer_async``, a chunk worker) or later
+    (a coroutine) sends is then ordered after the work the caller had queued
+    when it called, on its own current stream, not the worker's.
+    """
+    if not isinstance(inputs, Mapping):
+        return inputs
+    out = {}
+    for name, value in inputs.items():
+        tensor = None if isinstance(value, (np.ndarray, DeviceTensor)) else as_device_tensor(value)
+        out[name] = value if tensor is None else tensor
+    return out
 
 
 def require_cuda(what: str) -> int:
@@ -181,11 +210,76 @@ def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int]) -> Any:
     return cuda_empty(dtype, shape, device)
 
 
-def copy_bytes(dst: Any, src: Any, nbytes: int, dst_offset: int = 0, src_offset: int = 0) -> None:
-    """:func:`tritonshm.cuda.copy`: bytes between host and device memory, stream-ordered."""
+def after_allocation(placement: Placement, stream: Any = None) -> None:
+    """Order *stream* (default: this thread's copy stream) after the work queued on this thread's
+    current stream of the results' GPU, where their library (torch, cupy) allocates them.
+
+    Caching allocators hand out memory that is safe to use on the allocating
+    thread's current stream only: a block freed by a tensor whose kernels are
+    still running there comes back at once.  Our copies into results run on
+    our own stream, so they wait for that one first.  ``cuda.empty`` memory
+    is fresh from ``cudaMalloc``: nothing to wait for.
+    """
+    if placement.device is None or placement.library == "tritonshm":
+        return
+    if stream is None:
+        stream = copy_stream(placement.device)
+    stream.wait(current_stream_event(placement.device))
+
+
+def copy_bytes(dst: Any, src: Any, nbytes: int, dst_offset: int = 0, src_offset: int = 0,
+               stream: Any = None) -> None:
+    """:func:`tritonshm.cuda.copy`: bytes between host and device memory, after a captured
+    source's event.  With *stream* (a :class:`~tritonshm.cuda.Stream`) the copy is queued
+    there and lands later (see :func:`landed`); without, it is complete on return."""
     from .._memory._cuda import copy  # the CUDA layer loads only when a GPU is involved
 
-    copy(dst, src, nbytes, dst_offset=dst_offset, src_offset=src_offset)
+    copy(dst, src, nbytes, dst_offset=dst_offset, src_offset=src_offset, stream=stream)
+
+
+def copy_stream(device: int | None) -> Any:
+    """This thread's copy stream on *device* (non-blocking, made once per thread); None for the host."""
+    if device is None:
+        return None
+    from .._memory._stream import copy_stream as stream_of
+
+    return stream_of(device)
+
+
+def landed(stream: Any) -> Any:
+    """An event recorded on *stream* now: synchronized (or polled), everything queued there before it has landed."""
+    return stream.record()
+
+
+def stream_event(device: int, handle: int) -> Any:
+    """An event recorded now on the stream *handle* of *device* (0: the legacy default stream)."""
+    from .._memory._stream import Event
+
+    event = Event.create(device)
+    event.record(handle)
+    return event
+
+
+def current_stream_event(device: int, stream: Any = None) -> Any:
+    """An event marking the work queued so far on *stream* (a Stream, a handle, or an object with
+    ``cuda_stream`` / ``ptr``: torch's and cupy's streams) or, by default, on the calling thread's
+    current stream for *device* (torch's or cupy's notion of it where they are loaded)."""
+    from .._memory._stream import current_stream
+
+    if stream is None:
+        handle = current_stream(device)
+    elif isinstance(stream, int) and not isinstance(stream, bool):
+        handle = stream
+    else:
+        handle = getattr(stream, "handle", None)
+        if handle is None:
+            handle = getattr(stream, "cuda_stream", None)
+        if handle is None:
+            handle = getattr(stream, "ptr", None)
+        if not isinstance(handle, int) or isinstance(handle, bool):
+            raise InvalidOption(f"stream must be a CUDA stream handle (int), a tritonshm, torch or cupy "
+                                f"stream, not {stream!r}")
+    return stream_event(device, handle)
 
 
 def to_host(tensor: DeviceTensor) -> np.ndarray:
@@ -196,8 +290,9 @@ def to_host(tensor: DeviceTensor) -> np.ndarray:
 
 
 def to_device(array: np.ndarray, placement: Placement) -> Any:
-    """A device copy of a host result, allocated where *placement* says."""
+    """A device copy of a host result, allocated where *placement* says (complete on return)."""
     out = empty(placement, array.dtype, array.shape)
+    after_allocation(placement)
     copy_bytes(out, np.ascontiguousarray(array), array.nbytes)
     return out
 
@@ -214,6 +309,7 @@ def concatenate(parts: Sequence[Any], placement: Placement) -> Any:
         raise ShapeMismatch(f"the chunks of a batch returned rows of different shapes {shapes}: "
                             f"they cannot be joined")
     out = empty(placement, dtype, (sum(s[0] for s in shapes),) + shapes[0][1:])
+    after_allocation(placement)
     offset = 0
     for part, shape in zip(parts, shapes):
         nbytes = math.prod(shape) * dtype.itemsize

@@ -39,7 +39,7 @@ from ._devices import DeviceTensor, Placement
 from ._model import ModelInfo, shape_fits
 from ._pool import Extent, Layout, Lease, PoolInfo, SlotPool
 from ._slots import CudaSlotMemory, PinnedSlotMemory, SlotMemory, SystemSlotMemory
-from ._steps import FetchModel, Register, Send, Steps, Unregister, WaitForSlot
+from ._steps import FetchModel, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot
 
 __all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "retry_parked_steps"]
 
@@ -80,10 +80,12 @@ def retry_parked_steps(parked: list[Extent], creator_pid: int) -> Steps:
 
 class Route(NamedTuple):
     """Where one request's tensors go: *slots* is the memory its slots are in
-    ("system", "pinned:N" or "cuda:N"), *results* where its outputs land."""
+    ("system", "pinned:N" or "cuda:N"), *results* where its outputs land, and
+    *device* the GPU whose copy stream carries its copies (None: no GPU involved)."""
 
     slots: str
     results: Placement
+    device: int | None = None
 
 
 def close_pools_steps(pools: dict[Any, SlotPool], retired: set[SlotPool], creator_pid: int,
@@ -424,17 +426,18 @@ class Engine:
         else:
             target = _devices.parse_device(output_device, "output_device")
         results = Placement(target, library)
+        home = source if source is not None else target  # whose copy stream carries the copies
         if self.transport == "cuda":
             if info.has_bytes:
                 raise InvalidOption(f"model {info.name!r} has BYTES tensors, which transport='cuda' "
                                     f"cannot carry; use transport='auto'")
-            device = source if source is not None else (target if target is not None else self._default_device)
-            return Route(f"cuda:{device}", results)
+            device = home if home is not None else self._default_device
+            return Route(f"cuda:{device}", results, device)
         if source is None:
-            return Route("system", results)
+            return Route("system", results, home)
         if info.has_bytes:
-            return Route("system" if self._pinned else f"pinned:{source}", results)
-        return Route(f"cuda:{source}", results)
+            return Route("system" if self._pinned else f"pinned:{source}", results, home)
+        return Route(f"cuda:{source}", results, home)
 
     def _chunk_steps(self, info: ModelInfo, arrays: Mapping[str, Any], names: list[str],
                      copy: bool, timeout: float | None, route: Route, rows: _intake.Rows | None = None) -> Steps:
@@ -457,14 +460,28 @@ class Engine:
                 return self._wire_results(info, result, names, route.results, rows)
             try:
                 memory = lease.extent.memory
-                for spec in info.inputs:
-                    offset = lease.offset(spec.name)
-                    if spec.is_bytes:
-                        _bytes.encode_into(arrays[spec.name], memory.bytes_at(offset, bytes_sizes[spec.name]))
-                    else:
-                        memory.write(offset, arrays[spec.name])
+                # The copies of this request run on this thread's copy stream of its GPU, after
+                # the event each captured input carries; the server reads the slot only once
+                # they have landed (one wait, never a device-wide sync).
+                stream = _devices.copy_stream(memory.device if memory.device is not None else route.device)
+                queued = False
+                try:
+                    for spec in info.inputs:
+                        offset = lease.offset(spec.name)
+                        array = arrays[spec.name]
+                        if spec.is_bytes:
+                            _bytes.encode_into(array, memory.bytes_at(offset, bytes_sizes[spec.name]))
+                        else:
+                            queued |= stream is not None and (memory.kind == "cuda" or isinstance(array, DeviceTensor))
+                            memory.write(offset, array, stream)
+                    if queued:
+                        yield WaitForDevice(_devices.landed(stream))
+                except BaseException:
+                    if queued:
+                        stream.synchronize()  # nothing of ours may still land in the slot once it is back
+                    raise
                 outputs = yield from self._slot_steps(info, lease, shapes, names, copy, bytes_sizes,
-                                                      route.results, rows)
+                                                      route.results, rows, stream)
             except OutputTooSmall as exc:
                 # A variable-size output outgrew its guess: grow to what the
                 # server asked for and run again on a slot of a larger pool.
@@ -486,10 +503,15 @@ class Engine:
 
     def _slot_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
                     names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
-                    results: Placement, rows: _intake.Rows | None = None) -> Steps:
-        """Steps of running the inputs already in a slot; outputs (checked *names*)
-        land there too, and are delivered where *results* says."""
+                    results: Placement, rows: _intake.Rows | None = None, stream: Any = None,
+                    ready: Any = None) -> Steps:
+        """Steps of running the inputs already in a slot (after the event *ready*, when given);
+        outputs (checked *names*) land there too, and are delivered where *results* says,
+        copied on *stream* (this thread's copy stream of the slot's or the results' GPU) and
+        landed before they are returned."""
         with self._flight():
+            if ready is not None:
+                yield WaitForDevice(ready)
             inputs, requested = self._slot_request(info, lease, shapes, names, bytes_sizes)
             send = Send(info.name, info.version, inputs, requested)
             try:
@@ -504,23 +526,41 @@ class Engine:
                         if "already" not in str(exc):  # another request of ours re-registered it
                             raise
                 result = yield send
-            return self._collect(info, lease, result, names, copy, results, rows)
+            if stream is None:
+                stream = _devices.copy_stream(lease.extent.memory.device if lease.extent.memory.device is not None
+                                              else results.device)
+            outputs, queued = self._collect(info, lease, result, names, copy, results, rows, stream)
+            if queued:
+                try:
+                    yield WaitForDevice(_devices.landed(stream))
+                except BaseException:
+                    stream.synchronize()  # the slot goes back: no copy out of it may be pending
+                    raise
+            return outputs
 
     def _collect(self, info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
-                 copy: bool, results: Placement, rows: _intake.Rows | None = None) -> dict[str, Any]:
+                 copy: bool, results: Placement, rows: _intake.Rows | None = None,
+                 stream: Any = None) -> tuple[dict[str, Any], bool]:
         """The outputs of *result*, read from the slot: views that hold it where
         ``copy=False`` and the slot is where the results are wanted, else copies
         (numpy on the host, or device arrays made by the results' library);
-        outputs with *rows* go there (and are left out of the dict)."""
+        outputs with *rows* go there (and are left out of the dict).  Copies
+        touching a GPU are queued on *stream*; also returns whether any was."""
         memory, layout = lease.extent.memory, lease.pool.layout
-        outputs = {}
+        on_gpu = stream is not None and (memory.kind == "cuda" or results.device is not None)
+        outputs, queued = {}, False
+        if rows is not None and rows.ready is not None:
+            stream.wait(rows.ready)  # the batch's results were allocated on the caller's stream
+        elif results.device is not None and on_gpu and (copy or memory.device != results.device):
+            _devices.after_allocation(results, stream)
         for name in names:
             spec = info.output(name)
             tensor = result.get_output(name)
             shape = tuple(map(int, tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
             into = self._rows_for(info, rows, name, shape)
             if into is not None:
-                memory.read_into(into[0], lease.offset(name), into[2], into[1])
+                memory.read_into(into[0], lease.offset(name), into[2], into[1], stream)
+                queued |= on_gpu
             elif spec.is_bytes:
                 raw = memory.bytes_at(lease.offset(name), layout.capacities[name])
                 outputs[name] = _bytes.decode(raw, math.prod(shape), shape)
@@ -528,11 +568,13 @@ class Engine:
             elif not copy and memory.device == results.device:
                 outputs[name] = memory.view(lease.handle, layout.offsets[name], spec.dtype, shape)
             elif results.device is None:
-                outputs[name] = memory.copy_out(lease.offset(name), spec.dtype, shape)
+                outputs[name] = memory.copy_out(lease.offset(name), spec.dtype, shape, stream)
+                queued |= on_gpu
             else:
                 out = outputs[name] = _devices.empty(results, spec.dtype, shape)
-                memory.read_into(out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize)
-        return outputs
+                memory.read_into(out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize, 0, stream)
+                queued |= on_gpu
+        return outputs, queued
 
     @staticmethod
     def _rows_for(info: ModelInfo, rows: _intake.Rows | None, name: str,
@@ -606,6 +648,8 @@ class Engine:
         """The outputs of a plain gRPC/HTTP reply, moved to the GPU where *results*
         says; outputs with *rows* go there (and are left out of the dict)."""
         outputs = {}
+        if rows is not None and rows.ready is not None:
+            _devices.copy_stream(results.device).wait(rows.ready)
         for name in names:
             array = result.as_numpy(name)
             into = self._rows_for(info, rows, name, array.shape)

@@ -45,7 +45,7 @@ def check_inputs(info: ModelInfo, inputs: Mapping[str, Any]) -> tuple[dict[str, 
     for spec in info.inputs:
         value = inputs[spec.name]
         array: np.ndarray | _devices.DeviceTensor
-        if isinstance(value, np.ndarray):
+        if isinstance(value, (np.ndarray, _devices.DeviceTensor)):  # DeviceTensor: captured already
             array = value
         else:
             device_tensor = _devices.as_device_tensor(value)
@@ -101,11 +101,13 @@ def split_batch(info: ModelInfo, arrays: dict[str, np.ndarray], batch: int) -> l
 
 class Rows(NamedTuple):
     """Where one chunk's fixed-size outputs go: rows ``start : start + count`` of
-    the whole batch's result arrays (*arrays*: output name -> array)."""
+    the whole batch's result arrays (*arrays*: output name -> array); *ready*: for
+    device arrays of a caching allocator, the event their copies wait for first."""
 
     arrays: Mapping[str, Any]
     start: int
     count: int
+    ready: Any = None
 
 
 def result_rows(info: ModelInfo, names: Sequence[str], chunks: Sequence[Mapping[str, Any]],
@@ -127,8 +129,11 @@ def result_rows(info: ModelInfo, names: Sequence[str], chunks: Sequence[Mapping[
         shape = (batch,) + spec.dims
         arrays[name] = np.empty(shape, spec.dtype) if placement.device is None \
             else _devices.empty(placement, spec.dtype, shape)
+    ready = None
+    if placement.device is not None and placement.library != "tritonshm":
+        ready = _devices.current_stream_event(placement.device)  # see _devices.after_allocation
     starts = np.cumsum([0] + counts[:-1]).tolist()
-    return [Rows(arrays, start, count) for start, count in zip(starts, counts)]
+    return [Rows(arrays, start, count, ready) for start, count in zip(starts, counts)]
 
 
 def join_chunks(parts: Sequence[Mapping[str, Any]], names: Sequence[str],

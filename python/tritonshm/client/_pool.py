@@ -47,6 +47,13 @@ _TENSOR_ALIGN = 256
 _PROBE_INTERVAL = 0.005
 
 
+def _idle(probe: Any) -> bool:
+    """Whether a natively held slot is free: no holder left but the probe, and every reader that
+    named its stream (a DLPack consumer) done with it -- a consumer's deleter runs when its tensor
+    dies, not when its kernels reading the slot have finished."""
+    return probe.holders <= 1 and not probe.readers_pending()
+
+
 def _round_up(value: int, to: int) -> int:
     return (value + to - 1) // to * to
 
@@ -344,7 +351,7 @@ class SlotPool:
         with self._cond:
             if extent.closed:
                 return
-            if probe is not None and probe.holders > 1:
+            if probe is not None and not _idle(probe):
                 self._watched.append((extent, index, probe))
                 self._wake()  # a waiter must start looking at it
                 return
@@ -360,7 +367,7 @@ class SlotPool:
         for extent, index, probe in self._watched:
             if extent.closed:
                 continue
-            if probe.holders > 1:
+            if not _idle(probe):
                 still.append((extent, index, probe))
             else:
                 self._free.append((extent, index))

@@ -95,9 +95,11 @@ class SlotMemory(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def write(self, offset: int, array: Any) -> None:
+    def write(self, offset: int, array: Any, stream: Any = None) -> None:
         """Copy *array* (numpy or a :class:`DeviceTensor`) in at *offset*
-        (within this memory; the caller holds the slot)."""
+        (within this memory; the caller holds the slot).  A copy to or from
+        a GPU is queued on *stream* (the request's copy stream) where one is
+        given, and lands once the caller has waited for it."""
 
     @abc.abstractmethod
     def view(self, handle: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
@@ -110,13 +112,14 @@ class SlotMemory(abc.ABC):
         it must not outlive the caller's hold on the slot."""
 
     @abc.abstractmethod
-    def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        """A fresh numpy copy of the tensor at *offset*, independent of this memory."""
+    def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...], stream: Any = None) -> np.ndarray:
+        """A fresh numpy copy of the tensor at *offset*, independent of this memory
+        (from device memory: queued on *stream* where given, like :meth:`write`)."""
 
     @abc.abstractmethod
-    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0) -> None:
+    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0, stream: Any = None) -> None:
         """Copy ``nbytes`` at *offset* into bytes ``dst_offset...`` of *dst*: a
-        C-contiguous numpy array, or a device array (stream-ordered)."""
+        C-contiguous numpy array, or a device array (queued on *stream* where given)."""
 
     def register(self, client: Any) -> Any:
         """Register with the server behind *client*: the name (an awaitable for aio clients)."""
@@ -167,9 +170,9 @@ class SystemSlotMemory(SlotMemory):
     def lease(self, offset: int, nbytes: int) -> Any:
         return self.region.window(offset, nbytes)
 
-    def write(self, offset: int, array: np.ndarray | DeviceTensor) -> None:
+    def write(self, offset: int, array: np.ndarray | DeviceTensor, stream: Any = None) -> None:
         if isinstance(array, DeviceTensor):  # a GPU tensor into host slots: one device-to-host copy
-            copy_bytes(self._bytes, array.source, array.nbytes, offset, array.offset)
+            copy_bytes(self._bytes, array.source, array.nbytes, offset, array.offset, stream)
             return
         parallel_copy(self._at(offset, array.dtype, array.shape), array)
 
@@ -179,7 +182,7 @@ class SystemSlotMemory(SlotMemory):
     def bytes_at(self, offset: int, nbytes: int) -> memoryview:
         return memoryview(self._bytes[offset:offset + nbytes])
 
-    def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...], stream: Any = None) -> np.ndarray:
         source = self._at(offset, dtype, shape)
         if source.nbytes < _PARALLEL_COPY_BYTES:
             return source.copy()
@@ -187,12 +190,12 @@ class SystemSlotMemory(SlotMemory):
         parallel_copy(result, source)
         return result
 
-    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0) -> None:
+    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0, stream: Any = None) -> None:
         if isinstance(dst, np.ndarray):
             flat = dst.reshape(-1).view(np.uint8)
             parallel_copy(flat[dst_offset:dst_offset + nbytes], self._bytes[offset:offset + nbytes])
         else:
-            copy_bytes(dst, self._bytes, nbytes, dst_offset, offset)
+            copy_bytes(dst, self._bytes, nbytes, dst_offset, offset, stream)
 
     def close(self) -> None:
         self._bytes = None
@@ -240,11 +243,11 @@ class CudaSlotMemory(SlotMemory):
     def probe(self, handle: Any) -> Any:
         return handle.share()
 
-    def write(self, offset: int, array: np.ndarray | DeviceTensor) -> None:
-        if isinstance(array, DeviceTensor):  # device to device, after the producer's stream
-            copy_bytes(self.region, array.source, array.nbytes, offset, array.offset)
-        else:
-            copy_bytes(self.region, np.ascontiguousarray(array), array.nbytes, offset, 0)
+    def write(self, offset: int, array: np.ndarray | DeviceTensor, stream: Any = None) -> None:
+        if isinstance(array, DeviceTensor):  # device to device, after the capture's event
+            copy_bytes(self.region, array.source, array.nbytes, offset, array.offset, stream)
+        else:  # pageable host memory: the runtime stages it before the call returns
+            copy_bytes(self.region, np.ascontiguousarray(array), array.nbytes, offset, 0, stream)
 
     def view(self, handle: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
         return handle.view(dtype, shape, offset)
@@ -252,8 +255,10 @@ class CudaSlotMemory(SlotMemory):
     def bytes_at(self, offset: int, nbytes: int) -> memoryview:
         raise TypeError("BYTES tensors travel in host slots, never in CUDA ones")
 
-    def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-        return self.region.read(dtype, shape, offset)
+    def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...], stream: Any = None) -> np.ndarray:
+        out = np.empty(shape, dtype)
+        copy_bytes(out, self.region, out.nbytes, 0, offset, stream)
+        return out
 
-    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0) -> None:
-        copy_bytes(dst, self.region, nbytes, dst_offset, offset)
+    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0, stream: Any = None) -> None:
+        copy_bytes(dst, self.region, nbytes, dst_offset, offset, stream)

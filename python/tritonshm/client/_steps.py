@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Generator, NamedTuple
 
-__all__ = ["FetchModel", "Register", "Unregister", "WaitForSlot", "Send", "Done", "advance", "Steps"]
+__all__ = ["FetchModel", "Register", "Unregister", "WaitForSlot", "WaitForDevice", "Send", "Done", "advance",
+           "Steps"]
 
 
 class FetchModel(NamedTuple):
@@ -44,6 +45,14 @@ class WaitForSlot(NamedTuple):
 
     pool: Any
     timeout: float | None
+
+
+class WaitForDevice(NamedTuple):
+    """Wait until the device work before *event* has landed (copies into a slot before the
+    server reads it, results before the caller gets them): outcome None.  The blocking
+    driver synchronizes the event with the GIL released; the asyncio one polls it."""
+
+    event: Any
 
 
 class Send(NamedTuple):
