@@ -20,7 +20,7 @@ import pytest
 import tritonshm
 import tritonshm.aio
 from tritonshm import triton
-from tritonshm.errors import RegistrationError
+from tritonshm.errors import RegistrationError, ServerError
 
 from triton_fixtures import client_url, sample
 
@@ -105,14 +105,14 @@ def test_a_refused_unregistration_keeps_device_memory_for_the_server(url, fake_c
     from tritonshm.client._client import _held_for_the_server
 
     data = sample(np.float32, 64)
-    c = tritonshm.Client(url)
+    c = tritonshm.Client(url, timeout=0.2)  # close() asks again for up to 0.2 s
     c.infer("identity_fp32", {"INPUT0": device_array(data)})
     (name,) = c.pools()[0].regions
     real_unregister = triton.unregister
 
     def unregister(client, what):
         if what == name:
-            raise RegistrationError(f"failed to unregister '{name}': currently in use")
+            raise ServerError(f"Cannot unregister shared memory region '{name}', it is currently in use.")
         return real_unregister(client, what)
 
     monkeypatch.setattr(triton, "unregister", unregister)
@@ -125,6 +125,34 @@ def test_a_refused_unregistration_keeps_device_memory_for_the_server(url, fake_c
     with tritonshm.Client(url) as helper:
         real_unregister(helper.tritonclient, name)
     extent.memory.close()
+
+
+def test_close_asks_again_while_the_server_is_still_letting_go(url, fake_cuda, monkeypatch):
+    """Triton answers a request before it has released the request's regions: an unregistration
+    right after is refused ("currently in use") for a moment.  close() asks again; the memory
+    is freed once the server has let go, and nothing is held back."""
+    from fake_cuda import KIND_UNKNOWN
+    from tritonshm.client._client import _held_for_the_server
+
+    c = tritonshm.Client(url)
+    c.infer("identity_fp32", {"INPUT0": device_array(sample(np.float32, 64))})
+    (name,) = c.pools()[0].regions
+    ptr = c._pools[next(iter(c._pools))].extents[0].memory.region.ptr
+    real_unregister = triton.unregister
+    refusals = []
+
+    def unregister(client, what):
+        if what == name and len(refusals) < 3:
+            refusals.append(what)
+            raise ServerError(f"Cannot unregister shared memory region '{name}', it is currently in use.")
+        return real_unregister(client, what)
+
+    monkeypatch.setattr(triton, "unregister", unregister)
+    c.close()
+    gc.collect()
+    assert len(refusals) == 3
+    assert fake_cuda.pointer_kind(ptr) == KIND_UNKNOWN
+    assert not [e for e in _held_for_the_server if e.name == name]
 
 
 def test_refused_device_memory_is_retried_by_later_requests(url, fake_cuda, monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import time
 import weakref
 from typing import Any, Callable, Mapping, Sequence
 
@@ -12,7 +13,7 @@ from .. import triton
 from ..errors import ClientClosed
 from . import _devices, _intake
 from ._devices import Placement
-from ._engine import Engine, close_pools_steps
+from ._engine import Engine, close_pools_steps, retry_parked_steps
 from ._model import ModelInfo
 from ._pool import Extent, Lease, SlotPool
 from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot, advance
@@ -92,33 +93,46 @@ class Request:
 # Device memory a server refused to let go of when its client closed: held for the life of the
 # process (freeing it under the server would be undefined behaviour; the driver frees it at exit).
 _held_for_the_server: list[Extent] = []
+# How long close() keeps asking a server that refuses to unregister device memory, and how often.
+_SETTLE_SECONDS = 5.0
+_SETTLE_INTERVAL = 0.02
 
 
 def _release_everything(connector: Connector, pools: dict[Any, SlotPool], retired: set[SlotPool],
                         workers: dict[str, Workers], creator_pid: int, wait: bool,
-                        parked: list[Extent]) -> None:
+                        parked: list[Extent], settle: float = 0.0) -> None:
     """Stop the threads, unregister and close every pool, close the connections.
 
     Module level, holding no reference to the client: it is also the
     finalizer of a client that was never closed, so it is best effort: a
     name the server cannot unregister does not stop the rest (host memory is
-    closed all the same; device memory stays parked, never freed).
+    closed all the same).  Device memory the server refuses to let go of is
+    tried again for up to *settle* seconds (a server answers before it has
+    released a request's regions: "currently in use" for a moment), then
+    held for the life of the process, never freed under the server.
     """
     for group in list(workers.values()):
         group.shutdown(wait)
     workers.clear()
-    steps = close_pools_steps(pools, retired, creator_pid, parked)
-    step = advance(steps)
-    while not isinstance(step, Done):  # only Unregister steps come out of these
-        try:
-            connector.call(lambda tc, name=step.name: triton.unregister(tc, name))
-            outcome, failure = None, None
-        except Exception as exc:
-            outcome, failure = None, exc
-        step = advance(steps, outcome, failure)
+    _carry_out_unregisters(connector, close_pools_steps(pools, retired, creator_pid, parked))
+    deadline = time.monotonic() + settle
+    while parked and time.monotonic() < deadline:
+        time.sleep(_SETTLE_INTERVAL)
+        _carry_out_unregisters(connector, retry_parked_steps(parked, creator_pid))
     _held_for_the_server.extend(parked)
     parked.clear()
     connector.close(wait)
+
+
+def _carry_out_unregisters(connector: Connector, steps: Steps) -> None:
+    """Drive steps that only unregister, blocking; failures go back into the steps."""
+    step = advance(steps)
+    while not isinstance(step, Done):
+        try:
+            outcome, failure = connector.call(lambda tc, name=step.name: triton.unregister(tc, name)), None
+        except Exception as exc:
+            outcome, failure = None, exc
+        step = advance(steps, outcome, failure)
 
 
 class Client(Engine):
@@ -306,7 +320,10 @@ class Client(Engine):
         for group in list(self._workers.values()):
             group.shutdown()  # finish what was submitted, while the pools still exist
         self._wait_idle(self.timeout)
-        self._finalizer()
+        detached = self._finalizer.detach()
+        if detached is not None:
+            _, release, args, _ = detached
+            release(*args, settle=_SETTLE_SECONDS if self.timeout is None else min(self.timeout, _SETTLE_SECONDS))
 
     def __enter__(self) -> "Client":
         return self

@@ -30,6 +30,7 @@ from ..errors import (
     OutputTooSmall,
     RegionNotRegistered,
     RegistrationError,
+    ServerError,
     ServerUnavailable,
     ShapeMismatch,
     SharedMemoryRefused,
@@ -63,7 +64,7 @@ def drop_extent_steps(extent: Extent, creator_pid: int, parked: list[Extent] | N
             yield Unregister(extent.name)
     except ServerUnavailable:
         pass  # a dead server holds nothing open
-    except RegistrationError:
+    except ServerError:  # refused: "currently in use" while the server finishes with a request
         if extent.memory.kind == "cuda" and parked is not None:
             parked.append(extent)
             return
