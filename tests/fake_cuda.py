@@ -509,20 +509,33 @@ class FakeCudart:
         ctypes.memmove(ptr, data, len(data))
 
 
-def server_env(lib: str | os.PathLike, trace: str | os.PathLike | None = None, **settings: str) -> dict[str, str]:
+def server_env(lib: str | os.PathLike, trace: str | os.PathLike | None = None, *, pinned_pool: bool = False,
+               **settings: str) -> dict[str, str]:
     """Environment for a tritonserver that should open fake CUDA handles.
 
     ``LocalServer(env=server_env(lib))`` preloads the fake into the server
     (2.51 with its bundled CUDA 12.6 runtime: the fake's symbols win over the
     runtime's, and every call the fake does not export still fails for want
-    of a driver).  ``TSHM_FAKE_CUDA_SYNC=1``: the server's own queued copies
-    land on return (it is a stand-in, not under test).  *trace* names a file for the fake's call trace (see
-    :func:`read_trace`); *settings* are more variables, e.g.
-    ``TSHM_FAKE_CUDA_DEVICES="2"``.  The server's python backend stubs
-    inherit the preload; they make no CUDA call for KIND_CPU models.
+    of a driver).  The server is a stand-in, not under test:
+
+    * ``TSHM_FAKE_CUDA_SYNC=1``: its queued copies land on return;
+    * its pinned memory pool stays off (``cudaHostAlloc`` fails in the server,
+      as it did before the fake exported it) unless *pinned_pool*: with the
+      pool, 2.51 releases a request a little after its response, so an
+      unregister right after the response can be refused with "it is
+      currently in use" -- a race a real GPU server has too; pass
+      ``pinned_pool=True`` to test a client against it.
+
+    *trace* names a file for the fake's call trace (see :func:`read_trace`);
+    *settings* are more variables, e.g. ``TSHM_FAKE_CUDA_DEVICES="2"`` (a
+    ``TSHM_FAKE_CUDA_FAIL`` given there replaces the pool's).  The server's
+    python backend stubs inherit the preload; they make no CUDA call for
+    KIND_CPU models.
     """
-    # The server is a stand-in, not under test: its copies land on return.
-    env = {"LD_PRELOAD": str(lib), ENV_SYNC: "1", **settings}
+    env = {"LD_PRELOAD": str(lib), ENV_SYNC: "1"}
+    if not pinned_pool:
+        env[ENV_FAIL] = "cudaHostAlloc=2"
+    env.update(settings)
     if trace is not None:
         env[ENV_TRACE] = str(trace)
     return env

@@ -1214,6 +1214,14 @@ def test_server_support_entry_points(fake):
         fake.free(ptr)
 
 
+def test_server_env(fake, tmp_path):
+    env = fake_cuda.server_env(fake.path)
+    assert env == {"LD_PRELOAD": fake.path, fake_cuda.ENV_SYNC: "1", fake_cuda.ENV_FAIL: "cudaHostAlloc=2"}
+    env = fake_cuda.server_env(fake.path, tmp_path / "t", pinned_pool=True, **{fake_cuda.ENV_DEVICES: "2"})
+    assert env == {"LD_PRELOAD": fake.path, fake_cuda.ENV_SYNC: "1", fake_cuda.ENV_DEVICES: "2",
+                   fake_cuda.ENV_TRACE: str(tmp_path / "t")}
+
+
 CHILD_TRITON_CLIENT = """
     import base64, json
     import numpy as np
