@@ -42,7 +42,10 @@ def fake_cuda(fake_cudart_path, monkeypatch):
     """The FAKE CUDA runtime as tritonshm's current one; yields its ctypes driver.
 
     ``TRITONSHM_CUDART`` points at it too, so child processes (attach,
-    pickling) load the same fake.
+    pickling) load the same fake.  At the end: work still queued is dropped
+    (never landed in a later test), the thread goes back to device 0, and the
+    test fails if it leaked allocations, IPC opens or host registrations, or
+    if queued work found its memory unmapped (``lost_ops``).
     """
     from tritonshm._memory import _runtime
 
@@ -63,10 +66,14 @@ def fake_cuda(fake_cudart_path, monkeypatch):
         if fake.lib.cudaGetDevice(ctypes.byref(device)) == 0 and device.value != 0:
             fake.lib.cudaSetDevice(0)
     gc.collect()
-    live = fake.stats().live
-    if live != before.live:
+    after = fake.stats()
+    if after.live != before.live:
         pytest.fail(f"fake CUDA leak check: (allocations, IPC opens, host registrations) went "
-                    f"from {before.live} to {live}", pytrace=False)
+                    f"from {before.live} to {after.live}", pytrace=False)
+    if after.lost_ops != before.lost_ops:
+        pytest.fail(f"fake CUDA: {after.lost_ops - before.lost_ops} queued copies found their memory "
+                    f"unmapped when they landed (memory freed while the GPU still had work on it)",
+                    pytrace=False)
 
 
 @contextlib.contextmanager
