@@ -113,8 +113,11 @@
  *     refuses an oversized byte_size and runs inferences through them: for
  *     that, cudaMemcpyAsync and cudaGetDriverEntryPoint(ByVersion), which
  *     hands out fake cuMemGetAddressRange / cuGetErrorString (the section
- *     "server support" at the end).  Every other runtime call the server
- *     makes reaches its own libcudart, which fails (no driver) as before.
+ *     "server support" at the end).  The server reaches every entry point
+ *     above too (it syncs streams, allocates its pinned pool with
+ *     cudaHostAlloc: fake_cuda.server_env makes that fail, as it did before
+ *     the fake had it); every other runtime call it makes reaches its own
+ *     libcudart, which fails (no driver).
  *
  * What it does NOT model
  *   - Any GPU: no kernels (only kernel_write), no concurrency between
