@@ -20,11 +20,13 @@ Rules this layer keeps, whatever the caller does:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import inspect
 import math
 import re
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -52,6 +54,15 @@ _TOO_SMALL = re.compile(r"for output '(?P<output>[^']*)' \((?P<given>\d+) bytes\
 # unregister() refuses any other name, and calls the extension of the kind.
 _own_names: dict[str, str] = {}
 _lock = threading.Lock()
+
+# Triton answers a request before it lets go of the request's regions, and
+# refuses to unregister one meanwhile ("... it is currently in use."): for a
+# moment after every response, or for as long as a request runs.  unregister()
+# asks again for up to this long; callers that must never free memory under
+# the server (the client's device pools) keep refused memory and retry later.
+_IN_USE = "currently in use"
+_IN_USE_PATIENCE = 1.0
+_IN_USE_INTERVAL = 0.01
 
 
 def default_name(region: Any) -> str:
@@ -204,8 +215,12 @@ def register(client: Any, region: Any, name: str | None = None, *, device_id: in
     )
 
 
-def unregister(client: Any, name_or_region: Any) -> Any:
+def unregister(client: Any, name_or_region: Any, *, patience: float = _IN_USE_PATIENCE) -> Any:
     """Unregister one of our regions, by name or by region; idempotent.
+
+    A server that refuses because the region is in use (Triton does, for a
+    moment after each response that used it, and while a request runs) is
+    asked again for up to *patience* seconds before its error is raised.
 
     Refuses names this process did not register: tritonshm never removes
     other clients' regions, and never unregisters "all".  The extension
@@ -232,7 +247,30 @@ def unregister(client: Any, name_or_region: Any) -> Any:
 
     # The region keeps its name: it may still be registered with another
     # server, and a request naming it here gets the server's clear error.
-    return call_translated(client, f"unregistering {name!r}", method, name)
+    doing = f"unregistering {name!r}"
+    if _transport.of_client(client).aio:
+        return _unregister_patiently_aio(client, doing, method, name, patience)
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return call_translated(client, doing, method, name)
+        except ServerError as exc:
+            if _IN_USE not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(_IN_USE_INTERVAL)
+
+
+async def _unregister_patiently_aio(client: Any, doing: str, method: str, name: str, patience: float) -> Any:
+    """:func:`unregister` for an aio client, asking again while the region is "in use"."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    while True:
+        try:
+            return await call_translated(client, doing, method, name)
+        except ServerError as exc:
+            if _IN_USE not in str(exc) or loop.time() >= deadline:
+                raise
+        await asyncio.sleep(_IN_USE_INTERVAL)
 
 
 def _done(client: Any, value: Any) -> Any:

@@ -110,10 +110,10 @@ def test_a_refused_unregistration_keeps_device_memory_for_the_server(url, fake_c
     (name,) = c.pools()[0].regions
     real_unregister = triton.unregister
 
-    def unregister(client, what):
+    def unregister(client, what, **kwargs):
         if what == name:
             raise ServerError(f"Cannot unregister shared memory region '{name}', it is currently in use.")
-        return real_unregister(client, what)
+        return real_unregister(client, what, **kwargs)
 
     monkeypatch.setattr(triton, "unregister", unregister)
     c.close()
@@ -141,11 +141,11 @@ def test_close_asks_again_while_the_server_is_still_letting_go(url, fake_cuda, m
     real_unregister = triton.unregister
     refusals = []
 
-    def unregister(client, what):
+    def unregister(client, what, **kwargs):
         if what == name and len(refusals) < 3:
             refusals.append(what)
             raise ServerError(f"Cannot unregister shared memory region '{name}', it is currently in use.")
-        return real_unregister(client, what)
+        return real_unregister(client, what, **kwargs)
 
     monkeypatch.setattr(triton, "unregister", unregister)
     c.close()
@@ -168,11 +168,11 @@ def test_refused_device_memory_is_retried_by_later_requests(url, fake_cuda, monk
         real_unregister = triton.unregister
         refusals = []
 
-        def unregister(client, what):
+        def unregister(client, what, **kwargs):
             if what == old and not refusals:
                 refusals.append(what)
                 raise RegistrationError(f"failed to unregister '{what}': currently in use")
-            return real_unregister(client, what)
+            return real_unregister(client, what, **kwargs)
 
         monkeypatch.setattr(triton, "unregister", unregister)
         big = sample(np.float32, 1 << 16)

@@ -246,3 +246,41 @@ def test_bind_at_the_very_end_and_unregister_of_nonsense_are_refused(triton_clie
                 tritonshm.unregister(client, nonsense)
     finally:
         tritonshm.unregister(client, name)
+
+
+def test_unregister_waits_for_a_request_still_using_the_region(triton_client, region, server):
+    """Triton 2.51 refuses to unregister a region an inference is using ("currently in use"):
+    unregister() asks again until the request is over (here slow_fp32's 500 ms) instead of
+    failing, and the request's output is intact."""
+    import concurrent.futures
+    import threading
+    import time
+
+    import tritonclient.grpc as grpcclient
+
+    module, client = triton_client
+    data = sample(np.float32, 64)
+    name = tritonshm.register(client, region)
+    region.write(data, 0)
+    sending = threading.Event()
+
+    def slow_request():  # its own gRPC client, in its own thread
+        other = grpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            infer_input = grpcclient.InferInput("INPUT0", [data.size], "FP32")
+            tritonshm.bind_input(infer_input, region, 0, name=name)
+            out = grpcclient.InferRequestedOutput("OUTPUT0")
+            tritonshm.bind_output(out, region, PAGE, data.nbytes, name=name)
+            sending.set()
+            other.infer("slow_fp32", [infer_input], outputs=[out])
+        finally:
+            other.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(slow_request)
+        sending.wait()
+        time.sleep(0.2)  # the request reaches the server in milliseconds; the model takes 500 ms
+        tritonshm.unregister(client, name)  # refused while slow_fp32 runs, then done
+        running.result()
+    assert name not in tritonshm.status(client)
+    assert np.array_equal(region.read(np.float32, data.size, PAGE), data)

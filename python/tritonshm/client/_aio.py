@@ -63,7 +63,7 @@ class Client(Engine):
             Send: self._send,
             FetchModel: self._fetch_model,
             Register: self._register,
-            Unregister: lambda step: triton.unregister(self._aio_client, step.name),
+            Unregister: lambda step: triton.unregister(self._aio_client, step.name, patience=0.0),
             WaitForSlot: self._wait_for_slot,
             WaitForDevice: self._wait_for_device,
         }

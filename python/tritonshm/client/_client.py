@@ -129,7 +129,8 @@ def _carry_out_unregisters(connector: Connector, steps: Steps) -> None:
     step = advance(steps)
     while not isinstance(step, Done):
         try:
-            outcome, failure = connector.call(lambda tc, name=step.name: triton.unregister(tc, name)), None
+            outcome, failure = connector.call(
+                lambda tc, name=step.name: triton.unregister(tc, name, patience=0.0)), None
         except Exception as exc:
             outcome, failure = None, exc
         step = advance(steps, outcome, failure)
@@ -221,7 +222,8 @@ class Client(Engine):
         return self._connector.call(lambda tc: step.memory.reregister(tc, step.name))
 
     def _unregister(self, step: Unregister) -> None:
-        self._connector.call(lambda tc: triton.unregister(tc, step.name))
+        # No patience here: memory the server still uses is parked and tried again later.
+        self._connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0))
 
     def _workers_for(self, purpose: str) -> Workers:
         with self._lock:
