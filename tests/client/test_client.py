@@ -411,3 +411,27 @@ def test_a_forked_child_never_unregisters_the_parents_pool(server):
         assert extent.name in tritonshm.status(c.tritonclient)
         assert os.path.exists("/dev/shm" + extent.memory.region.key)
         assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)
+
+
+def test_close_asks_again_while_the_server_still_uses_host_memory(server, monkeypatch):
+    """Triton answers before it releases a request's regions ("currently in use" for a moment):
+    close() asks again instead of leaving our name registered on the server."""
+    from tritonshm import triton
+    from tritonshm.errors import ServerError
+
+    c = tritonshm.Client(server.grpc_url)
+    c.infer("identity_fp32", {"INPUT0": np.ones(8, np.float32)})
+    (name,) = c.pools()[0].regions
+    real_unregister, refusals = triton.unregister, []
+
+    def unregister(client, what, **kwargs):
+        if what == name and len(refusals) < 2:
+            refusals.append(what)
+            raise ServerError(f"Cannot unregister shared memory region '{name}', it is currently in use.")
+        return real_unregister(client, what, **kwargs)
+
+    monkeypatch.setattr(triton, "unregister", unregister)
+    c.close()
+    assert len(refusals) == 2
+    with tritonshm.Client(server.grpc_url) as other:
+        assert name not in tritonshm.status(other.tritonclient)

@@ -24,7 +24,7 @@ from .. import _transport, triton
 from . import _devices, _intake
 from ._client import Request as _BlockingRequest
 from ._client import _SETTLE_INTERVAL, _SETTLE_SECONDS, _held_for_the_server, _release_everything
-from ._engine import Engine, retry_parked_steps
+from ._engine import Engine, give_up_parked, retry_parked_steps
 from ._model import ModelInfo
 from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot, advance
 from ._threads import Connector
@@ -218,8 +218,7 @@ class Client(Engine):
             while self._parked and loop.time() < deadline:  # "currently in use": the server lets go soon
                 await asyncio.sleep(_SETTLE_INTERVAL)
                 await self._drive(retry_parked_steps(self._parked, self._creator_pid))
-            _held_for_the_server.extend(self._parked)  # refused still: never freed under the server
-            self._parked.clear()
+            give_up_parked(self._parked, _held_for_the_server)  # device memory: never freed under the server
         finally:
             await self._aio_client.close()
 

@@ -13,7 +13,7 @@ from .. import triton
 from ..errors import ClientClosed
 from . import _devices, _intake
 from ._devices import Placement
-from ._engine import Engine, close_pools_steps, retry_parked_steps
+from ._engine import Engine, close_pools_steps, give_up_parked, retry_parked_steps
 from ._model import ModelInfo
 from ._pool import Extent, Lease, SlotPool
 from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot, advance
@@ -96,20 +96,22 @@ _held_for_the_server: list[Extent] = []
 # How long close() keeps asking a server that refuses to unregister device memory, and how often.
 _SETTLE_SECONDS = 5.0
 _SETTLE_INTERVAL = 0.02
+_SETTLE_AT_EXIT = 1.0   # a client collected or left open at exit: "in use" lasts milliseconds
 
 
 def _release_everything(connector: Connector, pools: dict[Any, SlotPool], retired: set[SlotPool],
                         workers: dict[str, Workers], creator_pid: int, wait: bool,
-                        parked: list[Extent], settle: float = 0.0) -> None:
+                        parked: list[Extent], settle: float = _SETTLE_AT_EXIT) -> None:
     """Stop the threads, unregister and close every pool, close the connections.
 
     Module level, holding no reference to the client: it is also the
     finalizer of a client that was never closed, so it is best effort: a
     name the server cannot unregister does not stop the rest (host memory is
-    closed all the same).  Device memory the server refuses to let go of is
-    tried again for up to *settle* seconds (a server answers before it has
-    released a request's regions: "currently in use" for a moment), then
-    held for the life of the process, never freed under the server.
+    closed all the same).  Memory the server refuses to let go of is tried
+    again for up to *settle* seconds (a server answers before it has
+    released a request's regions: "currently in use" for a moment); device
+    memory still refused then is held for the life of the process, never
+    freed under the server.
     """
     for group in list(workers.values()):
         group.shutdown(wait)
@@ -119,8 +121,7 @@ def _release_everything(connector: Connector, pools: dict[Any, SlotPool], retire
     while parked and time.monotonic() < deadline:
         time.sleep(_SETTLE_INTERVAL)
         _carry_out_unregisters(connector, retry_parked_steps(parked, creator_pid))
-    _held_for_the_server.extend(parked)
-    parked.clear()
+    give_up_parked(parked, _held_for_the_server)
     connector.close(wait)
 
 

@@ -42,7 +42,7 @@ from ._pool import Extent, Layout, Lease, PoolInfo, SlotPool
 from ._slots import CudaSlotMemory, PinnedSlotMemory, SlotMemory, SystemSlotMemory
 from ._steps import FetchModel, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot
 
-__all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "retry_parked_steps"]
+__all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "give_up_parked", "retry_parked_steps"]
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
@@ -51,24 +51,35 @@ _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 def drop_extent_steps(extent: Extent, creator_pid: int, parked: list[Extent] | None = None) -> Steps:
     """Unregister one extent (never from a forked child: the name is the parent's) and close it.
 
-    Device memory the server may still have open is never freed under it
-    (``cudaFree`` of memory another process has open through CUDA IPC is
-    undefined behaviour): when its unregistration is refused, the extent is
-    *parked* instead -- appended to *parked*, still open, to be tried again
-    (:func:`retry_parked_steps`).  A server that is gone has let go of it,
-    and host memory may always be unlinked (the server's mapping stays
-    valid).
+    When the server refuses ("currently in use": it answers a request before
+    it lets go of the request's regions), the extent is *parked* instead --
+    appended to *parked*, still open, to be tried again
+    (:func:`retry_parked_steps`, :func:`settle_parked`): device memory must
+    never be freed under the server (``cudaFree`` of memory another process
+    has open through CUDA IPC is undefined behaviour), and a name left
+    registered is a leak on the server.  A server that is gone has let go.
     """
     try:
         if extent.name is not None and os.getpid() == creator_pid:
             yield Unregister(extent.name)
     except ServerUnavailable:
         pass  # a dead server holds nothing open
-    except ServerError:  # refused: "currently in use" while the server finishes with a request
-        if extent.memory.kind == "cuda" and parked is not None:
+    except ServerError:
+        if parked is not None:
             parked.append(extent)
             return
     extent.memory.close()
+
+
+def give_up_parked(parked: list[Extent], held: list[Extent]) -> None:
+    """The server still refuses: close parked host memory (unlinking is safe: the server's mapping
+    stays valid) and move device memory to *held*, never to be freed under the server."""
+    for extent in parked:
+        if extent.memory.kind == "cuda":
+            held.append(extent)
+        else:
+            extent.memory.close()
+    parked.clear()
 
 
 def retry_parked_steps(parked: list[Extent], creator_pid: int) -> Steps:
@@ -142,7 +153,7 @@ class Engine:
         self._models: dict[tuple[str, str], ModelInfo] = {}
         self._pools: dict[tuple[str, str, str], SlotPool] = {}   # by model, version and slot memory
         self._retired: set[SlotPool] = set()
-        # Device extents the server refused to unregister: kept open (never freed under it), retried.
+        # Extents the server refused to unregister: kept open (device memory is never freed under it), retried.
         self._parked: list[Extent] = []
         # Requests between their first step and their last: close() lets them finish first.
         self._in_flight = 0
