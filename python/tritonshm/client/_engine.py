@@ -228,27 +228,46 @@ class Engine:
         """The model's pool in *slots* memory, made or replaced by a larger one to fit
         *needs*; None for the wire.  Where the server cannot open CUDA slots, host
         slots serve (and plain gRPC/HTTP where it cannot open those), each with one
-        warning, unless the transport (or *strict*) says to raise instead."""
+        warning, unless the transport (or *strict*) says to raise instead.
+
+        Single flight: a pool is put in service *before* its first extent is
+        registered, marked as growing, so concurrent requests that need it
+        find it and wait for its first slots (:meth:`SlotPool.wait`) instead
+        of each making and registering a pool of their own -- a burst of cold
+        requests makes one pool, not one per request.  A creator that fails
+        or is cancelled takes the pool out of service again (retiring it
+        wakes the waiters; the next of them makes it).
+        """
         while True:
             if self._wire_only:
                 return None
             if not strict:
                 slots = self._slots_after_refusal(slots)
             key = (info.name, info.version, slots)
-            old = self._pools.get(key)
-            if old is not None and old.layout.fits(needs):
-                return old
-            layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
-            pool = SlotPool(info, layout, self.slots, self.max_pool_bytes, self._memory_for(slots))
-            if pool.extent_bytes > self.max_pool_bytes:
-                raise InvalidOption(
-                    f"a pool for model {info.name!r} would need {pool.extent_bytes} bytes "
-                    f"({self.slots} slots x {layout.slot_bytes}), over max_pool_bytes="
-                    f"{self.max_pool_bytes}; raise max_pool_bytes or lower slots"
-                )
+            with self._lock:
+                self._check_open()
+                old = self._pools.get(key)
+                if old is not None and old.layout.fits(needs):
+                    return old  # in service, or being made: its slots come with its first extent
+                layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
+                pool = SlotPool(info, layout, self.slots, self.max_pool_bytes, self._memory_for(slots))
+                if pool.extent_bytes > self.max_pool_bytes:
+                    raise InvalidOption(
+                        f"a pool for model {info.name!r} would need {pool.extent_bytes} bytes "
+                        f"({self.slots} slots x {layout.slot_bytes}), over max_pool_bytes="
+                        f"{self.max_pool_bytes}; raise max_pool_bytes or lower slots"
+                    )
+                pool.claim_first_extent()
+                self._pools[key] = pool
+                if old is not None:
+                    self._retired.add(old)
+                    old.retire()
             try:
                 extent = yield from self._register_extent_steps(pool)
-            except SharedMemoryRefused as exc:
+            except BaseException as exc:
+                self._take_out_of_service(key, pool)
+                if not isinstance(exc, SharedMemoryRefused):
+                    raise
                 # Concurrent first requests may each be refused: the first one warns.
                 if slots.startswith("cuda:"):
                     if self.transport == "cuda" or strict:
@@ -267,25 +286,20 @@ class Engine:
                         RuntimeWarning, stacklevel=2,
                     )
                 return None
-            pool.add_extent(extent)
-            with self._lock:
-                current = self._pools.get(key)
-                if current is old and not self._closed:
-                    self._pools[key] = pool
-                    if old is not None:
-                        self._retired.add(old)
-                        old.retire()
-                    return pool
-            # Another request installed a pool meanwhile (or we closed): drop ours, look again.
-            pool.retire()
-            with self._lock:
-                closed = self._closed
-                if not closed:
-                    self._retired.add(pool)
-            if closed:  # close() has run: nobody else will unregister it
-                for dropped in pool.close():
-                    yield from self._drop_extent_steps(dropped)
+            added = pool.add_extent(extent)
+            pool.stop_growing()
+            if not added:  # close() has taken the pool meanwhile: nobody else will unregister it
+                yield from self._drop_extent_steps(extent)
                 self._check_open()
+            return pool  # retired meanwhile (a larger one replaced it)? the caller looks again
+
+    def _take_out_of_service(self, key: tuple[str, str, str], pool: SlotPool) -> None:
+        """A pool whose first extent could not be made: out of the pools, its waiters woken."""
+        with self._lock:
+            if self._pools.get(key) is pool:
+                del self._pools[key]
+        pool.retire()
+        pool.stop_growing()
 
     def _register_extent_steps(self, pool: SlotPool) -> Steps:
         """A new registered extent for *pool* (not yet in service)."""

@@ -227,6 +227,12 @@ class SlotPool:
             return (not self._free and not self.retired and not self._growing and self.held > 0
                     and self.nbytes + self.extent_bytes <= self.max_bytes)
 
+    def claim_first_extent(self) -> None:
+        """The pool's creator will add its first extent: until then (:meth:`stop_growing`)
+        nobody else grows it, and requests wait for its slots."""
+        with self._cond:
+            self._growing = True
+
     def start_growing(self) -> bool:
         """Claim the right to add an extent (one request grows at a time); False if not due."""
         with self._cond:
