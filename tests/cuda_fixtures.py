@@ -42,10 +42,11 @@ def fake_cuda(fake_cudart_path, monkeypatch):
     """The FAKE CUDA runtime as tritonshm's current one; yields its ctypes driver.
 
     ``TRITONSHM_CUDART`` points at it too, so child processes (attach,
-    pickling) load the same fake.  At the end: work still queued is dropped
-    (never landed in a later test), the thread goes back to device 0, and the
-    test fails if it leaked allocations, IPC opens or host registrations, or
-    if queued work found its memory unmapped (``lost_ops``).
+    pickling) load the same fake.  At the end: work still queued fails the
+    test (and is dropped, never landed in a later test), the thread goes back
+    to device 0, and the test fails if it leaked allocations, IPC opens or
+    host registrations, or if queued work found its memory unmapped
+    (``lost_ops``).
     """
     from tritonshm._memory import _runtime
 
@@ -57,8 +58,10 @@ def fake_cuda(fake_cudart_path, monkeypatch):
         yield fake
     finally:
         _runtime.use(previous)
-        # Work the test left queued must not land in a later test (its pageable
-        # destination may be freed memory by then): drop it.
+        # Work left queued at the end is a bug (of the code under test, or of a test that
+        # forgot to synchronize what it queued): it fails the test.  It is dropped either way,
+        # never landed in a later test (its destination may be freed memory by then).
+        left_queued = fake.pending()
         fake.discard_pending()
         # The current device is per thread and outlives the test (a guard may
         # leave this thread on the device it entered): the next test starts on 0.
@@ -67,6 +70,10 @@ def fake_cuda(fake_cudart_path, monkeypatch):
             fake.lib.cudaSetDevice(0)
     gc.collect()
     after = fake.stats()
+    if left_queued:
+        pytest.fail(f"fake CUDA: {left_queued} operations were still queued at the end of the test "
+                    f"(work nobody waited for: a copy out of a slot that went back, a result "
+                    f"handed out unfinished)", pytrace=False)
     if after.live != before.live:
         pytest.fail(f"fake CUDA leak check: (allocations, IPC opens, host registrations) went "
                     f"from {before.live} to {after.live}", pytrace=False)

@@ -366,3 +366,61 @@ def test_a_slot_is_not_reused_before_the_consumers_stream_has_read_it(url, torch
         fake_cuda.stream_synchronize(side)
         assert c.pools()[0].held == 0
         del busy
+
+
+def test_a_failing_collect_leaves_no_copy_queued_out_of_the_slot(url, fake_cuda, monkeypatch):
+    """A request whose second result cannot be made (out of device memory) after the first one's
+    copy was queued: the slot goes back and the first result is dropped -- a caching allocator
+    hands its block out again at once -- so that copy must have landed first."""
+    from tritonshm.client import _devices
+
+    x = device_array(np.zeros(16, np.float32))
+    with tritonshm.Client(url) as c:
+        c.infer("add_sub", {"INPUT0": x, "INPUT1": x})  # the pool is made
+        real, calls, kept = _devices.empty, [], []
+
+        def empty(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                raise MemoryError("out of device memory for OUTPUT1")
+            kept.append(real(*args, **kwargs))  # a caching allocator keeps the block: no cudaFree, no sync
+            return kept[-1]
+
+        monkeypatch.setattr(_devices, "empty", empty)
+        with pytest.raises(MemoryError):
+            c.infer("add_sub", {"INPUT0": x, "INPUT1": x})
+        try:
+            assert fake_cuda.pending() == 0, "the slot came back with a copy out of it still queued"
+        finally:
+            fake_cuda.device_synchronize()
+            kept.clear()
+
+
+def test_device_memory_of_an_unreachable_server_is_parked_then_freed(url, fake_cuda, monkeypatch):
+    """An unregistration that cannot reach the server (a network failure: the server may still have
+    our memory open) parks device memory; close() asks again, and frees it only once the server
+    has stayed unreachable for the whole settle time (gone: it holds nothing)."""
+    from fake_cuda import KIND_ALLOC, KIND_UNKNOWN
+    from tritonshm.client import _client
+    from tritonshm.errors import ServerUnavailable
+
+    c = tritonshm.Client(url, timeout=0.3)
+    c.infer("identity_fp32", {"INPUT0": device_array(sample(np.float32, 64))})
+    (name,) = c.pools()[0].regions
+    ptr = c._pools[next(iter(c._pools))].extents[0].memory.region.ptr
+    real_unregister, seen = triton.unregister, []
+
+    def unregister(client, what, **kwargs):
+        if what == name:
+            seen.append(fake_cuda.pointer_kind(ptr))  # still allocated at every try
+            raise ServerUnavailable(f"unregistering {what!r}: failed to connect to all addresses")
+        return real_unregister(client, what, **kwargs)
+
+    with tritonshm.Client(url) as helper:  # as a server that went away would: it holds nothing
+        real_unregister(helper.tritonclient, name)
+    monkeypatch.setattr(triton, "unregister", unregister)
+    c.close()
+    gc.collect()
+    assert len(seen) > 1 and set(seen) == {KIND_ALLOC}  # asked again while parked
+    assert fake_cuda.pointer_kind(ptr) == KIND_UNKNOWN
+    assert not [e for e in _client._held_for_the_server if e.name == name]

@@ -591,3 +591,40 @@ def test_a_reader_whose_stream_is_gone_is_waited_for_by_a_device_sync(fake_cuda)
         assert delta.device_syncs == 1
         assert w.holders == 1 and w.readers_pending() is False
         del w
+
+
+def test_per_thread_stream_reader_released_on_another_thread(fake_cuda):
+    """#5: a consumer that names the per-thread default stream (2: cupy with PTDS) reads the slot on
+    ITS thread's stream; its tensor dies on another thread (GC, a worker): the reader is recorded
+    on the legacy stream (ordered after every thread's per-thread stream), not on the dying
+    thread's own, so the window is not free while the read is pending."""
+    from fake_cuda import consume_dlpack
+
+    with tritonshm.CudaRegion.create(N) as r, tritonshm.CudaRegion.create(N) as out:
+        r.write(DATA)
+        w = r.window()
+        handed, done = threading.Event(), threading.Event()
+        box = {}
+
+        def consumer():
+            box["cap"] = consume_dlpack(w.view(np.uint8, N).__dlpack__(stream=2, max_version=(1, 0)))
+            fake_cuda.memcpy_async(out.ptr, r.ptr, N, 2, 3)  # the consumer's kernel reads the slot on stream 2
+            handed.set()
+            done.wait()  # the thread (and its per-thread stream) stays alive
+
+        t = threading.Thread(target=consumer)
+        t.start()
+        handed.wait()
+        ptr, _, deleter = box.pop("cap")
+        deleter(ptr)  # the tensor dies here, on the main thread
+        try:
+            assert w.holders == 1
+            pending_reads = fake_cuda.pending()
+            assert pending_reads >= 1          # the consumer has not read the slot yet ...
+            assert w.readers_pending() is True, "slot reported free while its reader is still pending"
+        finally:
+            done.set()
+            t.join()
+            fake_cuda.device_synchronize()
+            del w
+            gc.collect()

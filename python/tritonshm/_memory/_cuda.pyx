@@ -679,7 +679,10 @@ cdef class CudaArray:
                 tshm_cuda_hold_incref(self._hold)  # the capsule's own; export_capsule takes it over
                 return export_capsule(<void *>(self._alloc.ptr + self._offset), kDLCUDA, self._alloc.device,
                                       self.dtype, self.shape, False, versioned, _release_hold, self._hold)
-            handle = 1 if stream is None else <size_t>stream
+            # The deleter runs on any thread, where the per-thread default stream (2) is another
+            # stream than the consumer's: the legacy one (1) is ordered after every blocking
+            # stream, the consumer thread's per-thread stream included.
+            handle = 1 if stream is None or stream == 2 else <size_t>stream
             self._runtime.check(tshm_cuda_reader_new(self._hold, <void *><size_t>handle, &reader),
                                 f"preparing a DLPack export of {self!r}")
             # The reader holds one holder; export_capsule takes it over.

@@ -46,6 +46,7 @@ __all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "gi
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
+_PARKED_RETRY_INTERVAL = 0.05  # seconds between tries to unregister memory the server refused
 
 
 def drop_extent_steps(extent: Extent, creator_pid: int, parked: list[Extent] | None = None) -> Steps:
@@ -62,32 +63,48 @@ def drop_extent_steps(extent: Extent, creator_pid: int, parked: list[Extent] | N
     try:
         if extent.name is not None and os.getpid() == creator_pid:
             yield Unregister(extent.name)
-    except ServerUnavailable:
-        pass  # a dead server holds nothing open
-    except ServerError:
-        if parked is not None:
-            parked.append(extent)
+    except ServerError as exc:
+        # Unreachable may be a dead server (it holds nothing open any more) or a passing
+        # network failure (it still has our memory open): device memory is parked either
+        # way, and freed if the server stays unreachable (see give_up_parked).
+        unreachable = isinstance(exc, ServerUnavailable)
+        if parked is not None and (not unreachable or extent.memory.kind == "cuda"):
+            extent.unreachable = unreachable
+            with _parked_lock:
+                parked.append(extent)
             return
     extent.memory.close()
 
 
 def give_up_parked(parked: list[Extent], held: list[Extent]) -> None:
     """The server still refuses: close parked host memory (unlinking is safe: the server's mapping
-    stays valid) and move device memory to *held*, never to be freed under the server."""
-    for extent in parked:
-        if extent.memory.kind == "cuda":
+    stays valid) and device memory of a server that stayed unreachable (gone: it holds nothing);
+    move device memory the server refused to *held*, never to be freed under the server."""
+    with _parked_lock:
+        doomed = list(parked)
+        parked.clear()
+    for extent in doomed:
+        if extent.memory.kind == "cuda" and not extent.unreachable:
             held.append(extent)
         else:
             extent.memory.close()
-    parked.clear()
 
 
 def retry_parked_steps(parked: list[Extent], creator_pid: int) -> Steps:
-    """Try again to unregister and close the parked extents; those still refused stay parked."""
-    doomed = list(parked)
-    parked.clear()
+    """Try again to unregister and close the parked extents; those still refused stay parked.
+
+    Any thread may run this (after each request, at close): the list is taken
+    whole under a lock, so no extent is tried (or closed) twice.
+    """
+    with _parked_lock:
+        doomed = list(parked)
+        parked.clear()
     for extent in doomed:
         yield from drop_extent_steps(extent, creator_pid, parked)
+
+
+# Guards every client's list of parked extents (appended to and taken whole from any thread).
+_parked_lock = threading.Lock()
 
 
 class Route(NamedTuple):
@@ -155,6 +172,7 @@ class Engine:
         self._retired: set[SlotPool] = set()
         # Extents the server refused to unregister: kept open (device memory is never freed under it), retried.
         self._parked: list[Extent] = []
+        self._parked_retry_at = 0.0
         # Requests between their first step and their last: close() lets them finish first.
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
@@ -367,13 +385,19 @@ class Engine:
 
     def _has_disposals(self) -> bool:
         """Whether a pool has idle surplus, a retired pool is waiting to be dropped, or
-        device memory is parked."""
-        return bool(self._retired) or bool(self._parked) \
+        parked memory is due to be tried again."""
+        return bool(self._retired) or self._parked_due() \
             or any(pool.has_surplus for pool in list(self._pools.values()))
+
+    def _parked_due(self) -> bool:
+        """Whether parked extents should be tried again now (at most every _PARKED_RETRY_INTERVAL:
+        requests must not each pay a round trip to a server that still says no)."""
+        return bool(self._parked) and time.monotonic() >= self._parked_retry_at
 
     def _dispose_steps(self) -> Steps:
         """Unregister and close idle surplus extents, drained retired pools and parked extents."""
-        if self._parked:
+        if self._parked_due():
+            self._parked_retry_at = time.monotonic() + _PARKED_RETRY_INTERVAL
             yield from retry_parked_steps(self._parked, self._creator_pid)
         with self._lock:
             pools = list(self._pools.values()) + list(self._retired)
@@ -555,13 +579,17 @@ class Engine:
             if stream is None:
                 stream = _devices.copy_stream(lease.extent.memory.device if lease.extent.memory.device is not None
                                               else results.device)
-            outputs, queued = self._collect(info, lease, result, names, copy, results, rows, stream)
-            if queued:
-                try:
+            try:
+                outputs, queued = self._collect(info, lease, result, names, copy, results, rows, stream)
+                if queued:
                     yield WaitForDevice(_devices.landed(stream))
-                except BaseException:
-                    stream.synchronize()  # the slot goes back: no copy out of it may be pending
-                    raise
+            except BaseException:
+                # The slot goes back, and results already made are dropped (a caching allocator
+                # hands their blocks out again at once): no copy out of the one into the other
+                # may still be queued.
+                if stream is not None:
+                    stream.synchronize()
+                raise
             return outputs
 
     def _collect(self, info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],

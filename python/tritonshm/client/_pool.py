@@ -103,6 +103,7 @@ class Extent:
         self.nslots = nslots
         self.name: str | None = None   # set once registered
         self.closed = False
+        self.unreachable = False       # parked because the server could not be reached
 
     def __repr__(self) -> str:
         return f"<Extent {self.name!r} {self.nslots} slots>"
