@@ -1,0 +1,108 @@
+"""Bursts of cold requests against one fresh client: one pool is made, max_pool_bytes holds.
+
+A web service that receives a few hundred concurrent requests just after it
+started sends them all to a client with no pool yet.  Each used to make and
+register a pool of its own (only one was kept): 179 extents of 128 MiB in
+one run.  Pool creation is single-flight now: these tests count the slot
+memory alive at every instant (every extent made, registered or on its way)
+and check its peak against ``max_pool_bytes``, with a real Triton server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import random
+import threading
+
+import numpy as np
+import pytest
+
+import tritonshm
+import tritonshm.aio
+from tritonshm.client import _slots
+
+from triton_fixtures import sample
+
+BURST = 300
+ELEMENTS = 1024                      # 4 KiB in, 4 KiB out: 8 KiB slots, 32 KiB extents of 4 slots
+MAX_POOL_BYTES = 2 * 4 * 8192        # room for the pool and one extent of growth, not for 300 pools
+
+
+@pytest.fixture
+def slot_memory_peak(monkeypatch):
+    """Tracks the bytes of host slot memory alive (made and not yet closed); yields the state."""
+    state = {"live": 0, "peak": 0, "made": 0}
+    lock = threading.Lock()
+    real_init, real_close = _slots.SystemSlotMemory.__init__, _slots.SystemSlotMemory.close
+
+    def init(self, nbytes, region=None):
+        real_init(self, nbytes, region)
+        with lock:
+            state["live"] += self.nbytes
+            state["made"] += 1
+            state["peak"] = max(state["peak"], state["live"])
+
+    def close(self):
+        if self._bytes is not None:  # the first close of it
+            with lock:
+                state["live"] -= self.nbytes
+        real_close(self)
+
+    monkeypatch.setattr(_slots.SystemSlotMemory, "__init__", init)
+    monkeypatch.setattr(_slots.SystemSlotMemory, "close", close)
+    yield state
+    assert state["live"] == 0, "slot memory left open after the client closed"
+
+
+def test_a_burst_of_cold_threads_makes_one_pool(server, slot_memory_peak):
+    with tritonshm.Client(server.grpc_url, max_pool_bytes=MAX_POOL_BYTES) as c:
+        c.model_info("identity_fp32")  # metadata first: the burst is about pools
+        start = threading.Barrier(BURST)
+
+        def one(i):
+            data = sample(np.float32, ELEMENTS, seed=i)
+            start.wait()
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)
+
+        with concurrent.futures.ThreadPoolExecutor(BURST) as pool:
+            for future in [pool.submit(one, i) for i in range(BURST)]:
+                future.result()
+        assert len(c.pools()) == 1
+    print(f"\nthreads: {BURST} cold requests, {slot_memory_peak['made']} extents made, "
+          f"peak {slot_memory_peak['peak']} bytes of max_pool_bytes={MAX_POOL_BYTES}")
+    assert slot_memory_peak["peak"] <= MAX_POOL_BYTES
+    assert slot_memory_peak["made"] == 1
+
+
+def test_a_burst_of_cold_tasks_with_random_cancels_keeps_max_pool_bytes(server, slot_memory_peak):
+    rng = random.Random(17)
+
+    async def main():
+        async with tritonshm.aio.Client(server.grpc_url, max_pool_bytes=MAX_POOL_BYTES) as c:
+            await c.model_info("identity_fp32")
+            datas = [sample(np.float32, ELEMENTS, seed=i) for i in range(BURST)]
+            tasks = [asyncio.ensure_future(c.infer("identity_fp32", {"INPUT0": d})) for d in datas]
+            cancelled = set()
+            for _ in range(BURST // 3):  # cancel a third of them at random moments, the creator too
+                await asyncio.sleep(rng.random() * 0.002)
+                i = rng.randrange(BURST)
+                if tasks[i].cancel():
+                    cancelled.add(i)
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+            answered = 0
+            for i, (data, out) in enumerate(zip(datas, done)):
+                if isinstance(out, asyncio.CancelledError):
+                    assert i in cancelled
+                    continue
+                assert not isinstance(out, BaseException), out
+                np.testing.assert_array_equal(out["OUTPUT0"], data)
+                answered += 1
+            assert len(c.pools()) == 1
+            return answered
+
+    answered = asyncio.run(main())
+    print(f"\nasyncio: {BURST} cold requests ({BURST - answered} cancelled), {slot_memory_peak['made']} "
+          f"extents made, peak {slot_memory_peak['peak']} bytes of max_pool_bytes={MAX_POOL_BYTES}")
+    assert answered > 0
+    assert slot_memory_peak["peak"] <= MAX_POOL_BYTES
