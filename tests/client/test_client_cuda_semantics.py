@@ -193,11 +193,11 @@ def test_a_copy_mode_lease_keeps_its_device_memory_while_it_runs(fake_cuda):
     device memory alive, so an extent closed under it is freed only when the request is over."""
     from fake_cuda import KIND_ALLOC, KIND_UNKNOWN
     from tritonshm.client._model import ModelInfo
-    from tritonshm.client._pool import Layout, SlotPool
+    from tritonshm.client._pool import ByteBudget, Layout, SlotPool
     from tritonshm.client._slots import CudaSlotMemory
 
     info = ModelInfo.__new__(ModelInfo)
-    pool = SlotPool(info, Layout.for_capacities({"x": 1024}), 2, 1 << 20, CudaSlotMemory)
+    pool = SlotPool(info, Layout.for_capacities({"x": 1024}), 2, ByteBudget(1 << 20), CudaSlotMemory)
     extent = pool.new_extent()
     pool.add_extent(extent)
     ptr = extent.memory.region.ptr

@@ -106,3 +106,46 @@ def test_a_burst_of_cold_tasks_with_random_cancels_keeps_max_pool_bytes(server, 
           f"extents made, peak {slot_memory_peak['peak']} bytes of max_pool_bytes={MAX_POOL_BYTES}")
     assert answered > 0
     assert slot_memory_peak["peak"] <= MAX_POOL_BYTES
+
+
+def test_a_larger_pool_waits_for_the_one_it_replaces_to_go(server, slot_memory_peak):
+    """A request that outgrows the pool gets a larger one; max_pool_bytes has room for one of
+    them only: the old one is retired and dropped first, never both alive at once."""
+    small, large = 4 * 8192, 4 * 16384
+    with tritonshm.Client(server.grpc_url, max_pool_bytes=large) as c:
+        a = sample(np.float32, ELEMENTS)
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": a})["OUTPUT0"], a)
+        assert c.pools()[0].nbytes == small
+        b = sample(np.float32, 2 * ELEMENTS, seed=1)  # 8 KiB in, 8 KiB out: 16 KiB slots
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": b})["OUTPUT0"], b)
+        assert [p.nbytes for p in c.pools()] == [large]
+    assert slot_memory_peak["peak"] <= large
+
+
+def test_max_pool_bytes_is_for_the_whole_client(server, slot_memory_peak):
+    """Two models, room for one pool: the second model's request waits for room, then gets
+    PoolExhausted saying what holds the bytes -- never a second pool over the cap."""
+    with tritonshm.Client(server.grpc_url, max_pool_bytes=4 * 8192, timeout=0.2) as c:
+        a = sample(np.float32, ELEMENTS)
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": a})["OUTPUT0"], a)
+        with pytest.raises(tritonshm.PoolExhausted, match=r"holds 32768 of max_pool_bytes=32768.*'identity_fp32'"):
+            c.infer("identity_int32", {"INPUT0": np.arange(ELEMENTS, dtype=np.int32)})
+    assert slot_memory_peak["peak"] <= 4 * 8192
+
+
+def test_a_burst_of_growing_requests_keeps_max_pool_bytes(server, slot_memory_peak):
+    """Concurrent requests of ever larger inputs replace the pool again and again: the bytes
+    alive (old pools draining, new ones registering) stay within max_pool_bytes throughout."""
+    cap = 4 * 65536
+
+    def one(i):
+        data = sample(np.float32, 256 * (1 + i % 8), seed=i)
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)
+
+    with tritonshm.Client(server.grpc_url, max_pool_bytes=cap) as c:
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            for future in [pool.submit(one, i) for i in range(200)]:
+                future.result()
+    print(f"\ngrowing: 200 requests of 1 to 8 KiB, {slot_memory_peak['made']} extents made, "
+          f"peak {slot_memory_peak['peak']} bytes of max_pool_bytes={cap}")
+    assert slot_memory_peak["peak"] <= cap

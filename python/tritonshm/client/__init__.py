@@ -25,7 +25,8 @@ How it works:
   it), so results handed out with ``copy=False`` are never overwritten.
 * **Held results never block.**  When every slot is out but some are only
   held by result views, the pool grows by another registered region
-  (within ``max_pool_bytes``) instead of waiting; idle surplus goes back.
+  (within ``max_pool_bytes``, the whole client's memory at every instant) instead of
+  waiting; idle surplus goes back.
 * **Backpressure.**  When requests in flight fill the pool, a request
   waits up to its timeout, then raises :class:`~tritonshm.PoolExhausted`.
 * **GPU tensors.**  Device inputs (CUDA Array Interface or DLPack) go

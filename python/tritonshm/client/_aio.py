@@ -26,7 +26,8 @@ from ._client import Request as _BlockingRequest
 from ._client import _SETTLE_INTERVAL, _SETTLE_SECONDS, _held_for_the_server, _release_everything
 from ._engine import Engine, give_up_parked, retry_parked_steps
 from ._model import ModelInfo
-from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot, advance
+from ._steps import (Done, FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot,
+                     advance)
 from ._threads import Connector
 
 __all__ = ["Client", "Request"]
@@ -66,6 +67,7 @@ class Client(Engine):
             Unregister: lambda step: triton.unregister(self._aio_client, step.name, patience=0.0),
             WaitForSlot: self._wait_for_slot,
             WaitForDevice: self._wait_for_device,
+            Pause: lambda step: asyncio.sleep(step.seconds),
         }
         # A forgotten client cannot await anything at garbage collection: a
         # blocking connection (made only then) unregisters its pools.

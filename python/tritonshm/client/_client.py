@@ -16,7 +16,8 @@ from ._devices import Placement
 from ._engine import Engine, close_pools_steps, give_up_parked, retry_parked_steps
 from ._model import ModelInfo
 from ._pool import Extent, Lease, SlotPool
-from ._steps import Done, FetchModel, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot, advance
+from ._steps import (Done, FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot,
+                     advance)
 from ._threads import Connector, Workers
 
 __all__ = ["Client", "Request"]
@@ -148,7 +149,8 @@ class Client(Engine):
     to the wire), ``"cuda"`` (every request in CUDA slots, never falling
     back) or ``"wire"`` (plain gRPC/HTTP).  *slots* is the number of slots a pool
     starts with; it grows past that only to make room for results the
-    caller keeps, within *max_pool_bytes* per model.  *timeout* is how long
+    caller keeps, within *max_pool_bytes*: every pool of the client together (registered,
+    being registered, retired but not yet dropped), at every instant.  *timeout* is how long
     a request waits for a slot before :class:`~tritonshm.PoolExhausted`.
     *connect_options* go to tritonclient's client constructor as they are
     (e.g. ``root_certificates`` for gRPC over TLS).  *pinned* page-locks the
@@ -171,6 +173,7 @@ class Client(Engine):
             Unregister: self._unregister,
             WaitForSlot: lambda step: step.pool.wait(step.timeout),
             WaitForDevice: lambda step: step.event.synchronize(),  # the GIL released meanwhile
+            Pause: lambda step: time.sleep(step.seconds),
         }
         # Runs close()'s work if the user forgets: at garbage collection or exit.
         self._finalizer = weakref.finalize(self, _release_everything, self._connector, self._pools,

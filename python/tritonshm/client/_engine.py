@@ -28,6 +28,7 @@ from ..errors import (
     DTypeMismatch,
     InvalidOption,
     OutputTooSmall,
+    PoolExhausted,
     RegionNotRegistered,
     RegistrationError,
     ServerError,
@@ -38,15 +39,16 @@ from ..errors import (
 from . import _bytes, _devices, _intake
 from ._devices import DeviceTensor, Placement
 from ._model import ModelInfo, shape_fits
-from ._pool import Extent, Layout, Lease, PoolInfo, SlotPool
+from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool
 from ._slots import CudaSlotMemory, PinnedSlotMemory, SlotMemory, SystemSlotMemory
-from ._steps import FetchModel, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot
+from ._steps import FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot
 
 __all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "give_up_parked", "retry_parked_steps"]
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 _PARKED_RETRY_INTERVAL = 0.05  # seconds between tries to unregister memory the server refused
+_BUDGET_POLL = 0.005  # how often a request waiting for max_pool_bytes room looks again
 
 
 def drop_extent_steps(extent: Extent, creator_pid: int, parked: list[Extent] | None = None) -> Steps:
@@ -73,7 +75,7 @@ def drop_extent_steps(extent: Extent, creator_pid: int, parked: list[Extent] | N
             with _parked_lock:
                 parked.append(extent)
             return
-    extent.memory.close()
+    extent.release_memory()
 
 
 def give_up_parked(parked: list[Extent], held: list[Extent]) -> None:
@@ -85,9 +87,9 @@ def give_up_parked(parked: list[Extent], held: list[Extent]) -> None:
         parked.clear()
     for extent in doomed:
         if extent.memory.kind == "cuda" and not extent.unreachable:
-            held.append(extent)
+            held.append(extent)  # its bytes stay taken: the memory is still ours
         else:
-            extent.memory.close()
+            extent.release_memory()
 
 
 def retry_parked_steps(parked: list[Extent], creator_pid: int) -> Steps:
@@ -162,6 +164,7 @@ class Engine:
         self.transport = transport
         self.slots = slots
         self.max_pool_bytes = max_pool_bytes
+        self._budget = ByteBudget(max_pool_bytes)  # every pool's extents together, at every instant
         self.timeout = timeout
         self._wire, self._address, self._ssl = _transport.parse_url(url, aio=self._aio)
         self._verbose = verbose
@@ -242,7 +245,7 @@ class Engine:
         return "system" if self._pinned else "pinned:" + slots[5:]
 
     def _pool_steps(self, info: ModelInfo, needs: Mapping[str, int], slots: str,
-                    strict: bool = False) -> Steps:
+                    strict: bool = False, deadline: float | None = None) -> Steps:
         """The model's pool in *slots* memory, made or replaced by a larger one to fit
         *needs*; None for the wire.  Where the server cannot open CUDA slots, host
         slots serve (and plain gRPC/HTTP where it cannot open those), each with one
@@ -254,7 +257,9 @@ class Engine:
         of each making and registering a pool of their own -- a burst of cold
         requests makes one pool, not one per request.  A creator that fails
         or is cancelled takes the pool out of service again (retiring it
-        wakes the waiters; the next of them makes it).
+        wakes the waiters; the next of them makes it).  A pool whose first
+        extent does not fit in the client's budget (``max_pool_bytes``, every
+        pool together) is made only once it does, until *deadline*.
         """
         while True:
             if self._wire_only:
@@ -268,20 +273,35 @@ class Engine:
                 if old is not None and old.layout.fits(needs):
                     return old  # in service, or being made: its slots come with its first extent
                 layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
-                pool = SlotPool(info, layout, self.slots, self.max_pool_bytes, self._memory_for(slots))
+                pool = SlotPool(info, layout, self.slots, self._budget, self._memory_for(slots))
                 if pool.extent_bytes > self.max_pool_bytes:
                     raise InvalidOption(
                         f"a pool for model {info.name!r} would need {pool.extent_bytes} bytes "
                         f"({self.slots} slots x {layout.slot_bytes}), over max_pool_bytes="
                         f"{self.max_pool_bytes}; raise max_pool_bytes or lower slots"
                     )
-                pool.claim_first_extent()
-                self._pools[key] = pool
+                fits = self._budget.fits(pool.extent_bytes)
+                if fits:
+                    pool.claim_first_extent()
+                    self._pools[key] = pool
+                    if old is not None:
+                        self._retired.add(old)
+                        old.retire()
+            if not fits:  # the old pool (if any) stays in service meanwhile
                 if old is not None:
-                    self._retired.add(old)
-                    old.retire()
+                    with self._lock:
+                        if self._pools.get(key) is old:  # retire it: it drains, and its bytes come back
+                            del self._pools[key]
+                            self._retired.add(old)
+                            old.retire()
+                yield from self._budget_steps(pool.extent_bytes, deadline, info)
+                continue
             try:
                 extent = yield from self._register_extent_steps(pool)
+                if extent is None:  # another pool took the bytes meanwhile: wait for them
+                    self._take_out_of_service(key, pool)
+                    yield from self._budget_steps(pool.extent_bytes, deadline, info)
+                    continue
             except BaseException as exc:
                 self._take_out_of_service(key, pool)
                 if not isinstance(exc, SharedMemoryRefused):
@@ -320,14 +340,35 @@ class Engine:
         pool.stop_growing()
 
     def _register_extent_steps(self, pool: SlotPool) -> Steps:
-        """A new registered extent for *pool* (not yet in service)."""
+        """A new registered extent for *pool* (not yet in service); None when its bytes
+        do not fit in the client's budget now."""
         extent = pool.new_extent()
+        if extent is None:
+            return None
         try:
             extent.name = yield Register(extent.memory)
         except BaseException:
-            extent.memory.close()
+            extent.release_memory()
             raise
         return extent
+
+    def _budget_steps(self, nbytes: int, deadline: float | None, info: ModelInfo) -> Steps:
+        """Wait until *nbytes* more fit in the client's budget (dropping what is due
+        meanwhile: drained retired pools, idle surplus, parked memory the server let
+        go of); :class:`PoolExhausted`, with the numbers, at *deadline*."""
+        while not self._budget.fits(nbytes):
+            if self._has_disposals():
+                yield from self._dispose_steps()
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                with self._lock:
+                    pools = [f"{key[0]!r} ({key[2]}): {pool.nbytes}" for key, pool in self._pools.items()]
+                raise PoolExhausted(
+                    f"model {info.name!r} needs {nbytes} bytes of slot memory, but this client holds "
+                    f"{self._budget.used} of max_pool_bytes={self._budget.limit} (pools: "
+                    f"{', '.join(pools) or 'none'}; the rest retired, waiting for their slots or "
+                    f"views to come back): raise max_pool_bytes, or drop results you keep")
+            yield Pause(_BUDGET_POLL)
 
     def _lease_steps(self, info: ModelInfo, needs: Mapping[str, int], timeout: float | None,
                      hold: bool, slots: str = "system", strict: bool = False) -> Steps:
@@ -341,7 +382,7 @@ class Engine:
                 return lease
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            pool = yield from self._pool_steps(info, needs, slots, strict)
+            pool = yield from self._pool_steps(info, needs, slots, strict, deadline)
             if pool is None:
                 return None
             lease = pool.try_acquire(hold)
@@ -354,10 +395,11 @@ class Engine:
                     extent = yield from self._register_extent_steps(pool)
                 finally:
                     pool.stop_growing()
-                if not pool.add_extent(extent):  # the client closed meanwhile
+                if extent is not None and not pool.add_extent(extent):  # the client closed meanwhile
                     yield from self._drop_extent_steps(extent)
                     self._check_open()
-                continue
+                if extent is not None:
+                    continue  # else another pool took the bytes meanwhile: wait for a slot
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise pool.exhausted(timeout)

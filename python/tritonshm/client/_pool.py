@@ -10,7 +10,8 @@ once -- so it can grow without moving what is already handed out:
   slots are watched through a probe of their native count, because DLPack
   tensors hold them without any Python object: see :meth:`SlotMemory.probe`);
 * when no slot is free but some are merely held (results the caller kept),
-  the pool grows by another extent, within ``max_bytes``: keeping results
+  the pool grows by another extent, within the client's :class:`ByteBudget`
+  (``max_pool_bytes``, shared by all its pools): keeping results
   is not overloading the server, so it never waits for them;
 * when in-flight requests fill the pool (or the byte cap is reached),
   callers wait for a slot, then get :class:`~tritonshm.PoolExhausted`;
@@ -35,7 +36,7 @@ from ..errors import PoolExhausted
 from ._model import ModelInfo
 from ._slots import SlotMemory
 
-__all__ = ["Layout", "SlotPool", "Lease", "Extent", "PoolInfo"]
+__all__ = ["ByteBudget", "Layout", "SlotPool", "Lease", "Extent", "PoolInfo"]
 
 _PAGE = mmap.PAGESIZE
 # Each tensor of a slot starts 256-byte aligned: what cudaMalloc gives and
@@ -95,15 +96,63 @@ class Layout:
         return Layout.for_capacities(capacities)
 
 
-class Extent:
-    """One registered piece of a pool: a :class:`SlotMemory` holding *nslots* slots."""
+class ByteBudget:
+    """A client's ``max_pool_bytes``: the bytes of every extent it holds -- being
+    registered, in service, retired but not yet dropped, parked -- never exceed
+    *limit*, at any instant.  An extent takes its bytes before its memory is
+    made and gives them back when its memory is closed."""
 
-    def __init__(self, memory: SlotMemory, nslots: int):
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used(self) -> int:
+        """Bytes taken now."""
+        return self._used
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether *nbytes* more would fit now (a hint: :meth:`take` decides)."""
+        return self._used + nbytes <= self.limit
+
+    def take(self, nbytes: int) -> bool:
+        """Take *nbytes* if they fit; False (nothing taken) if not."""
+        with self._lock:
+            if self._used + nbytes > self.limit:
+                return False
+            self._used += nbytes
+            return True
+
+    def give_back(self, nbytes: int) -> None:
+        with self._lock:
+            self._used -= nbytes
+
+    def __repr__(self) -> str:
+        return f"<ByteBudget {self._used} of {self.limit} bytes>"
+
+
+class Extent:
+    """One registered piece of a pool: a :class:`SlotMemory` holding *nslots* slots,
+    whose *nbytes* are taken from *budget* until :meth:`release_memory`."""
+
+    def __init__(self, memory: SlotMemory, nslots: int, budget: ByteBudget | None = None, nbytes: int = 0):
         self.memory = memory
         self.nslots = nslots
         self.name: str | None = None   # set once registered
-        self.closed = False
+        self.closed = False            # out of its pool's service (its memory may live on, parked)
         self.unreachable = False       # parked because the server could not be reached
+        self._budget = budget
+        self._nbytes = nbytes
+
+    def release_memory(self) -> None:
+        """Close the memory (views keep what they use) and give its bytes back; idempotent."""
+        budget, self._budget = self._budget, None
+        try:
+            self.memory.close()
+        finally:
+            if budget is not None:
+                budget.give_back(self._nbytes)
 
     def __repr__(self) -> str:
         return f"<Extent {self.name!r} {self.nslots} slots>"
@@ -146,12 +195,12 @@ class PoolInfo:
 class SlotPool:
     """A model's slots, in one or more registered extents of equal size."""
 
-    def __init__(self, info: ModelInfo, layout: Layout, slots: int, max_bytes: int,
+    def __init__(self, info: ModelInfo, layout: Layout, slots: int, budget: ByteBudget,
                  make_memory: Callable[[int], SlotMemory]):
         self.info = info
         self.layout = layout
         self.slots_per_extent = slots
-        self.max_bytes = max_bytes
+        self.budget = budget
         self._make_memory = make_memory
         self._cond = threading.Condition(threading.RLock())  # finalizers may run under it
         self._extents: list[Extent] = []
@@ -205,9 +254,18 @@ class SlotPool:
 
     # -- growing ----------------------------------------------------------
 
-    def new_extent(self) -> Extent:
-        """Memory for one more extent, not yet registered nor part of the pool."""
-        return Extent(self._make_memory(self.extent_bytes), self.slots_per_extent)
+    def new_extent(self) -> Extent | None:
+        """Memory for one more extent, not yet registered nor part of the pool; None
+        (nothing made) when its bytes do not fit in the client's budget now."""
+        nbytes = self.extent_bytes
+        if not self.budget.take(nbytes):
+            return None
+        try:
+            memory = self._make_memory(nbytes)
+        except BaseException:
+            self.budget.give_back(nbytes)
+            raise
+        return Extent(memory, self.slots_per_extent, self.budget, nbytes)
 
     def add_extent(self, extent: Extent) -> bool:
         """Put a registered extent into service; False (and nothing done) if the pool
@@ -222,11 +280,11 @@ class SlotPool:
 
     def should_grow(self) -> bool:
         """True when no slot is free, some are only held by views, and one
-        more extent fits under ``max_bytes``: grow instead of waiting."""
+        more extent fits in the client's budget: grow instead of waiting."""
         with self._cond:
             self._look_at_watched()  # first: a slot it frees is no reason to grow
             return (not self._free and not self.retired and not self._growing and self.held > 0
-                    and self.nbytes + self.extent_bytes <= self.max_bytes)
+                    and self.budget.fits(self.extent_bytes))
 
     def claim_first_extent(self) -> None:
         """The pool's creator will add its first extent: until then (:meth:`stop_growing`)
@@ -332,11 +390,12 @@ class SlotPool:
     def exhausted(self, timeout: float | None) -> PoolExhausted:
         """The error for a request that waited *timeout* seconds for a slot."""
         with self._cond:
-            running, held, nbytes = self._running, self.held, self.nbytes
-        if held and nbytes + self.extent_bytes > self.max_bytes:
-            why = (f"the pool is at its byte cap ({nbytes} of max_pool_bytes={self.max_bytes}) with "
-                   f"{held} slots held by live result views (copy=False results or request() "
-                   f"views still referenced): drop arrays you no longer need or raise max_pool_bytes")
+            running, held = self._running, self.held
+        if held and not self.budget.fits(self.extent_bytes):
+            why = (f"the client is at its byte cap ({self.budget.used} of max_pool_bytes="
+                   f"{self.budget.limit}) with {held} slots held by live result views (copy=False "
+                   f"results or request() views still referenced): drop arrays you no longer need "
+                   f"or raise max_pool_bytes")
         else:
             why = (f"{running} requests in flight fill it: the server is slower than the "
                    f"requests come; raise slots= or the timeout")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Generator, NamedTuple
 
-__all__ = ["FetchModel", "Register", "Unregister", "WaitForSlot", "WaitForDevice", "Send", "Done", "advance",
+__all__ = ["FetchModel", "Register", "Unregister", "WaitForSlot", "WaitForDevice", "Pause", "Send", "Done", "advance",
            "Steps"]
 
 
@@ -53,6 +53,12 @@ class WaitForDevice(NamedTuple):
     driver synchronizes the event with the GIL released; the asyncio one polls it."""
 
     event: Any
+
+
+class Pause(NamedTuple):
+    """Let *seconds* pass (a request polling for room in the byte budget): outcome None."""
+
+    seconds: float
 
 
 class Send(NamedTuple):
