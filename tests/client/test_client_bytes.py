@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tritonshm
+from tritonshm.client._slots import SYSTEM, SlotKind  # noqa: F401 (the private pool keys)
 import tritonshm.aio
 from triton_fixtures import client_url
 
@@ -22,7 +23,7 @@ def as_objects(items, shape=None):
 
 def bound_to_shared_memory(client, model):
     """Whether every cached input and output of the model's pool names a shared-memory region."""
-    pool = client._pools[(model, "", "system")]
+    pool = client._pools[(model, "", SYSTEM)]
     # Inputs are cached as (InferInput, shape, nbytes), outputs as they are.
     objects = [obj[0] if isinstance(obj, tuple) else obj
                for cache in pool.request_objects.values() for obj in cache.values()]

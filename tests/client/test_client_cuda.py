@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import tritonshm
+from tritonshm.client._slots import SYSTEM, SlotKind  # noqa: F401 (the private pool keys)
 import tritonshm.aio
 from tritonshm import cuda
 
@@ -241,7 +242,7 @@ def test_auto_falls_back_to_pinned_host_slots_with_one_warning(server, protocol,
             out = c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"]
         assert isinstance(out, cuda.CudaArray)  # still where the input was
         np.testing.assert_array_equal(out.get(), data)
-        (extent,) = c._pools[("identity_fp32", "", "pinned:0")].extents
+        (extent,) = c._pools[("identity_fp32", "", SlotKind.pinned(0))].extents
         assert extent.memory.region.pinned
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once only

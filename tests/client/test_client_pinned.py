@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tritonshm
+from tritonshm.client._slots import SYSTEM, SlotKind  # noqa: F401 (the private pool keys)
 from triton_fixtures import client_url
 
 
@@ -14,11 +15,11 @@ def test_pinned_pools_are_page_locked_and_released(fake_cuda, server, protocol):
     with tritonshm.Client(client_url(server, protocol), pinned=True) as c:
         data = np.arange(1000, dtype=np.float32)
         assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)
-        (extent,) = c._pools[("identity_fp32", "", "system")].extents
+        (extent,) = c._pools[("identity_fp32", "", SYSTEM)].extents
         assert extent.memory.region.pinned and extent.memory.kind == "system"
         assert fake_cuda.stats().live != registered_before  # one host registration more
         kept = [c.infer("identity_fp32", {"INPUT0": data + i}, copy=False)["OUTPUT0"] for i in range(6)]
-        assert all(r.memory.region.pinned for r in c._pools[("identity_fp32", "", "system")].extents)
+        assert all(r.memory.region.pinned for r in c._pools[("identity_fp32", "", SYSTEM)].extents)
         for i, view in enumerate(kept):
             assert np.array_equal(view, data + i)
         del kept, view

@@ -202,9 +202,9 @@ class Client(Engine):
         """Like :meth:`tritonshm.Client.request`; the request's ``run()`` is a coroutine."""
         info = await self.model_info(model, version)
         full = self._request_shapes(info, batch_size, shapes)
-        slots = self._request_slots(info, device)
+        kind = self._request_memory(info, device)
         wait = self.timeout if timeout is None else timeout
-        return Request(self, info, await self._drive(self._request_steps(info, full, wait, slots)), full)
+        return Request(self, info, await self._drive(self._request_steps(info, full, wait, kind)), full)
 
     async def close(self) -> None:
         """Unregister and unlink this client's regions, close its connections; idempotent."""

@@ -304,9 +304,9 @@ class Client(Engine):
         """
         info = self.model_info(model, version)
         shapes_full = self._request_shapes(info, batch_size, shapes)
-        slots = self._request_slots(info, device)
+        kind = self._request_memory(info, device)
         wait = self.timeout if timeout is None else timeout
-        return Request(self, info, self._drive(self._request_steps(info, shapes_full, wait, slots)),
+        return Request(self, info, self._drive(self._request_steps(info, shapes_full, wait, kind)),
                        shapes_full)
 
     # -- lifetime ---------------------------------------------------------

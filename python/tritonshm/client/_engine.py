@@ -40,7 +40,7 @@ from . import _bytes, _devices, _intake
 from ._devices import DeviceTensor, Placement
 from ._model import ModelInfo, shape_fits
 from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool
-from ._slots import CudaSlotMemory, PinnedSlotMemory, SlotMemory, SystemSlotMemory
+from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
 from ._steps import FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot
 
 __all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "give_up_parked", "retry_parked_steps"]
@@ -110,11 +110,11 @@ _parked_lock = threading.Lock()
 
 
 class Route(NamedTuple):
-    """Where one request's tensors go: *slots* is the memory its slots are in
-    ("system", "pinned:N" or "cuda:N"), *results* where its outputs land, and
-    *device* the GPU whose copy stream carries its copies (None: no GPU involved)."""
+    """Where one request's tensors go: *memory* is what its slots are made of,
+    *results* where its outputs land, and *device* the GPU whose copy stream
+    carries its copies (None: no GPU involved)."""
 
-    slots: str
+    memory: SlotKind
     results: Placement
     device: int | None = None
 
@@ -171,7 +171,7 @@ class Engine:
         self._connect_options = dict(connect_options or {})
         self._lock = threading.RLock()
         self._models: dict[tuple[str, str], ModelInfo] = {}
-        self._pools: dict[tuple[str, str, str], SlotPool] = {}   # by model, version and slot memory
+        self._pools: dict[tuple[str, str, SlotKind], SlotPool] = {}   # by model, version and slot kind
         self._retired: set[SlotPool] = set()
         # Extents the server refused to unregister: kept open (device memory is never freed under it), retried.
         self._parked: list[Extent] = []
@@ -196,14 +196,13 @@ class Engine:
         _devices.require_cuda("pinned=True (page-locking slots)")
         return functools.partial(PinnedSlotMemory, device=device)
 
-    def _memory_for(self, slots: str) -> Callable[[int], SlotMemory]:
-        """What slots of a :class:`Route`'s *slots* are made of."""
-        kind, _, device = slots.partition(":")
-        if kind == "system":
+    def _memory_for(self, kind: SlotKind) -> Callable[[int], SlotMemory]:
+        """Makes the memory of slots of *kind*."""
+        if kind == SYSTEM:
             return self._make_memory
-        if kind == "pinned":
-            return functools.partial(PinnedSlotMemory, device=int(device))
-        return functools.partial(CudaSlotMemory, device=int(device))
+        if kind.name == "pinned":
+            return functools.partial(PinnedSlotMemory, device=kind.device)
+        return functools.partial(CudaSlotMemory, device=kind.device)
 
     @property
     def _connect(self) -> Callable[[], Any]:
@@ -238,15 +237,15 @@ class Engine:
 
     # -- pools ------------------------------------------------------------
 
-    def _slots_after_refusal(self, slots: str) -> str:
-        """*slots*, or the host memory that replaces CUDA slots the server cannot open."""
-        if not (self._cuda_refused and slots.startswith("cuda:")):
-            return slots
-        return "system" if self._pinned else "pinned:" + slots[5:]
+    def _memory_after_refusal(self, kind: SlotKind) -> SlotKind:
+        """*kind*, or the host memory that replaces CUDA slots the server cannot open."""
+        if not (self._cuda_refused and kind.on_gpu):
+            return kind
+        return SYSTEM if self._pinned else SlotKind.pinned(kind.device)
 
-    def _pool_steps(self, info: ModelInfo, needs: Mapping[str, int], slots: str,
+    def _pool_steps(self, info: ModelInfo, needs: Mapping[str, int], kind: SlotKind,
                     strict: bool = False, deadline: float | None = None) -> Steps:
-        """The model's pool in *slots* memory, made or replaced by a larger one to fit
+        """The model's pool of slots of *kind*, made or replaced by a larger one to fit
         *needs*; None for the wire.  Where the server cannot open CUDA slots, host
         slots serve (and plain gRPC/HTTP where it cannot open those), each with one
         warning, unless the transport (or *strict*) says to raise instead.
@@ -265,15 +264,15 @@ class Engine:
             if self._wire_only:
                 return None
             if not strict:
-                slots = self._slots_after_refusal(slots)
-            key = (info.name, info.version, slots)
+                kind = self._memory_after_refusal(kind)
+            key = (info.name, info.version, kind)
             with self._lock:
                 self._check_open()
                 old = self._pools.get(key)
                 if old is not None and old.layout.fits(needs):
                     return old  # in service, or being made: its slots come with its first extent
                 layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
-                pool = SlotPool(info, layout, self.slots, self._budget, self._memory_for(slots))
+                pool = SlotPool(info, layout, self.slots, self._budget, self._memory_for(kind))
                 if pool.extent_bytes > self.max_pool_bytes:
                     raise InvalidOption(
                         f"a pool for model {info.name!r} would need {pool.extent_bytes} bytes "
@@ -307,7 +306,7 @@ class Engine:
                 if not isinstance(exc, SharedMemoryRefused):
                     raise
                 # Concurrent first requests may each be refused: the first one warns.
-                if slots.startswith("cuda:"):
+                if kind.on_gpu:
                     if self.transport == "cuda" or strict:
                         raise
                     if not self._cuda_refused:
@@ -331,7 +330,7 @@ class Engine:
                 self._check_open()
             return pool  # retired meanwhile (a larger one replaced it)? the caller looks again
 
-    def _take_out_of_service(self, key: tuple[str, str, str], pool: SlotPool) -> None:
+    def _take_out_of_service(self, key: tuple[str, str, SlotKind], pool: SlotPool) -> None:
         """A pool whose first extent could not be made: out of the pools, its waiters woken."""
         with self._lock:
             if self._pools.get(key) is pool:
@@ -371,18 +370,18 @@ class Engine:
             yield Pause(_BUDGET_POLL)
 
     def _lease_steps(self, info: ModelInfo, needs: Mapping[str, int], timeout: float | None,
-                     hold: bool, slots: str = "system", strict: bool = False) -> Steps:
-        """A leased slot in *slots* memory that fits *needs* (None for the wire),
+                     hold: bool, kind: SlotKind = SYSTEM, strict: bool = False) -> Steps:
+        """A leased slot of *kind* that fits *needs* (None for the wire),
         growing the pool instead of waiting when the busy slots are only held by
         views.  *hold*: see :meth:`SlotPool.try_acquire`; *strict*: no fallback."""
-        pool = self._pools.get((info.name, info.version, slots))
+        pool = self._pools.get((info.name, info.version, kind))
         if pool is not None and pool.layout.fits(needs):  # the usual case, without more steps
             lease = pool.try_acquire(hold)
             if lease is not None:
                 return lease
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            pool = yield from self._pool_steps(info, needs, slots, strict, deadline)
+            pool = yield from self._pool_steps(info, needs, kind, strict, deadline)
             if pool is None:
                 return None
             lease = pool.try_acquire(hold)
@@ -423,7 +422,7 @@ class Engine:
         (model, version, the memory its slots are in, slots running and held,
         registered bytes and region names).  No I/O."""
         with self._lock:
-            return [pool.snapshot(memory) for (_, _, memory), pool in self._pools.items()]
+            return [pool.snapshot(str(kind)) for (_, _, kind), pool in self._pools.items()]
 
     def _has_disposals(self) -> bool:
         """Whether a pool has idle surplus, a retired pool is waiting to be dropped, or
@@ -524,12 +523,12 @@ class Engine:
                 raise InvalidOption(f"model {info.name!r} has BYTES tensors, which transport='cuda' "
                                     f"cannot carry; use transport='auto'")
             device = home if home is not None else self._default_device
-            return Route(f"cuda:{device}", results, device)
+            return Route(SlotKind.cuda(device), results, device)
         if source is None:
-            return Route("system", results, home)
+            return Route(SYSTEM, results, home)
         if info.has_bytes:
-            return Route("system" if self._pinned else f"pinned:{source}", results, home)
-        return Route(f"cuda:{source}", results, home)
+            return Route(SYSTEM if self._pinned else SlotKind.pinned(source), results, home)
+        return Route(SlotKind.cuda(source), results, home)
 
     def _chunk_steps(self, info: ModelInfo, arrays: Mapping[str, Any], names: list[str],
                      copy: bool, timeout: float | None, route: Route, rows: _intake.Rows | None = None) -> Steps:
@@ -546,7 +545,7 @@ class Engine:
         needs = self._needs(info, shapes, bytes_sizes)
         for attempt in range(_GROW_ATTEMPTS):
             lease = None if self._wire_only else (
-                yield from self._lease_steps(info, needs, timeout, not copy, route.slots))
+                yield from self._lease_steps(info, needs, timeout, not copy, route.memory))
             if lease is None:
                 result = yield Send(info.name, info.version, *self._wire_request(info, arrays, names))
                 return self._wire_results(info, result, names, route.results, rows)
@@ -790,26 +789,26 @@ class Engine:
             full[spec.name] = tuple(shape)
         return full
 
-    def _request_slots(self, info: ModelInfo, device: Any) -> str:
-        """The slot memory of a zero-copy request whose views should be on *device*."""
+    def _request_memory(self, info: ModelInfo, device: Any) -> SlotKind:
+        """The slots of a zero-copy request whose views should be on *device*."""
         if device is None:
-            slots = f"cuda:{self._default_device}" if self.transport == "cuda" else "system"
+            kind = SlotKind.cuda(self._default_device) if self.transport == "cuda" else SYSTEM
         else:
             target = _devices.parse_device(device, "device")
             if target is None and self.transport == "cuda":
                 raise InvalidOption("device='cpu' asks for host slots, which transport='cuda' never uses")
-            slots = "system" if target is None else f"cuda:{target}"
-        if slots != "system" and info.has_bytes:
+            kind = SYSTEM if target is None else SlotKind.cuda(target)
+        if kind != SYSTEM and info.has_bytes:
             raise InvalidOption(f"model {info.name!r} has BYTES tensors, which travel in host slots only: "
                                 f"request() it without device=")
-        return slots
+        return kind
 
     def _request_steps(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
-                       timeout: float | None, slots: str = "system") -> Steps:
-        """A leased slot in *slots* memory for a zero-copy request (never a fallback:
-        its views must be where they were asked for)."""
-        lease = yield from self._lease_steps(info, self._needs(info, shapes, {}), timeout, True, slots,
-                                             strict=slots != "system")
+                       timeout: float | None, kind: SlotKind = SYSTEM) -> Steps:
+        """A leased slot of *kind* for a zero-copy request (never a fallback: its views
+        must be where they were asked for)."""
+        lease = yield from self._lease_steps(info, self._needs(info, shapes, {}), timeout, True, kind,
+                                             strict=kind != SYSTEM)
         if lease is None:
             raise SharedMemoryRefused("request() needs shared memory, but the server cannot open ours")
         return lease

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import concurrent.futures
+import dataclasses
 import math
 import mmap
 import os
@@ -31,7 +32,38 @@ from .. import triton
 from .._memory import SystemRegion
 from ._devices import DeviceTensor, copy_bytes
 
-__all__ = ["SlotMemory", "SystemSlotMemory", "PinnedSlotMemory", "CudaSlotMemory", "parallel_copy"]
+__all__ = ["SlotKind", "SYSTEM", "SlotMemory", "SystemSlotMemory", "PinnedSlotMemory", "CudaSlotMemory",
+           "parallel_copy"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotKind:
+    """What a pool's slots are made of: ``system`` (POSIX shared memory: the client's
+    host pools), ``pinned`` (host memory page-locked for a GPU) or ``cuda`` (device
+    memory), the last two on *device*.  ``str()`` is what :class:`PoolInfo` reports:
+    ``"system"``, ``"pinned:N"``, ``"cuda:N"``."""
+
+    name: str
+    device: int | None = None
+
+    @classmethod
+    def pinned(cls, device: int) -> "SlotKind":
+        return cls("pinned", device)
+
+    @classmethod
+    def cuda(cls, device: int) -> "SlotKind":
+        return cls("cuda", device)
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the slots are device memory (registered as CUDA shared memory)."""
+        return self.name == "cuda"
+
+    def __str__(self) -> str:
+        return self.name if self.device is None else f"{self.name}:{self.device}"
+
+
+SYSTEM = SlotKind("system")
 
 # Below this many bytes one thread copies faster than several (thread hand-off
 # costs ~20 us); above it the copy is bound by memory bandwidth per core.
