@@ -456,25 +456,10 @@ def _cai_device(obj, int fallback):
     need ``cudaPointerGetAttributes``, whose struct changed between CUDA 12
     and 13.
     """
-    where = _cai_dlpack_device(obj)
+    where = _dlpack.dlpack_device(obj, False)
     if where is not None and where[0] in _dlpack.DEVICE_MEMORY_TYPES:
         return where[1]
     return fallback
-
-
-def _cai_dlpack_device(obj):
-    """``obj.__dlpack_device__()`` of an object that may speak no other DLPack, or None."""
-    device_of = getattr(obj, "__dlpack_device__", None)
-    if device_of is None:
-        return None
-    try:
-        device_type, device_id = device_of()
-        return int(device_type), int(device_id)
-    except Error:
-        raise
-    except Exception as exc:
-        raise UnsupportedBuffer(f"{type(obj).__name__}.__dlpack_device__() refused "
-                                f"({type(exc).__name__}: {exc})") from exc
 
 
 def _read_cai(obj):
@@ -482,7 +467,7 @@ def _read_cai(obj):
     cdef Runtime rt
     cdef int previous = 0
     cdef int device
-    where = _cai_dlpack_device(obj)
+    where = _dlpack.dlpack_device(obj, False)
     if where is None or where[0] not in _dlpack.DEVICE_MEMORY_TYPES:
         return getattr(obj, "__cuda_array_interface__", None)
     rt = current()

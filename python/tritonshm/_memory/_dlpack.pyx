@@ -250,10 +250,12 @@ cdef object _capsule_on_device(object obj, int device, object stream):
         tshm_cuda_device_leave(rt.rt, device, previous)
 
 
-def dlpack_device(obj):
-    """``obj.__dlpack_device__()`` as ``(type, id)`` ints, or None when *obj* speaks no DLPack."""
+def dlpack_device(obj, bint exporter=True):
+    """``obj.__dlpack_device__()`` as ``(type, id)`` ints, or None when *obj* has none -- or, with
+    *exporter*, has no ``__dlpack__`` either (a CUDA Array Interface object may say where it
+    lives through ``__dlpack_device__`` alone: ask with ``exporter=False``)."""
     device_of = getattr(obj, "__dlpack_device__", None)
-    if device_of is None or not hasattr(obj, "__dlpack__"):
+    if device_of is None or (exporter and not hasattr(obj, "__dlpack__")):
         return None
     try:
         device_type, device_id = device_of()
