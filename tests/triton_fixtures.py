@@ -129,3 +129,27 @@ def triton_client(server, protocol):
 def client_url(srv, protocol):
     """The url tritonshm.Client takes for *srv* over *protocol*."""
     return srv.grpc_url if protocol == "grpc" else "http://" + srv.http_url
+
+
+def refuse_unregister(monkeypatch, name: str, times: int | None = None, error=None,
+                      before=None) -> list[str]:
+    """Make ``tritonshm.triton.unregister`` refuse *name*: *times* times (None: always), raising
+    *error* (default: Triton 2.51's "currently in use", a ``ServerError``); *before* is called
+    at each refusal.  Returns the list of refusals made so far (it grows as they happen)."""
+    from tritonshm import triton
+    from tritonshm.errors import ServerError
+
+    real_unregister, refusals = triton.unregister, []
+    if error is None:
+        error = ServerError(f"Cannot unregister shared memory region '{name}', it is currently in use.")
+
+    def unregister(client, what, **kwargs):
+        if what == name and (times is None or len(refusals) < times):
+            refusals.append(what)
+            if before is not None:
+                before()
+            raise type(error)(*error.args)  # a fresh one: a raised instance keeps its frames alive
+        return real_unregister(client, what, **kwargs)
+
+    monkeypatch.setattr(triton, "unregister", unregister)
+    return refusals

@@ -18,7 +18,7 @@ import pytest
 
 import tritonshm
 from tritonshm.client._slots import SYSTEM, SlotKind  # noqa: F401 (the private pool keys)
-from triton_fixtures import NUMERIC_IDENTITY_MODELS, client_url, sample, start_or_skip
+from triton_fixtures import refuse_unregister, NUMERIC_IDENTITY_MODELS, client_url, sample, start_or_skip
 
 
 @pytest.fixture
@@ -418,21 +418,10 @@ def test_a_forked_child_never_unregisters_the_parents_pool(server):
 def test_close_asks_again_while_the_server_still_uses_host_memory(server, monkeypatch):
     """Triton answers before it releases a request's regions ("currently in use" for a moment):
     close() asks again instead of leaving our name registered on the server."""
-    from tritonshm import triton
-    from tritonshm.errors import ServerError
-
     c = tritonshm.Client(server.grpc_url)
     c.infer("identity_fp32", {"INPUT0": np.ones(8, np.float32)})
     (name,) = c.pools()[0].regions
-    real_unregister, refusals = triton.unregister, []
-
-    def unregister(client, what, **kwargs):
-        if what == name and len(refusals) < 2:
-            refusals.append(what)
-            raise ServerError(f"Cannot unregister shared memory region '{name}', it is currently in use.")
-        return real_unregister(client, what, **kwargs)
-
-    monkeypatch.setattr(triton, "unregister", unregister)
+    refusals = refuse_unregister(monkeypatch, name, times=2)
     c.close()
     assert len(refusals) == 2
     with tritonshm.Client(server.grpc_url) as other:

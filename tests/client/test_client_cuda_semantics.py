@@ -20,9 +20,8 @@ import pytest
 import tritonshm
 import tritonshm.aio
 from tritonshm import triton
-from tritonshm.errors import RegistrationError, ServerError
 
-from triton_fixtures import client_url, sample
+from triton_fixtures import client_url, refuse_unregister, sample
 
 
 @pytest.fixture
@@ -109,13 +108,7 @@ def test_a_refused_unregistration_keeps_device_memory_for_the_server(url, fake_c
     c.infer("identity_fp32", {"INPUT0": device_array(data)})
     (name,) = c.pools()[0].regions
     real_unregister = triton.unregister
-
-    def unregister(client, what, **kwargs):
-        if what == name:
-            raise ServerError(f"Cannot unregister shared memory region '{name}', it is currently in use.")
-        return real_unregister(client, what, **kwargs)
-
-    monkeypatch.setattr(triton, "unregister", unregister)
+    refuse_unregister(monkeypatch, name)
     c.close()
     gc.collect()
     (extent,) = [e for e in _held_for_the_server if e.name == name]
@@ -138,16 +131,7 @@ def test_close_asks_again_while_the_server_is_still_letting_go(url, fake_cuda, m
     c.infer("identity_fp32", {"INPUT0": device_array(sample(np.float32, 64))})
     (name,) = c.pools()[0].regions
     ptr = c._pools[next(iter(c._pools))].extents[0].memory.region.ptr
-    real_unregister = triton.unregister
-    refusals = []
-
-    def unregister(client, what, **kwargs):
-        if what == name and len(refusals) < 3:
-            refusals.append(what)
-            raise ServerError(f"Cannot unregister shared memory region '{name}', it is currently in use.")
-        return real_unregister(client, what, **kwargs)
-
-    monkeypatch.setattr(triton, "unregister", unregister)
+    refusals = refuse_unregister(monkeypatch, name, times=3)
     c.close()
     gc.collect()
     assert len(refusals) == 3
@@ -165,16 +149,7 @@ def test_refused_device_memory_is_retried_by_later_requests(url, fake_cuda, monk
         small = sample(np.float32, 16)
         c.infer("identity_fp32", {"INPUT0": device_array(small)})
         (old,) = c.pools()[0].regions
-        real_unregister = triton.unregister
-        refusals = []
-
-        def unregister(client, what, **kwargs):
-            if what == old and not refusals:
-                refusals.append(what)
-                raise RegistrationError(f"failed to unregister '{what}': currently in use")
-            return real_unregister(client, what, **kwargs)
-
-        monkeypatch.setattr(triton, "unregister", unregister)
+        refusals = refuse_unregister(monkeypatch, old, times=1)
         big = sample(np.float32, 1 << 16)
         c.infer("identity_fp32", {"INPUT0": device_array(big)})  # a larger pool replaces the first
         assert refusals == [old]
@@ -408,17 +383,11 @@ def test_device_memory_of_an_unreachable_server_is_parked_then_freed(url, fake_c
     c.infer("identity_fp32", {"INPUT0": device_array(sample(np.float32, 64))})
     (name,) = c.pools()[0].regions
     ptr = c._pools[next(iter(c._pools))].extents[0].memory.region.ptr
-    real_unregister, seen = triton.unregister, []
-
-    def unregister(client, what, **kwargs):
-        if what == name:
-            seen.append(fake_cuda.pointer_kind(ptr))  # still allocated at every try
-            raise ServerUnavailable(f"unregistering {what!r}: failed to connect to all addresses")
-        return real_unregister(client, what, **kwargs)
-
+    seen = []
     with tritonshm.Client(url) as helper:  # as a server that went away would: it holds nothing
-        real_unregister(helper.tritonclient, name)
-    monkeypatch.setattr(triton, "unregister", unregister)
+        triton.unregister(helper.tritonclient, name)
+    refuse_unregister(monkeypatch, name, error=ServerUnavailable(f"unregistering {name!r}: failed to connect"),
+                      before=lambda: seen.append(fake_cuda.pointer_kind(ptr)))  # still allocated at every try
     c.close()
     gc.collect()
     assert len(seen) > 1 and set(seen) == {KIND_ALLOC}  # asked again while parked
