@@ -1,0 +1,373 @@
+"""The client engine against a fake Triton (tests/support/fake_triton.py): no server, milliseconds.
+
+Pool creation under bursts of cold requests (threads, and asyncio tasks
+cancelled at random), growth for kept results up to ``max_pool_bytes``,
+replacement by a larger pool, the fallback to the wire, re-registration
+after a restart, and close() against a server that says "in use" or while
+requests are still running.  The fake records every registered byte: its
+peak, and the clients' own byte budget sampled at every step, must stay
+within ``max_pool_bytes``; and it checks that no slot memory is closed while
+it is still registered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import gc
+import random
+import threading
+
+import numpy as np
+import pytest
+
+import tritonshm
+from tritonshm.errors import ClientClosed, PoolExhausted, ServerError, ServerUnavailable, SharedMemoryRefused
+
+from support.fake_triton import FakeTriton, fake_triton  # noqa: F401  (the fixture)
+
+BURST = 300
+ELEMENTS = 1024                  # 4 KiB in, 4 KiB out: 8 KiB slots, 32 KiB extents of 4 slots
+SLOT = 8192
+EXTENT = 4 * SLOT
+MAX_POOL_BYTES = 2 * EXTENT      # room for the pool and one extent of growth, not for 300 pools
+
+
+def data(seed: int, elements: int = ELEMENTS) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(elements, dtype=np.float32)
+
+
+def assert_nothing_registered(fake: FakeTriton) -> None:
+    assert fake.registered == {}
+    assert fake.registered_bytes == 0
+
+
+# -- bursts of cold requests ----------------------------------------------------
+
+
+def test_a_burst_of_cold_threads_with_cancels_makes_one_pool(fake_triton):
+    fake = fake_triton
+    fake.delay = 0.0005   # requests overlap: 300 of them on 64 threads, 4 slots
+    rng = random.Random(18)
+    with fake.client(max_pool_bytes=MAX_POOL_BYTES) as c:
+        c.model_info("identity_fp32")  # metadata first: the burst is about pools
+        inputs = [data(i) for i in range(BURST)]
+        with concurrent.futures.ThreadPoolExecutor(64) as pool:
+            futures = [pool.submit(c.infer, "identity_fp32", {"INPUT0": x}) for x in inputs]
+            cancelled = {i for i in rng.sample(range(BURST), BURST // 3) if futures[i].cancel()}
+            answered = 0
+            for i, (x, future) in enumerate(zip(inputs, futures)):
+                if i in cancelled:
+                    assert future.cancelled()
+                    continue
+                np.testing.assert_array_equal(future.result()["OUTPUT0"], x)
+                answered += 1
+        assert answered >= BURST - BURST // 3
+        assert len(c.pools()) == 1
+        assert c._budget.used <= MAX_POOL_BYTES
+    print(f"\nthreads: {answered} answered, {len(cancelled)} cancelled, {fake.registrations} extents "
+          f"registered, peak {fake.peak_bytes} (budget {fake.budget_peak}) of {MAX_POOL_BYTES}")
+    assert fake.registrations == 1           # single flight: one extent, registered once
+    assert fake.peak_bytes <= MAX_POOL_BYTES
+    assert 0 < fake.budget_peak <= MAX_POOL_BYTES
+    assert_nothing_registered(fake)
+
+
+def test_a_burst_of_cold_tasks_with_random_cancels_keeps_max_pool_bytes(fake_triton):
+    fake = fake_triton
+    rng = random.Random(17)
+
+    async def main():
+        async with await fake.aio_client(max_pool_bytes=MAX_POOL_BYTES) as c:
+            await c.model_info("identity_fp32")
+            inputs = [data(i) for i in range(BURST)]
+            tasks = [asyncio.ensure_future(c.infer("identity_fp32", {"INPUT0": x})) for x in inputs]
+            tasks[0].cancel()     # the first one makes the pool: it hands the work on
+            cancelled = {0}
+            for _ in range(BURST // 3):  # and a third more at random moments
+                for _ in range(rng.randrange(4)):
+                    await asyncio.sleep(0)
+                i = rng.randrange(BURST)
+                if tasks[i].cancel():
+                    cancelled.add(i)
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+            answered = 0
+            for i, (x, out) in enumerate(zip(inputs, done)):
+                if isinstance(out, asyncio.CancelledError):
+                    assert i in cancelled
+                    continue
+                assert not isinstance(out, BaseException), out
+                np.testing.assert_array_equal(out["OUTPUT0"], x)
+                answered += 1
+            assert len(c.pools()) == 1
+            assert c._budget.used <= MAX_POOL_BYTES
+            return answered, len(cancelled)
+
+    answered, cancelled = asyncio.run(main())
+    print(f"\nasyncio: {answered} answered, {cancelled} cancelled, {fake.registrations} extents registered, "
+          f"peak {fake.peak_bytes} (budget {fake.budget_peak}) of {MAX_POOL_BYTES}")
+    assert answered > BURST // 2
+    assert fake.peak_bytes <= MAX_POOL_BYTES
+    assert 0 < fake.budget_peak <= MAX_POOL_BYTES
+    assert_nothing_registered(fake)
+
+
+# -- growth, retirement, replacement --------------------------------------------
+
+
+def test_kept_results_grow_the_pool_up_to_max_pool_bytes_then_pool_exhausted(fake_triton):
+    fake = fake_triton
+    extent = 2 * SLOT  # slots=2
+    with fake.client(slots=2, max_pool_bytes=3 * extent, timeout=0.2) as c:
+        kept = [c.infer("identity_fp32", {"INPUT0": data(i)}, copy=False)["OUTPUT0"] for i in range(6)]
+        for i, view in enumerate(kept):
+            np.testing.assert_array_equal(view, data(i))  # views of six slots of three extents
+        (info,) = c.pools()
+        assert (info.slots, info.held, info.nbytes, len(info.regions)) == (6, 6, 3 * extent, 3)
+        assert fake.registered_bytes == 3 * extent
+        with pytest.raises(PoolExhausted, match=rf"6 slots: 0 running, 6 held.*byte cap \({3 * extent} of "
+                                                rf"max_pool_bytes={3 * extent}\) with 6 slots held"):
+            c.infer("identity_fp32", {"INPUT0": data(6)}, copy=False)
+        del view
+        kept.clear()  # the slots come back; the idle extents beyond the first go
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(7)})["OUTPUT0"], data(7))
+        assert c.pools()[0].held == 0
+    assert fake.peak_bytes == 3 * extent
+    assert fake.budget_peak <= 3 * extent
+    assert_nothing_registered(fake)
+
+
+def test_a_larger_pool_replaces_the_old_one_without_both_over_the_cap(fake_triton):
+    fake = fake_triton
+    small, large = EXTENT, 2 * EXTENT
+    with fake.client(max_pool_bytes=large) as c:
+        a = data(1)
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": a})["OUTPUT0"], a)
+        (before,) = c.pools()
+        assert before.nbytes == small
+        b = data(2, 2 * ELEMENTS)  # 8 KiB in, 8 KiB out: 16 KiB slots
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": b})["OUTPUT0"], b)
+        (after,) = c.pools()
+        assert after.nbytes == large and after.regions != before.regions
+        assert set(fake.registered) == set(after.regions)  # the old pool is gone from the server
+    assert fake.peak_bytes <= large
+    assert fake.budget_peak <= large
+    assert_nothing_registered(fake)
+
+
+def test_a_burst_of_growing_requests_keeps_max_pool_bytes(fake_triton):
+    """Concurrent requests of ever larger inputs replace the pool again and again."""
+    fake = fake_triton
+    cap = 4 * 65536
+
+    def one(i):
+        x = data(i, 256 * (1 + i % 8))
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"], x)
+
+    with fake.client(max_pool_bytes=cap) as c:
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            for future in [pool.submit(one, i) for i in range(200)]:
+                future.result()
+        assert len(c.pools()) == 1
+    print(f"\ngrowing: {fake.registrations} extents registered, peak {fake.peak_bytes} of {cap}")
+    assert fake.peak_bytes <= cap
+    assert fake.budget_peak <= cap
+    assert_nothing_registered(fake)
+
+
+def test_two_models_share_the_cap(fake_triton):
+    fake = fake_triton
+    with fake.client(max_pool_bytes=EXTENT, timeout=0.2) as c:
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(0)})["OUTPUT0"], data(0))
+        two = {"INPUT0": np.ones(16, np.float32), "INPUT1": np.ones(16, np.float32)}
+        with pytest.raises(PoolExhausted, match=rf"holds {EXTENT} of max_pool_bytes={EXTENT}.*'identity_fp32'"):
+            c.infer("add_sub", two)
+    assert fake.peak_bytes <= EXTENT
+    assert_nothing_registered(fake)
+
+
+# -- fallbacks and failures -----------------------------------------------------
+
+
+def test_registration_refused_falls_back_to_the_wire_with_a_warning(fake_triton):
+    fake = fake_triton
+    fake.refuse_registration()
+    with fake.client() as c:
+        x = data(3)
+        with pytest.warns(RuntimeWarning, match="falling back to plain gRPC.*cannot open our shared memory"):
+            out = c.infer("identity_fp32", {"INPUT0": x})
+        np.testing.assert_array_equal(out["OUTPUT0"], x)
+        batch = np.arange(12, dtype=np.float32).reshape(3, 4)
+        np.testing.assert_array_equal(c.infer("batched_add", {"INPUT0": batch})["OUTPUT0"], batch + 1)
+        assert c.pools() == []
+        assert "wire" in repr(c)
+    assert fake.calls["register"] == 1   # refused once; the client stays on the wire
+    assert fake.peak_bytes == 0
+
+
+def test_registration_refused_raises_for_transport_shm(fake_triton):
+    fake = fake_triton
+    fake.refuse_registration()
+    with fake.client(transport="shm") as c:
+        with pytest.raises(SharedMemoryRefused, match="cannot open our shared memory"):
+            c.infer("identity_fp32", {"INPUT0": data(4)})
+        assert c.pools() == []
+        fake.refuse_registration(False)  # the server can open it now: the next request uses it
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(5)})["OUTPUT0"], data(5))
+    assert_nothing_registered(fake)
+
+
+def test_aio_registration_refused_falls_back_to_the_wire(fake_triton):
+    fake = fake_triton
+    fake.refuse_registration()
+
+    async def main():
+        async with await fake.aio_client() as c:
+            with pytest.warns(RuntimeWarning, match="falling back to plain gRPC"):
+                out = await c.infer("identity_fp32", {"INPUT0": data(6)})
+            np.testing.assert_array_equal(out["OUTPUT0"], data(6))
+
+    asyncio.run(main())
+    assert fake.peak_bytes == 0
+
+
+def test_a_failed_send_gives_its_slot_back(fake_triton):
+    fake = fake_triton
+    with fake.client() as c:
+        c.infer("identity_fp32", {"INPUT0": data(0)})
+        fake.fail_next(2, ops=("send",))
+        for _ in range(2):
+            with pytest.raises(ServerError, match="injected failure"):
+                c.infer("identity_fp32", {"INPUT0": data(1)})
+        (info,) = c.pools()
+        assert (info.running, info.held) == (0, 0)
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(2)})["OUTPUT0"], data(2))
+    assert_nothing_registered(fake)
+
+
+def test_re_registration_after_a_restart(fake_triton):
+    fake = fake_triton
+    with fake.client() as c:
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(0)})["OUTPUT0"], data(0))
+        names = set(fake.registered)
+        fake.restart()                     # the server forgot every region
+        assert_nothing_registered(fake)
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(1)})["OUTPUT0"], data(1))
+        assert set(fake.registered) == names  # registered again under the same names
+        assert fake.registrations == 2
+    assert_nothing_registered(fake)
+
+
+def test_a_dead_server_then_back(fake_triton):
+    fake = fake_triton
+    with fake.client() as c:
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(0)})["OUTPUT0"], data(0))
+        fake.die()
+        with pytest.raises(ServerUnavailable):
+            c.infer("identity_fp32", {"INPUT0": data(1)})
+        fake.come_back()
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(2)})["OUTPUT0"], data(2))
+        assert c.pools()[0].running == 0
+    assert_nothing_registered(fake)
+
+
+def test_aio_re_registration_after_a_restart(fake_triton):
+    fake = fake_triton
+
+    async def main():
+        async with await fake.aio_client() as c:
+            np.testing.assert_array_equal((await c.infer("identity_fp32", {"INPUT0": data(0)}))["OUTPUT0"], data(0))
+            fake.restart()
+            results = await asyncio.gather(*(c.infer("identity_fp32", {"INPUT0": data(i)}) for i in range(8)))
+            for i, out in enumerate(results):
+                np.testing.assert_array_equal(out["OUTPUT0"], data(i))
+            assert len(fake.registered) == 1
+
+    asyncio.run(main())
+    assert_nothing_registered(fake)
+
+
+# -- closing ---------------------------------------------------------------------
+
+
+def test_close_asks_again_while_the_server_says_in_use(fake_triton):
+    fake = fake_triton
+    c = fake.client()
+    c.infer("identity_fp32", {"INPUT0": data(0)})
+    c.infer("add_sub", {"INPUT0": np.ones(16, np.float32), "INPUT1": np.ones(16, np.float32)})
+    assert len(fake.registered) == 2
+    fake.refuse_unregister(3)  # "currently in use" for a moment after the responses
+    c.close()
+    assert fake.calls["unregister"] >= 2 + 3
+    assert_nothing_registered(fake)
+
+
+def test_aio_close_asks_again_while_the_server_says_in_use(fake_triton):
+    fake = fake_triton
+
+    async def main():
+        c = await fake.aio_client()
+        await c.infer("identity_fp32", {"INPUT0": data(0)})
+        fake.refuse_unregister(3)
+        await c.close()
+
+    asyncio.run(main())
+    assert fake.calls["unregister"] >= 1 + 3
+    assert_nothing_registered(fake)
+
+
+def test_close_waits_for_requests_stalled_in_the_server(fake_triton):
+    fake = fake_triton
+    c = fake.client(timeout=10.0)
+    c.infer("identity_fp32", {"INPUT0": data(0)})
+    fake.stall()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(c.infer, "identity_fp32", {"INPUT0": data(i)}) for i in range(4)]
+        assert fake.wait_stalled(4)
+        closer = threading.Thread(target=c.close)
+        closer.start()
+        closer.join(0.1)
+        assert closer.is_alive()            # waiting for the four requests
+        assert len(fake.registered) == 1    # nothing unregistered under them
+        with pytest.raises(ClientClosed):
+            c.infer("identity_fp32", {"INPUT0": data(9)})  # new requests are refused at once
+        threading.Timer(0.05, fake.release).start()
+        closer.join(10)
+        assert not closer.is_alive()
+        for i, future in enumerate(futures):
+            np.testing.assert_array_equal(future.result()["OUTPUT0"], data(i))
+    assert_nothing_registered(fake)
+    fake.check()  # no slot memory closed while registered
+
+
+def test_aio_close_waits_for_tasks_stalled_in_the_server(fake_triton):
+    fake = fake_triton
+
+    async def main():
+        c = await fake.aio_client(timeout=10.0)
+        await c.infer("identity_fp32", {"INPUT0": data(0)})
+        fake.stall()
+        tasks = [asyncio.ensure_future(c.infer("identity_fp32", {"INPUT0": data(i)})) for i in range(4)]
+        while not fake.wait_stalled(4, timeout=0):
+            await asyncio.sleep(0.001)
+        closing = asyncio.ensure_future(c.close())
+        await asyncio.sleep(0.05)
+        assert not closing.done()
+        assert len(fake.registered) == 1
+        fake.release()
+        await closing
+        for i, task in enumerate(tasks):
+            np.testing.assert_array_equal(task.result()["OUTPUT0"], data(i))
+
+    asyncio.run(main())
+    assert_nothing_registered(fake)
+
+
+def test_a_forgotten_client_unregisters_at_garbage_collection(fake_triton):
+    fake = fake_triton
+    c = fake.client()
+    c.infer("identity_fp32", {"INPUT0": data(0)})
+    assert len(fake.registered) == 1
+    del c
+    gc.collect()
+    assert_nothing_registered(fake)
