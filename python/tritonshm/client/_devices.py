@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import CudaUnavailable, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
 __all__ = ["DeviceTensor", "Placement", "as_device_tensor", "capture_inputs", "empty", "to_host", "to_device",
-           "concatenate", "after_allocation", "copy_bytes", "copy_stream", "landed", "stream_event", "current_stream_event", "parse_device",
+           "concatenate", "after_allocation", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
            "require_cuda", "library_of"]
 
 
@@ -117,12 +117,7 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
     if described is None:
         return None
     dtype, shape, device = described
-    try:
-        captured = _cuda.capture(value, device)
-    except Error:
-        raise
-    except Exception as exc:
-        raise UnsupportedBuffer(f"{type(value).__name__} cannot be shared as a device array: {exc}") from exc
+    captured = _cuda.capture(value, device)  # a producer's refusal is UnsupportedBuffer there
     return DeviceTensor(captured, np.dtype(dtype), tuple(shape), device, library=library_of(value))
 
 
@@ -231,7 +226,8 @@ def copy_bytes(dst: Any, src: Any, nbytes: int, dst_offset: int = 0, src_offset:
                stream: Any = None) -> None:
     """:func:`tritonshm.cuda.copy`: bytes between host and device memory, after a captured
     source's event.  With *stream* (a :class:`~tritonshm.cuda.Stream`) the copy is queued
-    there and lands later (see :func:`landed`); without, it is complete on return."""
+    there and lands later (record an event on it: ``stream.record()``); without, it is
+    complete on return."""
     from .._memory._cuda import copy  # the CUDA layer loads only when a GPU is involved
 
     copy(dst, src, nbytes, dst_offset=dst_offset, src_offset=src_offset, stream=stream)
@@ -246,25 +242,11 @@ def copy_stream(device: int | None) -> Any:
     return stream_of(device)
 
 
-def landed(stream: Any) -> Any:
-    """An event recorded on *stream* now: synchronized (or polled), everything queued there before it has landed."""
-    return stream.record()
-
-
-def stream_event(device: int, handle: int) -> Any:
-    """An event recorded now on the stream *handle* of *device* (0: the legacy default stream)."""
-    from .._memory._stream import Event
-
-    event = Event.create(device)
-    event.record(handle)
-    return event
-
-
 def current_stream_event(device: int, stream: Any = None) -> Any:
     """An event marking the work queued so far on *stream* (a Stream, a handle, or an object with
     ``cuda_stream`` / ``ptr``: torch's and cupy's streams) or, by default, on the calling thread's
     current stream for *device* (torch's or cupy's notion of it where they are loaded)."""
-    from .._memory._stream import current_stream
+    from .._memory._stream import Event, current_stream
 
     if stream is None:
         handle = current_stream(device)
@@ -279,7 +261,7 @@ def current_stream_event(device: int, stream: Any = None) -> Any:
         if not isinstance(handle, int) or isinstance(handle, bool):
             raise InvalidOption(f"stream must be a CUDA stream handle (int), a tritonshm, torch or cupy "
                                 f"stream, not {stream!r}")
-    return stream_event(device, handle)
+    return Event.create(device).record(handle)
 
 
 def to_host(tensor: DeviceTensor) -> np.ndarray:

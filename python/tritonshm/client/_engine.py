@@ -566,7 +566,7 @@ class Engine:
                             queued |= stream is not None and (memory.kind == "cuda" or isinstance(array, DeviceTensor))
                             memory.write(offset, array, stream)
                     if queued:
-                        yield WaitForDevice(_devices.landed(stream))
+                        yield WaitForDevice(stream.record())
                 except BaseException:
                     if queued:
                         stream.synchronize()  # nothing of ours may still land in the slot once it is back
@@ -623,7 +623,7 @@ class Engine:
             try:
                 outputs, queued = self._collect(info, lease, result, names, copy, results, rows, stream)
                 if queued:
-                    yield WaitForDevice(_devices.landed(stream))
+                    yield WaitForDevice(stream.record())
             except BaseException:
                 # The slot goes back, and results already made are dropped (a caching allocator
                 # hands their blocks out again at once): no copy out of the one into the other
