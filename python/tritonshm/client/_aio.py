@@ -23,8 +23,8 @@ import numpy as np
 from .. import _transport, triton
 from . import _devices, _intake
 from ._client import Request as _BlockingRequest
-from ._client import _SETTLE_INTERVAL, _SETTLE_SECONDS, _held_for_the_server, _release_everything
-from ._engine import Engine, give_up_parked, retry_parked_steps
+from ._client import _SETTLE_SECONDS, _held_for_the_server, _release_everything
+from ._engine import Engine, give_up_parked, settle_parked_steps
 from ._model import ModelInfo
 from ._steps import (Done, FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot,
                      advance)
@@ -215,11 +215,8 @@ class Client(Engine):
         try:
             await self._until_idle(self.timeout)  # in-flight requests finish on the memory they use
             await self._drive(self._close_steps())
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + (_SETTLE_SECONDS if self.timeout is None else min(self.timeout, _SETTLE_SECONDS))
-            while self._parked and loop.time() < deadline:  # "currently in use": the server lets go soon
-                await asyncio.sleep(_SETTLE_INTERVAL)
-                await self._drive(retry_parked_steps(self._parked, self._creator_pid))
+            settle = _SETTLE_SECONDS if self.timeout is None else min(self.timeout, _SETTLE_SECONDS)
+            await self._drive(settle_parked_steps(self._parked, self._creator_pid, settle))
             give_up_parked(self._parked, _held_for_the_server)  # device memory: never freed under the server
         finally:
             await self._aio_client.close()

@@ -13,7 +13,7 @@ from .. import triton
 from ..errors import ClientClosed
 from . import _devices, _intake
 from ._devices import Placement
-from ._engine import Engine, close_pools_steps, give_up_parked, retry_parked_steps
+from ._engine import Engine, close_pools_steps, give_up_parked, settle_parked_steps
 from ._model import ModelInfo
 from ._pool import Extent, Lease, SlotPool
 from ._steps import (Done, FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot,
@@ -94,9 +94,8 @@ class Request:
 # Device memory a server refused to let go of when its client closed: held for the life of the
 # process (freeing it under the server would be undefined behaviour; the driver frees it at exit).
 _held_for_the_server: list[Extent] = []
-# How long close() keeps asking a server that refuses to unregister device memory, and how often.
+# How long close() keeps asking a server that refuses to unregister what we parked.
 _SETTLE_SECONDS = 5.0
-_SETTLE_INTERVAL = 0.02
 _SETTLE_AT_EXIT = 1.0   # a client collected or left open at exit: "in use" lasts milliseconds
 
 
@@ -118,21 +117,21 @@ def _release_everything(connector: Connector, pools: dict[Any, SlotPool], retire
         group.shutdown(wait)
     workers.clear()
     _carry_out_unregisters(connector, close_pools_steps(pools, retired, creator_pid, parked))
-    deadline = time.monotonic() + settle
-    while parked and time.monotonic() < deadline:
-        time.sleep(_SETTLE_INTERVAL)
-        _carry_out_unregisters(connector, retry_parked_steps(parked, creator_pid))
+    _carry_out_unregisters(connector, settle_parked_steps(parked, creator_pid, settle))
     give_up_parked(parked, _held_for_the_server)
     connector.close(wait)
 
 
 def _carry_out_unregisters(connector: Connector, steps: Steps) -> None:
-    """Drive steps that only unregister, blocking; failures go back into the steps."""
+    """Drive steps that only unregister (and pause), blocking; failures go back into the steps."""
     step = advance(steps)
     while not isinstance(step, Done):
         try:
-            outcome, failure = connector.call(
-                lambda tc, name=step.name: triton.unregister(tc, name, patience=0.0)), None
+            if isinstance(step, Pause):
+                outcome, failure = time.sleep(step.seconds), None
+            else:
+                outcome, failure = connector.call(
+                    lambda tc, name=step.name: triton.unregister(tc, name, patience=0.0)), None
         except Exception as exc:
             outcome, failure = None, exc
         step = advance(steps, outcome, failure)

@@ -43,12 +43,14 @@ from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
 from ._steps import FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot
 
-__all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "give_up_parked", "retry_parked_steps"]
+__all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "give_up_parked", "retry_parked_steps",
+           "settle_parked_steps"]
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 _PARKED_RETRY_INTERVAL = 0.05  # seconds between tries to unregister memory the server refused
 _BUDGET_POLL = 0.005  # how often a request waiting for max_pool_bytes room looks again
+_SETTLE_INTERVAL = 0.02  # how often a closing client asks again to unregister what is parked
 
 
 def drop_extent_steps(extent: Extent, creator_pid: int, parked: list[Extent] | None = None) -> Steps:
@@ -103,6 +105,16 @@ def retry_parked_steps(parked: list[Extent], creator_pid: int) -> Steps:
         parked.clear()
     for extent in doomed:
         yield from drop_extent_steps(extent, creator_pid, parked)
+
+
+def settle_parked_steps(parked: list[Extent], creator_pid: int, seconds: float) -> Steps:
+    """Ask again, every _SETTLE_INTERVAL for up to *seconds*, to unregister what is parked (a
+    closing client: a server answers before it has released a request's regions, so it says
+    "currently in use" for a moment); what is still refused then stays in *parked*."""
+    deadline = time.monotonic() + seconds
+    while parked and time.monotonic() < deadline:
+        yield Pause(_SETTLE_INTERVAL)
+        yield from retry_parked_steps(parked, creator_pid)
 
 
 # Guards every client's list of parked extents (appended to and taken whole from any thread).
