@@ -22,7 +22,10 @@ What it is
   (int64 dims as strings, the config nested under ``"config"``).
 * **Register** records name -> the SlotMemory and its bytes; the bytes
   registered are tracked at every instant (:attr:`registered_bytes`,
-  :attr:`peak_bytes`, :attr:`history`).
+  :attr:`peak_bytes`, :attr:`history`).  Like Triton, the fake maps a system
+  region itself (``SystemRegion.attach``) and reads and writes that mapping, so
+  what the client closes does not pull memory from under the "server";
+  :meth:`shutdown` (the fixture calls it) drops what is left.
 * **Unregister** answers "currently in use" (a :class:`~tritonshm.errors.ServerError`,
   as Triton does) while a Send that names the region runs, or when told
   (:meth:`refuse_unregister`).
@@ -37,7 +40,7 @@ What it is
   :meth:`come_back` / :meth:`restart` (every registration forgotten),
   :meth:`stall` / :meth:`release` (Send waits on a ``threading.Event``;
   :meth:`wait_stalled` tells when requests are parked there), :attr:`delay`
-  (seconds before every call).
+  (seconds before every call; :attr:`delays` per kind of call).
 * **Checks**: slot memory closed while still registered, an unregistration
   of a region in use, a client's byte budget over its limit (sampled at
   every step the client takes) are recorded in :attr:`violations`;
@@ -176,6 +179,15 @@ class Registration:
     memory: Any     # the client's SlotMemory
     nbytes: int
     kind: str       # "system" or "cuda"
+    mapping: Any = None  # the server's own mapping of a system region (None: read the client's memory)
+
+    def region(self) -> Any:
+        """What the server reads and writes: its own mapping, as Triton has (it outlives the client's)."""
+        return self.mapping if self.mapping is not None else self.memory.region
+
+    def drop(self) -> None:
+        if self.mapping is not None:
+            self.mapping.close()
 
 
 class _Wire:
@@ -227,6 +239,7 @@ class FakeTriton:
         self.violations: list[str] = []
         self.alive = True
         self.delay = 0.0                 # seconds before every call
+        self.delays: dict[str, float] = {}  # per op ("fetch", "register", "unregister", "send"): instead
         self._refuse_registration = False
         self._refuse_unregister = 0
         self._failures: list[tuple[frozenset, BaseException]] = []
@@ -324,6 +337,10 @@ class FakeTriton:
         with self._lock:
             self.alive = True
 
+    def shutdown(self) -> None:
+        """The server exits: every registration (and its mapping) goes."""
+        self.die()
+
     def restart(self) -> None:
         """Die and come back: every registration is forgotten."""
         self.die()
@@ -377,19 +394,19 @@ class FakeTriton:
     # -- the steps (blocking driver) --------------------------------------------
 
     def fetch_model(self, step: FetchModel) -> tuple[dict, dict]:
-        self._pause()
+        self._pause('fetch')
         return self._fetch_model(step)
 
     def register(self, step: Register) -> str:
-        self._pause()
+        self._pause('register')
         return self._register(step)
 
     def unregister(self, step: Unregister) -> None:
-        self._pause()
+        self._pause('unregister')
         self._unregister(step.name)
 
     def send(self, step: Send) -> FakeResult:
-        self._pause()
+        self._pause('send')
         names = self._begin_send(step)
         try:
             if not self._gate.is_set():
@@ -405,19 +422,19 @@ class FakeTriton:
     # -- the steps (asyncio driver): the same, never blocking the loop ------------
 
     async def fetch_model_async(self, step: FetchModel) -> tuple[dict, dict]:
-        await self._pause_async()
+        await self._pause_async('fetch')
         return self._fetch_model(step)
 
     async def register_async(self, step: Register) -> str:
-        await self._pause_async()
+        await self._pause_async('register')
         return self._register(step)
 
     async def unregister_async(self, step: Unregister) -> None:
-        await self._pause_async()
+        await self._pause_async('unregister')
         self._unregister(step.name)
 
     async def send_async(self, step: Send) -> FakeResult:
-        await self._pause_async()
+        await self._pause_async('send')
         names = self._begin_send(step)
         try:
             if not self._gate.is_set():
@@ -433,14 +450,15 @@ class FakeTriton:
 
     # -- inside ---------------------------------------------------------------
 
-    def _pause(self) -> None:
+    def _pause(self, op: str) -> None:
         self.sample_budgets()
-        if self.delay:
-            time.sleep(self.delay)
+        delay = self.delays.get(op, self.delay)
+        if delay:
+            time.sleep(delay)
 
-    async def _pause_async(self) -> None:
+    async def _pause_async(self, op: str) -> None:
         self.sample_budgets()
-        await asyncio.sleep(self.delay)  # 0: a turn of the loop, as any real I/O would take
+        await asyncio.sleep(self.delays.get(op, self.delay))  # 0: a turn of the loop, as real I/O takes
 
     def _begin(self, op: str, doing: str) -> None:
         """Every call: counted, audited; refused by a dead server or an injected failure."""
@@ -485,7 +503,8 @@ class FakeTriton:
                 raise RegistrationError(
                     f"{doing}: the server already has a region of that name; unregister it first or "
                     f"pick another name. Server said: shared memory region '{name}' already in manager")
-            self._regions[name] = Registration(name, memory, memory.nbytes, memory.kind)
+            mapping = tritonshm.SystemRegion.attach(region.key) if memory.kind == "system" else None
+            self._regions[name] = Registration(name, memory, memory.nbytes, memory.kind, mapping)
             self.registrations += 1
             self._bytes_changed(+memory.nbytes)
         return name
@@ -501,6 +520,7 @@ class FakeTriton:
                                   f"Cannot unregister shared memory region '{name}', it is currently in use.")
             reg = self._regions.pop(name, None)  # an unknown name: nothing to do (as Triton)
             if reg is not None:
+                reg.drop()
                 self._bytes_changed(-reg.nbytes)
 
     def _wire_unregister(self, wire: _Wire, name_or_region: Any, patience: float) -> None:
@@ -523,6 +543,8 @@ class FakeTriton:
 
     def _forget_all(self) -> None:  # under the lock
         if self._regions:
+            for reg in self._regions.values():
+                reg.drop()
             self._regions.clear()
             self._bytes_changed(-self.registered_bytes)
 
@@ -586,8 +608,9 @@ class FakeTriton:
                                   f"({reg.nbytes} bytes) for {datatype} {list(shape)}")
             if _closed(reg.memory):
                 self.violations.append(f"Send read {region!r} after its slot memory was closed")
-                raise ServerError(f"{doing}: {region!r} is gone")
-            arrays[name] = reg.memory.region.read(dtype, shape, offset)
+                if reg.mapping is None:
+                    raise ServerError(f"{doing}: {region!r} is gone")
+            arrays[name] = reg.region().read(dtype, shape, offset)
         results = model.run(arrays)
         wanted = [o._output.name for o in step.outputs] if step.outputs else list(results)
         bindings = {o._output.name: self._shm(o) for o in step.outputs or ()}
@@ -614,9 +637,10 @@ class FakeTriton:
                 raise ServerError(f"{doing}: output {name!r} binds past the end of {region!r}")
             if _closed(reg.memory):
                 self.violations.append(f"Send wrote {region!r} after its slot memory was closed")
-                raise ServerError(f"{doing}: {region!r} is gone")
+                if reg.mapping is None:
+                    raise ServerError(f"{doing}: {region!r} is gone")
             if array.nbytes:
-                reg.memory.region.write(array, offset)
+                reg.region().write(array, offset)
         return FakeResult(model.name, tensors, plain)
 
 
@@ -628,5 +652,8 @@ def _closed(memory: Any) -> bool:
 def fake_triton(monkeypatch: pytest.MonkeyPatch):
     """A :class:`FakeTriton` for one test; fails the test if it saw memory freed while registered."""
     fake = FakeTriton.install(monkeypatch)
-    yield fake
-    fake.check()
+    try:
+        yield fake
+        fake.check()
+    finally:
+        fake.shutdown()  # its own mappings of regions still registered go
