@@ -75,6 +75,7 @@ def test_a_burst_of_cold_threads_with_cancels_makes_one_pool(fake_triton):
 
 def test_a_burst_of_cold_tasks_with_random_cancels_keeps_max_pool_bytes(fake_triton):
     fake = fake_triton
+    fake.delays["send"] = 0.0005  # cancels land while requests are in the server, too
     rng = random.Random(17)
 
     async def main():
@@ -488,3 +489,87 @@ def test_a_request_answered_after_close_gave_up_on_it_gets_a_tritonshm_error(mon
                 future.result()
     finally:
         fake.shutdown()
+
+
+# -- the other paths: zero-copy requests, chunks, output growth ---------------------
+
+
+def test_zero_copy_requests_and_chunked_batches(fake_triton):
+    fake = fake_triton
+    with fake.client(max_pool_bytes=1 << 20) as c:
+        with c.request("batched_add", 3) as req:
+            req.inputs["INPUT0"][...] = np.arange(12, dtype=np.float32).reshape(3, 4)
+            out = req.run()["OUTPUT0"]
+            np.testing.assert_array_equal(out, np.arange(12, dtype=np.float32).reshape(3, 4) + 1)
+            del out
+        batch = np.arange(20 * 4, dtype=np.float32).reshape(20, 4)  # 3 chunks of at most 8, on workers
+        np.testing.assert_array_equal(c.infer("batched_add", {"INPUT0": batch})["OUTPUT0"], batch + 1)
+        futures = [c.infer_async("add_sub", {"INPUT0": data(i, 16), "INPUT1": data(i + 1, 16)}) for i in range(8)]
+        for i, future in enumerate(futures):
+            out = future.result()
+            np.testing.assert_array_equal(out["OUTPUT0"], data(i, 16) + data(i + 1, 16))
+            np.testing.assert_array_equal(out["OUTPUT1"], data(i, 16) - data(i + 1, 16))
+    assert_nothing_registered(fake)
+
+
+def test_an_output_larger_than_guessed_grows_the_pool(fake_triton):
+    """The server says the bound output room is too small (OutputTooSmall with the size): the
+    request runs again on a slot of a larger pool, which replaces the old one within the cap."""
+    fake = fake_triton
+    with fake.client(max_pool_bytes=1 << 20) as c:
+        x = data(7)
+        np.testing.assert_array_equal(c.infer("repeat_fp32", {"INPUT0": x})["OUTPUT0"], np.concatenate([x] * 3))
+        np.testing.assert_array_equal(c.infer("repeat_fp32", {"INPUT0": x})["OUTPUT0"], np.concatenate([x] * 3))
+        assert len(c.pools()) == 1
+        assert fake.calls["send"] == 3  # once too small, then twice on the grown pool
+    assert fake.peak_bytes <= 1 << 20
+    assert_nothing_registered(fake)
+
+
+def test_aio_close_waits_for_cancelled_tasks_the_server_still_runs(fake_triton):
+    """Tasks cancelled while the server works on them keep their slots until it answers;
+    close() must not unregister those regions under the server meanwhile."""
+    fake = fake_triton
+
+    async def main():
+        c = await fake.aio_client(timeout=10.0)
+        await c.infer("identity_fp32", {"INPUT0": data(0)})
+        fake.stall()
+        tasks = [asyncio.ensure_future(c.infer("identity_fp32", {"INPUT0": data(i)})) for i in range(4)]
+        while not fake.wait_stalled(4, timeout=0):
+            await asyncio.sleep(0.001)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        closing = asyncio.ensure_future(c.close())
+        await asyncio.sleep(0.05)
+        assert len(fake.registered) == 1     # still registered: the server still has it in use
+        fake.release()
+        await closing
+
+    asyncio.run(main())
+    assert fake.calls["unregister"] == 1     # never refused "in use": close waited
+    assert_nothing_registered(fake)
+
+
+def test_close_against_a_dead_server_is_quick_and_frees_the_memory(fake_triton):
+    fake = fake_triton
+    c = fake.client()
+    c.infer("identity_fp32", {"INPUT0": data(0)})
+    fake.die()  # a server that is gone has let go of everything
+    c.close()
+    assert c._budget.used == 0
+    assert_nothing_registered(fake)
+
+
+def test_a_forgotten_aio_client_unregisters_at_garbage_collection(fake_triton):
+    fake = fake_triton
+
+    async def main():
+        c = await fake.aio_client()
+        await c.infer("identity_fp32", {"INPUT0": data(0)})
+        assert len(fake.registered) == 1
+
+    asyncio.run(main())
+    gc.collect()
+    assert_nothing_registered(fake)

@@ -17,7 +17,9 @@ What it is
 ----------
 * **Models** (:data:`MODELS`): ``identity_fp32`` (FP32 ``[-1]`` -> the same),
   ``batched_add`` (max_batch_size 8, FP32 ``[-1, 4]`` -> input + 1) and
-  ``add_sub`` (two FP32 ``[16]`` inputs -> their sum and difference).  Metadata
+  ``add_sub`` (two FP32 ``[16]`` inputs -> their sum and difference), and
+  ``repeat_fp32`` (FP32 ``[-1]`` -> the input three times: larger than the
+  client's guess for a variable output, so it must grow).  Metadata
   and config are shaped like tritonclient's gRPC ``as_json=True`` replies
   (int64 dims as strings, the config nested under ``"config"``).
 * **Register** records name -> the SlotMemory and its bytes; the bytes
@@ -142,6 +144,8 @@ MODELS = {
                   lambda a: {"OUTPUT0": a["INPUT0"].copy()}),
         FakeModel("batched_add", (("INPUT0", "FP32", (-1, 4)),), (("OUTPUT0", "FP32", (-1, 4)),),
                   lambda a: {"OUTPUT0": a["INPUT0"] + np.float32(1)}, max_batch_size=8),
+        FakeModel("repeat_fp32", (("INPUT0", "FP32", (-1,)),), (("OUTPUT0", "FP32", (-1,)),),
+                  lambda a: {"OUTPUT0": np.concatenate([a["INPUT0"]] * 3)}),
         FakeModel("add_sub", (("INPUT0", "FP32", (16,)), ("INPUT1", "FP32", (16,))),
                   (("OUTPUT0", "FP32", (16,)), ("OUTPUT1", "FP32", (16,))),
                   lambda a: {"OUTPUT0": a["INPUT0"] + a["INPUT1"], "OUTPUT1": a["INPUT0"] - a["INPUT1"]}),
