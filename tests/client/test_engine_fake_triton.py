@@ -68,7 +68,9 @@ def test_a_burst_of_cold_threads_with_cancels_makes_one_pool(fake_triton):
     print(f"\nthreads: {answered} answered, {len(cancelled)} cancelled, {fake.registrations} extents "
           f"registered, peak {fake.peak_bytes} (budget {fake.budget_peak}) of {MAX_POOL_BYTES}")
     assert fake.registrations == 1           # single flight: one extent, registered once
+    assert fake.memory_made == 1             # ... and made once
     assert fake.peak_bytes <= MAX_POOL_BYTES
+    assert fake.memory_peak <= MAX_POOL_BYTES
     assert 0 < fake.budget_peak <= MAX_POOL_BYTES
     assert_nothing_registered(fake)
 
@@ -109,6 +111,7 @@ def test_a_burst_of_cold_tasks_with_random_cancels_keeps_max_pool_bytes(fake_tri
           f"peak {fake.peak_bytes} (budget {fake.budget_peak}) of {MAX_POOL_BYTES}")
     assert answered > BURST // 2
     assert fake.peak_bytes <= MAX_POOL_BYTES
+    assert fake.memory_peak <= MAX_POOL_BYTES
     assert 0 < fake.budget_peak <= MAX_POOL_BYTES
     assert_nothing_registered(fake)
 
@@ -152,6 +155,7 @@ def test_a_larger_pool_replaces_the_old_one_without_both_over_the_cap(fake_trito
         assert after.nbytes == large and after.regions != before.regions
         assert set(fake.registered) == set(after.regions)  # the old pool is gone from the server
     assert fake.peak_bytes <= large
+    assert fake.memory_peak <= large
     assert fake.budget_peak <= large
     assert_nothing_registered(fake)
 
@@ -172,6 +176,7 @@ def test_a_burst_of_growing_requests_keeps_max_pool_bytes(fake_triton):
         assert len(c.pools()) == 1
     print(f"\ngrowing: {fake.registrations} extents registered, peak {fake.peak_bytes} of {cap}")
     assert fake.peak_bytes <= cap
+    assert fake.memory_peak <= cap
     assert fake.budget_peak <= cap
     assert_nothing_registered(fake)
 
@@ -426,6 +431,7 @@ def test_aio_a_burst_with_cancels_and_a_restart(fake_triton):
 
     asyncio.run(main())
     assert fake.peak_bytes <= MAX_POOL_BYTES
+    assert fake.memory_peak <= MAX_POOL_BYTES
     assert fake.budget_peak <= MAX_POOL_BYTES
     assert_nothing_registered(fake)
 

@@ -43,6 +43,10 @@ What it is
   :meth:`stall` / :meth:`release` (Send waits on a ``threading.Event``;
   :meth:`wait_stalled` tells when requests are parked there), :attr:`delay`
   (seconds before every call; :attr:`delays` per kind of call).
+* **Metering**: the bytes of host slot memory alive in the process (made,
+  registered or not, and not yet closed): :attr:`memory_bytes`,
+  :attr:`memory_peak`, :attr:`memory_made` (``SystemSlotMemory`` hooked by
+  :meth:`install`).
 * **Checks**: slot memory closed while still registered, an unregistration
   of a region in use, a client's byte budget over its limit (sampled at
   every step the client takes) are recorded in :attr:`violations`;
@@ -72,6 +76,7 @@ import tritonshm
 import tritonshm.aio
 from tritonshm import triton
 from tritonshm.client import _client as _client_module
+from tritonshm.client import _slots
 from tritonshm.client._steps import FetchModel, Pause, Register, Send, Unregister, WaitForSlot
 from tritonshm.errors import (
     OutputTooSmall,
@@ -253,6 +258,11 @@ class FakeTriton:
         self._stalled_changed = threading.Condition(self._lock)
         self._budgets: list[Any] = []
         self.budget_peak = 0
+        # Host slot memory alive in this process (made, not yet closed), whether registered or
+        # not: counted once install() has hooked SystemSlotMemory.
+        self.memory_bytes = 0
+        self.memory_peak = 0
+        self.memory_made = 0
 
     # -- plugging in ------------------------------------------------------
 
@@ -270,7 +280,29 @@ class FakeTriton:
             return real(client, name_or_region, patience=patience)
 
         monkeypatch.setattr(triton, "unregister", unregister)
+        fake._meter_slot_memory(monkeypatch)
         return fake
+
+    def _meter_slot_memory(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Count the bytes of host slot memory alive (:attr:`memory_bytes`, :attr:`memory_peak`)."""
+        cls = _slots.SystemSlotMemory
+        real_init, real_close = cls.__init__, cls.close
+
+        def init(memory: Any, *args: Any, **kwargs: Any) -> None:
+            real_init(memory, *args, **kwargs)
+            with self._lock:
+                self.memory_made += 1
+                self.memory_bytes += memory.nbytes
+                self.memory_peak = max(self.memory_peak, self.memory_bytes)
+
+        def close(memory: Any) -> None:
+            if memory._bytes is not None:  # its first close
+                with self._lock:
+                    self.memory_bytes -= memory.nbytes
+            real_close(memory)
+
+        monkeypatch.setattr(cls, "__init__", init)
+        monkeypatch.setattr(cls, "close", close)
 
     def client(self, url: str = FAKE_URL, **kwargs: Any) -> tritonshm.Client:
         """A real blocking :class:`tritonshm.Client` whose server is this fake."""
@@ -390,10 +422,12 @@ class FakeTriton:
                         self.violations.append(message)
 
     def check(self) -> None:
-        """Raise AssertionError listing the violations seen (after a last audit)."""
+        """Raise AssertionError listing the violations seen (after a last audit), or if
+        host slot memory is still open (every client should be closed by now)."""
         self.audit()
         self.sample_budgets()
         assert not self.violations, "\n".join(self.violations)
+        assert self.memory_bytes == 0, f"{self.memory_bytes} bytes of slot memory left open"
 
     # -- the steps (blocking driver) --------------------------------------------
 
