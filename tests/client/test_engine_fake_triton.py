@@ -49,7 +49,7 @@ def test_a_burst_of_cold_threads_with_cancels_makes_one_pool(fake_triton):
     fake = fake_triton
     fake.delay = 0.0005   # requests overlap: 300 of them on 64 threads, 4 slots
     rng = random.Random(18)
-    with fake.client(max_pool_bytes=MAX_POOL_BYTES) as c:
+    with fake.client(max_pool_bytes=MAX_POOL_BYTES) as c, fake.sampling():
         c.model_info("identity_fp32")  # metadata first: the burst is about pools
         inputs = [data(i) for i in range(BURST)]
         with concurrent.futures.ThreadPoolExecutor(64) as pool:
@@ -65,8 +65,9 @@ def test_a_burst_of_cold_threads_with_cancels_makes_one_pool(fake_triton):
         assert answered >= BURST - BURST // 3
         assert len(c.pools()) == 1
         assert c._budget.used <= MAX_POOL_BYTES
-    print(f"\nthreads: {answered} answered, {len(cancelled)} cancelled, {fake.registrations} extents "
-          f"registered, peak {fake.peak_bytes} (budget {fake.budget_peak}) of {MAX_POOL_BYTES}")
+    print(f"\nthreads: {answered} answered, {len(cancelled)} cancelled, {fake.memory_made} extents made, "
+          f"{fake.registrations} registered; peak registered {fake.peak_bytes}, alive {fake.memory_peak}, "
+          f"budget {fake.budget_peak} of max_pool_bytes={MAX_POOL_BYTES}")
     assert fake.registrations == 1           # single flight: one extent, registered once
     assert fake.memory_made == 1             # ... and made once
     assert fake.peak_bytes <= MAX_POOL_BYTES
@@ -106,9 +107,11 @@ def test_a_burst_of_cold_tasks_with_random_cancels_keeps_max_pool_bytes(fake_tri
             assert c._budget.used <= MAX_POOL_BYTES
             return answered, len(cancelled)
 
-    answered, cancelled = asyncio.run(main())
-    print(f"\nasyncio: {answered} answered, {cancelled} cancelled, {fake.registrations} extents registered, "
-          f"peak {fake.peak_bytes} (budget {fake.budget_peak}) of {MAX_POOL_BYTES}")
+    with fake.sampling():
+        answered, cancelled = asyncio.run(main())
+    print(f"\nasyncio: {answered} answered, {cancelled} cancelled, {fake.memory_made} extents made, "
+          f"{fake.registrations} registered; peak registered {fake.peak_bytes}, alive {fake.memory_peak}, "
+          f"budget {fake.budget_peak} of max_pool_bytes={MAX_POOL_BYTES}")
     assert answered > BURST // 2
     assert fake.peak_bytes <= MAX_POOL_BYTES
     assert fake.memory_peak <= MAX_POOL_BYTES
@@ -175,6 +178,73 @@ def test_a_burst_of_growing_requests_keeps_max_pool_bytes(fake_triton):
                 future.result()
         assert len(c.pools()) == 1
     print(f"\ngrowing: {fake.registrations} extents registered, peak {fake.peak_bytes} of {cap}")
+    assert fake.peak_bytes <= cap
+    assert fake.memory_peak <= cap
+    assert fake.budget_peak <= cap
+    assert_nothing_registered(fake)
+
+
+def test_a_burst_that_keeps_results_grows_within_max_pool_bytes(fake_triton):
+    """300 requests on 32 threads keep their results (copy=False views) for a while: the pool
+    grows by extents for them, up to the cap and never past it; every answer is right."""
+    fake = fake_triton
+    fake.delays["send"] = 0.0002
+    cap = 4 * EXTENT
+    rng = random.Random(20)
+    holds = [rng.random() * 0.002 for _ in range(BURST)]
+
+    def one(i):
+        x = data(i)
+        view = c.infer("identity_fp32", {"INPUT0": x}, copy=False)["OUTPUT0"]
+        threading.Event().wait(holds[i])  # the caller keeps the view a moment
+        np.testing.assert_array_equal(view, x)
+
+    with fake.client(max_pool_bytes=cap, timeout=10.0) as c, fake.sampling():
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            for future in [pool.submit(one, i) for i in range(BURST)]:
+                future.result()
+        assert len(c.pools()) == 1
+    print(f"\nkept views: {fake.memory_made} extents made, peak registered {fake.peak_bytes}, "
+          f"alive {fake.memory_peak}, budget {fake.budget_peak} of max_pool_bytes={cap}")
+    assert fake.memory_made > 1              # it did grow
+    assert fake.peak_bytes <= cap
+    assert fake.memory_peak <= cap
+    assert fake.budget_peak <= cap
+    assert_nothing_registered(fake)
+
+
+def test_aio_a_burst_that_keeps_results_with_random_cancels_grows_within_max_pool_bytes(fake_triton):
+    fake = fake_triton
+    fake.delays["send"] = 0.0002
+    cap = 4 * EXTENT
+    rng = random.Random(21)
+
+    async def main():
+        async with await fake.aio_client(max_pool_bytes=cap, timeout=10.0) as c:
+            async def one(i):
+                x = data(i)
+                view = (await c.infer("identity_fp32", {"INPUT0": x}, copy=False))["OUTPUT0"]
+                await asyncio.sleep(0.002 * (i % 3))  # the caller keeps the view a moment
+                np.testing.assert_array_equal(view, x)
+                return True
+
+            tasks = [asyncio.ensure_future(one(i)) for i in range(BURST)]
+            cancelled = set()
+            for _ in range(BURST // 3):
+                await asyncio.sleep(rng.random() * 0.001)
+                i = rng.randrange(BURST)
+                if tasks[i].cancel():
+                    cancelled.add(i)
+            done = await asyncio.gather(*tasks, return_exceptions=True)
+            for i, out in enumerate(done):
+                if isinstance(out, asyncio.CancelledError):
+                    assert i in cancelled
+                else:
+                    assert out is True, out
+            assert len(c.pools()) == 1
+
+    with fake.sampling():
+        asyncio.run(main())
     assert fake.peak_bytes <= cap
     assert fake.memory_peak <= cap
     assert fake.budget_peak <= cap

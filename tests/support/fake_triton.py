@@ -49,7 +49,7 @@ What it is
   :meth:`install`).
 * **Checks**: slot memory closed while still registered, an unregistration
   of a region in use, a client's byte budget over its limit (sampled at
-  every step the client takes) are recorded in :attr:`violations`;
+  every step the client takes, and by :meth:`sampling` in between) are recorded in :attr:`violations`;
   :meth:`check` raises if there are any.
 
 Plugging in: :meth:`client` / :meth:`aio_client` make real clients whose
@@ -62,12 +62,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import math
 import threading
 import time
 import weakref
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import pytest
@@ -411,6 +412,24 @@ class FakeTriton:
                 self.budget_peak = used
             if used > budget.limit:
                 self.violations.append(f"a client's byte budget holds {used} > max_pool_bytes={budget.limit}")
+
+    @contextlib.contextmanager
+    def sampling(self, interval: float = 0.0005) -> Iterator[None]:
+        """Also sample the clients' byte budgets from a thread of its own, every *interval*
+        seconds, for the duration (instants between the steps, too)."""
+        stop = threading.Event()
+
+        def run() -> None:
+            while not stop.wait(interval):
+                self.sample_budgets()
+
+        thread = threading.Thread(target=run, name="fake-triton-sampler", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def audit(self) -> None:
         """Record slot memory the client closed while this server still has it registered."""
