@@ -264,6 +264,7 @@ class FakeTriton:
         self.memory_bytes = 0
         self.memory_peak = 0
         self.memory_made = 0
+        self._live_memory: set = set()  # SlotMemory made and not yet closed (closed by shutdown())
 
     # -- plugging in ------------------------------------------------------
 
@@ -292,6 +293,7 @@ class FakeTriton:
         def init(memory: Any, *args: Any, **kwargs: Any) -> None:
             real_init(memory, *args, **kwargs)
             with self._lock:
+                self._live_memory.add(memory)
                 self.memory_made += 1
                 self.memory_bytes += memory.nbytes
                 self.memory_peak = max(self.memory_peak, self.memory_bytes)
@@ -299,6 +301,7 @@ class FakeTriton:
         def close(memory: Any) -> None:
             if memory._bytes is not None:  # its first close
                 with self._lock:
+                    self._live_memory.discard(memory)
                     self.memory_bytes -= memory.nbytes
             real_close(memory)
 
@@ -375,8 +378,13 @@ class FakeTriton:
             self.alive = True
 
     def shutdown(self) -> None:
-        """The server exits: every registration (and its mapping) goes."""
+        """The server exits: every registration (and its mapping) goes; and slot memory a
+        client left open is closed (a test that found it open has failed already)."""
         self.die()
+        with self._lock:
+            left = list(self._live_memory)
+        for memory in left:
+            memory.close()
 
     def restart(self) -> None:
         """Die and come back: every registration is forgotten."""
