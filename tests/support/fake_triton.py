@@ -16,8 +16,8 @@ re-registration and close() can be tested in milliseconds::
 What it is
 ----------
 * **Models** (:data:`MODELS`): ``identity_fp32`` (FP32 ``[-1]`` -> the same),
-  ``batched_add`` (max_batch_size 8, FP32 ``[-1, 4]`` -> input + 1) and
-  ``add_sub`` (two FP32 ``[16]`` inputs -> their sum and difference), and
+  ``batched_add`` (max_batch_size 8, FP32 ``[-1, 4]`` -> input + 1),
+  ``add_sub`` (two FP32 ``[16]`` inputs -> their sum and difference) and
   ``repeat_fp32`` (FP32 ``[-1]`` -> the input three times: larger than the
   client's guess for a variable output, so it must grow).  Metadata
   and config are shaped like tritonclient's gRPC ``as_json=True`` replies
@@ -47,15 +47,21 @@ What it is
   registered or not, and not yet closed): :attr:`memory_bytes`,
   :attr:`memory_peak`, :attr:`memory_made` (``SystemSlotMemory`` hooked by
   :meth:`install`).
-* **Checks**: slot memory closed while still registered, an unregistration
-  of a region in use, a client's byte budget over its limit (sampled at
-  every step the client takes, and by :meth:`sampling` in between) are recorded in :attr:`violations`;
-  :meth:`check` raises if there are any.
+* **Checks**: slot memory the client closed while the fake still has it
+  registered (audited at every call), a Send naming closed memory, a client's
+  byte budget over its limit (sampled at every step the client takes, and
+  by :meth:`sampling` in between) are recorded in :attr:`violations`;
+  :meth:`check` raises if there are any, or if slot memory is still open.
 
 Plugging in: :meth:`client` / :meth:`aio_client` make real clients whose
 step handlers route to the fake; their connector (used by ``close()`` and the
-garbage-collection finalizer) is a stand-in that reaches the fake only.  The
-private attributes of the clients touched here are touched here only.
+garbage-collection finalizer) is a stand-in whose client object reaches the
+fake only (:meth:`install` routes ``tritonshm.triton.unregister`` calls on it
+to the fake; every other client goes to the real function), so no network is
+ever touched.  The clients' private attributes (``_handlers``, ``_connector``,
+``_finalizer``, ``_aio_client``, ``_budget``) are touched in :meth:`plug` and
+:meth:`aio_client` only: if the engine's insides move, this is the one place
+to follow them.
 """
 
 from __future__ import annotations
