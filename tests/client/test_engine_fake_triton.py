@@ -9,9 +9,10 @@ peak, and the clients' own byte budget sampled at every step, must stay
 within ``max_pool_bytes``; and it checks that no slot memory is closed while
 it is still registered.
 
-The tests marked ``xfail(strict=True)`` are engine bugs these
-tests found (each reason says what happens); when one is fixed, its test
-passes, strict xfail fails it, and the marker goes.
+Three engine bugs were found here first (a request waiting for byte-budget
+room spinning past its deadline, a cancelled request leaking the extent it
+was dropping, a request answered after close() gave up on it failing with a
+TypeError); their tests stay.
 """
 
 from __future__ import annotations
@@ -218,9 +219,9 @@ def test_a_burst_that_keeps_results_grows_within_max_pool_bytes(fake_triton):
 
 
 def test_aio_a_burst_that_keeps_results_grows_within_max_pool_bytes(fake_triton):
-    """The asyncio twin of the test above.  Without cancels: a task cancelled while its last
-    steps drop a surplus extent leaks it (see the xfail test at the end), and which task a
-    random cancel hits there is a matter of timing."""
+    """The asyncio twin of the test above, without cancels (a task cancelled while its last
+    steps drop a surplus extent has a test of its own, at the end: where a random cancel lands
+    is a matter of timing)."""
     fake = fake_triton
     fake.delays["send"] = 0.0002
     cap = 4 * EXTENT
@@ -538,12 +539,6 @@ def test_a_registration_that_fails_leaves_no_pool_and_the_next_request_makes_one
     assert_nothing_registered(fake)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: close() gives up on a request still in the server after the client's timeout, "
-    "closes its host slot memory (the server keeps the name registered), and when the answer comes "
-    "the request collects its outputs from the closed memory: a raw TypeError "
-    "('NoneType' object is not subscriptable, SystemSlotMemory._bytes is None) instead of a "
-    "tritonshm error such as ClientClosed"))
 def test_a_request_answered_after_close_gave_up_on_it_gets_a_tritonshm_error(monkeypatch):
     fake = FakeTriton.install(monkeypatch)  # not the fixture: closing under the server is the point
     try:
@@ -555,7 +550,7 @@ def test_a_request_answered_after_close_gave_up_on_it_gets_a_tritonshm_error(mon
             assert fake.wait_stalled(1)
             c.close()      # waits 0.1 s for the request, is told "in use" for 0.1 s more, gives up
             fake.release()  # the server answers, having written into its own mapping
-            with pytest.raises(tritonshm.Error):
+            with pytest.raises(tritonshm.ClientClosed, match="closed while this request"):
                 future.result()
     finally:
         fake.shutdown()
@@ -645,16 +640,6 @@ def test_a_forgotten_aio_client_unregisters_at_garbage_collection(fake_triton):
     assert_nothing_registered(fake)
 
 
-_SPIN_REASON = (
-    "engine bug: a request that needs a larger pool while the old (retired) pool is held by kept "
-    "copy=False results waits for budget room in Engine._budget_steps, where _has_disposals() stays "
-    "True (self._retired is not empty) but _dispose_steps() has nothing to drop and yields no step: "
-    "the loop spins without a Pause and never reaches its deadline check, so the request never gets "
-    "PoolExhausted (it spins at 100% CPU until the results are dropped; the asyncio client's event "
-    "loop is blocked meanwhile)")
-
-
-@pytest.mark.xfail(strict=True, reason=_SPIN_REASON)
 def test_a_larger_pool_blocked_by_kept_results_gets_pool_exhausted_in_time(fake_triton):
     fake = fake_triton
     with fake.client(max_pool_bytes=2 * EXTENT, timeout=0.2) as c:
@@ -678,7 +663,6 @@ def test_a_larger_pool_blocked_by_kept_results_gets_pool_exhausted_in_time(fake_
     assert fake.peak_bytes <= 2 * EXTENT
 
 
-@pytest.mark.xfail(strict=True, reason=_SPIN_REASON)
 def test_aio_a_larger_pool_blocked_by_kept_results_gets_pool_exhausted_in_time(fake_triton):
     fake = fake_triton
 
@@ -699,13 +683,6 @@ def test_aio_a_larger_pool_blocked_by_kept_results_gets_pool_exhausted_in_time(f
     assert fake.peak_bytes <= 2 * EXTENT
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: an asyncio request cancelled while its last steps unregister an idle surplus "
-    "extent (Engine._dispose_steps -> drop_extent_steps yields Unregister) is closed by "
-    "aio.Client._abandon with steps.close() once the Unregister is done; GeneratorExit at that "
-    "yield skips extent.release_memory(), and the extent is in no pool any more: its slot memory "
-    "is never closed (a ResourceWarning at garbage collection) and its bytes never go back to the "
-    "client's ByteBudget, so max_pool_bytes shrinks for good (found by the kept-results aio burst)"))
 def test_aio_a_request_cancelled_while_it_drops_a_surplus_extent_frees_it(monkeypatch):
     fake = FakeTriton.install(monkeypatch)  # not the fixture: the leak is checked below, then cleaned up
     slot = SLOT

@@ -43,8 +43,8 @@ from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
 from ._steps import FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot
 
-__all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "give_up_parked", "retry_parked_steps",
-           "settle_parked_steps"]
+__all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "drop_extents_steps", "give_up_parked",
+           "retry_parked_steps", "settle_parked_steps"]
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
@@ -67,6 +67,15 @@ def drop_extent_steps(extent: Extent, creator_pid: int, parked: list[Extent] | N
     try:
         if extent.name is not None and os.getpid() == creator_pid:
             yield Unregister(extent.name)
+    except GeneratorExit:
+        # The request was cancelled while this Unregister was out (aio): whether the server let
+        # go is unknown, and the extent is in no pool any more: park it, to be asked again.
+        if parked is not None:
+            with _parked_lock:
+                parked.append(extent)
+        else:
+            extent.release_memory()
+        raise
     except ServerError as exc:
         # Unreachable may be a dead server (it holds nothing open any more) or a passing
         # network failure (it still has our memory open): device memory is parked either
@@ -103,8 +112,25 @@ def retry_parked_steps(parked: list[Extent], creator_pid: int) -> Steps:
     with _parked_lock:
         doomed = list(parked)
         parked.clear()
-    for extent in doomed:
-        yield from drop_extent_steps(extent, creator_pid, parked)
+    yield from drop_extents_steps(doomed, creator_pid, parked)
+
+
+def drop_extents_steps(extents: list[Extent], creator_pid: int, parked: list[Extent] | None) -> Steps:
+    """:func:`drop_extent_steps` for each of *extents*; if the steps are closed half-way (a
+    cancelled request), the ones not yet tried are parked (or closed, without *parked*): none
+    is left in no list at all, its memory never closed and its bytes never back."""
+    for index, extent in enumerate(extents):
+        try:
+            yield from drop_extent_steps(extent, creator_pid, parked)
+        except GeneratorExit:
+            rest = extents[index + 1:]
+            if parked is not None:
+                with _parked_lock:
+                    parked.extend(rest)
+            else:
+                for left in rest:
+                    left.release_memory()
+            raise
 
 
 def settle_parked_steps(parked: list[Extent], creator_pid: int, seconds: float) -> Steps:
@@ -144,9 +170,7 @@ def close_pools_steps(pools: dict[Any, SlotPool], retired: set[SlotPool], creato
 
     def steps() -> Steps:
         yield from retry_parked_steps(parked, creator_pid)
-        for pool in doomed:
-            for extent in pool.close():
-                yield from drop_extent_steps(extent, creator_pid, parked)
+        yield from drop_extents_steps([e for pool in doomed for e in pool.close()], creator_pid, parked)
 
     return steps()
 
@@ -368,9 +392,10 @@ class Engine:
         meanwhile: drained retired pools, idle surplus, parked memory the server let
         go of); :class:`PoolExhausted`, with the numbers, at *deadline*."""
         while not self._budget.fits(nbytes):
-            if self._has_disposals():
+            if self._has_disposals():  # (a retired pool whose slots are kept stays a disposal)
                 yield from self._dispose_steps()
-                continue
+                if self._budget.fits(nbytes):
+                    break
             if deadline is not None and time.monotonic() >= deadline:
                 with self._lock:
                     pools = [f"{key[0]!r} ({key[2]}): {pool.nbytes}" for key, pool in self._pools.items()]
@@ -455,8 +480,7 @@ class Engine:
         with self._lock:
             pools = list(self._pools.values()) + list(self._retired)
         for pool in pools:
-            for extent in pool.take_disposals():
-                yield from self._drop_extent_steps(extent)
+            yield from drop_extents_steps(pool.take_disposals(), self._creator_pid, self._parked)
             if pool.closed:
                 with self._lock:
                     self._retired.discard(pool)
@@ -629,6 +653,9 @@ class Engine:
                         if "already" not in str(exc):  # another request of ours re-registered it
                             raise
                 result = yield send
+            if lease.extent.memory.closed:  # close() gave up waiting for us and closed it
+                raise ClientClosed(f"the client was closed while this request on model {info.name!r} "
+                                   f"ran: its results are lost")
             if stream is None:
                 stream = _devices.copy_stream(lease.extent.memory.device if lease.extent.memory.device is not None
                                               else results.device)

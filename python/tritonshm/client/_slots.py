@@ -173,6 +173,11 @@ class SlotMemory(abc.ABC):
         """Let go of the memory; live views keep what they use."""
         self.region.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run (nothing may be read or written through this any more)."""
+        return self.region.closed
+
     region: Any
 
 
@@ -232,6 +237,10 @@ class SystemSlotMemory(SlotMemory):
     def close(self) -> None:
         self._bytes = None
         self.region.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._bytes is None
 
 
 class PinnedSlotMemory(SystemSlotMemory):
