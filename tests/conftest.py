@@ -170,3 +170,24 @@ def check_leaks():
     problems = leak_report(*before)
     if problems:
         pytest.fail("leak check:\n  " + "\n  ".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_tritonclient():
+    """tritonclient's long-lived descriptors (gevent's hub, gRPC's pollers) exist before the first
+    leak check, also in a run that starts no server (``-m "not server"``)."""
+    from triton_fixtures import _warm_up_tritonclient
+
+    _warm_up_tritonclient("127.0.0.1:1", "127.0.0.1:1")
+
+
+# Fixtures that start a real Triton server: a test using any of them (directly or through another
+# fixture) carries the `server` mark, so `pytest -m "not server"` is the fast loop.  Tests that
+# start one in their own body carry the mark explicitly.
+_SERVER_FIXTURES = frozenset({"server", "fresh_server", "fake_cuda_server", "two_gpu_server"})
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if _SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.server)

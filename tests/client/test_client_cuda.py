@@ -360,6 +360,7 @@ def test_device_views_outlive_the_client(url):
     np.testing.assert_array_equal(view.get(), data)  # the slot's memory lives while the view does
 
 
+@pytest.mark.server
 def test_the_whole_fallback_chain_cuda_then_pinned_then_the_wire(fake_cuda):
     """A server that opens neither our CUDA handles nor our segments (its own /dev/shm)."""
     from tritonshm.server import LocalServer
@@ -454,6 +455,7 @@ def test_aio_waits_for_a_dlpack_tensor_to_go_at_the_byte_cap(url):
     asyncio.run(scenario())
 
 
+@pytest.mark.server
 def test_cuda_pools_are_registered_again_after_a_real_server_restart(fake_cudart_path, fake_cuda):
     from tritonshm.server import LocalServer
 

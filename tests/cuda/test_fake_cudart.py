@@ -1262,6 +1262,7 @@ CHILD_TRITON_CLIENT = """
 """
 
 
+@pytest.mark.server
 def test_real_triton_server_opens_fake_handles(fake, tmp_path):
     """A real tritonserver with the fake preloaded registers fake CUDA
     regions, refuses an oversized one and runs identity_fp32 through them

@@ -293,6 +293,7 @@ def test_help_documents_gpu():
         assert method in done.stdout
 
 
+@pytest.mark.server
 def test_gpu_model_fails_to_load_without_taking_the_server_down(tmp_path):
     """The server bench --gpu starts: the GPU model is loaded after the start; where it cannot be
     (no GPU, no torch in the server's Python), the load fails with Triton's reason, the server stays up."""

@@ -136,6 +136,7 @@ def test_search_dirs_cover_path_the_system_pyenv_and_uv(tmp_path, monkeypatch):
     ]
 
 
+@pytest.mark.server
 def test_server_python_alone_makes_our_environment(no_install_env, tmp_path, only_dirs):
     """Without tritonserver=, server_python= is the Python our install is made with, checked first."""
     only_dirs(tmp_path / "empty")
@@ -314,6 +315,7 @@ def _offline_env(tmp_path: Path, **extra: str) -> dict:
     return env
 
 
+@pytest.mark.server
 def test_offline_install_from_a_folder_of_wheels_runs_the_models(no_install_env, tmp_path, wheels,
                                                                   server_python):
     _unshare_or_skip()
@@ -364,6 +366,7 @@ def test_without_network_the_error_says_how_to_pre_seed(no_install_env, tmp_path
     assert not (tmp_path / "home" / "venv" / "tritonshm-installed.json").exists()
 
 
+@pytest.mark.server
 def test_the_wheels_folder_comes_from_the_environment_too(no_install_env, tmp_path, server_python):
     """$TRITONSHM_SERVER_WHEELS reaches LocalServer; a folder without the wheels says how to fill it."""
     empty = tmp_path / "empty"

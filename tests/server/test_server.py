@@ -221,6 +221,7 @@ def test_two_instances_serve_concurrently(grpc):
 # no server can be installed or started.
 
 
+@pytest.mark.server
 @pytest.mark.usefixtures("server")
 def test_restart_keeps_ports_and_comes_back():
     with LocalServer(quiet=True) as srv:
@@ -248,6 +249,7 @@ def test_restart_keeps_ports_and_comes_back():
             _close_and_settle(client, fds_before)
 
 
+@pytest.mark.server
 @pytest.mark.usefixtures("server")
 def test_stop_leaves_no_process_and_no_segment():
     srv = LocalServer(quiet=True).start()
@@ -269,6 +271,7 @@ def test_stop_leaves_no_process_and_no_segment():
     assert srv.grpc_url.endswith(f":{grpc_port}")  # the ports are kept for a later start()
 
 
+@pytest.mark.server
 @pytest.mark.usefixtures("server")
 def test_hard_stop_kills_stubs_and_removes_their_segments():
     srv = LocalServer(quiet=True).start()
@@ -299,6 +302,7 @@ def _bad_repository(root: Path) -> Path:
     return root
 
 
+@pytest.mark.server
 @pytest.mark.usefixtures("server")
 def test_bad_model_repository_raises_with_log(tmp_path):
     before = _our_tritonservers()
@@ -378,6 +382,7 @@ def test_server_dies_with_a_sigkilled_parent():
     _wait_gone(pids, pids[0])
 
 
+@pytest.mark.server
 @pytest.mark.usefixtures("server")
 def test_ctrl_c_in_with_block_stops_the_server():
     child, pids = _child(
@@ -481,6 +486,7 @@ def _python_version(python: str) -> str:
                           check=True, stdout=subprocess.PIPE, text=True).stdout.strip()
 
 
+@pytest.mark.server
 def test_existing_install_runs_and_installs_nothing(no_install_env, tmp_path, existing_install):
     tritonserver, python = existing_install
     home = tmp_path / "home"
@@ -500,6 +506,7 @@ def test_existing_install_runs_and_installs_nothing(no_install_env, tmp_path, ex
     assert list(home.iterdir()) == []  # nothing installed, not even a lock file
 
 
+@pytest.mark.server
 def test_existing_install_from_the_environment(no_install_env, tmp_path, existing_install):
     tritonserver, python = existing_install
     no_install_env.setenv("TRITONSHM_TRITONSERVER", tritonserver)
@@ -626,6 +633,7 @@ def server_optional(no_install_env):
     return no_install_env
 
 
+@pytest.mark.server
 def test_no_package_index_skips_with_the_reason(server_optional, tmp_path):
     server_optional.setenv("TRITONSHM_SERVER_HOME", str(tmp_path / "home"))
     # No index, no find-links, no pip configuration: pip cannot find the wheel.
