@@ -34,6 +34,9 @@ import pytest
 # The Triton server fixtures (a real server for the session, fresh ones for
 # restarts) live in triton_fixtures.py; importing them here registers them.
 from triton_fixtures import fresh_server, protocol, server, triton_client  # noqa: E402,F401
+# The fake Triton for the engine's steps (tests/support/, test-only) and its `fake_triton` fixture.
+pytest_plugins = ["support.fake_triton"]
+
 # The CUDA fixtures (the fake runtime for CI, the real GPU) live in cuda_fixtures.py.
 from cuda_fixtures import (  # noqa: E402,F401
     cupy, cupy_like, fake_cuda, fake_cuda_server, fake_cudart_path, gpu, torch, torch_like,

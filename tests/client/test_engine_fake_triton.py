@@ -29,7 +29,7 @@ import pytest
 import tritonshm
 from tritonshm.errors import ClientClosed, PoolExhausted, ServerError, ServerUnavailable, SharedMemoryRefused
 
-from support.fake_triton import FakeTriton, fake_triton  # noqa: F401  (the fixture)
+from support.fake_triton import FakeTriton
 
 BURST = 300
 ELEMENTS = 1024                  # 4 KiB in, 4 KiB out: 8 KiB slots, 32 KiB extents of 4 slots
