@@ -186,15 +186,13 @@ class Client(Engine):
     async def _infer(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
                      copy: bool, timeout: float | None, output_device: str | int) -> dict[str, Any]:
         info = await self.model_info(model, version)
-        chunks, names, route = self._plan(info, inputs, outputs, copy, output_device)
-        wait = self.timeout if timeout is None else timeout
-        if len(chunks) == 1:
-            return await self._drive(self._chunk_steps(info, chunks[0], names, copy, wait, route))
-        rows = _intake.result_rows(info, names, chunks, route.results)
-        parts = await asyncio.gather(*(
-            self._drive(self._chunk_steps(info, chunk, names, True, wait, route, into))
-            for chunk, into in zip(chunks, rows)))
-        return _intake.join_chunks(parts, names, route.results, rows[0])
+        plan = self._plan(info, inputs, outputs, copy, output_device, timeout)
+        if len(plan.chunks) == 1:
+            return await self._drive(self._chunk_steps(plan, plan.chunks[0]))
+        rows = _intake.result_rows(info, plan.names, plan.chunks, plan.route.results)
+        parts = await asyncio.gather(*(self._drive(self._chunk_steps(plan, chunk, into))
+                                       for chunk, into in zip(plan.chunks, rows)))
+        return _intake.join_chunks(parts, plan.names, plan.route.results, rows[0])
 
     async def request(self, model: str, batch_size: int | None = None, *,
                       shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",

@@ -270,15 +270,14 @@ class Client(Engine):
         the wait for a slot (default: the client's).
         """
         info = self.model_info(model, version)
-        chunks, names, route = self._plan(info, inputs, outputs, copy, output_device)
-        wait = self.timeout if timeout is None else timeout
-        if len(chunks) == 1:
-            return self._drive(self._chunk_steps(info, chunks[0], names, copy, wait, route))
+        plan = self._plan(info, inputs, outputs, copy, output_device, timeout)
+        if len(plan.chunks) == 1:
+            return self._drive(self._chunk_steps(plan, plan.chunks[0]))
         workers = self._workers_for("chunk")
-        rows = _intake.result_rows(info, names, chunks, route.results)
-        futures = [workers.submit(lambda chunk=chunk, into=into: self._drive(
-            self._chunk_steps(info, chunk, names, True, wait, route, into))) for chunk, into in zip(chunks, rows)]
-        return _intake.join_chunks([f.result() for f in futures], names, route.results, rows[0])
+        rows = _intake.result_rows(info, plan.names, plan.chunks, plan.route.results)
+        futures = [workers.submit(lambda chunk=chunk, into=into: self._drive(self._chunk_steps(plan, chunk, into)))
+                   for chunk, into in zip(plan.chunks, rows)]
+        return _intake.join_chunks([f.result() for f in futures], plan.names, plan.route.results, rows[0])
 
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
         """:meth:`infer` in a background thread; returns a ``concurrent.futures.Future``.

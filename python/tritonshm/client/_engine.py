@@ -43,7 +43,7 @@ from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
 from ._steps import FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot
 
-__all__ = ["Engine", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "drop_extents_steps", "give_up_parked",
+__all__ = ["Engine", "Plan", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "drop_extents_steps", "give_up_parked",
            "retry_parked_steps", "settle_parked_steps"]
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
@@ -157,6 +157,17 @@ class Route(NamedTuple):
     device: int | None = None
 
 
+class Plan(NamedTuple):
+    """One request, checked and routed once: what each chunk of its batch runs with."""
+
+    info: ModelInfo
+    chunks: list[dict[str, Any]]   # the checked inputs, in chunks of at most max_batch_size
+    names: list[str]               # the outputs asked for
+    route: Route
+    copy: bool                     # results copied out (False: views of the slot)
+    timeout: float | None          # how long a chunk waits for a slot
+
+
 def close_pools_steps(pools: dict[Any, SlotPool], retired: set[SlotPool], creator_pid: int,
                       parked: list[Extent]) -> Steps:
     """Empty *pools* and *retired* now, then the steps that unregister and close all they held
@@ -215,7 +226,7 @@ class Engine:
         # Requests between their first step and their last: close() lets them finish first.
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
-        self._plans: dict[tuple, dict[str, int]] = {}   # slot needs by model and input shapes
+        self._needs_by_shapes: dict[tuple, dict[str, int]] = {}   # slot needs by model and input shapes
         self._wire_only = transport == "wire"
         self._closed = False
         self._creator_pid = os.getpid()  # a forked child must not unregister our names
@@ -443,15 +454,15 @@ class Engine:
 
     def _needs(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
                 bytes_sizes: Mapping[str, int]) -> dict[str, int]:
-        """:func:`_intake.slot_needs`, remembered per model and input shapes (the request plan)."""
+        """:func:`_intake.slot_needs`, remembered per model and input shapes."""
         if bytes_sizes:
             return _intake.slot_needs(info, shapes, bytes_sizes)  # varies with the strings
         key = (info.name, info.version, tuple(shapes.items()))
-        needs = self._plans.get(key)
+        needs = self._needs_by_shapes.get(key)
         if needs is None:
-            if len(self._plans) > 1024:  # many distinct variable shapes: start over
-                self._plans.clear()
-            needs = self._plans[key] = _intake.slot_needs(info, shapes, bytes_sizes)
+            if len(self._needs_by_shapes) > 1024:  # many distinct variable shapes: start over
+                self._needs_by_shapes.clear()
+            needs = self._needs_by_shapes[key] = _intake.slot_needs(info, shapes, bytes_sizes)
         return needs
 
     def pools(self) -> list[PoolInfo]:
@@ -516,9 +527,10 @@ class Engine:
     # -- requests ---------------------------------------------------------
 
     def _plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
-              copy: bool, output_device: Any = "auto") -> tuple[list[dict[str, Any]], list[str], Route]:
-        """Checked inputs split into chunks of at most ``max_batch_size``, the
-        output names, and the route of the request's tensors."""
+              copy: bool, output_device: Any = "auto", timeout: float | None = None) -> Plan:
+        """The request's :class:`Plan`: checked inputs split into chunks of at most
+        ``max_batch_size``, the output names, the route of its tensors, and the wait
+        for a slot (*timeout*, default the client's)."""
         arrays, batch = _intake.check_inputs(info, inputs)
         names = _intake.output_names(info, outputs)
         chunks = _intake.split_batch(info, arrays, batch)
@@ -527,7 +539,8 @@ class Engine:
                 f"copy=False needs one slot, but a batch of {batch} on model {info.name!r} "
                 f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
             )
-        return chunks, names, self._route(info, arrays, output_device)
+        return Plan(info, chunks, names, self._route(info, arrays, output_device), copy,
+                    self.timeout if timeout is None else timeout)
 
     def _route(self, info: ModelInfo, arrays: Mapping[str, Any], output_device: Any) -> Route:
         """Which slots a request uses and where its results land.
@@ -566,22 +579,20 @@ class Engine:
             return Route(SYSTEM if self._pinned else SlotKind.pinned(source), results, home)
         return Route(SlotKind.cuda(source), results, home)
 
-    def _chunk_steps(self, info: ModelInfo, arrays: Mapping[str, Any], names: list[str],
-                     copy: bool, timeout: float | None, route: Route, rows: _intake.Rows | None = None) -> Steps:
-        """Steps of one request that fits a slot: lease, copy in, run, collect
-        (fixed-size outputs into *rows* of a chunked batch's results, when given)."""
+    def _chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None = None) -> Steps:
+        """Steps of one chunk of *plan* (its *arrays* fit a slot): lease, copy in, run,
+        collect (fixed-size outputs into *rows* of a chunked batch's results, when given)."""
         with self._flight():
-            return (yield from self._chunk_attempts(info, arrays, names, copy, timeout, route, rows))
+            return (yield from self._chunk_attempts(plan, arrays, rows))
 
-    def _chunk_attempts(self, info: ModelInfo, arrays: Mapping[str, Any], names: list[str],
-                        copy: bool, timeout: float | None, route: Route,
-                        rows: _intake.Rows | None) -> Steps:
+    def _chunk_attempts(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None) -> Steps:
+        info, names, route = plan.info, plan.names, plan.route
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays)
         needs = self._needs(info, shapes, bytes_sizes)
         for attempt in range(_GROW_ATTEMPTS):
             lease = None if self._wire_only else (
-                yield from self._lease_steps(info, needs, timeout, not copy, route.memory))
+                yield from self._lease_steps(info, needs, plan.timeout, not plan.copy, route.memory))
             if lease is None:
                 result = yield Send(info.name, info.version, *self._wire_request(info, arrays, names))
                 return self._wire_results(info, result, names, route.results, rows)
@@ -607,7 +618,7 @@ class Engine:
                     if queued:
                         stream.synchronize()  # nothing of ours may still land in the slot once it is back
                     raise
-                outputs = yield from self._slot_steps(info, lease, shapes, names, copy, bytes_sizes,
+                outputs = yield from self._slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,
                                                       route.results, rows, stream)
             except OutputTooSmall as exc:
                 # A variable-size output outgrew its guess: grow to what the
