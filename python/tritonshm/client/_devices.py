@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import CudaUnavailable, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
 __all__ = ["DeviceTensor", "Placement", "as_device_tensor", "capture_inputs", "empty", "to_host", "to_device",
-           "concatenate", "after_allocation", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
+           "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
            "require_cuda", "library_of"]
 
 
@@ -205,23 +205,6 @@ def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int]) -> Any:
     return cuda_empty(dtype, shape, device)
 
 
-def after_allocation(placement: Placement, stream: Any = None) -> None:
-    """Order *stream* (default: this thread's copy stream) after the work queued on this thread's
-    current stream of the results' GPU, where their library (torch, cupy) allocates them.
-
-    Caching allocators hand out memory that is safe to use on the allocating
-    thread's current stream only: a block freed by a tensor whose kernels are
-    still running there comes back at once.  Our copies into results run on
-    our own stream, so they wait for that one first.  ``cuda.empty`` memory
-    is fresh from ``cudaMalloc``: nothing to wait for.
-    """
-    if placement.device is None or placement.library == "tritonshm":
-        return
-    if stream is None:
-        stream = copy_stream(placement.device)
-    stream.wait(current_stream_event(placement.device))
-
-
 def copy_bytes(dst: Any, src: Any, nbytes: int, dst_offset: int = 0, src_offset: int = 0,
                stream: Any = None) -> None:
     """:func:`tritonshm.cuda.copy`: bytes between host and device memory, after a captured
@@ -274,7 +257,6 @@ def to_host(tensor: DeviceTensor) -> np.ndarray:
 def to_device(array: np.ndarray, placement: Placement) -> Any:
     """A device copy of a host result, allocated where *placement* says (complete on return)."""
     out = empty(placement, array.dtype, array.shape)
-    after_allocation(placement)
     copy_bytes(out, np.ascontiguousarray(array), array.nbytes)
     return out
 
@@ -291,7 +273,6 @@ def concatenate(parts: Sequence[Any], placement: Placement) -> Any:
         raise ShapeMismatch(f"the chunks of a batch returned rows of different shapes {shapes}: "
                             f"they cannot be joined")
     out = empty(placement, dtype, (sum(s[0] for s in shapes),) + shapes[0][1:])
-    after_allocation(placement)
     offset = 0
     for part, shape in zip(parts, shapes):
         nbytes = math.prod(shape) * dtype.itemsize

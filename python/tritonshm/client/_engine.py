@@ -601,7 +601,7 @@ class Engine:
                 # The copies of this request run on this thread's copy stream of its GPU, after
                 # the event each captured input carries; the server reads the slot only once
                 # they have landed (one wait, never a device-wide sync).
-                stream = _devices.copy_stream(memory.device if memory.device is not None else route.device)
+                stream = self._copy_stream(memory, route.device)
                 queued = False
                 try:
                     for spec in info.inputs:
@@ -668,8 +668,7 @@ class Engine:
                 raise ClientClosed(f"the client was closed while this request on model {info.name!r} "
                                    f"ran: its results are lost")
             if stream is None:
-                stream = _devices.copy_stream(lease.extent.memory.device if lease.extent.memory.device is not None
-                                              else results.device)
+                stream = self._copy_stream(lease.extent.memory, results.device)
             try:
                 outputs, queued = self._collect(info, lease, result, names, copy, results, rows, stream)
                 if queued:
@@ -682,6 +681,11 @@ class Engine:
                     stream.synchronize()
                 raise
             return outputs
+
+    @staticmethod
+    def _copy_stream(memory: SlotMemory, device: int | None) -> Any:
+        """This thread's copy stream of the GPU of *memory*, else of *device*; None: no GPU."""
+        return _devices.copy_stream(memory.device if memory.device is not None else device)
 
     def _collect(self, info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
                  copy: bool, results: Placement, rows: _intake.Rows | None = None,
@@ -696,8 +700,6 @@ class Engine:
         outputs, queued = {}, False
         if rows is not None and rows.ready is not None:
             stream.wait(rows.ready)  # the batch's results were allocated on the caller's stream
-        elif results.device is not None and on_gpu and (copy or memory.device != results.device):
-            _devices.after_allocation(results, stream)
         for name in names:
             spec = info.output(name)
             tensor = result.get_output(name)

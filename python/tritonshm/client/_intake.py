@@ -129,9 +129,13 @@ def result_rows(info: ModelInfo, names: Sequence[str], chunks: Sequence[Mapping[
         shape = (batch,) + spec.dims
         arrays[name] = np.empty(shape, spec.dtype) if placement.device is None \
             else _devices.empty(placement, spec.dtype, shape)
+    # A caching allocator (torch, cupy) hands out memory safe on the allocating thread's current
+    # stream only.  A copy into a result on the same thread is ordered after that stream by its
+    # own DLPack handshake; these are copied into on workers, whose current stream is another:
+    # their copies wait for this event of the caller's stream first.
     ready = None
     if placement.device is not None and placement.library != "tritonshm":
-        ready = _devices.current_stream_event(placement.device)  # see _devices.after_allocation
+        ready = _devices.current_stream_event(placement.device)
     starts = np.cumsum([0] + counts[:-1]).tolist()
     return [Rows(arrays, start, count, ready) for start, count in zip(starts, counts)]
 
