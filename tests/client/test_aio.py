@@ -13,6 +13,7 @@ import tritonshm
 from tritonshm.client._slots import SYSTEM, SlotKind  # noqa: F401 (the private pool keys)
 import tritonshm.aio
 from triton_fixtures import client_url
+from support.insides import live_pool
 
 
 def run(coro):
@@ -87,7 +88,7 @@ def test_aio_cancelled_request_keeps_its_slot_until_the_server_is_done(server, p
         async with tritonshm.aio.Client(client_url(server, protocol), slots=1) as c:
             data = np.arange(8, dtype=np.float32)
             await c.infer("slow_fp32", {"INPUT0": data})  # make the pool
-            pool = c._pools[("slow_fp32", "", SYSTEM)]
+            pool = live_pool(c, "slow_fp32")
             task = asyncio.create_task(c.infer("slow_fp32", {"INPUT0": data}))
             await asyncio.sleep(0.2)  # the server is working on it now
             task.cancel()
@@ -113,7 +114,7 @@ def test_aio_cancelled_while_waiting_for_a_slot_leaves_counts_right(server):
             data = np.arange(4, dtype=np.float32)
             first = asyncio.create_task(c.infer("slow_fp32", {"INPUT0": data}))
             await asyncio.sleep(0.2)
-            pool = c._pools[("slow_fp32", "", SYSTEM)]
+            pool = live_pool(c, "slow_fp32")
             waiting = asyncio.create_task(c.infer("slow_fp32", {"INPUT0": data}))
             await asyncio.sleep(0.1)
             waiting.cancel()

@@ -19,6 +19,7 @@ import pytest
 import tritonshm
 from tritonshm.client._slots import SYSTEM, SlotKind  # noqa: F401 (the private pool keys)
 from triton_fixtures import refuse_unregister, NUMERIC_IDENTITY_MODELS, client_url, sample, start_or_skip
+from support.insides import live_pool, live_pools
 
 
 @pytest.fixture
@@ -117,10 +118,10 @@ def test_unbatched_models_are_not_chunked(client):
 def test_variable_dims_grow_the_pool_and_retire_the_old_one(client):
     small, large = floats(2, 3), floats(64, 128)
     assert np.array_equal(client.infer("variable_fp32", {"INPUT0": small})["OUTPUT0"], small + 1)
-    first = client._pools[("variable_fp32", "", SYSTEM)]
+    first = live_pool(client, "variable_fp32")
     (first_extent,) = first.extents
     assert np.array_equal(client.infer("variable_fp32", {"INPUT0": large})["OUTPUT0"], large + 1)
-    second = client._pools[("variable_fp32", "", SYSTEM)]
+    second = live_pool(client, "variable_fp32")
     assert second is not first and second.layout.slot_bytes > first.layout.slot_bytes
     # every slot was back, so it was unregistered and closed at once
     assert first.closed and first_extent.memory.region.closed
@@ -128,7 +129,7 @@ def test_variable_dims_grow_the_pool_and_retire_the_old_one(client):
     assert second.extents[0].name in names and first_extent.name not in names
     # Smaller requests keep using the larger pool.
     assert np.array_equal(client.infer("variable_fp32", {"INPUT0": small})["OUTPUT0"], small + 1)
-    assert client._pools[("variable_fp32", "", SYSTEM)] is second
+    assert live_pool(client, "variable_fp32") is second
 
 
 def test_a_replaced_pool_sends_late_requests_to_its_successor(client):
@@ -136,7 +137,7 @@ def test_a_replaced_pool_sends_late_requests_to_its_successor(client):
     must not lease from the old, unregistered region (many threads do race so)."""
     small, large = floats(4), floats(4096)
     client.infer("identity_fp32", {"INPUT0": small})
-    old = client._pools[("identity_fp32", "", SYSTEM)]
+    old = live_pool(client, "identity_fp32")
     client.infer("identity_fp32", {"INPUT0": large})  # grows: the old pool is dropped
     assert old.closed and old.extents == []
     assert old.try_acquire() is None and old.wait(timeout=5)  # retired: waiters move on at once
@@ -208,7 +209,7 @@ def test_held_results_grow_the_pool_instead_of_blocking(server, protocol):
     with tritonshm.Client(client_url(server, protocol), slots=4, timeout=0) as c:
         inputs = [floats(64, seed=i) for i in range(12)]
         kept = [c.infer("identity_fp32", {"INPUT0": x}, copy=False)["OUTPUT0"] for x in inputs]
-        pool = c._pools[("identity_fp32", "", SYSTEM)]
+        pool = live_pool(c, "identity_fp32")
         assert pool.nslots == 12 and len(pool.extents) == 3
         names = tritonshm.status(c.tritonclient)
         assert all(extent.name in names for extent in pool.extents)
@@ -236,14 +237,14 @@ def test_exhaustion_by_requests_in_flight_says_so(server):
 
 def test_a_pool_is_closed_once_however_often_it_is_closed(client):
     client.infer("identity_fp32", {"INPUT0": floats(4)})
-    pool = client._pools[("identity_fp32", "", SYSTEM)]
+    pool = live_pool(client, "identity_fp32")
     (extent,) = pool.extents
     assert pool.close() == [extent]  # the client unregisters what close() hands back...
     assert pool.close() == [] and pool.take_disposals() == []  # ...exactly once
     pool.retire()
     assert pool.take_disposals() == []
     extent.memory.close()
-    client._pools.clear()
+    live_pools(client).clear()
 
 
 def test_copy_false_results_survive_many_later_requests(server, protocol):
@@ -312,7 +313,7 @@ def test_server_restart_mid_stream_reregisters(fresh_server, protocol):
         fresh_server.restart()
         for i in range(5):
             assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data - i})["OUTPUT0"], data - i)
-        pool = c._pools[("identity_fp32", "", SYSTEM)]
+        pool = live_pool(c, "identity_fp32")
         assert pool.extents[0].name in tritonshm.status(c.tritonclient)
 
 
@@ -320,7 +321,7 @@ def test_wire_transport_never_touches_shared_memory(server, protocol):
     with tritonshm.Client(client_url(server, protocol), transport="wire") as c:
         data = floats(64)
         assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)
-        assert c._pools == {}
+        assert c.pools() == []
         with pytest.raises(tritonshm.Error, match="wire"):
             c.request("identity_fp32")
 
@@ -346,7 +347,7 @@ def test_falls_back_to_the_wire_when_the_server_cannot_see_our_memory(isolated_s
             warnings.simplefilter("error")  # one warning, not one per request
             batch = floats(20, 4)
             assert np.array_equal(c.infer("batched_fp32", {"INPUT0": batch})["OUTPUT0"], batch * 2)
-        assert c._pools == {}
+        assert c.pools() == []
     with tritonshm.Client(url, transport="shm") as strict:
         with pytest.raises(tritonshm.SharedMemoryRefused, match="--ipc=host"):
             strict.infer("identity_fp32", {"INPUT0": data})
@@ -355,7 +356,7 @@ def test_falls_back_to_the_wire_when_the_server_cannot_see_our_memory(isolated_s
 def test_forgotten_client_is_cleaned_up_by_gc(server):
     c = tritonshm.Client(server.grpc_url)
     c.infer("identity_fp32", {"INPUT0": floats(8)})
-    (extent,) = c._pools[("identity_fp32", "", SYSTEM)].extents
+    (extent,) = live_pool(c, "identity_fp32").extents
     key, name = extent.memory.region.key, extent.name
     del c, extent
     gc.collect()
@@ -384,10 +385,9 @@ def test_forgotten_client_stops_its_threads(server):
 def test_forgotten_client_is_cleaned_up_at_exit(server):
     script = textwrap.dedent(f"""
         import numpy as np, tritonshm
-        from tritonshm.client._slots import SYSTEM
         c = tritonshm.Client({server.grpc_url!r})
         c.infer("identity_fp32", {{"INPUT0": np.ones(8, np.float32)}})
-        (extent,) = c._pools[("identity_fp32", "", SYSTEM)].extents
+        (extent,) = c._engine._pools[("identity_fp32", "", tritonshm.client._slots.SYSTEM)].extents
         print(extent.memory.region.key, extent.name)
     """)  # exits without close()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -402,7 +402,7 @@ def test_a_forked_child_never_unregisters_the_parents_pool(server):
     with tritonshm.Client(server.grpc_url) as c:
         data = floats(16)
         c.infer("identity_fp32", {"INPUT0": data})
-        (extent,) = c._pools[("identity_fp32", "", SYSTEM)].extents
+        (extent,) = live_pool(c, "identity_fp32").extents
         pid = os.fork()
         if pid == 0:  # the child drops its copy of the client at once
             try:

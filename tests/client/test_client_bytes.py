@@ -11,6 +11,7 @@ import tritonshm
 from tritonshm.client._slots import SYSTEM, SlotKind  # noqa: F401 (the private pool keys)
 import tritonshm.aio
 from triton_fixtures import client_url
+from support.insides import live_pool
 
 STRINGS = [b"", b"a", "\u00e9t\u00e9 \u2603".encode(), b"\x00\xff" * 50, b"", "\U0001f600".encode()]
 
@@ -23,7 +24,7 @@ def as_objects(items, shape=None):
 
 def bound_to_shared_memory(client, model):
     """Whether every cached input and output of the model's pool names a shared-memory region."""
-    pool = client._pools[(model, "", SYSTEM)]
+    pool = live_pool(client, model)
     # Inputs are cached as (InferInput, shape, nbytes), outputs as they are.
     objects = [obj[0] if isinstance(obj, tuple) else obj
                for cache in pool.request_objects.values() for obj in cache.values()]

@@ -28,6 +28,7 @@ import tritonshm.aio
 from tritonshm import cuda
 
 from triton_fixtures import client_url, sample
+from support.insides import live_pool
 
 
 def device_array(data: np.ndarray):
@@ -242,7 +243,7 @@ def test_auto_falls_back_to_pinned_host_slots_with_one_warning(server, protocol,
             out = c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"]
         assert isinstance(out, cuda.CudaArray)  # still where the input was
         np.testing.assert_array_equal(out.get(), data)
-        (extent,) = c._pools[("identity_fp32", "", SlotKind.pinned(0))].extents
+        (extent,) = live_pool(c, "identity_fp32", SlotKind.pinned(0)).extents
         assert extent.memory.region.pinned
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once only
@@ -577,14 +578,14 @@ def test_aio_cancelled_during_registration_leaves_nothing_registered_behind(url,
     async def scenario():
         async with tritonshm.aio.Client(url) as c:
             started, go = asyncio.Event(), asyncio.Event()
-            real = c._handlers[Register]
+            real = c._driver.handlers[Register]
 
             async def slow_register(step):
                 started.set()
                 await go.wait()
                 return await real(step)
 
-            c._handlers[Register] = slow_register
+            c._driver.handlers[Register] = slow_register
             task = asyncio.ensure_future(c.infer("identity_fp32", {"INPUT0": device_array(data)}))
             await started.wait()
             task.cancel()

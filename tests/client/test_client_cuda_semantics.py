@@ -22,6 +22,7 @@ import tritonshm.aio
 from tritonshm import triton
 
 from triton_fixtures import client_url, refuse_unregister, sample
+from support.insides import live_pools, parked
 
 
 @pytest.fixture
@@ -93,7 +94,7 @@ def test_close_waits_for_a_request_in_flight_on_another_thread(url, fake_cuda_se
         order.append("close returned")
         np.testing.assert_array_equal(future.result(), data)
     assert order == ["request done", "close returned"]
-    assert not registered_cuda_names(fake_cuda_server) & {n for n in c._parked}
+    assert not registered_cuda_names(fake_cuda_server) & {n for n in parked(c)}
     gc.collect()
 
 
@@ -101,7 +102,7 @@ def test_a_refused_unregistration_keeps_device_memory_for_the_server(url, fake_c
     """close() while the server refuses to unregister a CUDA extent (it may still be reading it):
     the memory is held for the life of the process, never freed under the server."""
     from fake_cuda import KIND_ALLOC
-    from tritonshm.client._client import _held_for_the_server
+    from tritonshm.client._disposal import held_for_the_server
 
     data = sample(np.float32, 64)
     c = tritonshm.Client(url, timeout=0.2)  # close() asks again for up to 0.2 s
@@ -111,10 +112,10 @@ def test_a_refused_unregistration_keeps_device_memory_for_the_server(url, fake_c
     refuse_unregister(monkeypatch, name)
     c.close()
     gc.collect()
-    (extent,) = [e for e in _held_for_the_server if e.name == name]
+    (extent,) = [e for e in held_for_the_server if e.name == name]
     assert fake_cuda.pointer_kind(extent.memory.region.ptr) == KIND_ALLOC  # still allocated
     # Clean up for the leak check, as the server letting go would allow.
-    _held_for_the_server.remove(extent)
+    held_for_the_server.remove(extent)
     with tritonshm.Client(url) as helper:
         real_unregister(helper.tritonclient, name)
     extent.memory.close()
@@ -125,18 +126,18 @@ def test_close_asks_again_while_the_server_is_still_letting_go(url, fake_cuda, m
     right after is refused ("currently in use") for a moment.  close() asks again; the memory
     is freed once the server has let go, and nothing is held back."""
     from fake_cuda import KIND_UNKNOWN
-    from tritonshm.client._client import _held_for_the_server
+    from tritonshm.client._disposal import held_for_the_server
 
     c = tritonshm.Client(url)
     c.infer("identity_fp32", {"INPUT0": device_array(sample(np.float32, 64))})
     (name,) = c.pools()[0].regions
-    ptr = c._pools[next(iter(c._pools))].extents[0].memory.region.ptr
+    ptr = next(iter(live_pools(c).values())).extents[0].memory.region.ptr
     refusals = refuse_unregister(monkeypatch, name, times=3)
     c.close()
     gc.collect()
     assert len(refusals) == 3
     assert fake_cuda.pointer_kind(ptr) == KIND_UNKNOWN
-    assert not [e for e in _held_for_the_server if e.name == name]
+    assert not [e for e in held_for_the_server if e.name == name]
 
 
 def test_refused_device_memory_is_retried_by_later_requests(url, fake_cuda, monkeypatch):
@@ -153,12 +154,12 @@ def test_refused_device_memory_is_retried_by_later_requests(url, fake_cuda, monk
         big = sample(np.float32, 1 << 16)
         c.infer("identity_fp32", {"INPUT0": device_array(big)})  # a larger pool replaces the first
         assert refusals == [old]
-        (parked,) = c._parked
-        ptr = parked.memory.region.ptr
-        assert parked.name == old and fake_cuda.pointer_kind(ptr) == KIND_ALLOC
+        (extent,) = parked(c)
+        ptr = extent.memory.region.ptr
+        assert extent.name == old and fake_cuda.pointer_kind(ptr) == KIND_ALLOC
         c.infer("identity_fp32", {"INPUT0": device_array(small)})  # retried: goes through now
         gc.collect()
-        assert c._parked == [] and fake_cuda.pointer_kind(ptr) == KIND_UNKNOWN
+        assert parked(c) == [] and fake_cuda.pointer_kind(ptr) == KIND_UNKNOWN
     finally:
         c.close()
 
@@ -376,13 +377,13 @@ def test_device_memory_of_an_unreachable_server_is_parked_then_freed(url, fake_c
     our memory open) parks device memory; close() asks again, and frees it only once the server
     has stayed unreachable for the whole settle time (gone: it holds nothing)."""
     from fake_cuda import KIND_ALLOC, KIND_UNKNOWN
-    from tritonshm.client import _client
+    from tritonshm.client import _disposal
     from tritonshm.errors import ServerUnavailable
 
     c = tritonshm.Client(url, timeout=0.3)
     c.infer("identity_fp32", {"INPUT0": device_array(sample(np.float32, 64))})
     (name,) = c.pools()[0].regions
-    ptr = c._pools[next(iter(c._pools))].extents[0].memory.region.ptr
+    ptr = next(iter(live_pools(c).values())).extents[0].memory.region.ptr
     seen = []
     with tritonshm.Client(url) as helper:  # as a server that went away would: it holds nothing
         triton.unregister(helper.tritonclient, name)
@@ -392,4 +393,4 @@ def test_device_memory_of_an_unreachable_server_is_parked_then_freed(url, fake_c
     gc.collect()
     assert len(seen) > 1 and set(seen) == {KIND_ALLOC}  # asked again while parked
     assert fake_cuda.pointer_kind(ptr) == KIND_UNKNOWN
-    assert not [e for e in _client._held_for_the_server if e.name == name]
+    assert not [e for e in _disposal.held_for_the_server if e.name == name]

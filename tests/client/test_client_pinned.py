@@ -8,6 +8,7 @@ import pytest
 import tritonshm
 from tritonshm.client._slots import SYSTEM, SlotKind  # noqa: F401 (the private pool keys)
 from triton_fixtures import client_url
+from support.insides import live_pool
 
 
 def test_pinned_pools_are_page_locked_and_released(fake_cuda, server, protocol):
@@ -15,11 +16,11 @@ def test_pinned_pools_are_page_locked_and_released(fake_cuda, server, protocol):
     with tritonshm.Client(client_url(server, protocol), pinned=True) as c:
         data = np.arange(1000, dtype=np.float32)
         assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)
-        (extent,) = c._pools[("identity_fp32", "", SYSTEM)].extents
+        (extent,) = live_pool(c, "identity_fp32").extents
         assert extent.memory.region.pinned and extent.memory.kind == "system"
         assert fake_cuda.stats().live != registered_before  # one host registration more
         kept = [c.infer("identity_fp32", {"INPUT0": data + i}, copy=False)["OUTPUT0"] for i in range(6)]
-        assert all(r.memory.region.pinned for r in c._pools[("identity_fp32", "", SYSTEM)].extents)
+        assert all(r.memory.region.pinned for r in live_pool(c, "identity_fp32").extents)
         for i, view in enumerate(kept):
             assert np.array_equal(view, data + i)
         del kept, view

@@ -30,6 +30,7 @@ import tritonshm
 from tritonshm.errors import ClientClosed, PoolExhausted, ServerError, ServerUnavailable, SharedMemoryRefused
 
 from support.fake_triton import FakeTriton
+from support.insides import budget_used
 
 BURST = 300
 ELEMENTS = 1024                  # 4 KiB in, 4 KiB out: 8 KiB slots, 32 KiB extents of 4 slots
@@ -69,7 +70,7 @@ def test_a_burst_of_cold_threads_with_cancels_makes_one_pool(fake_triton):
                 answered += 1
         assert answered >= BURST - BURST // 3
         assert len(c.pools()) == 1
-        assert c._budget.used <= MAX_POOL_BYTES
+        assert budget_used(c) <= MAX_POOL_BYTES
     print(f"\nthreads: {answered} answered, {len(cancelled)} cancelled, {fake.memory_made} extents made, "
           f"{fake.registrations} registered; peak registered {fake.peak_bytes}, alive {fake.memory_peak}, "
           f"budget {fake.budget_peak} of max_pool_bytes={MAX_POOL_BYTES}")
@@ -109,7 +110,7 @@ def test_a_burst_of_cold_tasks_with_random_cancels_keeps_max_pool_bytes(fake_tri
                 np.testing.assert_array_equal(out["OUTPUT0"], x)
                 answered += 1
             assert len(c.pools()) == 1
-            assert c._budget.used <= MAX_POOL_BYTES
+            assert budget_used(c) <= MAX_POOL_BYTES
             return answered, len(cancelled)
 
     with fake.sampling():
@@ -534,7 +535,7 @@ def test_a_registration_that_fails_leaves_no_pool_and_the_next_request_makes_one
         with pytest.raises(ServerError, match="injected failure"):
             c.infer("identity_fp32", {"INPUT0": data(0)})
         assert c.pools() == []
-        assert c._budget.used == 0      # the memory made for it is closed, its bytes back
+        assert budget_used(c) == 0      # the memory made for it is closed, its bytes back
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(1)})["OUTPUT0"], data(1))
     assert_nothing_registered(fake)
 
@@ -623,7 +624,7 @@ def test_close_against_a_dead_server_is_quick_and_frees_the_memory(fake_triton):
     c.infer("identity_fp32", {"INPUT0": data(0)})
     fake.die()  # a server that is gone has let go of everything
     c.close()
-    assert c._budget.used == 0
+    assert budget_used(c) == 0
     assert_nothing_registered(fake)
 
 
@@ -706,7 +707,7 @@ def test_aio_a_request_cancelled_while_it_drops_a_surplus_extent_frees_it(monkey
             # The engine may not know whether the server let go (the outcome went with the
             # cancel): asking again later is fine, so the next request gets the chance to.
             await c.infer("identity_fp32", {"INPUT0": data(3)})
-            return c._budget.used
+            return budget_used(c)
 
     try:
         used = asyncio.run(main())

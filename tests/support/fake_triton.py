@@ -58,10 +58,10 @@ step handlers route to the fake; their connector (used by ``close()`` and the
 garbage-collection finalizer) is a stand-in whose client object reaches the
 fake only (:meth:`install` routes ``tritonshm.triton.unregister`` calls on it
 to the fake; every other client goes to the real function), so no network is
-ever touched.  The clients' private attributes (``_handlers``, ``_connector``,
-``_finalizer``, ``_aio_client``, ``_budget``) are touched in :meth:`plug` and
-:meth:`aio_client` only: if the engine's insides move, this is the one place
-to follow them.
+ever touched.  The clients' private attributes (``_driver``: its ``handlers``,
+``connector`` and ``aio_client``; ``_engine.budget``; ``_finalizer``) are
+touched in :meth:`plug` and :meth:`aio_client` only: if the clients' insides
+move, this is the one place to follow them.
 """
 
 from __future__ import annotations
@@ -323,7 +323,8 @@ class FakeTriton:
     async def aio_client(self, url: str = FAKE_URL, **kwargs: Any) -> tritonshm.aio.Client:
         """A real :class:`tritonshm.aio.Client` whose server is this fake (call in a running loop)."""
         client = tritonshm.aio.Client(url, **kwargs)
-        real, client._aio_client = client._aio_client, _AioWire(self)
+        driver = client._driver
+        real, driver.aio_client = driver.aio_client, _AioWire(self)
         await real.close()  # made by the constructor; never connected
         self.plug(client)
         return client
@@ -331,21 +332,22 @@ class FakeTriton:
     def plug(self, client: Any) -> None:
         """Route *client*'s server steps to this fake, and its close()/finalizer unregistrations."""
         aio = isinstance(client, tritonshm.aio.Client)
-        handlers = client._handlers
+        driver = client._driver
+        handlers = driver.handlers
         if aio:
             handlers.update({FetchModel: self.fetch_model_async, Register: self.register_async,
                              Unregister: self.unregister_async, Send: self.send_async})
         else:
             handlers.update({FetchModel: self.fetch_model, Register: self.register,
                              Unregister: self.unregister, Send: self.send})
-            client._connector = _FakeConnector(self)
+            driver.connector = _FakeConnector(self)
         for step in (WaitForSlot, Pause):  # sample the byte budget while requests wait, too
             handlers[step] = self._sampling(handlers[step])
-        self._budgets.append(client._budget)
+        self._budgets.append(client._engine.budget)
         # The finalizer (close()'s work for a forgotten client) unregisters through a connector
         # made at construction: give it the stand-in instead.
         _, release, args, kwargs = client._finalizer.detach()
-        assert release is _client_module._release_everything, release
+        assert release is _client_module.release_everything, release
         client._finalizer = weakref.finalize(client, release, _FakeConnector(self), *args[1:], **kwargs)
 
     def _sampling(self, handler: Callable[[Any], Any]) -> Callable[[Any], Any]:

@@ -50,10 +50,12 @@ The package, bottom up (each module imports only those above it):
 ``_slots``      the slot-memory interface: system, pinned and CUDA slots
 ``_pool``       slot pools: layout, extents, leases, growth
 ``_steps``      the vocabulary of sans-I/O request steps
-``_engine``     state and request steps shared by both clients
+``_disposal``   letting go of slot memory: unregister, park what is refused, close
+``_engine``     :class:`Engine`: what a client knows, and the steps of all it does
+``_request``    the zero-copy request's core both clients' ``Request`` hold
 ``_threads``    worker threads and connections of the blocking client
-``_client``     :class:`Client` and :class:`Request`: the blocking driver
-``_aio``        :class:`tritonshm.aio.Client`: the asyncio driver
+``_client``     :class:`Client` and :class:`Request`, holding an engine and the blocking driver
+``_aio``        :class:`tritonshm.aio.Client`, holding an engine and the asyncio driver
 ==============  ==============================================================
 """
 

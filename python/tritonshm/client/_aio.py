@@ -18,77 +18,83 @@ import functools
 import weakref
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-import numpy as np
-
 from .. import _transport, triton
 from . import _devices, _intake
-from ._client import Request as _BlockingRequest
-from ._client import _SETTLE_SECONDS, _held_for_the_server, _release_everything
-from ._engine import Engine, give_up_parked, settle_parked_steps
+from ._client import SETTLE_SECONDS, release_everything
+from ._engine import Engine, engine_setting
 from ._model import ModelInfo
+from ._pool import PoolInfo
+from ._request import SlotRequest
 from ._steps import (Done, FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot,
                      advance)
 from ._threads import Connector
 
-__all__ = ["Client", "Request"]
+__all__ = ["AsyncDriver", "Client", "Request"]
 
 
-class Request(_BlockingRequest):
-    """:class:`tritonshm.client.Request` whose :meth:`run` returns an awaitable."""
+class Request:
+    """:class:`tritonshm.client.Request` of the asyncio client: :meth:`run` returns an awaitable."""
 
-    def run(self, outputs: Sequence[str] | None = None, *,  # type: ignore[override]
-            stream: Any = None) -> Awaitable[dict[str, Any]]:
+    def __init__(self, core: SlotRequest, driver: "AsyncDriver"):
+        self._core = core
+        self._driver = driver
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        """Views of the slot's inputs, by name, to fill in place (empty once closed)."""
+        return self._core.inputs
+
+    @property
+    def model(self) -> ModelInfo:
+        """What the client knows about the model."""
+        return self._core.info
+
+    def run(self, outputs: Sequence[str] | None = None, *, stream: Any = None) -> Awaitable[dict[str, Any]]:
         """Run the inference on the inputs as they are now; outputs are slot views.
 
         The ordering point (see :meth:`tritonshm.client.Request.run`) is taken
         when this is called, on the calling thread; awaiting it waits for
         the device work without blocking the event loop.
         """
-        return self._client._drive(self._run_steps(outputs, stream))
+        return self._driver.drive(self._core.run_steps(outputs, stream))
+
+    def close(self) -> None:
+        """Give up this request's hold on the slot (views keep it until they go)."""
+        self._core.close()
+
+    def __enter__(self) -> "Request":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
 
-class Client(Engine):
-    """An asyncio Triton client that moves tensors through pooled shared memory.
+class AsyncDriver:
+    """Carries out an engine's steps on the event loop, through tritonclient's aio client.
 
-    Takes the same arguments as :class:`tritonshm.Client` (*connect_options*
-    go to tritonclient's aio client).  Use it with ``async with``, or await
-    :meth:`close` when done.
+    *handlers* maps each step type to a coroutine function that carries it
+    out.  Waiting for a slot is an ``asyncio.Event`` the pool sets, and
+    device work is polled: the loop never blocks.
     """
 
-    _aio = True
-
-    def __init__(self, url: str = "localhost:8001", **kwargs: Any):
-        super().__init__(url, **kwargs)
-        self._aio_client = self._connect()   # TLS and verbosity as the URL and options say
-        self._handlers: dict[type, Callable[[Any], Any]] = {
+    def __init__(self, engine: Engine, aio_client: Any):
+        self.aio_client = aio_client
+        self._wire = engine.wire
+        self.handlers: dict[type, Callable[[Any], Any]] = {
             Send: self._send,
             FetchModel: self._fetch_model,
             Register: self._register,
-            Unregister: lambda step: triton.unregister(self._aio_client, step.name, patience=0.0),
+            Unregister: lambda step: triton.unregister(self.aio_client, step.name, patience=0.0),
             WaitForSlot: self._wait_for_slot,
             WaitForDevice: self._wait_for_device,
             Pause: lambda step: asyncio.sleep(step.seconds),
         }
-        # A forgotten client cannot await anything at garbage collection: a
-        # blocking connection (made only then) unregisters its pools.
-        blocking, address, ssl = _transport.parse_url(url, aio=False)
-        connect = functools.partial(blocking.connect, address, ssl=ssl)
-        self._finalizer = weakref.finalize(
-            self, _release_everything, Connector(connect, blocking.http, io_threads=1),
-            self._pools, self._retired, {}, self._creator_pid, False, self._parked)
 
-    @property
-    def tritonclient(self) -> Any:
-        """The underlying tritonclient aio client."""
-        return self._aio_client
-
-    # -- carrying out steps -----------------------------------------------
-
-    async def _drive(self, steps: Steps) -> Any:
-        """Carry out request steps on the event loop; the steps' result."""
+    async def drive(self, steps: Steps) -> Any:
+        """Carry out *steps* on the event loop; their result."""
         step = advance(steps)
         while not isinstance(step, Done):
-            task = asyncio.ensure_future(self._handlers[type(step)](step))
+            task = asyncio.ensure_future(self.handlers[type(step)](step))
             try:
                 outcome, failure = await asyncio.shield(task), None
             except asyncio.CancelledError:
@@ -124,11 +130,11 @@ class Client(Engine):
 
     async def _send(self, step: Send) -> Any:
         return await triton.call_translated(
-            self._aio_client, f"inferring with model {step.model!r}", "infer", step.model,
+            self.aio_client, f"inferring with model {step.model!r}", "infer", step.model,
             step.inputs, model_version=step.version, outputs=step.outputs)
 
     async def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
-        wire, tc = self._wire, self._aio_client
+        wire, tc = self._wire, self.aio_client
         doing = f"reading metadata of model {step.model!r}"
         metadata = await triton.call_translated(tc, doing, "get_model_metadata", step.model, step.version,
                                                 **wire.json)
@@ -138,8 +144,8 @@ class Client(Engine):
 
     async def _register(self, step: Register) -> str:
         if step.name is None:
-            return await step.memory.register(self._aio_client)
-        return await step.memory.reregister(self._aio_client, step.name)
+            return await step.memory.register(self.aio_client)
+        return await step.memory.reregister(self.aio_client, step.name)
 
     @staticmethod
     async def _wait_for_device(step: WaitForDevice) -> None:
@@ -149,7 +155,8 @@ class Client(Engine):
             await asyncio.sleep(delay)
             delay = min(0.001, delay * 2 or 0.00002)  # a copy lands in microseconds; back off to 1 ms
 
-    async def _wait_for_slot(self, step: WaitForSlot) -> bool:
+    @staticmethod
+    async def _wait_for_slot(step: WaitForSlot) -> bool:
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
 
@@ -165,12 +172,50 @@ class Client(Engine):
         finally:
             step.pool.remove_waiter(wake)
 
+
+class Client:
+    """An asyncio Triton client that moves tensors through pooled shared memory.
+
+    Takes the same arguments as :class:`tritonshm.Client` (*connect_options*
+    go to tritonclient's aio client).  Use it with ``async with``, or await
+    :meth:`close` when done.
+    """
+
+    url = engine_setting("url", "The server's address, as given.")
+    transport = engine_setting("transport", '"auto", "shm", "wire" or "cuda", as given.')
+    slots = engine_setting("slots", "The slots a pool starts with.")
+    max_pool_bytes = engine_setting("max_pool_bytes", "The most slot memory this client holds at any instant.")
+    timeout = engine_setting("timeout", "How long a request waits for a slot (None: for ever).")
+
+    def __init__(self, url: str = "localhost:8001", **kwargs: Any):
+        self._engine = engine = Engine(url, aio=True, **kwargs)
+        self._driver = AsyncDriver(engine, engine.connect())   # TLS and verbosity as the URL and options say
+        # A forgotten client cannot await anything at garbage collection: a
+        # blocking connection (made only then) unregisters its pools.
+        blocking, address, ssl = _transport.parse_url(url, aio=False)
+        connect = functools.partial(blocking.connect, address, ssl=ssl)
+        self._finalizer = weakref.finalize(self, release_everything, Connector(connect, blocking.http, io_threads=1),
+                                           engine, {}, False)
+
+    @property
+    def tritonclient(self) -> Any:
+        """The underlying tritonclient aio client."""
+        return self._driver.aio_client
+
+    def __repr__(self) -> str:
+        return self._engine.describe()
+
+    def pools(self) -> list[PoolInfo]:
+        """Like :meth:`tritonshm.Client.pools`: a snapshot per slot pool in service.  No I/O."""
+        return self._engine.pools()
+
     # -- the public calls ---------------------------------------------------
 
     async def model_info(self, model: str, version: str = "") -> ModelInfo:
         """What the server says about *model* (cached per model and version)."""
-        self._check_open()
-        return self._models.get((model, version)) or await self._drive(self._model_steps(model, version))
+        engine = self._engine
+        engine.check_open()
+        return engine.cached_model(model, version) or await self._driver.drive(engine.model_steps(model, version))
 
     def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
               version: str = "", copy: bool = True, timeout: float | None = None,
@@ -185,44 +230,51 @@ class Client(Engine):
 
     async def _infer(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
                      copy: bool, timeout: float | None, output_device: str | int) -> dict[str, Any]:
+        engine, drive = self._engine, self._driver.drive
         info = await self.model_info(model, version)
-        plan = self._plan(info, inputs, outputs, copy, output_device, timeout)
+        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout)
         if len(plan.chunks) == 1:
-            return await self._drive(self._chunk_steps(plan, plan.chunks[0]))
+            return await drive(engine.chunk_steps(plan, plan.chunks[0]))
         rows = _intake.result_rows(info, plan.names, plan.chunks, plan.route.results)
-        parts = await asyncio.gather(*(self._drive(self._chunk_steps(plan, chunk, into))
+        parts = await asyncio.gather(*(drive(engine.chunk_steps(plan, chunk, into))
                                        for chunk, into in zip(plan.chunks, rows)))
         return _intake.join_chunks(parts, plan.names, plan.route.results, rows[0])
 
     async def request(self, model: str, batch_size: int | None = None, *,
                       shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",
                       timeout: float | None = None, device: str | int | None = None) -> Request:
-        """Like :meth:`tritonshm.Client.request`; the request's ``run()`` is a coroutine."""
+        """Like :meth:`tritonshm.Client.request`; the request's ``run()`` returns an awaitable."""
+        engine = self._engine
         info = await self.model_info(model, version)
-        full = self._request_shapes(info, batch_size, shapes)
-        kind = self._request_memory(info, device)
-        wait = self.timeout if timeout is None else timeout
-        return Request(self, info, await self._drive(self._request_steps(info, full, wait, kind)), full)
+        full = engine.request_shapes(info, batch_size, shapes)
+        kind = engine.request_memory(info, device)
+        wait = engine.timeout if timeout is None else timeout
+        lease = await self._driver.drive(engine.request_steps(info, full, wait, kind))
+        return Request(SlotRequest(engine, info, lease, full), self._driver)
 
     async def close(self) -> None:
-        """Unregister and unlink this client's regions, close its connections; idempotent."""
-        if self._closed:
+        """Unregister and unlink this client's regions, close its connections; idempotent.
+
+        Requests in flight are waited for (up to the client's *timeout*), as
+        with :meth:`tritonshm.Client.close`.
+        """
+        engine = self._engine
+        if not engine.stop_accepting():
             return
-        self._closed = True
         self._finalizer.detach()
         try:
-            await self._until_idle(self.timeout)  # in-flight requests finish on the memory they use
-            await self._drive(self._close_steps())
-            settle = _SETTLE_SECONDS if self.timeout is None else min(self.timeout, _SETTLE_SECONDS)
-            await self._drive(settle_parked_steps(self._parked, self._creator_pid, settle))
-            give_up_parked(self._parked, _held_for_the_server)  # device memory: never freed under the server
+            await self._until_idle(engine.timeout)  # in-flight requests finish on the memory they use
+            settle = SETTLE_SECONDS if engine.timeout is None else min(engine.timeout, SETTLE_SECONDS)
+            await self._driver.drive(engine.release_steps(settle))
+            engine.hold_refused()  # device memory the server still refuses: never freed under it
         finally:
-            await self._aio_client.close()
+            await self._driver.aio_client.close()
 
     async def _until_idle(self, timeout: float | None) -> None:
         """Wait (without blocking the loop) until no request is in flight, or *timeout* passed."""
-        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-        while self._in_flight and (deadline is None or asyncio.get_running_loop().time() < deadline):
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while self._engine.in_flight and (deadline is None or loop.time() < deadline):
             await asyncio.sleep(0.005)
 
     async def __aenter__(self) -> "Client":

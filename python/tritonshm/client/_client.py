@@ -7,20 +7,22 @@ import time
 import weakref
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 
 from .. import triton
-from ..errors import ClientClosed
 from . import _devices, _intake
-from ._devices import Placement
-from ._engine import Engine, close_pools_steps, give_up_parked, settle_parked_steps
+from ._engine import Engine, engine_setting
 from ._model import ModelInfo
-from ._pool import Extent, Lease, SlotPool
+from ._pool import PoolInfo
+from ._request import SlotRequest
 from ._steps import (Done, FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot,
                      advance)
 from ._threads import Connector, Workers
 
-__all__ = ["Client", "Request"]
+__all__ = ["BlockingDriver", "Client", "Request"]
+
+# How long close() keeps asking a server that refuses to unregister what we parked.
+SETTLE_SECONDS = 5.0
+_SETTLE_AT_EXIT = 1.0   # a client collected or left open at exit: "in use" lasts milliseconds
 
 
 class Request:
@@ -31,34 +33,19 @@ class Request:
     goes back to the pool once this request and every view of it are gone.
     """
 
-    def __init__(self, client: Engine, info: ModelInfo, lease: Lease,
-                 shapes: Mapping[str, tuple[int, ...]]):
-        self._client = client
-        self._info = info
-        self._lease: Lease | None = lease
-        self._shapes = dict(shapes)
-        memory, layout = lease.extent.memory, lease.pool.layout
-        self.inputs: dict[str, Any] = {
-            spec.name: memory.view(lease.handle, layout.offsets[spec.name], spec.dtype,
-                                   self._shapes[spec.name])
-            for spec in info.inputs
-        }
+    def __init__(self, core: SlotRequest, driver: "BlockingDriver"):
+        self._core = core
+        self._driver = driver
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        """Views of the slot's inputs, by name, to fill in place (empty once closed)."""
+        return self._core.inputs
 
     @property
     def model(self) -> ModelInfo:
         """What the client knows about the model."""
-        return self._info
-
-    def _run_steps(self, outputs: Sequence[str] | None, stream: Any = None) -> Steps:
-        """The steps of :meth:`run`; the ordering point (an event on the caller's stream for a
-        slot on a GPU) is taken here, on the calling thread, at call time."""
-        if self._lease is None:
-            raise ClientClosed("this request is closed")
-        names = _intake.output_names(self._info, outputs)
-        device = self._lease.extent.memory.device
-        ready = None if device is None else _devices.current_stream_event(device, stream)
-        return self._client._slot_steps(self._info, self._lease, self._shapes, names, False, {},
-                                        Placement(device), ready=ready)
+        return self._core.info
 
     def run(self, outputs: Sequence[str] | None = None, *, stream: Any = None) -> dict[str, Any]:
         """Run the inference on the inputs as they are now; outputs are slot views
@@ -72,14 +59,11 @@ class Request:
         must be ordered by the caller, or named: *stream* (a handle, or a
         tritonshm, torch or cupy stream) replaces the current one.
         """
-        return self._client._drive(self._run_steps(outputs, stream))
+        return self._driver.drive(self._core.run_steps(outputs, stream))
 
     def close(self) -> None:
         """Give up this request's hold on the slot (views keep it until they go)."""
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            self.inputs = {}
-            lease.pool.finished()
+        self._core.close()
 
     def __enter__(self) -> "Request":
         return self
@@ -87,38 +71,83 @@ class Request:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        self.close()
+
+class BlockingDriver:
+    """Carries out an engine's steps with blocking calls, on the calling thread.
+
+    *handlers* maps each step type to the call that carries it out (the
+    connector's connections for the server's steps; a synchronize, with the
+    GIL released, for device work; a sleep for a pause).
+    """
+
+    def __init__(self, engine: Engine, connector: Connector):
+        self.connector = connector
+        self._wire = engine.wire
+        self.handlers: dict[type, Callable[[Any], Any]] = {
+            Send: self._send,
+            FetchModel: self._fetch_model,
+            Register: self._register,
+            Unregister: self._unregister,
+            WaitForSlot: lambda step: step.pool.wait(step.timeout),
+            WaitForDevice: lambda step: step.event.synchronize(),  # the GIL released meanwhile
+            Pause: lambda step: time.sleep(step.seconds),
+        }
+
+    def drive(self, steps: Steps) -> Any:
+        """Carry out *steps*, blocking; their result."""
+        handlers = self.handlers
+        step = advance(steps)
+        while not isinstance(step, Done):
+            try:
+                outcome, failure = handlers[type(step)](step), None
+            except Exception as exc:
+                outcome, failure = None, exc
+            step = advance(steps, outcome, failure)
+        return step.value
+
+    def _send(self, step: Send) -> Any:
+        return self.connector.call(lambda tc: triton.call_translated(
+            tc, f"inferring with model {step.model!r}", "infer", step.model, step.inputs,
+            model_version=step.version, outputs=step.outputs))
+
+    def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
+        wire, doing = self._wire, f"reading metadata of model {step.model!r}"
+
+        def fetch(tc: Any) -> tuple[Any, Any]:
+            metadata = triton.call_translated(tc, doing, "get_model_metadata", step.model, step.version,
+                                              **wire.json)
+            config = triton.call_translated(tc, doing, "get_model_config", step.model, step.version,
+                                            **wire.json)
+            return metadata, wire.model_config(config)
+
+        return self.connector.call(fetch)
+
+    def _register(self, step: Register) -> str:
+        if step.name is None:
+            return self.connector.call(step.memory.register)
+        return self.connector.call(lambda tc: step.memory.reregister(tc, step.name))
+
+    def _unregister(self, step: Unregister) -> None:
+        # No patience here: memory the server still uses is parked and tried again later.
+        self.connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0))
 
 
-# Device memory a server refused to let go of when its client closed: held for the life of the
-# process (freeing it under the server would be undefined behaviour; the driver frees it at exit).
-_held_for_the_server: list[Extent] = []
-# How long close() keeps asking a server that refuses to unregister what we parked.
-_SETTLE_SECONDS = 5.0
-_SETTLE_AT_EXIT = 1.0   # a client collected or left open at exit: "in use" lasts milliseconds
-
-
-def _release_everything(connector: Connector, pools: dict[Any, SlotPool], retired: set[SlotPool],
-                        workers: dict[str, Workers], creator_pid: int, wait: bool,
-                        parked: list[Extent], settle: float = _SETTLE_AT_EXIT) -> None:
+def release_everything(connector: Connector, engine: Engine, workers: dict[str, Workers], wait: bool,
+                       settle: float = _SETTLE_AT_EXIT) -> None:
     """Stop the threads, unregister and close every pool, close the connections.
 
-    Module level, holding no reference to the client: it is also the
-    finalizer of a client that was never closed, so it is best effort: a
-    name the server cannot unregister does not stop the rest (host memory is
-    closed all the same).  Memory the server refuses to let go of is tried
-    again for up to *settle* seconds (a server answers before it has
-    released a request's regions: "currently in use" for a moment); device
-    memory still refused then is held for the life of the process, never
-    freed under the server.
+    Holds no reference to the client: it is also the finalizer of a client
+    that was never closed, so it is best effort: a name the server cannot
+    unregister does not stop the rest (host memory is closed all the same).
+    Memory the server refuses to let go of is asked for again for up to
+    *settle* seconds; device memory still refused then is held for the life
+    of the process, never freed under the server.
     """
     for group in list(workers.values()):
         group.shutdown(wait)
     workers.clear()
-    _carry_out_unregisters(connector, close_pools_steps(pools, retired, creator_pid, parked))
-    _carry_out_unregisters(connector, settle_parked_steps(parked, creator_pid, settle))
-    give_up_parked(parked, _held_for_the_server)
+    _carry_out_unregisters(connector, engine.release_steps(settle))
+    engine.hold_refused()
     connector.close(wait)
 
 
@@ -137,7 +166,7 @@ def _carry_out_unregisters(connector: Connector, steps: Steps) -> None:
         step = advance(steps, outcome, failure)
 
 
-class Client(Engine):
+class Client:
     """A Triton client that moves tensors through pooled shared memory.
 
     *url* is ``"host:port"`` for gRPC (``"grpcs://host:port"`` with TLS) or
@@ -157,27 +186,23 @@ class Client(Engine):
     number), so copies between them and a GPU run at pinned speed.
     """
 
+    url = engine_setting("url", "The server's address, as given.")
+    transport = engine_setting("transport", '"auto", "shm", "wire" or "cuda", as given.')
+    slots = engine_setting("slots", "The slots a pool starts with.")
+    max_pool_bytes = engine_setting("max_pool_bytes", "The most slot memory this client holds at any instant.")
+    timeout = engine_setting("timeout", "How long a request waits for a slot (None: for ever).")
+
     def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
                  max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0, verbose: bool = False,
                  connect_options: Mapping[str, Any] | None = None, pinned: bool | int = False):
-        super().__init__(url, transport=transport, slots=slots, max_pool_bytes=max_pool_bytes,
-                         timeout=timeout, verbose=verbose, connect_options=connect_options,
-                         pinned=pinned)
-        self._connector = Connector(self._connect, self._wire.http, io_threads=slots)
+        self._engine = engine = Engine(url, aio=False, transport=transport, slots=slots,
+                                       max_pool_bytes=max_pool_bytes, timeout=timeout, verbose=verbose,
+                                       connect_options=connect_options, pinned=pinned)
+        connector = Connector(engine.connect, engine.wire.http, io_threads=slots)
+        self._driver = BlockingDriver(engine, connector)
         self._workers: dict[str, Workers] = {}   # "async" (infer_async), "chunk" (large batches)
-        self._handlers: dict[type, Callable[[Any], Any]] = {
-            Send: self._send,
-            FetchModel: self._fetch_model,
-            Register: self._register,
-            Unregister: self._unregister,
-            WaitForSlot: lambda step: step.pool.wait(step.timeout),
-            WaitForDevice: lambda step: step.event.synchronize(),  # the GIL released meanwhile
-            Pause: lambda step: time.sleep(step.seconds),
-        }
         # Runs close()'s work if the user forgets: at garbage collection or exit.
-        self._finalizer = weakref.finalize(self, _release_everything, self._connector, self._pools,
-                                           self._retired, self._workers, self._creator_pid, False,
-                                           self._parked)
+        self._finalizer = weakref.finalize(self, release_everything, connector, engine, self._workers, False)
 
     @property
     def tritonclient(self) -> Any:
@@ -186,62 +211,33 @@ class Client(Engine):
         An HTTP one (like every tritonclient HTTP client) works only in the
         thread that first asked for it.
         """
-        return self._connector.shared
+        return self._driver.connector.shared
 
-    # -- carrying out steps -----------------------------------------------
+    def __repr__(self) -> str:
+        return self._engine.describe()
 
-    def _drive(self, steps: Steps) -> Any:
-        """Carry out request steps, blocking; the steps' result."""
-        handlers = self._handlers
-        step = advance(steps)
-        while not isinstance(step, Done):
-            try:
-                outcome, failure = handlers[type(step)](step), None
-            except Exception as exc:
-                outcome, failure = None, exc
-            step = advance(steps, outcome, failure)
-        return step.value
-
-    def _send(self, step: Send) -> Any:
-        return self._connector.call(lambda tc: triton.call_translated(
-            tc, f"inferring with model {step.model!r}", "infer", step.model, step.inputs,
-            model_version=step.version, outputs=step.outputs))
-
-    def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
-        wire, doing = self._wire, f"reading metadata of model {step.model!r}"
-
-        def fetch(tc: Any) -> tuple[Any, Any]:
-            metadata = triton.call_translated(tc, doing, "get_model_metadata", step.model, step.version,
-                                              **wire.json)
-            config = triton.call_translated(tc, doing, "get_model_config", step.model, step.version,
-                                            **wire.json)
-            return metadata, wire.model_config(config)
-
-        return self._connector.call(fetch)
-
-    def _register(self, step: Register) -> str:
-        if step.name is None:
-            return self._connector.call(step.memory.register)
-        return self._connector.call(lambda tc: step.memory.reregister(tc, step.name))
-
-    def _unregister(self, step: Unregister) -> None:
-        # No patience here: memory the server still uses is parked and tried again later.
-        self._connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0))
+    def pools(self) -> list[PoolInfo]:
+        """What this client holds now: one snapshot per slot pool in service
+        (model, version, the memory its slots are in, slots running and held,
+        registered bytes and region names).  No I/O."""
+        return self._engine.pools()
 
     def _workers_for(self, purpose: str) -> Workers:
-        with self._lock:
-            self._check_open()
+        engine = self._engine
+        with engine.lock:
+            engine.check_open()
             workers = self._workers.get(purpose)
             if workers is None:
-                workers = self._workers[purpose] = Workers(self.slots, f"tritonshm-{purpose}")
+                workers = self._workers[purpose] = Workers(engine.slots, f"tritonshm-{purpose}")
             return workers
 
     # -- discovery --------------------------------------------------------
 
     def model_info(self, model: str, version: str = "") -> ModelInfo:
         """What the server says about *model* (cached per model and version)."""
-        self._check_open()
-        return self._models.get((model, version)) or self._drive(self._model_steps(model, version))
+        engine = self._engine
+        engine.check_open()
+        return engine.cached_model(model, version) or self._driver.drive(engine.model_steps(model, version))
 
     # -- inference --------------------------------------------------------
 
@@ -269,13 +265,14 @@ class Client(Engine):
         results are wanted, they are copies all the same.  *timeout* bounds
         the wait for a slot (default: the client's).
         """
+        engine, drive = self._engine, self._driver.drive
         info = self.model_info(model, version)
-        plan = self._plan(info, inputs, outputs, copy, output_device, timeout)
+        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout)
         if len(plan.chunks) == 1:
-            return self._drive(self._chunk_steps(plan, plan.chunks[0]))
+            return drive(engine.chunk_steps(plan, plan.chunks[0]))
         workers = self._workers_for("chunk")
         rows = _intake.result_rows(info, plan.names, plan.chunks, plan.route.results)
-        futures = [workers.submit(lambda chunk=chunk, into=into: self._drive(self._chunk_steps(plan, chunk, into)))
+        futures = [workers.submit(lambda chunk=chunk, into=into: drive(engine.chunk_steps(plan, chunk, into)))
                    for chunk, into in zip(plan.chunks, rows)]
         return _intake.join_chunks([f.result() for f in futures], plan.names, plan.route.results, rows[0])
 
@@ -300,12 +297,13 @@ class Client(Engine):
         :class:`~tritonshm.CudaArray` views to fill and read in place (e.g.
         ``torch.from_dlpack(req.inputs["INPUT0"])``).
         """
+        engine = self._engine
         info = self.model_info(model, version)
-        shapes_full = self._request_shapes(info, batch_size, shapes)
-        kind = self._request_memory(info, device)
-        wait = self.timeout if timeout is None else timeout
-        return Request(self, info, self._drive(self._request_steps(info, shapes_full, wait, kind)),
-                       shapes_full)
+        full = engine.request_shapes(info, batch_size, shapes)
+        kind = engine.request_memory(info, device)
+        wait = engine.timeout if timeout is None else timeout
+        lease = self._driver.drive(engine.request_steps(info, full, wait, kind))
+        return Request(SlotRequest(engine, info, lease, full), self._driver)
 
     # -- lifetime ---------------------------------------------------------
 
@@ -318,16 +316,16 @@ class Client(Engine):
         to unregister (it may still be reading it) is never freed under it.
         Result views handed out earlier stay valid: they keep their memory.
         """
-        if self._closed:
+        engine = self._engine
+        if not engine.stop_accepting():
             return
-        self._closed = True
         for group in list(self._workers.values()):
             group.shutdown()  # finish what was submitted, while the pools still exist
-        self._wait_idle(self.timeout)
+        engine.wait_idle(engine.timeout)
         detached = self._finalizer.detach()
         if detached is not None:
             _, release, args, _ = detached
-            release(*args, settle=_SETTLE_SECONDS if self.timeout is None else min(self.timeout, _SETTLE_SECONDS))
+            release(*args, settle=SETTLE_SECONDS if engine.timeout is None else min(engine.timeout, SETTLE_SECONDS))
 
     def __enter__(self) -> "Client":
         return self

@@ -1,12 +1,12 @@
-"""The engine both clients share: state, pools and every request's steps.
+"""The engine each client holds: state, pools and every request's steps.
 
 :class:`Engine` holds what a client knows (models, pools, the transport)
 and writes each operation as sans-I/O steps (:mod:`._steps`).  It never
-talks to the server itself: :class:`~tritonshm.Client` drives the steps
-with blocking calls and threads, :class:`tritonshm.aio.Client` with
-asyncio.  So discovery, slot pools, routing (host or CUDA slots, where
-results land), BYTES serialisation, output growth, re-registration and the
-fallbacks exist once.
+talks to the server itself: :class:`~tritonshm.Client` holds one and
+drives its steps with blocking calls and threads, :class:`tritonshm.aio.Client`
+holds one and drives them with asyncio.  So discovery, slot pools, routing
+(host or CUDA slots, where results land), BYTES serialisation, output
+growth, re-registration and the fallbacks exist once.
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ from ..errors import (
     PoolExhausted,
     RegionNotRegistered,
     RegistrationError,
-    ServerError,
-    ServerUnavailable,
     ShapeMismatch,
     SharedMemoryRefused,
 )
@@ -41,110 +39,16 @@ from ._devices import DeviceTensor, Placement
 from ._model import ModelInfo, shape_fits
 from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
-from ._steps import FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot
+from ._disposal import (close_pools_steps, drop_extent_steps, drop_extents_steps, give_up_parked, held_for_the_server,
+                        retry_parked_steps, settle_parked_steps)
+from ._steps import FetchModel, Pause, Register, Send, Steps, WaitForDevice, WaitForSlot
 
-__all__ = ["Engine", "Plan", "TRANSPORTS", "close_pools_steps", "drop_extent_steps", "drop_extents_steps", "give_up_parked",
-           "retry_parked_steps", "settle_parked_steps"]
+__all__ = ["Engine", "Plan", "Route", "TRANSPORTS", "engine_setting"]
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 _PARKED_RETRY_INTERVAL = 0.05  # seconds between tries to unregister memory the server refused
 _BUDGET_POLL = 0.005  # how often a request waiting for max_pool_bytes room looks again
-_SETTLE_INTERVAL = 0.02  # how often a closing client asks again to unregister what is parked
-
-
-def drop_extent_steps(extent: Extent, creator_pid: int, parked: list[Extent] | None = None) -> Steps:
-    """Unregister one extent (never from a forked child: the name is the parent's) and close it.
-
-    When the server refuses ("currently in use": it answers a request before
-    it lets go of the request's regions), the extent is *parked* instead --
-    appended to *parked*, still open, to be tried again
-    (:func:`retry_parked_steps`, :func:`settle_parked`): device memory must
-    never be freed under the server (``cudaFree`` of memory another process
-    has open through CUDA IPC is undefined behaviour), and a name left
-    registered is a leak on the server.  A server that is gone has let go.
-    """
-    try:
-        if extent.name is not None and os.getpid() == creator_pid:
-            yield Unregister(extent.name)
-    except GeneratorExit:
-        # The request was cancelled while this Unregister was out (aio): whether the server let
-        # go is unknown, and the extent is in no pool any more: park it, to be asked again.
-        if parked is not None:
-            with _parked_lock:
-                parked.append(extent)
-        else:
-            extent.release_memory()
-        raise
-    except ServerError as exc:
-        # Unreachable may be a dead server (it holds nothing open any more) or a passing
-        # network failure (it still has our memory open): device memory is parked either
-        # way, and freed if the server stays unreachable (see give_up_parked).
-        unreachable = isinstance(exc, ServerUnavailable)
-        if parked is not None and (not unreachable or extent.memory.kind == "cuda"):
-            extent.unreachable = unreachable
-            with _parked_lock:
-                parked.append(extent)
-            return
-    extent.release_memory()
-
-
-def give_up_parked(parked: list[Extent], held: list[Extent]) -> None:
-    """The server still refuses: close parked host memory (unlinking is safe: the server's mapping
-    stays valid) and device memory of a server that stayed unreachable (gone: it holds nothing);
-    move device memory the server refused to *held*, never to be freed under the server."""
-    with _parked_lock:
-        doomed = list(parked)
-        parked.clear()
-    for extent in doomed:
-        if extent.memory.kind == "cuda" and not extent.unreachable:
-            held.append(extent)  # its bytes stay taken: the memory is still ours
-        else:
-            extent.release_memory()
-
-
-def retry_parked_steps(parked: list[Extent], creator_pid: int) -> Steps:
-    """Try again to unregister and close the parked extents; those still refused stay parked.
-
-    Any thread may run this (after each request, at close): the list is taken
-    whole under a lock, so no extent is tried (or closed) twice.
-    """
-    with _parked_lock:
-        doomed = list(parked)
-        parked.clear()
-    yield from drop_extents_steps(doomed, creator_pid, parked)
-
-
-def drop_extents_steps(extents: list[Extent], creator_pid: int, parked: list[Extent] | None) -> Steps:
-    """:func:`drop_extent_steps` for each of *extents*; if the steps are closed half-way (a
-    cancelled request), the ones not yet tried are parked (or closed, without *parked*): none
-    is left in no list at all, its memory never closed and its bytes never back."""
-    for index, extent in enumerate(extents):
-        try:
-            yield from drop_extent_steps(extent, creator_pid, parked)
-        except GeneratorExit:
-            rest = extents[index + 1:]
-            if parked is not None:
-                with _parked_lock:
-                    parked.extend(rest)
-            else:
-                for left in rest:
-                    left.release_memory()
-            raise
-
-
-def settle_parked_steps(parked: list[Extent], creator_pid: int, seconds: float) -> Steps:
-    """Ask again, every _SETTLE_INTERVAL for up to *seconds*, to unregister what is parked (a
-    closing client: a server answers before it has released a request's regions, so it says
-    "currently in use" for a moment); what is still refused then stays in *parked*."""
-    deadline = time.monotonic() + seconds
-    while parked and time.monotonic() < deadline:
-        yield Pause(_SETTLE_INTERVAL)
-        yield from retry_parked_steps(parked, creator_pid)
-
-
-# Guards every client's list of parked extents (appended to and taken whole from any thread).
-_parked_lock = threading.Lock()
 
 
 class Route(NamedTuple):
@@ -168,31 +72,23 @@ class Plan(NamedTuple):
     timeout: float | None          # how long a chunk waits for a slot
 
 
-def close_pools_steps(pools: dict[Any, SlotPool], retired: set[SlotPool], creator_pid: int,
-                      parked: list[Extent]) -> Steps:
-    """Empty *pools* and *retired* now, then the steps that unregister and close all they held
-    (and try the *parked* extents again; device memory still refused stays parked).
-
-    Module level, holding no engine: a forgotten client's finalizer runs it too.
-    """
-    doomed = list(pools.values()) + list(retired)
-    pools.clear()
-    retired.clear()
-
-    def steps() -> Steps:
-        yield from retry_parked_steps(parked, creator_pid)
-        yield from drop_extents_steps([e for pool in doomed for e in pool.close()], creator_pid, parked)
-
-    return steps()
+def engine_setting(name: str, doc: str) -> property:
+    """A read-only property of a client that reads its engine's setting *name*."""
+    return property(lambda client: getattr(client._engine, name), doc=doc)
 
 
 class Engine:
-    """State and request steps shared by the blocking and the asyncio client."""
+    """What a client knows and the steps of everything it does, held by a driver.
 
-    _aio = False  # which tritonclient flavour the driver talks through
+    The blocking :class:`~tritonshm.Client` and :class:`tritonshm.aio.Client`
+    each hold one engine and carry out its steps their own way; the engine
+    holds no reference to either (a forgotten client's finalizer holds the
+    engine, to release what it registered).  Its methods without a leading
+    underscore are what the drivers and requests use.
+    """
 
-    def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
-                 max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0,
+    def __init__(self, url: str = "localhost:8001", *, aio: bool = False, transport: str = "auto",
+                 slots: int = 4, max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0,
                  verbose: bool = False, connect_options: Mapping[str, Any] | None = None,
                  pinned: bool | int = False):
         if transport not in TRANSPORTS:
@@ -207,13 +103,14 @@ class Engine:
         self._default_device = 0 if isinstance(pinned, bool) else pinned  # for host inputs on CUDA slots
         self._pinned = pinned is not False
         self._cuda_refused = False   # the server could not open our CUDA memory: host slots instead
+        self.aio = aio
         self.url = url
         self.transport = transport
         self.slots = slots
         self.max_pool_bytes = max_pool_bytes
-        self._budget = ByteBudget(max_pool_bytes)  # every pool's extents together, at every instant
+        self.budget = ByteBudget(max_pool_bytes)  # every pool's extents together, at every instant
         self.timeout = timeout
-        self._wire, self._address, self._ssl = _transport.parse_url(url, aio=self._aio)
+        self.wire, self._address, self._ssl = _transport.parse_url(url, aio=aio)
         self._verbose = verbose
         self._connect_options = dict(connect_options or {})
         self._lock = threading.RLock()
@@ -252,24 +149,46 @@ class Engine:
         return functools.partial(CudaSlotMemory, device=kind.device)
 
     @property
-    def _connect(self) -> Callable[[], Any]:
+    def connect(self) -> Callable[[], Any]:
         """Makes a new tritonclient client of this engine's flavour, TLS and
         verbosity included; it holds no reference to the engine."""
-        return functools.partial(self._wire.connect, self._address, ssl=self._ssl,
+        return functools.partial(self.wire.connect, self._address, ssl=self._ssl,
                                  verbose=self._verbose, options=self._connect_options)
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ClientClosed(f"{self!r} is closed")
+    @property
+    def lock(self) -> threading.RLock:
+        """Guards the engine's tables; a driver takes it to keep its own state in step."""
+        return self._lock
 
-    def __repr__(self) -> str:
+    @property
+    def closed(self) -> bool:
+        """Whether the client stopped taking requests (see :meth:`stop_accepting`)."""
+        return self._closed
+
+    def stop_accepting(self) -> bool:
+        """Refuse new requests from now on; False if that was already so (close is idempotent)."""
+        with self._lock:
+            was_open, self._closed = not self._closed, True
+        return was_open
+
+    def check_open(self) -> None:
+        """Raise :class:`ClientClosed` once the client stopped taking requests."""
+        if self._closed:
+            raise ClientClosed(f"{self.describe()} is closed")
+
+    def describe(self) -> str:
+        """The client's repr: its flavour, URL and state."""
         state = "closed" if self._closed else ("wire" if self._wire_only else self.transport)
-        kind = "aio.Client" if self._aio else "Client"
+        kind = "aio.Client" if self.aio else "Client"
         return f"<tritonshm.{kind} {self.url!r} {state}>"
 
     # -- discovery --------------------------------------------------------
 
-    def _model_steps(self, model: str, version: str) -> Steps:
+    def cached_model(self, model: str, version: str) -> ModelInfo | None:
+        """What the server said about *model* before, if it was asked (no I/O)."""
+        return self._models.get((model, version))
+
+    def model_steps(self, model: str, version: str) -> Steps:
         """What the server says about *model* (cached per model and version)."""
         key = (model, version)
         info = self._models.get(key)
@@ -314,19 +233,19 @@ class Engine:
                 kind = self._memory_after_refusal(kind)
             key = (info.name, info.version, kind)
             with self._lock:
-                self._check_open()
+                self.check_open()
                 old = self._pools.get(key)
                 if old is not None and old.layout.fits(needs):
                     return old  # in service, or being made: its slots come with its first extent
                 layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
-                pool = SlotPool(info, layout, self.slots, self._budget, self._memory_for(kind))
+                pool = SlotPool(info, layout, self.slots, self.budget, self._memory_for(kind))
                 if pool.extent_bytes > self.max_pool_bytes:
                     raise InvalidOption(
                         f"a pool for model {info.name!r} would need {pool.extent_bytes} bytes "
                         f"({self.slots} slots x {layout.slot_bytes}), over max_pool_bytes="
                         f"{self.max_pool_bytes}; raise max_pool_bytes or lower slots"
                     )
-                fits = self._budget.fits(pool.extent_bytes)
+                fits = self.budget.fits(pool.extent_bytes)
                 if fits:
                     pool.claim_first_extent()
                     self._pools[key] = pool
@@ -366,7 +285,7 @@ class Engine:
                 if not self._wire_only:
                     self._wire_only = True
                     warnings.warn(
-                        f"tritonshm: falling back to plain {'HTTP' if self._wire.http else 'gRPC'}: {exc}",
+                        f"tritonshm: falling back to plain {'HTTP' if self.wire.http else 'gRPC'}: {exc}",
                         RuntimeWarning, stacklevel=2,
                     )
                 return None
@@ -374,7 +293,7 @@ class Engine:
             pool.stop_growing()
             if not added:  # close() has taken the pool meanwhile: nobody else will unregister it
                 yield from self._drop_extent_steps(extent)
-                self._check_open()
+                self.check_open()
             return pool  # retired meanwhile (a larger one replaced it)? the caller looks again
 
     def _take_out_of_service(self, key: tuple[str, str, SlotKind], pool: SlotPool) -> None:
@@ -402,17 +321,17 @@ class Engine:
         """Wait until *nbytes* more fit in the client's budget (dropping what is due
         meanwhile: drained retired pools, idle surplus, parked memory the server let
         go of); :class:`PoolExhausted`, with the numbers, at *deadline*."""
-        while not self._budget.fits(nbytes):
+        while not self.budget.fits(nbytes):
             if self._has_disposals():  # (a retired pool whose slots are kept stays a disposal)
                 yield from self._dispose_steps()
-                if self._budget.fits(nbytes):
+                if self.budget.fits(nbytes):
                     break
             if deadline is not None and time.monotonic() >= deadline:
                 with self._lock:
                     pools = [f"{key[0]!r} ({key[2]}): {pool.nbytes}" for key, pool in self._pools.items()]
                 raise PoolExhausted(
                     f"model {info.name!r} needs {nbytes} bytes of slot memory, but this client holds "
-                    f"{self._budget.used} of max_pool_bytes={self._budget.limit} (pools: "
+                    f"{self.budget.used} of max_pool_bytes={self.budget.limit} (pools: "
                     f"{', '.join(pools) or 'none'}; the rest retired, waiting for their slots or "
                     f"views to come back): raise max_pool_bytes, or drop results you keep")
             yield Pause(_BUDGET_POLL)
@@ -444,7 +363,7 @@ class Engine:
                     pool.stop_growing()
                 if extent is not None and not pool.add_extent(extent):  # the client closed meanwhile
                     yield from self._drop_extent_steps(extent)
-                    self._check_open()
+                    self.check_open()
                 if extent is not None:
                     continue  # else another pool took the bytes meanwhile: wait for a slot
             left = None if deadline is None else deadline - time.monotonic()
@@ -499,10 +418,24 @@ class Engine:
     def _drop_extent_steps(self, extent: Extent) -> Steps:
         return drop_extent_steps(extent, self._creator_pid, self._parked)
 
-    def _close_steps(self) -> Steps:
-        """Unregister and close every pool (the client is closing)."""
+    def release_steps(self, settle: float) -> Steps:
+        """The client is closing: every pool is out of service now; the steps unregister and
+        close all they held, then ask again for up to *settle* seconds to unregister what the
+        server refused (it answers a request before it lets go of the request's regions).
+        What it still refuses then is for :meth:`hold_refused`."""
         with self._lock:
-            return close_pools_steps(self._pools, self._retired, self._creator_pid, self._parked)
+            drop = close_pools_steps(self._pools, self._retired, self._creator_pid, self._parked)
+
+        def steps() -> Steps:
+            yield from drop
+            yield from settle_parked_steps(self._parked, self._creator_pid, settle)
+
+        return steps()
+
+    def hold_refused(self) -> None:
+        """After :meth:`release_steps`: close parked host memory, and hold device memory the
+        server still refuses to let go of for the life of the process (never freed under it)."""
+        give_up_parked(self._parked, held_for_the_server)
 
     # -- requests in flight -----------------------------------------------
 
@@ -519,14 +452,19 @@ class Engine:
                 if self._in_flight == 0:
                     self._idle.notify_all()
 
-    def _wait_idle(self, timeout: float | None) -> bool:
+    @property
+    def in_flight(self) -> int:
+        """Requests between their first step and their last."""
+        return self._in_flight
+
+    def wait_idle(self, timeout: float | None) -> bool:
         """Block until no request is in flight (True), or *timeout* seconds passed (False)."""
         with self._lock:
             return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
 
     # -- requests ---------------------------------------------------------
 
-    def _plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
+    def plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
               copy: bool, output_device: Any = "auto", timeout: float | None = None) -> Plan:
         """The request's :class:`Plan`: checked inputs split into chunks of at most
         ``max_batch_size``, the output names, the route of its tensors, and the wait
@@ -579,7 +517,7 @@ class Engine:
             return Route(SYSTEM if self._pinned else SlotKind.pinned(source), results, home)
         return Route(SlotKind.cuda(source), results, home)
 
-    def _chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None = None) -> Steps:
+    def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None = None) -> Steps:
         """Steps of one chunk of *plan* (its *arrays* fit a slot): lease, copy in, run,
         collect (fixed-size outputs into *rows* of a chunked batch's results, when given)."""
         with self._flight():
@@ -618,7 +556,7 @@ class Engine:
                     if queued:
                         stream.synchronize()  # nothing of ours may still land in the slot once it is back
                     raise
-                outputs = yield from self._slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,
+                outputs = yield from self.slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,
                                                       route.results, rows, stream)
             except OutputTooSmall as exc:
                 # A variable-size output outgrew its guess: grow to what the
@@ -639,7 +577,7 @@ class Engine:
             return outputs
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _slot_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
+    def slot_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
                     names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
                     results: Placement, rows: _intake.Rows | None = None, stream: Any = None,
                     ready: Any = None) -> Steps:
@@ -743,7 +681,7 @@ class Engine:
         They are made once per slot and reused: an input is bound again only
         when its shape or size changed; an output's binding never changes.
         """
-        wire, memory, layout = self._wire, lease.extent.memory, lease.pool.layout
+        wire, memory, layout = self.wire, lease.extent.memory, lease.pool.layout
         cache = lease.pool.request_objects.setdefault((id(lease.extent), lease.index), {})
         name = lease.extent.name
         inputs = []
@@ -785,10 +723,10 @@ class Engine:
                 array = np.asarray(array, dtype=np.object_)
             elif isinstance(array, DeviceTensor):
                 array = _devices.to_host(array)
-            wire = self._wire.infer_input(spec.name, list(array.shape), spec.datatype)
+            wire = self.wire.infer_input(spec.name, list(array.shape), spec.datatype)
             wire.set_data_from_numpy(array)
             inputs.append(wire)
-        return inputs, [self._wire.requested_output(n) for n in names]
+        return inputs, [self.wire.requested_output(n) for n in names]
 
     def _wire_results(self, info: ModelInfo, result: Any, names: Sequence[str], results: Placement,
                       rows: _intake.Rows | None = None) -> dict[str, Any]:
@@ -812,7 +750,7 @@ class Engine:
 
     # -- the zero-copy path -----------------------------------------------
 
-    def _request_shapes(self, info: ModelInfo, batch_size: int | None,
+    def request_shapes(self, info: ModelInfo, batch_size: int | None,
                         shapes: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
         """Checked full input shapes of a zero-copy request."""
         if self._wire_only:
@@ -841,7 +779,7 @@ class Engine:
             full[spec.name] = tuple(shape)
         return full
 
-    def _request_memory(self, info: ModelInfo, device: Any) -> SlotKind:
+    def request_memory(self, info: ModelInfo, device: Any) -> SlotKind:
         """The slots of a zero-copy request whose views should be on *device*."""
         if device is None:
             kind = SlotKind.cuda(self._default_device) if self.transport == "cuda" else SYSTEM
@@ -855,7 +793,7 @@ class Engine:
                                 f"request() it without device=")
         return kind
 
-    def _request_steps(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
+    def request_steps(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
                        timeout: float | None, kind: SlotKind = SYSTEM) -> Steps:
         """A leased slot of *kind* for a zero-copy request (never a fallback: its views
         must be where they were asked for)."""

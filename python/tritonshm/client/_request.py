@@ -1,0 +1,59 @@
+"""The zero-copy request both clients hand out: a leased slot and views of it.
+
+:class:`SlotRequest` is the one implementation -- the lease, the input
+views, the steps of a run, giving the slot back.  :class:`tritonshm.Request`
+(blocking) and :class:`tritonshm.aio.Request` each *hold* one and run its
+steps with their client's driver, so neither is a subclass of the other.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from ..errors import ClientClosed
+from . import _devices, _intake
+from ._devices import Placement
+from ._model import ModelInfo
+from ._pool import Lease
+from ._steps import Steps
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+
+__all__ = ["SlotRequest"]
+
+
+class SlotRequest:
+    """A leased slot with views of the inputs; :meth:`run_steps` runs what they hold."""
+
+    def __init__(self, engine: Engine, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]]):
+        self.info = info
+        self._engine = engine
+        self._lease: Lease | None = lease
+        self._shapes = dict(shapes)
+        memory, layout = lease.extent.memory, lease.pool.layout
+        self.inputs: dict[str, Any] = {
+            spec.name: memory.view(lease.handle, layout.offsets[spec.name], spec.dtype, self._shapes[spec.name])
+            for spec in info.inputs
+        }
+
+    def run_steps(self, outputs: Sequence[str] | None, stream: Any = None) -> Steps:
+        """The steps of a run on the inputs as they are now; the ordering point (an event on
+        the caller's stream, for a slot on a GPU) is taken here, on the calling thread."""
+        if self._lease is None:
+            raise ClientClosed("this request is closed")
+        names = _intake.output_names(self.info, outputs)
+        device = self._lease.extent.memory.device
+        ready = None if device is None else _devices.current_stream_event(device, stream)
+        return self._engine.slot_steps(self.info, self._lease, self._shapes, names, False, {},
+                                       Placement(device), ready=ready)
+
+    def close(self) -> None:
+        """Give up the hold on the slot (views keep it until they go); idempotent."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            self.inputs = {}
+            lease.pool.finished()
+
+    def __del__(self) -> None:
+        self.close()
