@@ -4,7 +4,7 @@ Layers, bottom up (each imports only the ones below it):
 
 1. ``csrc/``               -- the C core: segments, mappings, device allocations, DLPack
 2. :mod:`tritonshm._memory` -- reference-counted regions, one Cython module per concept
-3. :mod:`tritonshm.cuda`    -- CUDA IPC and pinned memory (loaded lazily)
+3. :mod:`tritonshm.cuda`    -- CUDA IPC and pinned memory (the runtime loaded on first use)
 4. :mod:`tritonshm.triton`  -- registration with tritonclient clients
 5. :mod:`tritonshm.client`  -- the high-level :class:`Client`
 6. :mod:`tritonshm.server`, :mod:`tritonshm.cli` -- a local Triton, the command

@@ -11,6 +11,7 @@ cdef class CudaRegion(Region):
     cdef Runtime _runtime
     cdef int _device
     cdef bytes _handle
+    cdef object __weakref__
 
     cdef bint _is_open(self) noexcept
     cdef str _unclosed_note(self)

@@ -1,8 +1,8 @@
 # cython: language_level=3, embedsignature=True
 """What a device array is: :func:`describe` gives ``(dtype, shape, device)``, or None for host memory.
 
-Cheap and side-effect free, so the client can sort its inputs (host or
-device, which GPU) before it captures or copies anything: our own
+The client sorts its inputs with it (host or device, which GPU) before it
+captures or copies anything, so it holds nothing: our own
 :class:`CudaArray` and :class:`Capture` are read directly, a CUDA Array
 Interface producer is parsed (:mod:`._cai`), and a DLPack producer is
 imported without stream synchronization and released at once.

@@ -6,7 +6,8 @@ cdef class Region:
     cdef bint _owner
     cdef long _creator_pid        # the creating process, -1 when attached: a forked child neither
                                   # unlinks its parent's segment nor warns about it
-    cdef object __weakref__
+    # No __weakref__ here: each region type declares its own, so that its
+    # tp_dealloc clears weak references before its __dealloc__ runs.
 
     cdef bint _is_open(self) noexcept
     cdef str _unclosed_note(self)

@@ -8,6 +8,7 @@ cdef class SystemRegion(Region):
     cdef int _lock_fd             # an owner's descriptor holding flock(LOCK_SH), else -1
     cdef Py_ssize_t _exports      # live buffer exports of this object
     cdef Py_ssize_t _buffer_shape[1]
+    cdef object __weakref__
 
     cdef bint _is_open(self) noexcept
     cdef str _unclosed_note(self)
