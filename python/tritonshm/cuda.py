@@ -71,12 +71,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._memory._capture import Capture, capture
+from ._memory._capture import Capture, capture, describe
 from ._memory._copy import copy
 from ._memory._cuda_array import CudaArray, empty
 from ._memory._cuda_region import CudaRegion
 from ._memory._cuda_window import CudaWindow
-from ._memory._describe import describe
 from ._memory._pinned import PinnedRegion
 from ._memory._stream import (  # current_stream_providers: the module's own list, so appending to it works
     Event,

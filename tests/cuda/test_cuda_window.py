@@ -20,7 +20,7 @@ import pytest
 
 import tritonshm
 from tritonshm import CudaError, DTypeMismatch, OutOfBounds, RegionClosed, UnsupportedBuffer, cuda
-from tritonshm._memory import _copy, _cuda_window, _describe
+from tritonshm._memory import _capture, _copy, _cuda_window
 
 from fake_cuda import ENV_DEVICES, ENV_FAIL, ClosingIndex, consume_dlpack
 
@@ -538,7 +538,7 @@ def test_region_closed_during_the_copy_setup_keeps_its_memory_until_done(fake_cu
 
 
 def test_copy_and_describe_are_in_tritonshm_cuda():
-    assert cuda.copy is _copy.copy and cuda.describe is _describe.describe
+    assert cuda.copy is _copy.copy and cuda.describe is _capture.describe
     assert cuda.CudaWindow is _cuda_window.CudaWindow
     assert {"copy", "describe", "CudaWindow"} <= set(cuda.__all__)
     window = _cuda_window.CudaWindow

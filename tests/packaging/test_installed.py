@@ -35,6 +35,8 @@ PXD_CLASSES = {
     "_cuda_array": {"CudaArray"},
     "_cuda_window": {"CudaWindow"},
     "_capture": {"Capture"},
+    "_cai": set(),
+    "_copy": set(),
     "_runtime": {"Runtime"},
     "_dlpack": {"Imported"},
     "_stream": {"Stream", "Event", "DeviceGuard"},

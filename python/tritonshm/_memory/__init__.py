@@ -16,12 +16,12 @@ Bottom up (each module imports only those above it in this list):
 * :mod:`._cuda_window`  -- :class:`CudaWindow`, a byte range of device memory with a
   count of its holders (a pool's slot)
 * :mod:`._cai`          -- the CUDA Array Interface read from a producer
-* :mod:`._capture`      -- :class:`Capture` and ``capture()``: a device array and its
-  producer's pending work, taken on the caller's thread
+* :mod:`._capture`      -- a producer's device array taken in: ``describe()`` (its dtype,
+  shape and device), :class:`Capture` and ``capture()`` (its memory and
+  pending work, taken on the caller's thread)
 * :mod:`._cuda_region`  -- :class:`CudaRegion`, ``cudaMalloc`` memory with an IPC handle
 * :mod:`._copy`         -- ``copy()`` between any two of regions, windows, views,
   captures, device arrays and host buffers
-* :mod:`._describe`     -- ``describe()``: dtype, shape and device of a device array
 
 Importing this package, or any of these modules, loads no CUDA library: the
 runtime is opened only when a CUDA operation first needs it (see

@@ -10,7 +10,7 @@ takes it from ``__dlpack_device__`` when the object has one.  A producer's
 records an event there for our copy stream to wait for.
 
 Used by :meth:`CudaRegion.write`, :func:`~._copy.copy`,
-:func:`~._capture.capture` and :func:`~._describe.describe`.
+:func:`~._capture.capture` and :func:`~._capture.describe`.
 """
 
 from ._runtime cimport Runtime, current

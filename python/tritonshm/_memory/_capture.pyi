@@ -8,7 +8,7 @@ from typing_extensions import Self
 
 from ._stream import Event
 
-__all__ = ["Capture", "capture"]
+__all__ = ["Capture", "capture", "describe"]
 
 class Capture:
     """A device array as it was when :func:`capture` was called: its memory, and its work so far."""
@@ -34,3 +34,6 @@ class Capture:
 
 def capture(obj: Any, device: int | None = None) -> Capture:
     """Take a device array as it is now, on the caller's thread: a :class:`Capture`."""
+
+def describe(obj: Any) -> tuple[np.dtype[Any], tuple[int, ...], int] | None:
+    """``(dtype, shape, device)`` of a C-contiguous CUDA device array, or None for anything else."""

@@ -1,13 +1,17 @@
 # cython: language_level=3, embedsignature=True
-"""Captures: a device array taken as it is *now*, on the caller's thread -- :func:`capture`.
+"""A producer's device array taken in: :func:`describe` says what it is, :func:`capture` takes it.
 
-A :class:`Capture` holds a producer's memory (its DLPack tensor, or the
-object itself for the CUDA Array Interface and :class:`CudaArray`) and an
-:class:`~._stream.Event` recorded after the work the producer had queued on
-it: a copy made later, on any thread (:func:`~._copy.copy`,
-:meth:`CudaRegion.write`), waits for the event and sees the bytes the
-caller meant.  Taken where the work was queued, because torch's and cupy's
-current streams are per thread.
+:func:`describe` gives ``(dtype, shape, device)`` of any device array
+(None for host memory) and holds nothing: the client sorts its inputs with
+it (host or device, which GPU) before it takes any.
+
+:func:`capture` takes one as it is *now*, on the caller's thread (torch's
+and cupy's current streams are per thread).  A :class:`Capture` holds the
+producer's memory (its DLPack tensor, or the object itself for the CUDA
+Array Interface and :class:`CudaArray`) and an :class:`~._stream.Event`
+recorded after the work the producer had queued on it: a copy made later,
+on any thread (:func:`~._copy.copy`, :meth:`CudaRegion.write`), waits for
+the event and sees the bytes the caller meant.
 """
 
 from ._cuda_array cimport CudaArray
@@ -17,13 +21,13 @@ from ._stream cimport Event, Stream, new_event, thread_copy_stream
 
 import numpy as np
 
-from ..errors import DTypeMismatch, RegionClosed, UnsupportedBuffer
+from ..errors import DTypeMismatch, Error, RegionClosed, UnsupportedBuffer
 from . import _dlpack
 from ._args import device_of as _device_of
-from ._cai import cai_device, parse_cai
+from ._cai import cai_device, parse_cai, read_cai
 from ._stream import current_stream as _current_stream
 
-__all__ = ["Capture", "capture"]
+__all__ = ["Capture", "capture", "describe"]
 
 
 cdef class Capture:
@@ -179,3 +183,57 @@ def capture(obj, device=None):
     cap.readonly = readonly
     cap.device = dev
     return cap
+
+
+# -- describe() ----------------------------------------------------------------
+
+def describe(obj):
+    """``(dtype, shape, device)`` of a C-contiguous CUDA device array, or None for anything else.
+
+    Device arrays are :class:`CudaArray` (also a :class:`CudaWindow`'s
+    views), :class:`Capture`\ s, objects with ``__cuda_array_interface__``
+    (looked at first: it is cheap) and DLPack producers whose
+    ``__dlpack_device__`` is CUDA or CUDA-managed memory.  Pinned host
+    memory (kDLCUDAHost) is not a device array here: None, as for numpy and
+    everything else.
+
+    The CUDA Array Interface carries no device: it is taken from the
+    object's ``__dlpack_device__`` when it has one, else assumed to be 0
+    (finding it from the pointer would need ``cudaPointerGetAttributes``).
+    DLPack producers are imported without stream synchronisation, under
+    their device's guard, and released at once.
+
+    Raises :class:`UnsupportedBuffer` for a non-contiguous (or malformed)
+    device array and :class:`DTypeMismatch` for a dtype numpy lacks.
+    """
+    cdef CudaArray array
+    cdef Capture cap
+    cdef Imported imp
+    if isinstance(obj, CudaArray) and (<CudaArray>obj)._alloc != NULL:
+        array = <CudaArray>obj
+        return array.dtype, array.shape, array._alloc.device
+    if isinstance(obj, Capture):
+        cap = <Capture>obj
+        cap._live()
+        if cap.dtype is None:
+            raise DTypeMismatch(f"{cap!r} has a dtype numpy lacks")
+        return cap.dtype, cap.shape, cap.device
+    if isinstance(obj, np.ndarray):
+        return None
+    try:
+        cai = read_cai(obj)
+    except Error:
+        raise
+    except Exception:  # torch raises for dtypes the interface cannot name (bfloat16): ask DLPack
+        cai = None
+    parsed = parse_cai(obj, cai) if cai is not None else None
+    if parsed is not None:
+        _, dt, shape, _, _ = parsed
+        return dt, shape, cai_device(obj, 0)
+    imp = _dlpack.import_device(obj, -1, _dlpack.DEVICE_MEMORY_TYPES)
+    if imp is None:
+        return None
+    try:
+        return imp.dtype, imp.shape, imp.device_id
+    finally:
+        imp.release()

@@ -49,21 +49,6 @@ __all__ = ["copy"]
 cdef class _Side:
     """One end of a :func:`copy`: a range of host or device memory, held until :meth:`close`."""
 
-    cdef size_t base          # address of byte 0
-    cdef size_t size          # bytes addressable from base
-    cdef int device           # CUDA device, or -1 when unknown
-    cdef size_t wait          # an event the copy's stream waits for first, or 0
-    cdef Event event          # the event behind `wait` when this end made it (a CAI producer's stream)
-    cdef Capture capture      # a Capture end, kept for the copy
-    cdef tshm_cuda_alloc *alloc  # our reference to a native allocation during the copy
-    cdef Runtime runtime      # a native end's runtime
-    cdef Imported imported
-    cdef Py_buffer buf
-    cdef bint has_buf
-    cdef object keep          # an object the buffer was taken from (a uint8 view)
-    cdef str what             # what this end is, for messages; None: repr(owner)
-    cdef object owner         # a native end's region, window or view
-
     cdef str describe(self):
         """What this end is, for an error message (a repr only when one is raised)."""
         return self.what if self.what is not None else repr(self.owner)

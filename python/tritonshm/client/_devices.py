@@ -27,10 +27,9 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .._memory._capture import capture
+from .._memory._capture import capture, describe
 from .._memory._copy import copy
 from .._memory._cuda_array import empty as cuda_empty
-from .._memory._describe import describe
 from .._memory._stream import Event, copy_stream as thread_copy_stream, current_stream
 from ..errors import CudaUnavailable, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
