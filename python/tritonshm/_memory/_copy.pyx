@@ -26,7 +26,7 @@ from ._cuda_region cimport CudaRegion
 from ._cuda_window cimport CudaWindow
 from ._dlpack cimport Imported
 from ._runtime cimport Runtime, current
-from ._stream cimport Event, Stream, thread_copy_stream
+from ._stream cimport Stream, thread_copy_stream
 from ._tshm cimport (
     kDLCUDA,
     kDLCUDAManaged,
