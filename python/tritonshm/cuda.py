@@ -32,9 +32,11 @@ previous device back only if it has a context -- no context (hundreds of
 MiB) is ever created on a GPU the process did not use.  Device numbers
 are checked against the device count (:class:`~tritonshm.OutOfBounds`).
 
-Importing this module loads no CUDA library: the runtime is opened on the
-first operation that needs it, and a machine without CUDA gets
-:class:`~tritonshm.CudaUnavailable` with one line saying what is missing.
+Importing this module loads no CUDA library: the names below come from
+Cython modules (:mod:`tritonshm._memory`) that only link the C core, the
+runtime is opened on the first operation that needs it, and a machine
+without CUDA gets :class:`~tritonshm.CudaUnavailable` with one line saying
+what is missing.
 
 How the runtime is reached, and why
 -----------------------------------
@@ -69,6 +71,20 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ._memory._capture import Capture, capture, describe
+from ._memory._copy import copy
+from ._memory._cuda_array import CudaArray, empty
+from ._memory._cuda_region import CudaRegion
+from ._memory._cuda_window import CudaWindow
+from ._memory._pinned import PinnedRegion
+from ._memory._stream import (  # current_stream_providers: the module's own list, so appending to it works
+    Event,
+    Stream,
+    copy_stream,
+    current_stream,
+    current_stream_providers,
+    device_guard,
+)
 from .errors import CudaUnavailable
 
 __all__ = [
@@ -92,29 +108,6 @@ __all__ = [
     "device_guard",
     "CudaUnavailable",
 ]
-
-_CUDA_NAMES = ("CudaRegion", "CudaWindow", "CudaArray", "copy", "describe", "empty", "capture", "Capture")
-_STREAM_NAMES = ("Stream", "Event", "copy_stream", "current_stream", "current_stream_providers", "device_guard")
-
-
-def __getattr__(name: str) -> Any:
-    # The region types live in Cython modules that load no CUDA library
-    # either; importing them lazily keeps `import tritonshm.cuda` cheap.
-    if name in _CUDA_NAMES:
-        from ._memory import _cuda
-
-        return getattr(_cuda, name)
-    if name in _STREAM_NAMES:
-        # current_stream_providers is the module's own list: appending to it works.
-        from ._memory import _stream
-
-        return getattr(_stream, name)
-    if name == "PinnedRegion":
-        from ._memory._pinned import PinnedRegion
-
-        return PinnedRegion
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 def _runtime() -> Any:
     from ._memory import _runtime

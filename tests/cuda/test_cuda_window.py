@@ -20,7 +20,7 @@ import pytest
 
 import tritonshm
 from tritonshm import CudaError, DTypeMismatch, OutOfBounds, RegionClosed, UnsupportedBuffer, cuda
-from tritonshm._memory import _cuda
+from tritonshm._memory import _capture, _copy, _cuda_window
 
 from fake_cuda import ENV_DEVICES, ENV_FAIL, ClosingIndex, consume_dlpack
 
@@ -112,8 +112,8 @@ def test_window_views_are_relative_and_stay_inside(fake_cuda):
             w.view("datetime64[s]", 2)
         assert w.holders == 3  # w, v, full: the failures took nothing
         with pytest.raises(TypeError):
-            _cuda.CudaWindow()
-        bare = _cuda.CudaWindow.__new__(_cuda.CudaWindow)  # never crashes: refuses
+            _cuda_window.CudaWindow()
+        bare = _cuda_window.CudaWindow.__new__(_cuda_window.CudaWindow)  # never crashes: refuses
         for op in (lambda: bare.ptr, lambda: bare.holders, lambda: bare.share(), lambda: bare.view(np.uint8, 0),
                    lambda: cuda.copy(bare, b"")):
             with pytest.raises(TypeError):
@@ -538,10 +538,12 @@ def test_region_closed_during_the_copy_setup_keeps_its_memory_until_done(fake_cu
 
 
 def test_copy_and_describe_are_in_tritonshm_cuda():
-    assert cuda.copy is _cuda.copy and cuda.describe is _cuda.describe and cuda.CudaWindow is _cuda.CudaWindow
+    assert cuda.copy is _copy.copy and cuda.describe is _capture.describe
+    assert cuda.CudaWindow is _cuda_window.CudaWindow
     assert {"copy", "describe", "CudaWindow"} <= set(cuda.__all__)
-    for obj in (cuda.copy, cuda.describe, _cuda.CudaWindow, _cuda.CudaWindow.holders, _cuda.CudaWindow.share,
-                _cuda.CudaWindow.view, _cuda.CudaWindow.ptr, tritonshm.CudaRegion.window):
+    window = _cuda_window.CudaWindow
+    for obj in (cuda.copy, cuda.describe, window, window.holders, window.share, window.view, window.ptr,
+                tritonshm.CudaRegion.window):
         assert obj.__doc__ and len(obj.__doc__.strip()) > 20, obj
 
 

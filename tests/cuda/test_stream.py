@@ -554,10 +554,11 @@ def test_stream_api_is_in_tritonshm_cuda():
 
 
 def test_objects_not_made_by_their_factories_raise_instead_of_crashing(fake_cuda):
-    from tritonshm._memory import _cuda
+    from tritonshm._memory._capture import Capture
+    from tritonshm._memory._cuda_array import CudaArray
 
-    array = _cuda.CudaArray.__new__(_cuda.CudaArray)
-    cap = _cuda.Capture.__new__(_cuda.Capture)
+    array = CudaArray.__new__(CudaArray)
+    cap = Capture.__new__(Capture)
     stream = _stream.Stream.__new__(_stream.Stream)
     event = _stream.Event.__new__(_stream.Event)
     guard = _stream.DeviceGuard.__new__(_stream.DeviceGuard)

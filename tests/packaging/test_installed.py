@@ -28,9 +28,15 @@ MEMORY = Path(tritonshm.__file__).resolve().parent / "_memory"
 
 #: module -> the cdef classes its .pxd must declare (the public ones first).
 PXD_CLASSES = {
+    "_region": {"Region"},
     "_system": {"SystemRegion", "Window"},
     "_pinned": {"PinnedRegion"},
-    "_cuda": {"CudaRegion", "CudaArray"},
+    "_cuda_region": {"CudaRegion"},
+    "_cuda_array": {"CudaArray"},
+    "_cuda_window": {"CudaWindow"},
+    "_capture": {"Capture"},
+    "_cai": set(),
+    "_copy": set(),
     "_runtime": {"Runtime"},
     "_dlpack": {"Imported"},
     "_stream": {"Stream", "Event", "DeviceGuard"},

@@ -1,18 +1,17 @@
 # The system region types, for other Cython modules (PinnedRegion subclasses SystemRegion).
+from ._region cimport Region
 from ._tshm cimport tshm_mapping
 
-cdef class SystemRegion:
+cdef class SystemRegion(Region):
     cdef tshm_mapping *_mapping   # NULL once closed; we own one reference
-    cdef str _key
-    cdef size_t _nbytes
-    cdef bint _owner
     cdef bint _readonly
-    cdef long _creator_pid        # a forked child never unlinks its parent's segment
     cdef int _lock_fd             # an owner's descriptor holding flock(LOCK_SH), else -1
     cdef Py_ssize_t _exports      # live buffer exports of this object
     cdef Py_ssize_t _buffer_shape[1]
     cdef object __weakref__
 
+    cdef bint _is_open(self) noexcept
+    cdef str _unclosed_note(self)
     cdef tshm_mapping *_live_mapping(self) except NULL
     cdef _map_fd(self, int fd, str key, size_t size, bint readonly)
     cdef void _drop_lock(self) noexcept

@@ -1,15 +1,16 @@
 """Type stubs for tritonshm._memory._system (Cython)."""
 
-from types import TracebackType
 from typing import Any, Sequence
 
 import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self
 
+from ._region import Region
+
 __all__ = ["SystemRegion", "Window"]
 
-class SystemRegion:
+class SystemRegion(Region):
     """A POSIX shared-memory segment mapped into this process."""
 
     kind: str
@@ -19,27 +20,11 @@ class SystemRegion:
     @classmethod
     def attach(cls, key: str, *, readonly: bool = False) -> Self: ...
     @property
-    def key(self) -> str: ...
-    @property
-    def nbytes(self) -> int: ...
-    @property
-    def owner(self) -> bool: ...
-    @property
     def readonly(self) -> bool: ...
     @property
-    def closed(self) -> bool: ...
-    @property
     def exports(self) -> int: ...
-    def span(self, offset: int = 0, nbytes: int | None = None) -> tuple[int, int]: ...
     def window(self, offset: int = 0, nbytes: int | None = None) -> Window: ...
     def close(self) -> None: ...
-    def __enter__(self) -> Self: ...
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __reduce__(self) -> tuple[Any, ...]: ...
     def ndarray(

@@ -6,7 +6,8 @@ mapping (``tshm_mapping`` in csrc/).  Every buffer export -- a memoryview,
 the base of a numpy view -- takes a reference of its own, so the memory is
 unmapped only when the region is closed *and* the last export is released.
 A view that outlives ``close()`` therefore stays valid, and nothing can ever
-touch unmapped memory.
+touch unmapped memory.  The lifecycle (``closed``, ``with``, the
+ResourceWarning of a dropped owner) is :class:`~._region.Region`'s.
 """
 
 from cpython.buffer cimport (
@@ -35,7 +36,6 @@ from ._tshm cimport (
 )
 
 import errno
-import warnings
 
 import numpy as np
 
@@ -96,7 +96,7 @@ def _unpickle(str key, bint readonly):
     return SystemRegion.attach(key, readonly=readonly)
 
 
-cdef class SystemRegion:
+cdef class SystemRegion(Region):
     """A POSIX shared-memory segment mapped into this process.
 
     Make one with :meth:`create` (a new segment, which this object owns and
@@ -110,8 +110,6 @@ cdef class SystemRegion:
 
     def __cinit__(self):
         self._mapping = NULL
-        self._key = None
-        self._creator_pid = -1
         self._lock_fd = -1
         self._exports = 0
 
@@ -126,20 +124,11 @@ cdef class SystemRegion:
             self._mapping = NULL
         self._drop_lock()
 
-    def __del__(self):
-        if self._mapping == NULL:
-            return
-        leaked = self._owner and getpid() == self._creator_pid
-        description = repr(self)
-        self.close()  # first: the segment goes whatever the warning filters do
-        if leaked:
-            # Like CPython's own files and sockets: under -W error the warning
-            # becomes an exception, which reaches sys.unraisablehook.
-            warnings.warn(
-                f"unclosed {description}: its segment was unlinked; use close() or a with-block",
-                ResourceWarning,
-                source=self,
-            )
+    cdef bint _is_open(self) noexcept:
+        return self._mapping != NULL
+
+    cdef str _unclosed_note(self):
+        return "its segment was unlinked"
 
     # -- construction -----------------------------------------------------
 
@@ -237,29 +226,9 @@ cdef class SystemRegion:
     # -- state ------------------------------------------------------------
 
     @property
-    def key(self):
-        """The POSIX name of the segment, with its leading slash."""
-        return self._key
-
-    @property
-    def nbytes(self):
-        """The usable size of the region in bytes."""
-        return self._nbytes
-
-    @property
-    def owner(self):
-        """True when this object created the segment (and unlinks it on close)."""
-        return self._owner
-
-    @property
     def readonly(self):
         """True when the memory is mapped read-only."""
         return self._readonly
-
-    @property
-    def closed(self):
-        """True after :meth:`close`."""
-        return self._mapping == NULL
 
     @property
     def exports(self):
@@ -274,24 +243,12 @@ cdef class SystemRegion:
             c_close(fd)
 
     def __repr__(self):
-        state = "closed" if self._mapping == NULL else ("owner" if self._owner else "attached")
         ro = " readonly" if self._readonly else ""
-        return f"<{type(self).__name__} {self._key!r} nbytes={self._nbytes} {state}{ro}>"
+        return f"<{type(self).__name__} {self._key!r} nbytes={self._nbytes} {self._state()}{ro}>"
 
     cdef tshm_mapping *_live_mapping(self) except NULL:
-        if self._mapping == NULL:
-            raise RegionClosed(f"{self!r} is closed")
+        self._check_open()
         return self._mapping
-
-    def span(self, offset=0, nbytes=None):
-        """Validate a byte range of this region and return it as ``(offset, nbytes)``.
-
-        *nbytes* defaults to the rest of the region after *offset*.  Negative,
-        non-integer, oversized or wrapping values raise :class:`OutOfBounds`;
-        nothing is ever truncated.
-        """
-        self._live_mapping()
-        return _span(self, self._nbytes, offset, nbytes)
 
     # -- lifetime ---------------------------------------------------------
 
@@ -317,13 +274,6 @@ cdef class SystemRegion:
         tshm_mapping_decref(m)
         if rc != 0 and rc != -errno.ENOENT:
             raise os_error(-rc, f"cannot unlink shared-memory segment {self._key!r}", self._key)
-
-    def __enter__(self):
-        self._live_mapping()
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
 
     def __reduce__(self):
         self._live_mapping()

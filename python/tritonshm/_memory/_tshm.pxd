@@ -92,6 +92,23 @@ cdef extern from "tshm_cuda.h" nogil:
                           void *stream, void *wait)
     int tshm_cuda_copy_out(tshm_cuda_alloc *a, size_t offset, void *dst, size_t length,
                            void *stream, void *wait)
+
+    # Windows' counted holds and their readers (_cuda_window, _cuda_array), and
+    # the general copy (_copy).
+    ctypedef struct tshm_cuda_hold:
+        tshm_cuda_alloc *alloc
+    int tshm_cuda_hold_new(tshm_cuda_alloc *a, tshm_cuda_hold **out)
+    void tshm_cuda_hold_incref(tshm_cuda_hold *h)
+    void tshm_cuda_hold_decref(tshm_cuda_hold *h)
+    size_t tshm_cuda_hold_refs(const tshm_cuda_hold *h)
+    ctypedef struct tshm_cuda_reader
+    int tshm_cuda_reader_new(tshm_cuda_hold *h, void *stream, tshm_cuda_reader **out)
+    void tshm_cuda_reader_release(void *reader)
+    int tshm_cuda_hold_readers_pending(tshm_cuda_hold *h, int *pending)
+    int tshm_cuda_memcpy(const tshm_cudart *rt, int device, void *stream,
+                         void *dst, size_t dst_size, size_t dst_offset,
+                         const void *src, size_t src_size, size_t src_offset,
+                         size_t len, void *const *waits, size_t nwaits, int sync)
     int tshm_cuda_pin_mapping(const tshm_cudart *rt, int device, tshm_mapping *m)
 
 

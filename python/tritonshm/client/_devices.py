@@ -27,6 +27,10 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from .._memory._capture import capture, describe
+from .._memory._copy import copy
+from .._memory._cuda_array import empty as cuda_empty
+from .._memory._stream import Event, copy_stream as thread_copy_stream, current_stream
 from ..errors import CudaUnavailable, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
 __all__ = ["DeviceTensor", "Placement", "as_device_tensor", "capture_inputs", "empty", "to_host", "to_device",
@@ -98,7 +102,7 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
     """*value* described as a :class:`DeviceTensor`, or None when it is not on a GPU.
 
     Only objects that speak the CUDA Array Interface or DLPack are looked
-    at, so plain numpy and lists never load the CUDA layer.
+    at, so plain numpy and lists never reach the CUDA runtime.
     """
     if isinstance(value, (np.ndarray, list, tuple, int, float, bytes, str)):
         return None
@@ -106,10 +110,8 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
     if not (hasattr(kind, "__dlpack_device__") or hasattr(kind, "__cuda_array_interface__")
             or hasattr(value, "__cuda_array_interface__")):
         return None
-    from .._memory import _cuda  # the CUDA layer loads only for device-looking inputs
-
     try:
-        described = _cuda.describe(value)
+        described = describe(value)
     except Error:
         raise
     except Exception as exc:  # the producer refused to export (torch: a tensor that requires grad)
@@ -117,7 +119,7 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
     if described is None:
         return None
     dtype, shape, device = described
-    captured = _cuda.capture(value, device)  # a producer's refusal is UnsupportedBuffer there
+    captured = capture(value, device)  # a producer's refusal is UnsupportedBuffer there
     return DeviceTensor(captured, np.dtype(dtype), tuple(shape), device, library=library_of(value))
 
 
@@ -200,8 +202,6 @@ def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int]) -> Any:
 
         with cupy.cuda.Device(device):
             return cupy.empty(shape, dtype)
-    from .._memory._cuda import empty as cuda_empty
-
     return cuda_empty(dtype, shape, device)
 
 
@@ -211,8 +211,6 @@ def copy_bytes(dst: Any, src: Any, nbytes: int, dst_offset: int = 0, src_offset:
     source's event.  With *stream* (a :class:`~tritonshm.cuda.Stream`) the copy is queued
     there and lands later (record an event on it: ``stream.record()``); without, it is
     complete on return."""
-    from .._memory._cuda import copy  # the CUDA layer loads only when a GPU is involved
-
     copy(dst, src, nbytes, dst_offset=dst_offset, src_offset=src_offset, stream=stream)
 
 
@@ -220,17 +218,13 @@ def copy_stream(device: int | None) -> Any:
     """This thread's copy stream on *device* (non-blocking, made once per thread); None for the host."""
     if device is None:
         return None
-    from .._memory._stream import copy_stream as stream_of
-
-    return stream_of(device)
+    return thread_copy_stream(device)
 
 
 def current_stream_event(device: int, stream: Any = None) -> Any:
     """An event marking the work queued so far on *stream* (a Stream, a handle, or an object with
     ``cuda_stream`` / ``ptr``: torch's and cupy's streams) or, by default, on the calling thread's
     current stream for *device* (torch's or cupy's notion of it where they are loaded)."""
-    from .._memory._stream import Event, current_stream
-
     if stream is None:
         handle = current_stream(device)
     elif isinstance(stream, int) and not isinstance(stream, bool):

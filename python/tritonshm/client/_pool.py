@@ -213,7 +213,6 @@ class SlotPool:
         self._growing = False              # a request is registering one more extent
         self.retired = False               # a larger pool replaced this one
         self.closed = False
-        self.generation = 0                # bumped on every re-registration
         # Per extent and slot: InferInput / InferRequestedOutput objects reused across requests.
         self.request_objects: dict[tuple[int, int], dict[str, Any]] = {}
 

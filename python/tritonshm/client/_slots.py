@@ -30,6 +30,8 @@ import numpy as np
 
 from .. import triton
 from .._memory import SystemRegion
+from .._memory._cuda_region import CudaRegion
+from .._memory._pinned import PinnedRegion
 from ._devices import DeviceTensor, copy_bytes
 
 __all__ = ["SlotKind", "SYSTEM", "SlotMemory", "SystemSlotMemory", "PinnedSlotMemory", "CudaSlotMemory",
@@ -252,8 +254,6 @@ class PinnedSlotMemory(SystemSlotMemory):
     """
 
     def __init__(self, nbytes: int, device: int = 0):
-        from .._memory._pinned import PinnedRegion  # the CUDA layer loads only when asked for
-
         super().__init__(nbytes, PinnedRegion.create(nbytes, device))
 
 
@@ -269,8 +269,6 @@ class CudaSlotMemory(SlotMemory):
     kind = "cuda"
 
     def __init__(self, nbytes: int, device: int = 0):
-        from .._memory._cuda import CudaRegion
-
         self.region = CudaRegion.create(nbytes, device)
         self.device = device
 

@@ -1,0 +1,114 @@
+# cython: language_level=3, embedsignature=True
+"""The CUDA Array Interface (v3), read from a producer: what cupy, numba and torch export besides DLPack.
+
+:func:`parse_cai` reads ``__cuda_array_interface__`` (under the
+producer's device guard when it names its device through
+``__dlpack_device__``) and checks it: C-contiguous, no mask, no stream 0
+(which v3 forbids).  The interface carries no device: :func:`cai_device`
+takes it from ``__dlpack_device__`` when the object has one.  A producer's
+``stream`` is where its pending work is queued: :func:`producer_event`
+records an event there for our copy stream to wait for.
+
+Used by :meth:`CudaRegion.write`, :func:`~._copy.copy`,
+:func:`~._capture.capture` and :func:`~._capture.describe`.
+"""
+
+from ._runtime cimport Runtime, current
+from ._stream cimport Event, new_event
+from ._tshm cimport tshm_cuda_device_enter, tshm_cuda_device_leave
+
+import numpy as np
+
+from ..errors import Error, UnsupportedBuffer
+from . import _dlpack
+
+__all__ = ["cai_device", "cuda_array_interface", "parse_cai", "read_cai"]
+
+
+cdef Event producer_event(Runtime rt, int device, size_t stream):
+    """An event recorded now on a CUDA Array Interface producer's *stream* (0: none to wait for)."""
+    cdef Event event
+    if stream == 0:
+        return None
+    event = new_event(rt, device)
+    event._record(stream)
+    return event
+
+
+def cai_device(obj, int fallback):
+    """The device of a CUDA Array Interface producer (its ``__dlpack_device__``), else *fallback*.
+
+    The interface carries no device; finding it from the pointer would
+    need ``cudaPointerGetAttributes``, whose struct changed between CUDA 12
+    and 13.
+    """
+    where = _dlpack.dlpack_device(obj, False)
+    if where is not None and where[0] in _dlpack.DEVICE_MEMORY_TYPES:
+        return where[1]
+    return fallback
+
+
+def read_cai(obj):
+    """``obj.__cuda_array_interface__`` (None when absent), read with the object's device current."""
+    cdef Runtime rt
+    cdef int previous = 0
+    cdef int device
+    where = _dlpack.dlpack_device(obj, False)
+    if where is None or where[0] not in _dlpack.DEVICE_MEMORY_TYPES:
+        return getattr(obj, "__cuda_array_interface__", None)
+    rt = current()
+    device = where[1]
+    rt.check(tshm_cuda_device_enter(rt.rt, device, &previous), f"selecting CUDA device {device}")
+    try:
+        return getattr(obj, "__cuda_array_interface__", None)
+    finally:
+        tshm_cuda_device_leave(rt.rt, device, previous)
+
+
+def cuda_array_interface(obj):
+    """``(ptr, nbytes, stream, readonly)`` of a C-contiguous CUDA Array Interface export, else None."""
+    parsed = parse_cai(obj)
+    if parsed is None:
+        return None
+    ptr, dt, shape, stream, readonly = parsed
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return ptr, count * dt.itemsize, stream, readonly
+
+
+def parse_cai(obj, cai=None):
+    """``(ptr, dtype, shape, stream, readonly)`` of a C-contiguous CUDA Array Interface export, else None.
+
+    *cai* is ``obj.__cuda_array_interface__`` when the caller has it already.
+    *stream* is 0 when the producer gave None (nothing to wait for).
+    """
+    if cai is None:
+        try:
+            cai = read_cai(obj)
+        except Error:
+            raise
+        except Exception as exc:  # the producer's own refusal
+            raise UnsupportedBuffer(f"{type(obj).__name__}.__cuda_array_interface__ refused "
+                                    f"({type(exc).__name__}: {exc})") from exc
+    if cai is None:
+        return None
+    try:
+        shape = tuple(int(d) for d in cai["shape"])
+        dt = np.dtype(cai["typestr"])
+        ptr = int(cai["data"][0])
+        readonly = bool(cai["data"][1])
+        strides = cai.get("strides")
+        stream = cai.get("stream")
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise UnsupportedBuffer(f"{type(obj).__name__} has a malformed __cuda_array_interface__ ({exc})") from None
+    if cai.get("mask") is not None:
+        raise UnsupportedBuffer(f"{type(obj).__name__} is a masked array; copy its data first")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if strides is not None and count > 0:
+        expected = dt.itemsize
+        for d, s in zip(reversed(shape), reversed(tuple(strides))):
+            if d != 1 and s != expected:
+                raise UnsupportedBuffer(f"{type(obj).__name__} is not C-contiguous; make it so first")
+            expected *= d
+    if stream == 0:
+        raise UnsupportedBuffer(f"{type(obj).__name__} gave stream 0 in __cuda_array_interface__, which v3 forbids")
+    return ptr, dt, shape, (0 if stream is None else int(stream)), readonly

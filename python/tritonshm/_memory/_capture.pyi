@@ -1,0 +1,39 @@
+"""Type stubs for tritonshm._memory._capture (Cython)."""
+
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+from typing_extensions import Self
+
+from ._stream import Event
+
+__all__ = ["Capture", "capture", "describe"]
+
+class Capture:
+    """A device array as it was when :func:`capture` was called: its memory, and its work so far."""
+
+    ptr: int
+    nbytes: int
+    device: int
+    dtype: np.dtype[Any] | None
+    shape: tuple[int, ...]
+    readonly: bool
+    event: Event
+    @property
+    def closed(self) -> bool: ...
+    def release(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+    def __reduce__(self) -> tuple[Any, ...]: ...
+
+def capture(obj: Any, device: int | None = None) -> Capture:
+    """Take a device array as it is now, on the caller's thread: a :class:`Capture`."""
+
+def describe(obj: Any) -> tuple[np.dtype[Any], tuple[int, ...], int] | None:
+    """``(dtype, shape, device)`` of a C-contiguous CUDA device array, or None for anything else."""

@@ -1,0 +1,239 @@
+# cython: language_level=3, embedsignature=True
+"""A producer's device array taken in: :func:`describe` says what it is, :func:`capture` takes it.
+
+:func:`describe` gives ``(dtype, shape, device)`` of any device array
+(None for host memory) and holds nothing: the client sorts its inputs with
+it (host or device, which GPU) before it takes any.
+
+:func:`capture` takes one as it is *now*, on the caller's thread (torch's
+and cupy's current streams are per thread).  A :class:`Capture` holds the
+producer's memory (its DLPack tensor, or the object itself for the CUDA
+Array Interface and :class:`CudaArray`) and an :class:`~._stream.Event`
+recorded after the work the producer had queued on it: a copy made later,
+on any thread (:func:`~._copy.copy`, :meth:`CudaRegion.write`), waits for
+the event and sees the bytes the caller meant.
+"""
+
+from ._cuda_array cimport CudaArray
+from ._dlpack cimport Imported
+from ._runtime cimport Runtime, current
+from ._stream cimport Event, Stream, new_event, thread_copy_stream
+
+import numpy as np
+
+from ..errors import DTypeMismatch, Error, RegionClosed, UnsupportedBuffer
+from . import _dlpack
+from ._args import device_of as _device_of
+from ._cai import cai_device, parse_cai, read_cai
+from ._stream import current_stream as _current_stream
+
+__all__ = ["Capture", "capture", "describe"]
+
+
+cdef class Capture:
+    """A device array as it was when :func:`capture` was called: its memory, and its work so far.
+
+    Holds the array's memory (a DLPack producer's tensor, or the object
+    itself for the CUDA Array Interface and :class:`CudaArray`) until
+    :meth:`release`, and :attr:`event`, recorded after the work the
+    producer had queued on it at capture time.  :func:`copy` (and
+    :meth:`CudaRegion.write`) accept a capture as either end: the copy's
+    stream waits for the event, so the copy may run later, on any thread,
+    and still see the bytes the caller meant.
+
+    Release it after the copies that read it are done (a copy without
+    ``stream=`` is done on return): the producer may reuse the memory
+    once it is released.
+    """
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use tritonshm.cuda.capture(device_array)")
+
+    cdef int _live(self) except -1:
+        if self.event is None:  # only Capture.__new__ without capture() makes one
+            raise TypeError("this Capture was not made by capture()")
+        if self._released:
+            raise RegionClosed(f"{self!r} was released")
+        return 0
+
+    @property
+    def closed(self):
+        """True after :meth:`release`."""
+        return self._released
+
+    def release(self):
+        """Hand the memory back to its producer; idempotent.  The :attr:`event` stays readable."""
+        if self._released:
+            return
+        self._released = True
+        if self._imported is not None:
+            self._imported.release()
+            self._imported = None
+        self._obj = None
+
+    def __enter__(self):
+        self._live()
+        return self
+
+    def __exit__(self, *exc_info):
+        self.release()
+
+    def __repr__(self):
+        state = " released" if self._released else ""
+        return f"<Capture {self.nbytes} bytes on cuda:{self.device} at 0x{self.ptr:x}{state}>"
+
+    def __reduce__(self):
+        raise TypeError("a Capture belongs to this process and cannot be pickled")
+
+
+cdef int _device_wanted(object want, int actual, object obj) except -1:
+    if want is not None and want != actual:
+        raise UnsupportedBuffer(f"{type(obj).__name__} lives on cuda:{actual}, not device={want}")
+    return 0
+
+
+def capture(obj, device=None):
+    """Take a device array as it is now, on the caller's thread: a :class:`Capture`.
+
+    *obj* is a :class:`CudaArray`, a DLPack producer of CUDA memory (torch,
+    cupy, jax) or a CUDA Array Interface producer.  What "its work so far"
+    means, per kind:
+
+    * DLPack: ``__dlpack__(stream=copy_stream(device))`` under the tensor's
+      device guard (the producer orders its pending work on *its* current
+      stream before our copy stream: torch's handshake), then the event is
+      recorded on the copy stream;
+    * CUDA Array Interface: recorded on its ``stream``, or on
+      :func:`current_stream` of the device when it gives none;
+    * :class:`CudaArray`: recorded on :func:`current_stream` of its device.
+
+    Call it where the work was queued: torch's and cupy's current streams are
+    per thread.  *device* is the device of a CUDA Array Interface producer
+    that does not say (default 0), or a check for the others.  A producer's
+    refusal is :class:`UnsupportedBuffer`; host memory too.
+    """
+    cdef Capture cap
+    cdef CudaArray array
+    cdef Runtime rt
+    cdef Imported imp
+    cdef Stream cs
+    cdef int dev
+    want = None if device is None else _device_of(device)
+    if isinstance(obj, Capture):
+        (<Capture>obj)._live()
+        return obj
+    cap = Capture.__new__(Capture)
+    if isinstance(obj, CudaArray):
+        array = <CudaArray>obj
+        if array._alloc == NULL:
+            raise UnsupportedBuffer("this CudaArray was not made by view()")
+        dev = array._alloc.device
+        _device_wanted(want, dev, obj)
+        cap.event = new_event(array._runtime, dev)
+        cap.event._record(_current_stream(dev))
+        cap._obj = obj
+        cap.ptr = array.ptr
+        cap.nbytes = array.nbytes
+        cap.dtype = array.dtype
+        cap.shape = array.shape
+        cap.readonly = False
+        cap.device = dev
+        return cap
+    where = _dlpack.dlpack_device(obj)
+    if where is not None and where[0] in _dlpack.DEVICE_MEMORY_TYPES:
+        rt = current()
+        dev = rt.valid_device(where[1])
+        _device_wanted(want, dev, obj)
+        cs = thread_copy_stream(rt, dev)
+        imp = _dlpack.import_device(obj, _dlpack.dlpack_stream(cs.handle), _dlpack.DEVICE_MEMORY_TYPES)
+        try:
+            cap.event = new_event(rt, dev)
+            cap.event._record(<size_t>cs._live())
+            try:
+                cap.dtype = imp.dtype
+            except DTypeMismatch:  # bfloat16 and co: the bytes can still be copied
+                cap.dtype = None
+        except BaseException:
+            imp.release()
+            raise
+        cap._imported = imp
+        cap.ptr = imp.ptr
+        cap.nbytes = imp.nbytes
+        cap.shape = imp.shape
+        cap.readonly = imp.readonly
+        cap.device = dev
+        return cap
+    parsed = parse_cai(obj)
+    if parsed is None:
+        raise UnsupportedBuffer(
+            f"capture() takes a device array (a CudaArray, DLPack CUDA memory or __cuda_array_interface__); "
+            f"{type(obj).__name__} is none of these: copy host memory directly")
+    ptr, dt, shape, stream, readonly = parsed
+    rt = current()
+    dev = rt.valid_device(cai_device(obj, want if want is not None else 0))
+    _device_wanted(want, dev, obj)
+    cap.event = new_event(rt, dev)
+    cap.event._record(stream if stream != 0 else _current_stream(dev))
+    cap._obj = obj
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    cap.ptr = ptr
+    cap.nbytes = count * dt.itemsize
+    cap.dtype = dt
+    cap.shape = shape
+    cap.readonly = readonly
+    cap.device = dev
+    return cap
+
+
+# -- describe() ----------------------------------------------------------------
+
+def describe(obj):
+    """``(dtype, shape, device)`` of a C-contiguous CUDA device array, or None for anything else.
+
+    Device arrays are :class:`CudaArray` (also a :class:`CudaWindow`'s
+    views), :class:`Capture`\ s, objects with ``__cuda_array_interface__``
+    (looked at first: it is cheap) and DLPack producers whose
+    ``__dlpack_device__`` is CUDA or CUDA-managed memory.  Pinned host
+    memory (kDLCUDAHost) is not a device array here: None, as for numpy and
+    everything else.
+
+    The CUDA Array Interface carries no device: it is taken from the
+    object's ``__dlpack_device__`` when it has one, else assumed to be 0
+    (finding it from the pointer would need ``cudaPointerGetAttributes``).
+    DLPack producers are imported without stream synchronisation, under
+    their device's guard, and released at once.
+
+    Raises :class:`UnsupportedBuffer` for a non-contiguous (or malformed)
+    device array and :class:`DTypeMismatch` for a dtype numpy lacks.
+    """
+    cdef CudaArray array
+    cdef Capture cap
+    cdef Imported imp
+    if isinstance(obj, CudaArray) and (<CudaArray>obj)._alloc != NULL:
+        array = <CudaArray>obj
+        return array.dtype, array.shape, array._alloc.device
+    if isinstance(obj, Capture):
+        cap = <Capture>obj
+        cap._live()
+        if cap.dtype is None:
+            raise DTypeMismatch(f"{cap!r} has a dtype numpy lacks")
+        return cap.dtype, cap.shape, cap.device
+    if isinstance(obj, np.ndarray):
+        return None
+    try:
+        cai = read_cai(obj)
+    except Error:
+        raise
+    except Exception:  # torch raises for dtypes the interface cannot name (bfloat16): ask DLPack
+        cai = None
+    parsed = parse_cai(obj, cai) if cai is not None else None
+    if parsed is not None:
+        _, dt, shape, _, _ = parsed
+        return dt, shape, cai_device(obj, 0)
+    imp = _dlpack.import_device(obj, -1, _dlpack.DEVICE_MEMORY_TYPES)
+    if imp is None:
+        return None
+    try:
+        return imp.dtype, imp.shape, imp.device_id
+    finally:
+        imp.release()

@@ -1,0 +1,234 @@
+# cython: language_level=3, embedsignature=True
+"""Device arrays: :class:`CudaArray`, a zero-copy view of device memory, and :func:`empty`.
+
+A view holds the memory it shows: a :class:`~._cuda_region.CudaRegion`'s
+view one reference to its allocation (``tshm_cuda_alloc``), a
+:class:`~._cuda_window.CudaWindow`'s view one holder of the window's
+count (``tshm_cuda_hold``, which holds the allocation).  Every DLPack
+capsule made from a view takes a reference (or holder) of its own, released
+by the consumer's deleter -- on any thread, without the GIL, in plain C --
+so the memory is freed only when the region is closed *and* the last view
+and tensor are gone.
+
+:func:`make_view` and :func:`to_host` are the C-level helpers the region
+and window types make views and host copies with.
+"""
+
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+
+from ._dlpack cimport export_capsule
+from ._runtime cimport Runtime, current
+from ._stream cimport thread_copy_stream
+from ._tshm cimport (
+    kDLCUDA,
+    tshm_cuda_alloc,
+    tshm_cuda_alloc_decref,
+    tshm_cuda_alloc_incref,
+    tshm_cuda_alloc_new,
+    tshm_cuda_copy_out,
+    tshm_cuda_hold,
+    tshm_cuda_hold_decref,
+    tshm_cuda_hold_incref,
+    tshm_cuda_reader,
+    tshm_cuda_reader_new,
+    tshm_cuda_reader_release,
+)
+
+import numpy as np
+
+from ..errors import OutOfBounds
+from . import _dlpack
+from ._args import device_of as _device_of, layout as _layout
+
+__all__ = ["CudaArray", "empty"]
+
+
+cdef void _release_alloc(void *ctx) noexcept nogil:
+    tshm_cuda_alloc_decref(<tshm_cuda_alloc *>ctx)
+
+
+cdef void _release_hold(void *ctx) noexcept nogil:
+    tshm_cuda_hold_decref(<tshm_cuda_hold *>ctx)
+
+
+cdef object to_host(Runtime rt, tshm_cuda_alloc *a, size_t offset, size_t length, object dtype,
+                    tuple shape, object owner):
+    """Bytes [offset, offset + length) of *a* copied into a new numpy array of *shape* x *dtype*.
+
+    On this thread's copy stream of the memory's device, complete on return.
+    """
+    cdef Py_buffer dst
+    cdef void *h = thread_copy_stream(rt, a.device)._live()
+    out = np.empty(length, dtype=np.uint8)
+    PyObject_GetBuffer(out, &dst, PyBUF_WRITABLE)
+    tshm_cuda_alloc_incref(a)  # a concurrent close() must not free under the copy
+    try:
+        with nogil:
+            rc = tshm_cuda_copy_out(a, offset, dst.buf, length, h, NULL)
+    finally:
+        tshm_cuda_alloc_decref(a)
+        PyBuffer_Release(&dst)
+    rt.check(rc, f"copying {length} bytes out of {owner!r}")
+    return out.view(dtype).reshape(shape)
+
+
+cdef CudaArray make_view(Runtime rt, tshm_cuda_alloc *a, size_t offset, object dtype, tuple shape,
+                         object nbytes):
+    """A :class:`CudaArray` of *shape* x *dtype* at byte *offset* of *a*, holding a reference of its own."""
+    cdef CudaArray v = CudaArray.__new__(CudaArray)
+    tshm_cuda_alloc_incref(a)
+    v._alloc = a
+    v._runtime = rt
+    v._offset = offset
+    v.dtype = dtype
+    v.shape = shape
+    v.nbytes = nbytes
+    return v
+
+
+def empty(dtype, shape, device=0):
+    """A new, uninitialised :class:`CudaArray` of *shape* x *dtype* in an allocation of its own.
+
+    A plain ``cudaMalloc`` (no IPC handle, no region): the array is its only
+    holder, and the memory is freed when it and its DLPack tensors are gone.
+    """
+    cdef Runtime rt
+    cdef tshm_cuda_alloc *a = NULL
+    cdef size_t size
+    cdef int dev
+    dt, dims, nbytes = _layout(dtype, shape)
+    _dlpack.dl_dtype(dt)  # refuse what no consumer could describe
+    if nbytes > (<size_t>-1) // 2:
+        raise OutOfBounds(f"{nbytes} bytes is larger than any allocation can be")
+    _device_of(device)
+    size = max(<size_t>nbytes, 1)  # cudaMalloc of 0 bytes gives no pointer
+    rt = current()
+    dev = rt.valid_device(device)
+    with nogil:
+        rc = tshm_cuda_alloc_new(rt.rt, dev, size, &a)
+    rt.check(rc, f"allocating {nbytes} bytes on CUDA device {dev}")
+    view = make_view(rt, a, 0, dt, dims, nbytes)
+    tshm_cuda_alloc_decref(a)  # the view's reference is the only one
+    return view
+
+
+cdef class CudaArray:
+    """A C-contiguous array in device memory: a view of a :class:`CudaRegion`.
+
+    torch, cupy, jax and numba consume it without a copy through
+    ``__dlpack__`` or ``__cuda_array_interface__``.  It holds the memory:
+    the region may be closed while views (or tensors made from them) live.
+    Turn it into host memory with :meth:`get`, never implicitly.
+    """
+
+    def __cinit__(self):
+        self._alloc = NULL
+        self._hold = NULL
+
+    def __init__(self, *args, **kwargs):
+        raise TypeError("use CudaRegion.view(dtype, shape, offset) or CudaWindow.view(dtype, shape, offset)")
+
+    def __dealloc__(self):
+        if self._hold != NULL:  # a window's view: its alloc is the hold's
+            tshm_cuda_hold_decref(self._hold)
+            self._hold = NULL
+            self._alloc = NULL
+        elif self._alloc != NULL:
+            tshm_cuda_alloc_decref(self._alloc)
+            self._alloc = NULL
+
+    cdef tshm_cuda_alloc *_a(self) except NULL:
+        if self._alloc == NULL:  # only CudaArray.__new__ without view() makes one
+            raise TypeError("this CudaArray was not made by view() or empty()")
+        return self._alloc
+
+    @property
+    def ptr(self):
+        """The device address of the first element."""
+        return <size_t>self._a().ptr + self._offset
+
+    @property
+    def device(self):
+        """The CUDA device the memory lives on."""
+        return self._a().device
+
+    @property
+    def ndim(self):
+        """The number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self):
+        """The number of elements."""
+        return self.nbytes // self.dtype.itemsize
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def __repr__(self):
+        if self._alloc == NULL:
+            return "<CudaArray (not made by view())>"
+        return f"<CudaArray {self.dtype} {self.shape} on cuda:{self.device} at 0x{self.ptr:x}>"
+
+    @property
+    def __cuda_array_interface__(self):
+        """The CUDA Array Interface, version 3 (no stream: nothing is pending on our memory)."""
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "descr": self.dtype.descr,
+            "data": (self.ptr, False),
+            "strides": None,
+            "version": 3,
+            "stream": None,
+        }
+
+    def __dlpack_device__(self):
+        """``(kDLCUDA, device)``."""
+        return (kDLCUDA, self._a().device)
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule of this array (versioned when *max_version* allows), zero-copy.
+
+        The tensor holds the memory until its consumer's deleter runs (on any
+        thread; the release is plain C).  A window's view gives the tensor
+        a holder of the window's count instead (which holds the memory),
+        and remembers the consumer's *stream* (None and 1: the legacy
+        default stream, 2: per-thread, a handle; -1: the consumer promised
+        nothing to order): the deleter records an event on it, and the
+        window counts as read (:meth:`CudaWindow.readers_pending`) until
+        the consumer's work queued before the deleter ran is done.  Our
+        memory has no pending work of ours, so *stream* needs no wait.
+        """
+        cdef tshm_cuda_reader *reader = NULL
+        versioned = _dlpack.check_request(stream, max_version, dl_device, copy, kDLCUDA, self._a().device)
+        if self._hold != NULL:
+            if stream == -1:
+                tshm_cuda_hold_incref(self._hold)  # the capsule's own; export_capsule takes it over
+                return export_capsule(<void *>(self._alloc.ptr + self._offset), kDLCUDA, self._alloc.device,
+                                      self.dtype, self.shape, False, versioned, _release_hold, self._hold)
+            # The deleter runs on any thread, where the per-thread default stream (2) is another
+            # stream than the consumer's: the legacy one (1) is ordered after every blocking
+            # stream, the consumer thread's per-thread stream included.
+            handle = 1 if stream is None or stream == 2 else <size_t>stream
+            self._runtime.check(tshm_cuda_reader_new(self._hold, <void *><size_t>handle, &reader),
+                                f"preparing a DLPack export of {self!r}")
+            # The reader holds one holder; export_capsule takes it over.
+            return export_capsule(<void *>(self._alloc.ptr + self._offset), kDLCUDA, self._alloc.device,
+                                  self.dtype, self.shape, False, versioned, tshm_cuda_reader_release, reader)
+        tshm_cuda_alloc_incref(self._alloc)  # the capsule's own; export_capsule takes it over
+        return export_capsule(<void *>(self._alloc.ptr + self._offset), kDLCUDA, self._alloc.device,
+                              self.dtype, self.shape, False, versioned, _release_alloc, self._alloc)
+
+    def get(self):
+        """A host copy of this array, as numpy."""
+        return to_host(self._runtime, self._a(), self._offset, self.nbytes, self.dtype, self.shape, self)
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("a CudaArray lives in device memory: use .get() for a host copy "
+                        "(implicit conversion to numpy is not allowed)")
+
+    def __reduce__(self):
+        raise TypeError("a CudaArray cannot be pickled; pickle its region and call view() there")
