@@ -26,6 +26,7 @@ __all__ = [
     "DLPackError",
     "ServerError",
     "ServerUnavailable",
+    "ServerTimeout",
     "ServerInstallError",
     "RegistrationError",
     "RegionNotRegistered",
@@ -101,6 +102,10 @@ class ServerError(Error):
 
 class ServerUnavailable(ServerError, ConnectionError):
     """The Triton server could not be reached or is not ready."""
+
+
+class ServerTimeout(ServerError, TimeoutError):
+    """The server did not answer within the request's ``client_timeout``."""
 
 
 class ServerInstallError(ServerUnavailable):

@@ -37,6 +37,7 @@ from .errors import (
     RegionNotRegistered,
     RegistrationError,
     ServerError,
+    ServerTimeout,
     ServerUnavailable,
     ShapeMismatch,
     SharedMemoryRefused,
@@ -127,6 +128,8 @@ def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> Se
             too_small["output"],
             int(too_small["needed"]),
         )
+    if "deadline exceeded" in lowered or "deadline_exceeded" in status.lower():
+        return ServerTimeout(f"{doing}: the server did not answer within the client_timeout ({message})")
     if (
         isinstance(exc, ConnectionError)
         or "unavailable" in status.lower()

@@ -14,19 +14,22 @@ holds nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import weakref
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from .. import _transport, triton
+from ..errors import ServerTimeout
 from . import _devices, _intake
 from ._client import SETTLE_SECONDS, release_everything
 from ._engine import Engine, engine_setting
 from ._model import ModelInfo
 from ._pool import PoolInfo
 from ._request import SlotRequest
-from ._steps import (Done, FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot,
-                     advance)
+from ._steps import (Done, Emit, FetchModel, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
+                     WaitForDevice, WaitForSlot, advance)
+from ._stream import AsyncStream, request_message
 from ._threads import Connector
 
 __all__ = ["AsyncDriver", "Client", "Request"]
@@ -80,7 +83,10 @@ class AsyncDriver:
     def __init__(self, engine: Engine, aio_client: Any):
         self.aio_client = aio_client
         self._wire = engine.wire
+        self._stream: AsyncStream | None = None   # the inference stream, made on first use
         self.handlers: dict[type, Callable[[Any], Any]] = {
+            StreamSend: self._stream_send,
+            NextResponse: self._next_response,
             Send: self._send,
             FetchModel: self._fetch_model,
             Register: self._register,
@@ -94,16 +100,60 @@ class AsyncDriver:
         """Carry out *steps* on the event loop; their result."""
         step = advance(steps)
         while not isinstance(step, Done):
-            task = asyncio.ensure_future(self.handlers[type(step)](step))
-            try:
-                outcome, failure = await asyncio.shield(task), None
-            except asyncio.CancelledError:
-                self._abandon(steps, step, task)
-                raise
-            except Exception as exc:
-                outcome, failure = None, exc
-            step = advance(steps, outcome, failure)
+            step = advance(steps, *await self._carry_out(steps, step))
         return step.value
+
+    async def iterate(self, steps: Steps) -> AsyncIterator[Any]:
+        """Carry out *steps*, yielding the values they :class:`Emit`; closing the iterator (or
+        cancelling the task that awaits it) closes the steps."""
+        step = advance(steps)
+        handed_on = False
+        try:
+            while not isinstance(step, Done):
+                if isinstance(step, Emit):
+                    yield step.value
+                    step = advance(steps)
+                    continue
+                try:
+                    outcome = await self._carry_out(steps, step)
+                except asyncio.CancelledError:
+                    handed_on = True  # _abandon ends the steps once the step's I/O is over
+                    raise
+                step = advance(steps, *outcome)
+        finally:
+            if not handed_on:
+                steps.close()
+
+    async def _carry_out(self, steps: Steps, step: Any) -> tuple[Any, BaseException | None]:
+        """One step's outcome, or its failure.  Shielded: a cancelled caller leaves the
+        step's I/O to finish, and the steps to end after it (see :meth:`_abandon`)."""
+        task = asyncio.ensure_future(self.handlers[type(step)](step))
+        try:
+            return await asyncio.shield(task), None
+        except asyncio.CancelledError:
+            self._abandon(steps, step, task)
+            raise
+        except Exception as exc:
+            return None, exc
+
+    async def close_stream(self) -> None:
+        """End the inference stream, if one is open (requests on it end with ClientClosed)."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.close()
+
+    async def _stream_send(self, step: StreamSend) -> Any:
+        if self._stream is None:
+            self._stream = AsyncStream(self.aio_client)
+        return self._stream.send(request_message(step.model, step.version, step.inputs, step.outputs, "",
+                                                 step.options))
+
+    @staticmethod
+    async def _next_response(step: NextResponse) -> Any:
+        try:
+            return await asyncio.wait_for(step.entry.inbox.get(), step.timeout)
+        except asyncio.TimeoutError:
+            raise ServerTimeout(f"no response from the server within client_timeout={step.timeout} s") from None
 
     @staticmethod
     def _abandon(steps: Steps, step: Any, task: asyncio.Future) -> None:
@@ -240,6 +290,27 @@ class Client:
                                        for chunk, into in zip(plan.chunks, rows)))
         return _intake.join_chunks(parts, plan.names, plan.route.results, rows[0])
 
+    def stream(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
+               version: str = "", timeout: float | None = None,
+               output_device: str | int = "auto") -> AsyncIterator[dict[str, Any]]:
+        """Like :meth:`tritonshm.Client.stream`: an async iterator of the responses' outputs.
+
+        GPU inputs are captured when this is called; the request is sent when
+        the iteration starts.  Cancelling the task that iterates (or leaving
+        ``async for`` early) drops the rest; the slot comes back once the
+        server has finished the request.
+        """
+        return self._stream(model, _devices.capture_inputs(inputs), outputs, version, timeout, output_device)
+
+    async def _stream(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
+                      timeout: float | None, output_device: str | int) -> AsyncIterator[dict[str, Any]]:
+        engine = self._engine
+        info = await self.model_info(model, version)
+        plan = engine.stream_plan(info, inputs, outputs, output_device, timeout)
+        async with contextlib.aclosing(self._driver.iterate(engine.stream_steps(plan))) as responses:
+            async for outputs_of_one in responses:
+                yield outputs_of_one
+
     async def request(self, model: str, batch_size: int | None = None, *,
                       shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",
                       timeout: float | None = None, device: str | int | None = None) -> Request:
@@ -264,6 +335,7 @@ class Client:
         self._finalizer.detach()
         try:
             await self._until_idle(engine.timeout)  # in-flight requests finish on the memory they use
+            await self._driver.close_stream()  # streams still open end with ClientClosed; their slots come back
             settle = SETTLE_SECONDS if engine.timeout is None else min(engine.timeout, SETTLE_SECONDS)
             await self._driver.drive(engine.release_steps(settle))
             engine.hold_refused()  # device memory the server still refuses: never freed under it

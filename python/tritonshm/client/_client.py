@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import concurrent.futures
+import queue
 import time
 import weakref
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 
 from .. import triton
+from ..errors import ServerTimeout
 from . import _devices, _intake
 from ._engine import Engine, engine_setting
 from ._model import ModelInfo
 from ._pool import PoolInfo
 from ._request import SlotRequest
-from ._steps import (Done, FetchModel, Pause, Register, Send, Steps, Unregister, WaitForDevice, WaitForSlot,
-                     advance)
+from ._steps import (Done, Emit, FetchModel, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
+                     WaitForDevice, WaitForSlot, advance)
+from ._stream import BlockingStream, request_message
 from ._threads import Connector, Workers
 
 __all__ = ["BlockingDriver", "Client", "Request"]
@@ -83,7 +86,11 @@ class BlockingDriver:
     def __init__(self, engine: Engine, connector: Connector):
         self.connector = connector
         self._wire = engine.wire
+        self._connect = engine.connect
+        self._stream: BlockingStream | None = None   # the inference stream, made on first use
         self.handlers: dict[type, Callable[[Any], Any]] = {
+            StreamSend: self._stream_send,
+            NextResponse: self._next_response,
             Send: self._send,
             FetchModel: self._fetch_model,
             Register: self._register,
@@ -104,6 +111,51 @@ class BlockingDriver:
                 outcome, failure = None, exc
             step = advance(steps, outcome, failure)
         return step.value
+
+    def iterate(self, steps: Steps) -> Iterator[Any]:
+        """Carry out *steps* up to their first :class:`NextResponse` now (the request is
+        sent when this returns), then an iterator of the values they :class:`Emit`,
+        carrying out the rest as the caller asks; closing it closes the steps."""
+        step = advance(steps)
+        while not isinstance(step, (Done, NextResponse)):
+            step = advance(steps, *self._carry_out(step))
+        return self._emitted(steps, step)
+
+    def _emitted(self, steps: Steps, step: Any) -> Iterator[Any]:
+        try:
+            while not isinstance(step, Done):
+                if isinstance(step, Emit):
+                    yield step.value
+                    step = advance(steps)
+                else:
+                    step = advance(steps, *self._carry_out(step))
+        finally:
+            steps.close()
+
+    def _carry_out(self, step: Any) -> tuple[Any, BaseException | None]:
+        try:
+            return self.handlers[type(step)](step), None
+        except Exception as exc:
+            return None, exc
+
+    def close_stream(self) -> None:
+        """End the inference stream, if one is open (requests on it end with ClientClosed)."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
+
+    def _stream_send(self, step: StreamSend) -> Any:
+        if self._stream is None:
+            self._stream = BlockingStream(self._connect)
+        return self._stream.send(request_message(step.model, step.version, step.inputs, step.outputs, "",
+                                                 step.options))
+
+    @staticmethod
+    def _next_response(step: NextResponse) -> Any:
+        try:
+            return step.entry.inbox.get(timeout=step.timeout)
+        except queue.Empty:
+            raise ServerTimeout(f"no response from the server within client_timeout={step.timeout} s") from None
 
     def _send(self, step: Send) -> Any:
         return self.connector.call(lambda tc: triton.call_translated(
@@ -132,7 +184,7 @@ class BlockingDriver:
         self.connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0))
 
 
-def release_everything(connector: Connector, engine: Engine, workers: dict[str, Workers], wait: bool,
+def release_everything(driver: BlockingDriver, engine: Engine, workers: dict[str, Workers], wait: bool,
                        settle: float = _SETTLE_AT_EXIT) -> None:
     """Stop the threads, unregister and close every pool, close the connections.
 
@@ -146,9 +198,10 @@ def release_everything(connector: Connector, engine: Engine, workers: dict[str, 
     for group in list(workers.values()):
         group.shutdown(wait)
     workers.clear()
-    _carry_out_unregisters(connector, engine.release_steps(settle))
+    driver.close_stream()  # its requests' slots come back, to be released below
+    _carry_out_unregisters(driver.connector, engine.release_steps(settle))
     engine.hold_refused()
-    connector.close(wait)
+    driver.connector.close(wait)
 
 
 def _carry_out_unregisters(connector: Connector, steps: Steps) -> None:
@@ -202,7 +255,7 @@ class Client:
         self._driver = BlockingDriver(engine, connector)
         self._workers: dict[str, Workers] = {}   # "async" (infer_async), "chunk" (large batches)
         # Runs close()'s work if the user forgets: at garbage collection or exit.
-        self._finalizer = weakref.finalize(self, release_everything, connector, engine, self._workers, False)
+        self._finalizer = weakref.finalize(self, release_everything, self._driver, engine, self._workers, False)
 
     @property
     def tritonclient(self) -> Any:
@@ -276,6 +329,29 @@ class Client:
                    for chunk, into in zip(plan.chunks, rows)]
         return _intake.join_chunks([f.result() for f in futures], plan.names, plan.route.results, rows[0])
 
+    def stream(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
+               version: str = "", timeout: float | None = None,
+               output_device: str | int = "auto") -> Iterator[dict[str, Any]]:
+        """Send one request on the client's gRPC stream; an iterator of its responses' outputs.
+
+        For decoupled models (any number of responses per request: token
+        streaming, audio, video), and any other model too (one response).
+        The request is sent when this returns; each ``next()`` waits for the
+        next response, and the iterator ends after the server's final one.
+        Inputs are checked and travel as with :meth:`infer` (through a slot,
+        held until the server is done with the request); outputs travel in
+        the responses -- Triton writes all responses of one request into the
+        same output region without waiting for a reader, so shared memory
+        cannot carry them safely.  Closing the iterator early (``break``)
+        drops the rest; its slot comes back once the server has finished
+        the request.  Many streams may be open at once: one gRPC stream per
+        client carries them all, by request id.  gRPC only.
+        """
+        engine = self._engine
+        info = self.model_info(model, version)
+        plan = engine.stream_plan(info, inputs, outputs, output_device, timeout)
+        return self._driver.iterate(engine.stream_steps(plan))
+
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
         """:meth:`infer` in a background thread; returns a ``concurrent.futures.Future``.
 
@@ -322,6 +398,7 @@ class Client:
         for group in list(self._workers.values()):
             group.shutdown()  # finish what was submitted, while the pools still exist
         engine.wait_idle(engine.timeout)
+        self._driver.close_stream()  # streams still open end with ClientClosed; their slots come back
         detached = self._finalizer.detach()
         if detached is not None:
             _, release, args, _ = detached

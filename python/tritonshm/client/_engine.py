@@ -41,7 +41,7 @@ from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
 from ._disposal import (close_pools_steps, drop_extent_steps, drop_extents_steps, give_up_parked, held_for_the_server,
                         retry_parked_steps, settle_parked_steps)
-from ._steps import FetchModel, Pause, Register, Send, Steps, WaitForDevice, WaitForSlot
+from ._steps import Emit, FetchModel, NextResponse, Pause, Register, Send, Steps, StreamSend, WaitForDevice, WaitForSlot
 
 __all__ = ["Engine", "Plan", "Route", "TRANSPORTS", "engine_setting"]
 
@@ -480,6 +480,20 @@ class Engine:
         return Plan(info, chunks, names, self._route(info, arrays, output_device), copy,
                     self.timeout if timeout is None else timeout)
 
+    def stream_plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
+                    output_device: Any = "auto", timeout: float | None = None) -> Plan:
+        """The :class:`Plan` of a streamed request: one request (never split: a decoupled model's
+        responses belong to the request that asked), outputs copied out of each response."""
+        if self.wire.http:
+            raise InvalidOption(f"streaming needs gRPC (Triton streams only over ModelStreamInfer), "
+                                f"but this client's URL {self.url!r} is HTTP")
+        plan = self.plan(info, inputs, outputs, True, output_device, timeout)
+        if len(plan.chunks) > 1:
+            rows = sum(len(next(iter(chunk.values()))) for chunk in plan.chunks)
+            raise ShapeMismatch(f"a streamed request is one request: model {info.name!r} takes at most "
+                                f"max_batch_size={info.max_batch_size} rows, not {rows}")
+        return plan
+
     def _route(self, info: ModelInfo, arrays: Mapping[str, Any], output_device: Any) -> Route:
         """Which slots a request uses and where its results land.
 
@@ -535,27 +549,7 @@ class Engine:
                 result = yield Send(info.name, info.version, *self._wire_request(info, arrays, names))
                 return self._wire_results(info, result, names, route.results, rows)
             try:
-                memory = lease.extent.memory
-                # The copies of this request run on this thread's copy stream of its GPU, after
-                # the event each captured input carries; the server reads the slot only once
-                # they have landed (one wait, never a device-wide sync).
-                stream = self._copy_stream(memory, route.device)
-                queued = False
-                try:
-                    for spec in info.inputs:
-                        offset = lease.offset(spec.name)
-                        array = arrays[spec.name]
-                        if spec.is_bytes:
-                            _bytes.encode_into(array, memory.bytes_at(offset, bytes_sizes[spec.name]))
-                        else:
-                            queued |= stream is not None and (memory.kind == "cuda" or isinstance(array, DeviceTensor))
-                            memory.write(offset, array, stream)
-                    if queued:
-                        yield WaitForDevice(stream.record())
-                except BaseException:
-                    if queued:
-                        stream.synchronize()  # nothing of ours may still land in the slot once it is back
-                    raise
+                stream = yield from self._fill_steps(info, lease, arrays, bytes_sizes, route.device)
                 outputs = yield from self.slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,
                                                       route.results, rows, stream)
             except OutputTooSmall as exc:
@@ -577,6 +571,108 @@ class Engine:
             return outputs
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    def _fill_steps(self, info: ModelInfo, lease: Lease, arrays: Mapping[str, Any],
+                    bytes_sizes: Mapping[str, int], device: int | None) -> Steps:
+        """Copy *arrays* into the leased slot (BYTES serialized straight in); returns this
+        thread's copy stream of the slot's (or *device*'s) GPU, None without one.
+
+        The copies run on that copy stream, after the event each captured input
+        carries; the server reads the slot only once they have landed (one wait,
+        never a device-wide sync).
+        """
+        memory = lease.extent.memory
+        stream = self._copy_stream(memory, device)
+        queued = False
+        try:
+            for spec in info.inputs:
+                offset = lease.offset(spec.name)
+                array = arrays[spec.name]
+                if spec.is_bytes:
+                    _bytes.encode_into(array, memory.bytes_at(offset, bytes_sizes[spec.name]))
+                else:
+                    queued |= stream is not None and (memory.kind == "cuda" or isinstance(array, DeviceTensor))
+                    memory.write(offset, array, stream)
+            if queued:
+                yield WaitForDevice(stream.record())
+        except BaseException:
+            if queued:
+                stream.synchronize()  # nothing of ours may still land in the slot once it is back
+            raise
+        return stream
+
+    # -- streamed requests ------------------------------------------------
+
+    def stream_steps(self, plan: Plan, options: Any = None) -> Steps:
+        """One request on the client's inference stream: :class:`Emit` of each response's
+        outputs, in order, until the server's final response.
+
+        Inputs travel in a slot, held until the server is done with the
+        request -- its final response, or the stream's end -- whether or not
+        the caller reads every response (a caller that stops early leaves the
+        rest to be dropped, and the slot comes back at the end).  Outputs
+        travel in the responses, never in the slot: Triton writes every
+        response of one request into the same output region and waits for
+        no reader, so a later response would overwrite one not yet read.
+        A server that forgot our regions (it restarted) gets them again and
+        the request once more, if it had not answered yet.
+        """
+        info, names, route = plan.info, plan.names, plan.route
+        (arrays,) = plan.chunks
+        wait = getattr(options, "client_timeout", None)
+        for attempt in range(2):
+            entry, pool = yield from self._stream_send_steps(plan, arrays, options)
+            answered = False
+            while True:
+                response = yield NextResponse(entry, wait)
+                if response.error is not None:
+                    if isinstance(response.error, RegionNotRegistered) and pool is not None \
+                            and not answered and attempt == 0:
+                        yield from self._register_again_steps(pool)
+                        break
+                    raise response.error
+                if response.result is not None:
+                    answered = True
+                    yield Emit(self._wire_results(info, response.result, names, route.results))
+                if response.final:
+                    return
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _stream_send_steps(self, plan: Plan, arrays: Mapping[str, Any], options: Any) -> Steps:
+        """Lease a slot, fill it and send the request on the stream: ``(entry, pool)`` (pool
+        None on the wire); the slot goes back when the server is done with the request."""
+        info = plan.info
+        shapes = {name: array.shape for name, array in arrays.items()}
+        bytes_sizes = _intake.bytes_sizes(info, arrays)
+        with self._flight():
+            lease = None if self._wire_only else (
+                yield from self._lease_steps(info, self._needs(info, shapes, bytes_sizes), plan.timeout, False,
+                                             plan.route.memory))
+            try:
+                if lease is None:
+                    inputs = self._wire_request(info, arrays, [])[0]
+                else:
+                    yield from self._fill_steps(info, lease, arrays, bytes_sizes, plan.route.device)
+                    inputs = self._slot_request(info, lease, shapes, (), bytes_sizes)[0]
+                outputs = [self.wire.requested_output(name) for name in plan.names]
+                entry = yield StreamSend(info.name, info.version, inputs, outputs, options)
+            except BaseException:
+                if lease is not None:
+                    lease.pool.finished_and_back(lease)
+                raise
+        if lease is None:
+            return entry, None
+        entry.when_final(functools.partial(lease.pool.finished_and_back, lease))
+        return entry, lease.pool
+
+    def _register_again_steps(self, pool: SlotPool) -> Steps:
+        """Register every extent of *pool* again under its name (the server restarted)."""
+        for extent in pool.extents:
+            try:
+                yield Register(extent.memory, extent.name)
+            except RegistrationError as exc:
+                if "already" not in str(exc):  # another request of ours re-registered it
+                    raise
+
     def slot_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
                     names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
                     results: Placement, rows: _intake.Rows | None = None, stream: Any = None,
@@ -595,12 +691,7 @@ class Engine:
             except RegionNotRegistered:
                 # The server restarted and forgot our regions: register every
                 # extent of the pool again under its name, then retry once.
-                for extent in lease.pool.extents:
-                    try:
-                        yield Register(extent.memory, extent.name)
-                    except RegistrationError as exc:
-                        if "already" not in str(exc):  # another request of ours re-registered it
-                            raise
+                yield from self._register_again_steps(lease.pool)
                 result = yield send
             if lease.extent.memory.closed:  # close() gave up waiting for us and closed it
                 raise ClientClosed(f"the client was closed while this request on model {info.name!r} "

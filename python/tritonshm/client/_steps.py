@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Generator, NamedTuple
 
-__all__ = ["FetchModel", "Register", "Unregister", "WaitForSlot", "WaitForDevice", "Pause", "Send", "Done", "advance",
-           "Steps"]
+__all__ = ["FetchModel", "Register", "Unregister", "WaitForSlot", "WaitForDevice", "Pause", "Send", "StreamSend",
+           "NextResponse", "Emit", "Done", "advance", "Steps"]
 
 
 class FetchModel(NamedTuple):
@@ -68,6 +68,32 @@ class Send(NamedTuple):
     version: str
     inputs: list
     outputs: list
+
+
+class StreamSend(NamedTuple):
+    """Send a request on the client's inference stream (gRPC only): outcome its
+    :class:`~._stream.Streamed` entry, whose responses arrive in its inbox."""
+
+    model: str
+    version: str
+    inputs: list
+    outputs: list
+    options: Any = None
+
+
+class NextResponse(NamedTuple):
+    """Wait up to *timeout* seconds (None: for ever) for the next response of a streamed
+    request: outcome a :class:`~._stream.StreamResponse`."""
+
+    entry: Any
+    timeout: float | None
+
+
+class Emit(NamedTuple):
+    """Hand *value* (one response of a streamed request) to the caller, and go on when
+    it asks for the next: outcome None.  Only a driver's ``iterate`` takes this step."""
+
+    value: Any
 
 
 Steps = Generator[Any, Any, Any]

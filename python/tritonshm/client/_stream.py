@@ -1,0 +1,315 @@
+"""Streamed requests: one gRPC stream per client, many requests on it by id.
+
+Decoupled models answer a request with any number of responses, over
+gRPC's bidirectional ``ModelStreamInfer`` only.  A client keeps one stream
+open (opened on first use, again after it broke) and multiplexes its
+requests on it by request id, as tritonclient does.
+
+What Triton 2.51 sends, and what this module relies on (the server's
+``stream_infer_handler.cc``):
+
+* every response carries its request's id -- an error too: the server
+  "repopulates the id so that client knows which request failed";
+* ``triton_final_response`` (a bool parameter) marks a request's last
+  response; with ``triton_enable_empty_final_response`` the server sends an
+  empty final response even when the model has nothing more to say;
+* a request the server could not start gets one error response with the id
+  and no parameters: that is its end.
+
+tritonclient's stream callback drops the id of error responses, so the
+stream is read at the protocol level here (its stub and its request
+builder; both are tritonclient's own and pinned by its version).
+
+:class:`StreamTable` is the sans-I/O core: which request each response
+belongs to, and what runs once a request is over (its slot goes back --
+see :meth:`Streamed.when_final`).  :class:`BlockingStream` (a reader
+thread) and :class:`AsyncStream` (a reader task) carry it over the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import secrets
+import threading
+from typing import Any, Callable, NamedTuple
+
+from .. import triton
+from ..errors import ClientClosed, ServerUnavailable
+
+__all__ = ["AsyncStream", "BlockingStream", "StreamResponse", "StreamTable", "Streamed", "request_message"]
+
+FINAL = "triton_final_response"
+
+
+class StreamResponse(NamedTuple):
+    """One response of a streamed request: tritonclient's result (None for an empty final
+    response or an error), whether it is the request's last, and the error it carries."""
+
+    result: Any
+    final: bool
+    error: BaseException | None = None
+
+
+class Streamed:
+    """One request on the stream: its id, where its responses go, and what runs at its end."""
+
+    __slots__ = ("id", "inbox", "final", "_deliver", "_at_final")
+
+    def __init__(self, request_id: str, inbox: Any, deliver: Callable[[StreamResponse], None]):
+        self.id = request_id
+        self.inbox = inbox          # the driver's queue of StreamResponses
+        self.final = False          # its last response arrived (or the stream broke)
+        self._deliver = deliver
+        self._at_final: list[Callable[[], None]] = []
+
+    def when_final(self, callback: Callable[[], None]) -> None:
+        """Run *callback* once the server is done with this request (now, if it is)."""
+        with _table_lock:
+            if not self.final:
+                self._at_final.append(callback)
+                return
+        callback()
+
+    def _end(self) -> list[Callable[[], None]]:
+        self.final = True
+        callbacks, self._at_final = self._at_final, []
+        return callbacks
+
+
+# Guards every table's entries and every entry's end (responses arrive on a reader thread).
+_table_lock = threading.Lock()
+
+
+class StreamTable:
+    """The requests open on one stream, by id (sans-I/O): responses go to their request."""
+
+    def __init__(self) -> None:
+        self._prefix = secrets.token_hex(4)   # ids unique across this client's streams
+        self._ids = itertools.count(1)
+        self._open: dict[str, Streamed] = {}
+        self.broken: BaseException | None = None
+
+    def open(self, inbox: Any, deliver: Callable[[StreamResponse], None]) -> Streamed:
+        """A new request on the stream, its responses handed to *deliver*."""
+        with _table_lock:
+            if self.broken is not None:
+                raise self.broken
+            entry = Streamed(f"tshm-{self._prefix}-{next(self._ids)}", inbox, deliver)
+            self._open[entry.id] = entry
+        return entry
+
+    def dispatch(self, message: Any, wrap: Callable[[Any], Any]) -> None:
+        """Hand one ``ModelStreamInferResponse`` to its request (*wrap* makes tritonclient's
+        result of its ``infer_response``); unknown ids are dropped (a request abandoned
+        and already ended)."""
+        response = message.infer_response
+        parameters = response.parameters
+        final = parameters[FINAL].bool_param if FINAL in parameters else True  # no parameters: never started
+        with _table_lock:
+            entry = self._open.get(response.id)
+            if entry is None:
+                return
+            callbacks = []
+            if final:
+                del self._open[response.id]
+                callbacks = entry._end()
+        if message.error_message:
+            error = triton.translate_error(Exception(message.error_message),
+                                           f"streaming model {response.model_name!r}")
+            entry._deliver(StreamResponse(None, final, error))
+        else:
+            entry._deliver(StreamResponse(wrap(response) if response.outputs or not final else None, final))
+        for callback in callbacks:
+            callback()
+
+    def fail_all(self, error: BaseException) -> None:
+        """The stream is over (broken, or the client closed it): every open request ends with *error*."""
+        with _table_lock:
+            if self.broken is None:
+                self.broken = error
+            entries, self._open = list(self._open.values()), {}
+            ended = [(entry, entry._end()) for entry in entries]
+        for entry, callbacks in ended:
+            entry._deliver(StreamResponse(None, True, error))
+            for callback in callbacks:
+                callback()
+
+
+def request_message(model: str, version: str, inputs: list, outputs: list, request_id: str,
+                    options: Any = None) -> Any:
+    """The ``ModelInferRequest`` of one streamed request, asking for an empty final response."""
+    from tritonclient.grpc._utils import _get_inference_request
+
+    kwargs = options.stream_request_kwargs() if options is not None else {}
+    message = _get_inference_request(model_name=model, inputs=inputs, model_version=version,
+                                     request_id=request_id, outputs=outputs or None,
+                                     **{"sequence_id": 0, "sequence_start": False, "sequence_end": False,
+                                        "priority": 0, "timeout": None, "parameters": None, **kwargs})
+    message.parameters["triton_enable_empty_final_response"].bool_param = True
+    return message
+
+
+def _stream_error(exc: BaseException) -> BaseException:
+    """What a broken stream (a gRPC failure: the server gone, a deadline) is, in our terms."""
+    from tritonclient.grpc._utils import get_error_grpc
+
+    import grpc
+
+    if isinstance(exc, grpc.RpcError):
+        exc = get_error_grpc(exc)
+    return triton.translate_error(exc, "reading the inference stream")
+
+
+def _wrap_result(response: Any) -> Any:
+    from tritonclient.grpc import InferResult
+
+    return InferResult(response)
+
+
+class BlockingStream:
+    """The blocking client's stream: requests go in through a queue, a thread reads responses."""
+
+    def __init__(self, connect: Callable[[], Any]):
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._call: Any = None
+        self._requests: queue.SimpleQueue | None = None
+        self._table: StreamTable | None = None
+        self._reader: threading.Thread | None = None
+        self._closed = False
+
+    def send(self, message: Any) -> Streamed:
+        """Put *message* on the stream (opening it if needed); its entry, inbox a SimpleQueue."""
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        with self._lock:
+            if self._closed:
+                raise ClientClosed("the client is closed")
+            if self._table is None or self._table.broken is not None:
+                self._open()
+            entry = self._table.open(inbox, inbox.put)
+            message.id = entry.id
+            self._requests.put(message)
+        return entry
+
+    def _open(self) -> None:
+        if self._client is None:
+            self._client = self._connect()
+        requests: queue.SimpleQueue = queue.SimpleQueue()
+        table = StreamTable()
+
+        def messages() -> Any:
+            while True:
+                message = requests.get()
+                if message is None:
+                    return
+                yield message
+
+        try:
+            call = self._client._client_stub.ModelStreamInfer(messages(), metadata=self._client._get_metadata(None))
+        except Exception as exc:
+            raise triton.translate_error(exc, "opening an inference stream") from exc
+        self._call, self._requests, self._table = call, requests, table
+        self._reader = threading.Thread(target=self._read, args=(call, table), name="tritonshm-stream",
+                                        daemon=True)
+        self._reader.start()
+
+    @staticmethod
+    def _read(call: Any, table: StreamTable) -> None:
+        try:
+            for message in call:
+                table.dispatch(message, _wrap_result)
+            error: BaseException = ServerUnavailable("the server ended the inference stream")
+        except Exception as exc:
+            error = _stream_error(exc)
+        table.fail_all(error)
+
+    def close(self) -> None:
+        """End the stream: requests still open end with :class:`ClientClosed`; idempotent."""
+        with self._lock:
+            self._closed = True
+            call, requests, table, reader = self._call, self._requests, self._table, self._reader
+            self._call = self._requests = self._table = self._reader = None
+        if table is not None:
+            table.fail_all(ClientClosed("the client was closed while this stream was open"))
+        if requests is not None:
+            requests.put(None)
+        if call is not None:
+            call.cancel()
+        if reader is not None:
+            reader.join(timeout=5)
+        if self._client is not None:
+            self._client.close()
+
+
+class AsyncStream:
+    """The asyncio client's stream: requests go in through an asyncio queue, a task reads responses."""
+
+    def __init__(self, aio_client: Any):
+        self._client = aio_client
+        self._call: Any = None
+        self._requests: asyncio.Queue | None = None
+        self._table: StreamTable | None = None
+        self._reader: asyncio.Task | None = None
+        self._closed = False
+
+    def send(self, message: Any) -> Streamed:
+        """Put *message* on the stream (opening it if needed); its entry, inbox an asyncio.Queue."""
+        if self._closed:
+            raise ClientClosed("the client is closed")
+        if self._table is None or self._table.broken is not None:
+            self._open()
+        inbox: asyncio.Queue = asyncio.Queue()
+        entry = self._table.open(inbox, inbox.put_nowait)
+        message.id = entry.id
+        self._requests.put_nowait(message)
+        return entry
+
+    def _open(self) -> None:
+        requests: asyncio.Queue = asyncio.Queue()
+        table = StreamTable()
+
+        async def messages() -> Any:
+            while True:
+                message = await requests.get()
+                if message is None:
+                    return
+                yield message
+
+        try:
+            call = self._client._client_stub.ModelStreamInfer(messages(), metadata=self._client._get_metadata(None))
+        except Exception as exc:
+            raise triton.translate_error(exc, "opening an inference stream") from exc
+        self._call, self._requests, self._table = call, requests, table
+        self._reader = asyncio.ensure_future(self._read(call, table))
+
+    @staticmethod
+    async def _read(call: Any, table: StreamTable) -> None:
+        try:
+            async for message in call:
+                table.dispatch(message, _wrap_result)
+            error: BaseException = ServerUnavailable("the server ended the inference stream")
+        except asyncio.CancelledError:
+            error = ClientClosed("the client was closed while this stream was open")
+        except Exception as exc:
+            error = _stream_error(exc)
+        table.fail_all(error)
+
+    async def close(self) -> None:
+        """End the stream: requests still open end with :class:`ClientClosed`; idempotent."""
+        self._closed = True
+        call, requests, table, reader = self._call, self._requests, self._table, self._reader
+        self._call = self._requests = self._table = self._reader = None
+        if table is not None:
+            table.fail_all(ClientClosed("the client was closed while this stream was open"))
+        if requests is not None:
+            requests.put_nowait(None)
+        if call is not None:
+            call.cancel()
+        if reader is not None:
+            try:
+                await reader
+            except BaseException:
+                pass
