@@ -35,6 +35,7 @@ __all__ = [
     "PoolExhausted",
     "ClientClosed",
     "InvalidOption",
+    "InvalidOptionType",
     "MalformedBytes",
 ]
 
@@ -161,6 +162,11 @@ class ClientClosed(Error, ValueError):
 class InvalidOption(Error, ValueError):
     """A client option or call argument has no valid meaning (a bad URL,
     transport, slot count, or a combination that cannot be honoured)."""
+
+
+class InvalidOptionType(InvalidOption, TypeError):
+    """A client option or call argument is of the wrong type, or is not an option at all
+    (an unknown name); an :class:`InvalidOption` that is also a ``TypeError``."""
 
 
 class MalformedBytes(Error, ValueError):
