@@ -20,12 +20,13 @@ from .errors import *  # noqa: F401,F403  (the whole hierarchy, listed in errors
 from .cuda import CudaArray, CudaRegion, PinnedRegion
 
 from .triton import bind_input, bind_output, register, status, unregister
-from .client import Client
+from .client import Client, RequestOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client",
+    "RequestOptions",
     "register",
     "unregister",
     "status",

@@ -73,7 +73,6 @@ import dataclasses
 import math
 import threading
 import time
-import weakref
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
@@ -344,11 +343,11 @@ class FakeTriton:
         for step in (WaitForSlot, Pause):  # sample the byte budget while requests wait, too
             handlers[step] = self._sampling(handlers[step])
         self._budgets.append(client._engine.budget)
-        # The finalizer (close()'s work for a forgotten client) unregisters through a connector
-        # made at construction: give it the stand-in instead.
-        _, release, args, kwargs = client._finalizer.detach()
+        # The finalizer (close()'s work for a forgotten client) unregisters through the connector
+        # of a blocking driver (the aio client's is one of its own): give it the stand-in instead.
+        _, release, args, _ = client._finalizer.peek()
         assert release is _client_module.release_everything, release
-        client._finalizer = weakref.finalize(client, release, _FakeConnector(self), *args[1:], **kwargs)
+        args[0].connector = _FakeConnector(self)
 
     def _sampling(self, handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def sampled(step: Any) -> Any:

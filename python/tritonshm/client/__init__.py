@@ -61,6 +61,7 @@ The package, bottom up (each module imports only those above it):
 
 from ._client import Client, Request
 from ._model import ModelInfo, TensorSpec
+from ._options import RequestOptions
 from ._pool import PoolInfo
 
-__all__ = ["Client", "Request", "ModelInfo", "TensorSpec", "PoolInfo"]
+__all__ = ["Client", "Request", "ModelInfo", "TensorSpec", "PoolInfo", "RequestOptions"]

@@ -22,14 +22,15 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from .. import _transport, triton
 from ..errors import ServerTimeout
 from . import _devices, _intake
-from ._client import SETTLE_SECONDS, release_everything
+from ._client import SETTLE_SECONDS, BlockingDriver, release_everything
 from ._engine import Engine, engine_setting
 from ._model import ModelInfo
+from ._options import RequestOptions
 from ._pool import PoolInfo
 from ._request import SlotRequest
 from ._steps import (Done, Emit, FetchModel, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
                      WaitForDevice, WaitForSlot, advance)
-from ._stream import AsyncStream, request_message
+from ._stream import AsyncStream, request_message, stream_key
 from ._threads import Connector
 
 __all__ = ["AsyncDriver", "Client", "Request"]
@@ -52,14 +53,16 @@ class Request:
         """What the client knows about the model."""
         return self._core.info
 
-    def run(self, outputs: Sequence[str] | None = None, *, stream: Any = None) -> Awaitable[dict[str, Any]]:
+    def run(self, outputs: Sequence[str] | None = None, *, stream: Any = None,
+            **options: Any) -> Awaitable[dict[str, Any]]:
         """Run the inference on the inputs as they are now; outputs are slot views.
 
         The ordering point (see :meth:`tritonshm.client.Request.run`) is taken
         when this is called, on the calling thread; awaiting it waits for
-        the device work without blocking the event loop.
+        the device work without blocking the event loop.  Request options as
+        for :meth:`tritonshm.Client.infer`.
         """
-        return self._driver.drive(self._core.run_steps(outputs, stream))
+        return self._driver.drive(self._core.run_steps(outputs, stream, options))
 
     def close(self) -> None:
         """Give up this request's hold on the slot (views keep it until they go)."""
@@ -83,7 +86,7 @@ class AsyncDriver:
     def __init__(self, engine: Engine, aio_client: Any):
         self.aio_client = aio_client
         self._wire = engine.wire
-        self._stream: AsyncStream | None = None   # the inference stream, made on first use
+        self._streams: dict[Any, AsyncStream] = {}   # by stream_key: made on first use
         self.handlers: dict[type, Callable[[Any], Any]] = {
             StreamSend: self._stream_send,
             NextResponse: self._next_response,
@@ -137,16 +140,17 @@ class AsyncDriver:
             return None, exc
 
     async def close_stream(self) -> None:
-        """End the inference stream, if one is open (requests on it end with ClientClosed)."""
-        stream, self._stream = self._stream, None
-        if stream is not None:
+        """End the inference streams that are open (requests on them end with ClientClosed)."""
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
             await stream.close()
 
     async def _stream_send(self, step: StreamSend) -> Any:
-        if self._stream is None:
-            self._stream = AsyncStream(self.aio_client)
-        return self._stream.send(request_message(step.model, step.version, step.inputs, step.outputs, "",
-                                                 step.options))
+        key = stream_key(step.options)
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = AsyncStream(self.aio_client, step.options)
+        return stream.send(request_message(step.model, step.version, step.inputs, step.outputs, "", step.options))
 
     @staticmethod
     async def _next_response(step: NextResponse) -> Any:
@@ -179,9 +183,10 @@ class AsyncDriver:
             task.add_done_callback(finish)
 
     async def _send(self, step: Send) -> Any:
+        options = {} if step.options is None else step.options.infer_kwargs(self._wire.http)
         return await triton.call_translated(
             self.aio_client, f"inferring with model {step.model!r}", "infer", step.model,
-            step.inputs, model_version=step.version, outputs=step.outputs)
+            step.inputs, model_version=step.version, outputs=step.outputs, **options)
 
     async def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
         wire, tc = self._wire, self.aio_client
@@ -244,8 +249,9 @@ class Client:
         # blocking connection (made only then) unregisters its pools.
         blocking, address, ssl = _transport.parse_url(url, aio=False)
         connect = functools.partial(blocking.connect, address, ssl=ssl)
-        self._finalizer = weakref.finalize(self, release_everything, Connector(connect, blocking.http, io_threads=1),
-                                           engine, {}, False)
+        self._finalizer = weakref.finalize(
+            self, release_everything, BlockingDriver(engine, Connector(connect, blocking.http, io_threads=1)),
+            engine, {}, False)
 
     @property
     def tritonclient(self) -> Any:
@@ -269,20 +275,22 @@ class Client:
 
     def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
               version: str = "", copy: bool = True, timeout: float | None = None,
-              output_device: str | int = "auto") -> Awaitable[dict[str, Any]]:
+              output_device: str | int = "auto", **options: Any) -> Awaitable[dict[str, Any]]:
         """Like :meth:`tritonshm.Client.infer`; chunks of a large batch run concurrently.
 
-        GPU inputs are captured when this is called, on the calling thread
-        (the order point of the contract), not when the result is awaited.
+        GPU inputs are captured, and request options checked, when this is
+        called, on the calling thread (the order point of the contract), not
+        when the result is awaited.
         """
         return self._infer(model, _devices.capture_inputs(inputs), outputs, version, copy, timeout,
-                           output_device)
+                           output_device, self._engine.request_options(options))
 
     async def _infer(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
-                     copy: bool, timeout: float | None, output_device: str | int) -> dict[str, Any]:
+                     copy: bool, timeout: float | None, output_device: str | int,
+                     options: RequestOptions | None) -> dict[str, Any]:
         engine, drive = self._engine, self._driver.drive
         info = await self.model_info(model, version)
-        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout)
+        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout, options)
         if len(plan.chunks) == 1:
             return await drive(engine.chunk_steps(plan, plan.chunks[0]))
         rows = _intake.result_rows(info, plan.names, plan.chunks, plan.route.results)
@@ -292,7 +300,7 @@ class Client:
 
     def stream(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
                version: str = "", timeout: float | None = None,
-               output_device: str | int = "auto") -> AsyncIterator[dict[str, Any]]:
+               output_device: str | int = "auto", **options: Any) -> AsyncIterator[dict[str, Any]]:
         """Like :meth:`tritonshm.Client.stream`: an async iterator of the responses' outputs.
 
         GPU inputs are captured when this is called; the request is sent when
@@ -300,13 +308,15 @@ class Client:
         ``async for`` early) drops the rest; the slot comes back once the
         server has finished the request.
         """
-        return self._stream(model, _devices.capture_inputs(inputs), outputs, version, timeout, output_device)
+        return self._stream(model, _devices.capture_inputs(inputs), outputs, version, timeout, output_device,
+                            self._engine.request_options(options))
 
     async def _stream(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
-                      timeout: float | None, output_device: str | int) -> AsyncIterator[dict[str, Any]]:
+                      timeout: float | None, output_device: str | int,
+                      options: RequestOptions | None) -> AsyncIterator[dict[str, Any]]:
         engine = self._engine
         info = await self.model_info(model, version)
-        plan = engine.stream_plan(info, inputs, outputs, output_device, timeout)
+        plan = engine.stream_plan(info, inputs, outputs, output_device, timeout, options)
         async with contextlib.aclosing(self._driver.iterate(engine.stream_steps(plan))) as responses:
             async for outputs_of_one in responses:
                 yield outputs_of_one

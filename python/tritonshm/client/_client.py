@@ -18,7 +18,7 @@ from ._pool import PoolInfo
 from ._request import SlotRequest
 from ._steps import (Done, Emit, FetchModel, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
                      WaitForDevice, WaitForSlot, advance)
-from ._stream import BlockingStream, request_message
+from ._stream import BlockingStream, request_message, stream_key
 from ._threads import Connector, Workers
 
 __all__ = ["BlockingDriver", "Client", "Request"]
@@ -50,7 +50,7 @@ class Request:
         """What the client knows about the model."""
         return self._core.info
 
-    def run(self, outputs: Sequence[str] | None = None, *, stream: Any = None) -> dict[str, Any]:
+    def run(self, outputs: Sequence[str] | None = None, *, stream: Any = None, **options: Any) -> dict[str, Any]:
         """Run the inference on the inputs as they are now; outputs are slot views
         (numpy, or :class:`~tritonshm.CudaArray` for a request on a GPU).
 
@@ -60,9 +60,10 @@ class Request:
         legacy default stream): ``torch.from_dlpack(req.inputs[name]).copy_(x)``
         then ``run()`` sends what the copy wrote.  Work on another stream
         must be ordered by the caller, or named: *stream* (a handle, or a
-        tritonshm, torch or cupy stream) replaces the current one.
+        tritonshm, torch or cupy stream) replaces the current one.  Request
+        options as for :meth:`Client.infer`.
         """
-        return self._driver.drive(self._core.run_steps(outputs, stream))
+        return self._driver.drive(self._core.run_steps(outputs, stream, options))
 
     def close(self) -> None:
         """Give up this request's hold on the slot (views keep it until they go)."""
@@ -87,7 +88,7 @@ class BlockingDriver:
         self.connector = connector
         self._wire = engine.wire
         self._connect = engine.connect
-        self._stream: BlockingStream | None = None   # the inference stream, made on first use
+        self._streams: dict[Any, BlockingStream] = {}   # by stream_key: made on first use
         self.handlers: dict[type, Callable[[Any], Any]] = {
             StreamSend: self._stream_send,
             NextResponse: self._next_response,
@@ -139,16 +140,17 @@ class BlockingDriver:
             return None, exc
 
     def close_stream(self) -> None:
-        """End the inference stream, if one is open (requests on it end with ClientClosed)."""
-        stream, self._stream = self._stream, None
-        if stream is not None:
+        """End the inference streams that are open (requests on them end with ClientClosed)."""
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
             stream.close()
 
     def _stream_send(self, step: StreamSend) -> Any:
-        if self._stream is None:
-            self._stream = BlockingStream(self._connect)
-        return self._stream.send(request_message(step.model, step.version, step.inputs, step.outputs, "",
-                                                 step.options))
+        key = stream_key(step.options)
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams.setdefault(key, BlockingStream(self._connect, step.options))
+        return stream.send(request_message(step.model, step.version, step.inputs, step.outputs, "", step.options))
 
     @staticmethod
     def _next_response(step: NextResponse) -> Any:
@@ -158,9 +160,10 @@ class BlockingDriver:
             raise ServerTimeout(f"no response from the server within client_timeout={step.timeout} s") from None
 
     def _send(self, step: Send) -> Any:
+        options = {} if step.options is None else step.options.infer_kwargs(self._wire.http)
         return self.connector.call(lambda tc: triton.call_translated(
             tc, f"inferring with model {step.model!r}", "infer", step.model, step.inputs,
-            model_version=step.version, outputs=step.outputs))
+            model_version=step.version, outputs=step.outputs, **options))
 
     def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
         wire, doing = self._wire, f"reading metadata of model {step.model!r}"
@@ -237,6 +240,8 @@ class Client:
     (e.g. ``root_certificates`` for gRPC over TLS).  *pinned* page-locks the
     slot pools for CUDA (``True``: with device 0's context; or a device
     number), so copies between them and a GPU run at pinned speed.
+    *headers* go with every request (gRPC metadata or HTTP headers: e.g.
+    authentication behind a gateway); a call's own ``headers=`` add to them.
     """
 
     url = engine_setting("url", "The server's address, as given.")
@@ -247,10 +252,11 @@ class Client:
 
     def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
                  max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0, verbose: bool = False,
-                 connect_options: Mapping[str, Any] | None = None, pinned: bool | int = False):
+                 connect_options: Mapping[str, Any] | None = None, pinned: bool | int = False,
+                 headers: Mapping[str, str] | None = None):
         self._engine = engine = Engine(url, aio=False, transport=transport, slots=slots,
                                        max_pool_bytes=max_pool_bytes, timeout=timeout, verbose=verbose,
-                                       connect_options=connect_options, pinned=pinned)
+                                       connect_options=connect_options, pinned=pinned, headers=headers)
         connector = Connector(engine.connect, engine.wire.http, io_threads=slots)
         self._driver = BlockingDriver(engine, connector)
         self._workers: dict[str, Workers] = {}   # "async" (infer_async), "chunk" (large batches)
@@ -296,7 +302,7 @@ class Client:
 
     def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
               version: str = "", copy: bool = True, timeout: float | None = None,
-              output_device: str | int = "auto") -> dict[str, Any]:
+              output_device: str | int = "auto", **options: Any) -> dict[str, Any]:
         """Run *model* on *inputs* (name -> array) and return its outputs.
 
         Inputs are numpy arrays (or array-likes) or GPU tensors -- anything
@@ -317,10 +323,20 @@ class Client:
         tensor made from one -- is gone; where the slot is not where the
         results are wanted, they are copies all the same.  *timeout* bounds
         the wait for a slot (default: the client's).
+
+        Per-request options take tritonclient's names and meanings
+        (:class:`~tritonshm.RequestOptions`): ``parameters``, ``priority``,
+        ``client_timeout``, ``headers``, ``compression_algorithm`` (gRPC) or
+        ``request_compression_algorithm`` / ``response_compression_algorithm``
+        (HTTP), ``sequence_id``, ``sequence_start``, ``sequence_end`` -- and
+        ``server_timeout`` for tritonclient's ``timeout`` (microseconds in the
+        server's queue), since *timeout* here is the wait for a slot; or
+        ``options=`` a prepared :class:`~tritonshm.RequestOptions`.  They are
+        checked before anything is sent; the client's *headers* come first.
         """
         engine, drive = self._engine, self._driver.drive
         info = self.model_info(model, version)
-        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout)
+        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout, engine.request_options(options))
         if len(plan.chunks) == 1:
             return drive(engine.chunk_steps(plan, plan.chunks[0]))
         workers = self._workers_for("chunk")
@@ -331,7 +347,7 @@ class Client:
 
     def stream(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
                version: str = "", timeout: float | None = None,
-               output_device: str | int = "auto") -> Iterator[dict[str, Any]]:
+               output_device: str | int = "auto", **options: Any) -> Iterator[dict[str, Any]]:
         """Send one request on the client's gRPC stream; an iterator of its responses' outputs.
 
         For decoupled models (any number of responses per request: token
@@ -345,11 +361,14 @@ class Client:
         cannot carry them safely.  Closing the iterator early (``break``)
         drops the rest; its slot comes back once the server has finished
         the request.  Many streams may be open at once: one gRPC stream per
-        client carries them all, by request id.  gRPC only.
+        client carries them all, by request id.  gRPC only.  Options as for
+        :meth:`infer`; ``client_timeout`` bounds the wait for each response
+        (:class:`~tritonshm.ServerTimeout`), and requests with other
+        ``headers`` or compression go on a stream of their own.
         """
         engine = self._engine
         info = self.model_info(model, version)
-        plan = engine.stream_plan(info, inputs, outputs, output_device, timeout)
+        plan = engine.stream_plan(info, inputs, outputs, output_device, timeout, engine.request_options(options))
         return self._driver.iterate(engine.stream_steps(plan))
 
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:

@@ -31,12 +31,14 @@ from ..errors import (
     PoolExhausted,
     RegionNotRegistered,
     RegistrationError,
+    ServerTimeout,
     ShapeMismatch,
     SharedMemoryRefused,
 )
 from . import _bytes, _devices, _intake
 from ._devices import DeviceTensor, Placement
 from ._model import ModelInfo, shape_fits
+from ._options import RequestOptions
 from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
 from ._disposal import (close_pools_steps, drop_extent_steps, drop_extents_steps, give_up_parked, held_for_the_server,
@@ -70,6 +72,7 @@ class Plan(NamedTuple):
     route: Route
     copy: bool                     # results copied out (False: views of the slot)
     timeout: float | None          # how long a chunk waits for a slot
+    options: RequestOptions | None = None  # what the server is told besides the tensors (None: nothing)
 
 
 def engine_setting(name: str, doc: str) -> property:
@@ -90,13 +93,15 @@ class Engine:
     def __init__(self, url: str = "localhost:8001", *, aio: bool = False, transport: str = "auto",
                  slots: int = 4, max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0,
                  verbose: bool = False, connect_options: Mapping[str, Any] | None = None,
-                 pinned: bool | int = False):
+                 pinned: bool | int = False, headers: Mapping[str, str] | None = None):
         if transport not in TRANSPORTS:
             raise InvalidOption(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise InvalidOption(f"slots must be an int >= 1, not {slots!r}")
         if timeout is not None and not timeout >= 0:
             raise InvalidOption(f"timeout must be None or >= 0 seconds, not {timeout!r}")
+        # Every request's options start from these (a client-wide header for a gateway's auth).
+        self._default_options = None if headers is None else RequestOptions.of(headers=headers)
         self._make_memory = self._memory_factory(pinned)
         if transport == "cuda":
             _devices.require_cuda("transport='cuda'")
@@ -372,7 +377,7 @@ class Engine:
             yield WaitForSlot(pool, pool.wait_slice(left))
 
     def _needs(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
-                bytes_sizes: Mapping[str, int]) -> dict[str, int]:
+               bytes_sizes: Mapping[str, int]) -> dict[str, int]:
         """:func:`_intake.slot_needs`, remembered per model and input shapes."""
         if bytes_sizes:
             return _intake.slot_needs(info, shapes, bytes_sizes)  # varies with the strings
@@ -464,13 +469,41 @@ class Engine:
 
     # -- requests ---------------------------------------------------------
 
+    def request_options(self, given: Mapping[str, Any]) -> RequestOptions | None:
+        """The options of one call, checked for this client's protocol before anything is sent:
+        its keyword arguments (tritonclient's names -- but ``server_timeout`` for tritonclient's
+        ``timeout``, which on our calls is the wait for a slot) and ``options=`` (a
+        :class:`RequestOptions`), over the client's defaults.  None when there are none."""
+        defaults = self._default_options
+        if not given:
+            return defaults
+        given = dict(given)
+        base = given.pop("options", None)
+        if "server_timeout" in given:
+            given["timeout"] = given.pop("server_timeout")
+        options = RequestOptions.of(base, **given)
+        if defaults is not None:
+            options = defaults.merged(options)
+        if self.wire.http:
+            options.http_infer_kwargs()
+            if options.client_timeout is not None:
+                raise InvalidOption("client_timeout needs gRPC: tritonclient.http has no per-request client "
+                                    "timeout (give the connection's network_timeout in connect_options)")
+        else:
+            options.grpc_infer_kwargs()
+        return options
+
     def plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
-              copy: bool, output_device: Any = "auto", timeout: float | None = None) -> Plan:
+             copy: bool, output_device: Any = "auto", timeout: float | None = None,
+             options: RequestOptions | None = None, streamed: bool = False) -> Plan:
         """The request's :class:`Plan`: checked inputs split into chunks of at most
         ``max_batch_size``, the output names, the route of its tensors, and the wait
         for a slot (*timeout*, default the client's)."""
         arrays, batch = _intake.check_inputs(info, inputs)
         names = _intake.output_names(info, outputs)
+        if info.decoupled and not streamed:
+            raise InvalidOption(f"model {info.name!r} is decoupled (any number of responses per request): "
+                                f"Triton answers it over a gRPC stream only; use stream()")
         chunks = _intake.split_batch(info, arrays, batch)
         if len(chunks) > 1 and not copy:
             raise InvalidOption(
@@ -478,16 +511,17 @@ class Engine:
                 f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
             )
         return Plan(info, chunks, names, self._route(info, arrays, output_device), copy,
-                    self.timeout if timeout is None else timeout)
+                    self.timeout if timeout is None else timeout, options)
 
     def stream_plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
-                    output_device: Any = "auto", timeout: float | None = None) -> Plan:
+                    output_device: Any = "auto", timeout: float | None = None,
+                    options: RequestOptions | None = None) -> Plan:
         """The :class:`Plan` of a streamed request: one request (never split: a decoupled model's
         responses belong to the request that asked), outputs copied out of each response."""
         if self.wire.http:
             raise InvalidOption(f"streaming needs gRPC (Triton streams only over ModelStreamInfer), "
                                 f"but this client's URL {self.url!r} is HTTP")
-        plan = self.plan(info, inputs, outputs, True, output_device, timeout)
+        plan = self.plan(info, inputs, outputs, True, output_device, timeout, options, streamed=True)
         if len(plan.chunks) > 1:
             rows = sum(len(next(iter(chunk.values()))) for chunk in plan.chunks)
             raise ShapeMismatch(f"a streamed request is one request: model {info.name!r} takes at most "
@@ -546,12 +580,18 @@ class Engine:
             lease = None if self._wire_only else (
                 yield from self._lease_steps(info, needs, plan.timeout, not plan.copy, route.memory))
             if lease is None:
-                result = yield Send(info.name, info.version, *self._wire_request(info, arrays, names))
+                result = yield Send(info.name, info.version, *self._wire_request(info, arrays, names), plan.options)
                 return self._wire_results(info, result, names, route.results, rows)
             try:
                 stream = yield from self._fill_steps(info, lease, arrays, bytes_sizes, route.device)
                 outputs = yield from self.slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,
-                                                      route.results, rows, stream)
+                                                     route.results, rows, stream, options=plan.options)
+            except ServerTimeout:
+                # The server may still run the request and write its outputs into the slot: it
+                # never comes back to the pool (it goes with its extent, when the client closes).
+                lease.pool.finished()
+                lease = None
+                raise
             except OutputTooSmall as exc:
                 # A variable-size output outgrew its guess: grow to what the
                 # server asked for and run again on a slot of a larger pool.
@@ -560,7 +600,9 @@ class Engine:
                 needs = {**needs, exc.output: exc.needed}
                 continue
             finally:
-                if lease.handle is None:
+                if lease is None:
+                    pass  # kept out of the pool (above)
+                elif lease.handle is None:
                     lease.pool.finished_and_back(lease)  # results were copied out: nothing holds the slot
                 else:
                     lease.pool.finished()
@@ -602,7 +644,7 @@ class Engine:
 
     # -- streamed requests ------------------------------------------------
 
-    def stream_steps(self, plan: Plan, options: Any = None) -> Steps:
+    def stream_steps(self, plan: Plan) -> Steps:
         """One request on the client's inference stream: :class:`Emit` of each response's
         outputs, in order, until the server's final response.
 
@@ -618,9 +660,9 @@ class Engine:
         """
         info, names, route = plan.info, plan.names, plan.route
         (arrays,) = plan.chunks
-        wait = getattr(options, "client_timeout", None)
+        wait = None if plan.options is None else plan.options.client_timeout
         for attempt in range(2):
-            entry, pool = yield from self._stream_send_steps(plan, arrays, options)
+            entry, pool = yield from self._stream_send_steps(plan, arrays)
             answered = False
             while True:
                 response = yield NextResponse(entry, wait)
@@ -637,7 +679,7 @@ class Engine:
                     return
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    def _stream_send_steps(self, plan: Plan, arrays: Mapping[str, Any], options: Any) -> Steps:
+    def _stream_send_steps(self, plan: Plan, arrays: Mapping[str, Any]) -> Steps:
         """Lease a slot, fill it and send the request on the stream: ``(entry, pool)`` (pool
         None on the wire); the slot goes back when the server is done with the request."""
         info = plan.info
@@ -654,7 +696,7 @@ class Engine:
                     yield from self._fill_steps(info, lease, arrays, bytes_sizes, plan.route.device)
                     inputs = self._slot_request(info, lease, shapes, (), bytes_sizes)[0]
                 outputs = [self.wire.requested_output(name) for name in plan.names]
-                entry = yield StreamSend(info.name, info.version, inputs, outputs, options)
+                entry = yield StreamSend(info.name, info.version, inputs, outputs, plan.options)
             except BaseException:
                 if lease is not None:
                     lease.pool.finished_and_back(lease)
@@ -674,9 +716,9 @@ class Engine:
                     raise
 
     def slot_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
-                    names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
-                    results: Placement, rows: _intake.Rows | None = None, stream: Any = None,
-                    ready: Any = None) -> Steps:
+                   names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
+                   results: Placement, rows: _intake.Rows | None = None, stream: Any = None,
+                   ready: Any = None, options: RequestOptions | None = None) -> Steps:
         """Steps of running the inputs already in a slot (after the event *ready*, when given);
         outputs (checked *names*) land there too, and are delivered where *results* says,
         copied on *stream* (this thread's copy stream of the slot's or the results' GPU) and
@@ -685,7 +727,7 @@ class Engine:
             if ready is not None:
                 yield WaitForDevice(ready)
             inputs, requested = self._slot_request(info, lease, shapes, names, bytes_sizes)
-            send = Send(info.name, info.version, inputs, requested)
+            send = Send(info.name, info.version, inputs, requested, options)
             try:
                 result = yield send
             except RegionNotRegistered:
@@ -842,8 +884,11 @@ class Engine:
     # -- the zero-copy path -----------------------------------------------
 
     def request_shapes(self, info: ModelInfo, batch_size: int | None,
-                        shapes: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
+                       shapes: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
         """Checked full input shapes of a zero-copy request."""
+        if info.decoupled:
+            raise InvalidOption(f"model {info.name!r} is decoupled: Triton answers it over a gRPC stream "
+                                f"only; use stream()")
         if self._wire_only:
             raise InvalidOption("request() needs shared memory, but this client is on the wire transport")
         given = {k: tuple(v) for k, v in (shapes or {}).items()}
@@ -885,7 +930,7 @@ class Engine:
         return kind
 
     def request_steps(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
-                       timeout: float | None, kind: SlotKind = SYSTEM) -> Steps:
+                      timeout: float | None, kind: SlotKind = SYSTEM) -> Steps:
         """A leased slot of *kind* for a zero-copy request (never a fallback: its views
         must be where they were asked for)."""
         lease = yield from self._lease_steps(info, self._needs(info, shapes, {}), timeout, True, kind,

@@ -55,6 +55,7 @@ class ModelInfo:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int         #: 0 when the model does not batch
+    decoupled: bool = False     #: answers a request with any number of responses (streams only)
 
     @property
     def batched(self) -> bool:
@@ -102,5 +103,6 @@ class ModelInfo:
                 out.append(TensorSpec(entry["name"], entry["datatype"], dims))
             return tuple(out)
 
+        policy = config.get("model_transaction_policy") or {}
         return cls(metadata["name"], version, specs(metadata.get("inputs", ())),
-                   specs(metadata.get("outputs", ())), max_batch)
+                   specs(metadata.get("outputs", ())), max_batch, bool(policy.get("decoupled", False)))

@@ -463,6 +463,10 @@ class RequestOptions:
             kwargs["response_compression_algorithm"] = self.response_compression_algorithm
         return kwargs
 
+    def infer_kwargs(self, http: bool) -> dict[str, Any]:
+        """:meth:`http_infer_kwargs` or :meth:`grpc_infer_kwargs`, for a client of that protocol."""
+        return self.http_infer_kwargs() if http else self.grpc_infer_kwargs()
+
     # -- a value ---------------------------------------------------------------
 
     def _key(self) -> tuple:

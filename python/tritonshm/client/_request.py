@@ -37,16 +37,19 @@ class SlotRequest:
             for spec in info.inputs
         }
 
-    def run_steps(self, outputs: Sequence[str] | None, stream: Any = None) -> Steps:
-        """The steps of a run on the inputs as they are now; the ordering point (an event on
-        the caller's stream, for a slot on a GPU) is taken here, on the calling thread."""
+    def run_steps(self, outputs: Sequence[str] | None, stream: Any = None,
+                  options: Mapping[str, Any] | None = None) -> Steps:
+        """The steps of a run on the inputs as they are now (with the request *options* given
+        by keyword); the ordering point (an event on the caller's stream, for a slot on a
+        GPU) is taken here, on the calling thread, and the options checked."""
         if self._lease is None:
             raise ClientClosed("this request is closed")
         names = _intake.output_names(self.info, outputs)
+        checked = self._engine.request_options(options or {})
         device = self._lease.extent.memory.device
         ready = None if device is None else _devices.current_stream_event(device, stream)
         return self._engine.slot_steps(self.info, self._lease, self._shapes, names, False, {},
-                                       Placement(device), ready=ready)
+                                       Placement(device), ready=ready, options=checked)
 
     def close(self) -> None:
         """Give up the hold on the slot (views keep it until they go); idempotent."""

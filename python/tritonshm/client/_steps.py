@@ -62,12 +62,14 @@ class Pause(NamedTuple):
 
 
 class Send(NamedTuple):
-    """Run an inference: outcome tritonclient's result object."""
+    """Run an inference (with tritonclient's per-request *options*, a
+    :class:`~._options.RequestOptions`, where given): outcome tritonclient's result object."""
 
     model: str
     version: str
     inputs: list
     outputs: list
+    options: Any = None
 
 
 class StreamSend(NamedTuple):

@@ -38,9 +38,11 @@ from typing import Any, Callable, NamedTuple
 from .. import triton
 from ..errors import ClientClosed, ServerUnavailable
 
-__all__ = ["AsyncStream", "BlockingStream", "StreamResponse", "StreamTable", "Streamed", "request_message"]
+__all__ = ["AsyncStream", "BlockingStream", "StreamResponse", "StreamTable", "Streamed", "open_kwargs", "request_message",
+           "stream_key"]
 
 FINAL = "triton_final_response"
+_CLOSE_GRACE = 2.0  # seconds a closing client lets the server finish the streamed requests it runs
 
 
 class StreamResponse(NamedTuple):
@@ -137,12 +139,18 @@ class StreamTable:
                 callback()
 
 
+def stream_key(options: Any) -> Any:
+    """Which of a client's streams carries a request with *options* (their headers and
+    compression belong to the stream)."""
+    return None if options is None else options.stream_key
+
+
 def request_message(model: str, version: str, inputs: list, outputs: list, request_id: str,
                     options: Any = None) -> Any:
     """The ``ModelInferRequest`` of one streamed request, asking for an empty final response."""
     from tritonclient.grpc._utils import _get_inference_request
 
-    kwargs = options.stream_request_kwargs() if options is not None else {}
+    kwargs = options.grpc_stream_infer_kwargs() if options is not None else {}
     message = _get_inference_request(model_name=model, inputs=inputs, model_version=version,
                                      request_id=request_id, outputs=outputs or None,
                                      **{"sequence_id": 0, "sequence_start": False, "sequence_end": False,
@@ -168,11 +176,26 @@ def _wrap_result(response: Any) -> Any:
     return InferResult(response)
 
 
-class BlockingStream:
-    """The blocking client's stream: requests go in through a queue, a thread reads responses."""
+def open_kwargs(client: Any, options: Any) -> dict[str, Any]:
+    """How a stream is opened on tritonclient *client* for requests with *options*: the gRPC
+    metadata (headers) and compression that belong to the stream, not to a request."""
+    from tritonclient.grpc._utils import _grpc_compression_type
 
-    def __init__(self, connect: Callable[[], Any]):
+    given = options.grpc_start_stream_kwargs() if options is not None else {}
+    return {"metadata": client._get_metadata(given.get("headers")),
+            "compression": _grpc_compression_type(given.get("compression_algorithm"))}
+
+
+class BlockingStream:
+    """The blocking client's stream: requests go in through a queue, a thread reads responses.
+
+    *options* (those of its first request) give its headers and compression:
+    requests with other ones go on a stream of their own (see ``stream_key``).
+    """
+
+    def __init__(self, connect: Callable[[], Any], options: Any = None):
         self._connect = connect
+        self._options = options
         self._lock = threading.Lock()
         self._client: Any = None
         self._call: Any = None
@@ -208,7 +231,7 @@ class BlockingStream:
                 yield message
 
         try:
-            call = self._client._client_stub.ModelStreamInfer(messages(), metadata=self._client._get_metadata(None))
+            call = self._client._client_stub.ModelStreamInfer(messages(), **open_kwargs(self._client, self._options))
         except Exception as exc:
             raise triton.translate_error(exc, "opening an inference stream") from exc
         self._call, self._requests, self._table = call, requests, table
@@ -232,23 +255,29 @@ class BlockingStream:
             self._closed = True
             call, requests, table, reader = self._call, self._requests, self._table, self._reader
             self._call = self._requests = self._table = self._reader = None
-        if table is not None:
-            table.fail_all(ClientClosed("the client was closed while this stream was open"))
+        # Half-close first and let the server finish what it runs (cancelling a gRPC stream
+        # with requests in flight races in Triton before 2.57: server issues 7368 and 8034);
+        # cancel only what is still open after a grace period.
         if requests is not None:
             requests.put(None)
-        if call is not None:
-            call.cancel()
         if reader is not None:
-            reader.join(timeout=5)
+            reader.join(timeout=_CLOSE_GRACE)
+        if table is not None:
+            table.fail_all(ClientClosed("the client was closed while this stream was open"))
+        if call is not None and reader is not None and reader.is_alive():
+            call.cancel()
+            reader.join(timeout=_CLOSE_GRACE)
         if self._client is not None:
             self._client.close()
 
 
 class AsyncStream:
-    """The asyncio client's stream: requests go in through an asyncio queue, a task reads responses."""
+    """The asyncio client's stream: requests go in through an asyncio queue, a task reads responses
+    (*options* as for :class:`BlockingStream`)."""
 
-    def __init__(self, aio_client: Any):
+    def __init__(self, aio_client: Any, options: Any = None):
         self._client = aio_client
+        self._options = options
         self._call: Any = None
         self._requests: asyncio.Queue | None = None
         self._table: StreamTable | None = None
@@ -279,7 +308,7 @@ class AsyncStream:
                 yield message
 
         try:
-            call = self._client._client_stub.ModelStreamInfer(messages(), metadata=self._client._get_metadata(None))
+            call = self._client._client_stub.ModelStreamInfer(messages(), **open_kwargs(self._client, self._options))
         except Exception as exc:
             raise triton.translate_error(exc, "opening an inference stream") from exc
         self._call, self._requests, self._table = call, requests, table
@@ -302,14 +331,12 @@ class AsyncStream:
         self._closed = True
         call, requests, table, reader = self._call, self._requests, self._table, self._reader
         self._call = self._requests = self._table = self._reader = None
+        if requests is not None:
+            requests.put_nowait(None)  # half-close first, as BlockingStream.close does
+        if reader is not None:
+            await asyncio.wait([reader], timeout=_CLOSE_GRACE)
         if table is not None:
             table.fail_all(ClientClosed("the client was closed while this stream was open"))
-        if requests is not None:
-            requests.put_nowait(None)
-        if call is not None:
+        if call is not None and reader is not None and not reader.done():
             call.cancel()
-        if reader is not None:
-            try:
-                await reader
-            except BaseException:
-                pass
+            await asyncio.wait([reader], timeout=_CLOSE_GRACE)
