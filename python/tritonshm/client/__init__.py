@@ -47,9 +47,12 @@ The package, bottom up (each module imports only those above it):
 ``_devices``    GPU inputs described without conversion; GPU results allocated
 ``_bytes``      the BYTES tensor codec (serialized straight into slots)
 ``_intake``     checking the caller's inputs; chunking; sizing slots
+``_options``    :class:`RequestOptions`: tritonclient's per-request options, checked
 ``_slots``      the slot-memory interface: system, pinned and CUDA slots
 ``_pool``       slot pools: layout, extents, leases, growth
+``_plan``       a request's :class:`Plan` and :class:`Route`; the client's routing
 ``_steps``      the vocabulary of sans-I/O request steps
+``_stream``     streamed requests: one gRPC stream per client, responses by request id
 ``_disposal``   letting go of slot memory: unregister, park what is refused, close
 ``_engine``     :class:`Engine`: what a client knows, and the steps of all it does
 ``_request``    the zero-copy request's core both clients' ``Request`` hold

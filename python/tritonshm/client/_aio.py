@@ -328,7 +328,7 @@ class Client:
         engine = self._engine
         info = await self.model_info(model, version)
         full = engine.request_shapes(info, batch_size, shapes)
-        kind = engine.request_memory(info, device)
+        kind = engine.routing.request_memory(info, device)
         wait = engine.timeout if timeout is None else timeout
         lease = await self._driver.drive(engine.request_steps(info, full, wait, kind))
         return Request(SlotRequest(engine, info, lease, full), self._driver)

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -39,40 +39,19 @@ from . import _bytes, _devices, _intake
 from ._devices import DeviceTensor, Placement
 from ._model import ModelInfo, shape_fits
 from ._options import RequestOptions
+from ._plan import Plan, Routing
 from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
 from ._disposal import (close_pools_steps, drop_extent_steps, drop_extents_steps, give_up_parked, held_for_the_server,
                         retry_parked_steps, settle_parked_steps)
 from ._steps import Emit, FetchModel, NextResponse, Pause, Register, Send, Steps, StreamSend, WaitForDevice, WaitForSlot
 
-__all__ = ["Engine", "Plan", "Route", "TRANSPORTS", "engine_setting"]
+__all__ = ["Engine", "TRANSPORTS", "engine_setting"]
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 _PARKED_RETRY_INTERVAL = 0.05  # seconds between tries to unregister memory the server refused
 _BUDGET_POLL = 0.005  # how often a request waiting for max_pool_bytes room looks again
-
-
-class Route(NamedTuple):
-    """Where one request's tensors go: *memory* is what its slots are made of,
-    *results* where its outputs land, and *device* the GPU whose copy stream
-    carries its copies (None: no GPU involved)."""
-
-    memory: SlotKind
-    results: Placement
-    device: int | None = None
-
-
-class Plan(NamedTuple):
-    """One request, checked and routed once: what each chunk of its batch runs with."""
-
-    info: ModelInfo
-    chunks: list[dict[str, Any]]   # the checked inputs, in chunks of at most max_batch_size
-    names: list[str]               # the outputs asked for
-    route: Route
-    copy: bool                     # results copied out (False: views of the slot)
-    timeout: float | None          # how long a chunk waits for a slot
-    options: RequestOptions | None = None  # what the server is told besides the tensors (None: nothing)
 
 
 def engine_setting(name: str, doc: str) -> property:
@@ -105,8 +84,7 @@ class Engine:
         self._make_memory = self._memory_factory(pinned)
         if transport == "cuda":
             _devices.require_cuda("transport='cuda'")
-        self._default_device = 0 if isinstance(pinned, bool) else pinned  # for host inputs on CUDA slots
-        self._pinned = pinned is not False
+        self.routing = Routing(transport, 0 if isinstance(pinned, bool) else pinned, pinned is not False)
         self._cuda_refused = False   # the server could not open our CUDA memory: host slots instead
         self.aio = aio
         self.url = url
@@ -212,7 +190,7 @@ class Engine:
         """*kind*, or the host memory that replaces CUDA slots the server cannot open."""
         if not (self._cuda_refused and kind.on_gpu):
             return kind
-        return SYSTEM if self._pinned else SlotKind.pinned(kind.device)
+        return SYSTEM if self.routing.pinned else SlotKind.pinned(kind.device)
 
     def _pool_steps(self, info: ModelInfo, needs: Mapping[str, int], kind: SlotKind,
                     strict: bool = False, deadline: float | None = None) -> Steps:
@@ -510,7 +488,7 @@ class Engine:
                 f"copy=False needs one slot, but a batch of {batch} on model {info.name!r} "
                 f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
             )
-        return Plan(info, chunks, names, self._route(info, arrays, output_device), copy,
+        return Plan(info, chunks, names, self.routing.route(info, arrays, output_device), copy,
                     self.timeout if timeout is None else timeout, options)
 
     def stream_plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
@@ -527,43 +505,6 @@ class Engine:
             raise ShapeMismatch(f"a streamed request is one request: model {info.name!r} takes at most "
                                 f"max_batch_size={info.max_batch_size} rows, not {rows}")
         return plan
-
-    def _route(self, info: ModelInfo, arrays: Mapping[str, Any], output_device: Any) -> Route:
-        """Which slots a request uses and where its results land.
-
-        GPU inputs go through CUDA slots on their device (host slots for
-        models with BYTES tensors, or once the server refused our CUDA
-        memory); host inputs through host slots, unless the transport is
-        "cuda".  Results land where the inputs were (``output_device="auto"``)
-        or where asked, allocated by the inputs' library.
-        """
-        source, library = None, "tritonshm"
-        for array in arrays.values():
-            if isinstance(array, DeviceTensor):
-                if source is None:
-                    source, library = array.device, array.library
-                elif array.device != source:
-                    raise InvalidOption(f"the inputs of one request must be on one GPU, not on "
-                                        f"cuda:{source} and cuda:{array.device}")
-        if output_device == "auto":
-            target = source
-        elif output_device == "cuda" and source is not None:
-            target = source
-        else:
-            target = _devices.parse_device(output_device, "output_device")
-        results = Placement(target, library)
-        home = source if source is not None else target  # whose copy stream carries the copies
-        if self.transport == "cuda":
-            if info.has_bytes:
-                raise InvalidOption(f"model {info.name!r} has BYTES tensors, which transport='cuda' "
-                                    f"cannot carry; use transport='auto'")
-            device = home if home is not None else self._default_device
-            return Route(SlotKind.cuda(device), results, device)
-        if source is None:
-            return Route(SYSTEM, results, home)
-        if info.has_bytes:
-            return Route(SYSTEM if self._pinned else SlotKind.pinned(source), results, home)
-        return Route(SlotKind.cuda(source), results, home)
 
     def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None = None) -> Steps:
         """Steps of one chunk of *plan* (its *arrays* fit a slot): lease, copy in, run,
@@ -914,20 +855,6 @@ class Engine:
                 )
             full[spec.name] = tuple(shape)
         return full
-
-    def request_memory(self, info: ModelInfo, device: Any) -> SlotKind:
-        """The slots of a zero-copy request whose views should be on *device*."""
-        if device is None:
-            kind = SlotKind.cuda(self._default_device) if self.transport == "cuda" else SYSTEM
-        else:
-            target = _devices.parse_device(device, "device")
-            if target is None and self.transport == "cuda":
-                raise InvalidOption("device='cpu' asks for host slots, which transport='cuda' never uses")
-            kind = SYSTEM if target is None else SlotKind.cuda(target)
-        if kind != SYSTEM and info.has_bytes:
-            raise InvalidOption(f"model {info.name!r} has BYTES tensors, which travel in host slots only: "
-                                f"request() it without device=")
-        return kind
 
     def request_steps(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
                       timeout: float | None, kind: SlotKind = SYSTEM) -> Steps:
