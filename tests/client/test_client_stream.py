@@ -293,3 +293,22 @@ def test_aio_streams_concurrently_and_cancels(server):
             np.testing.assert_array_equal(got[0]["OUTPUT0"], [[1.0, 1.0]])
 
     asyncio.run(main())
+
+
+# -- GPU inputs (the fake CUDA runtime; real GPUs: tests/client/test_client_cuda_gpu.py) --------
+
+
+def test_a_device_input_streams_through_a_cuda_slot(fake_cuda_server, fake_cuda):
+    from test_client_cuda import device_array
+    from tritonshm import cuda
+
+    x = np.linspace(0, 1, 16, dtype=np.float32)
+    with tritonshm.Client(fake_cuda_server.grpc_url) as c:
+        responses = list(c.stream("stream_fp32", {"INPUT0": device_array(x), "COUNT": counts(3)}))
+        assert [int(r["INDEX"].get()[0]) for r in responses] == [0, 1, 2]
+        for i, response in enumerate(responses):
+            assert isinstance(response["OUTPUT0"], cuda.CudaArray)  # results land where the inputs were
+            np.testing.assert_array_equal(response["OUTPUT0"].get(), x + i)
+        (pool,) = c.pools()
+        assert pool.memory == "cuda:0" and pool.running == 0
+        del responses
