@@ -27,7 +27,7 @@ from ._engine import Engine, engine_setting
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._pool import PoolInfo
-from ._request import SlotRequest
+from ._request import RequestFace, SlotRequest
 from ._steps import (Done, Emit, FetchModel, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
                      WaitForDevice, WaitForSlot, advance)
 from ._stream import AsyncStream, request_message, stream_key
@@ -36,22 +36,8 @@ from ._threads import Connector
 __all__ = ["AsyncDriver", "Client", "Request"]
 
 
-class Request:
+class Request(RequestFace):
     """:class:`tritonshm.client.Request` of the asyncio client: :meth:`run` returns an awaitable."""
-
-    def __init__(self, core: SlotRequest, driver: "AsyncDriver"):
-        self._core = core
-        self._driver = driver
-
-    @property
-    def inputs(self) -> dict[str, Any]:
-        """Views of the slot's inputs, by name, to fill in place (empty once closed)."""
-        return self._core.inputs
-
-    @property
-    def model(self) -> ModelInfo:
-        """What the client knows about the model."""
-        return self._core.info
 
     def run(self, outputs: Sequence[str] | None = None, *, stream: Any = None,
             **options: Any) -> Awaitable[dict[str, Any]]:
@@ -63,16 +49,6 @@ class Request:
         for :meth:`tritonshm.Client.infer`.
         """
         return self._driver.drive(self._core.run_steps(outputs, stream, options))
-
-    def close(self) -> None:
-        """Give up this request's hold on the slot (views keep it until they go)."""
-        self._core.close()
-
-    def __enter__(self) -> "Request":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
 
 
 class AsyncDriver:

@@ -15,7 +15,7 @@ from . import _devices, _intake
 from ._engine import Engine, engine_setting
 from ._model import ModelInfo
 from ._pool import PoolInfo
-from ._request import SlotRequest
+from ._request import RequestFace, SlotRequest
 from ._steps import (Done, Emit, FetchModel, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
                      WaitForDevice, WaitForSlot, advance)
 from ._stream import BlockingStream, request_message, stream_key
@@ -28,27 +28,13 @@ SETTLE_SECONDS = 5.0
 _SETTLE_AT_EXIT = 1.0   # a client collected or left open at exit: "in use" lasts milliseconds
 
 
-class Request:
+class Request(RequestFace):
     """A leased slot with views of the inputs: the zero-copy path.
 
     Made by :meth:`Client.request`.  Fill ``inputs[name]`` in place, then
     :meth:`run` returns the outputs as views into the same slot.  The slot
     goes back to the pool once this request and every view of it are gone.
     """
-
-    def __init__(self, core: SlotRequest, driver: "BlockingDriver"):
-        self._core = core
-        self._driver = driver
-
-    @property
-    def inputs(self) -> dict[str, Any]:
-        """Views of the slot's inputs, by name, to fill in place (empty once closed)."""
-        return self._core.inputs
-
-    @property
-    def model(self) -> ModelInfo:
-        """What the client knows about the model."""
-        return self._core.info
 
     def run(self, outputs: Sequence[str] | None = None, *, stream: Any = None, **options: Any) -> dict[str, Any]:
         """Run the inference on the inputs as they are now; outputs are slot views
@@ -64,16 +50,6 @@ class Request:
         options as for :meth:`Client.infer`.
         """
         return self._driver.drive(self._core.run_steps(outputs, stream, options))
-
-    def close(self) -> None:
-        """Give up this request's hold on the slot (views keep it until they go)."""
-        self._core.close()
-
-    def __enter__(self) -> "Request":
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
 
 
 class BlockingDriver:

@@ -8,7 +8,7 @@ steps with their client's driver, so neither is a subclass of the other.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeVar
 
 from ..errors import ClientClosed
 from . import _devices, _intake
@@ -20,7 +20,9 @@ from ._steps import Steps
 if TYPE_CHECKING:
     from ._engine import Engine
 
-__all__ = ["SlotRequest"]
+Self = TypeVar("Self", bound="RequestFace")
+
+__all__ = ["RequestFace", "SlotRequest"]
 
 
 class SlotRequest:
@@ -59,4 +61,33 @@ class SlotRequest:
             lease.pool.finished()
 
     def __del__(self) -> None:
+        self.close()
+
+
+class RequestFace:
+    """What both clients' ``Request`` show of the :class:`SlotRequest` they hold: its inputs,
+    its model, ``close()`` and ``with``.  Each adds ``run()`` through its own driver."""
+
+    def __init__(self, core: SlotRequest, driver: Any):
+        self._core = core
+        self._driver = driver
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        """Views of the slot's inputs, by name, to fill in place (empty once closed)."""
+        return self._core.inputs
+
+    @property
+    def model(self) -> ModelInfo:
+        """What the client knows about the model."""
+        return self._core.info
+
+    def close(self) -> None:
+        """Give up this request's hold on the slot (views keep it until they go)."""
+        self._core.close()
+
+    def __enter__(self: Self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
         self.close()
