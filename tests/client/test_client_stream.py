@@ -312,3 +312,21 @@ def test_a_device_input_streams_through_a_cuda_slot(fake_cuda_server, fake_cuda)
         (pool,) = c.pools()
         assert pool.memory == "cuda:0" and pool.running == 0
         del responses
+
+
+def test_aio_close_ends_long_streams_with_client_closed(fresh_server):
+    async def main():
+        c = tritonshm.aio.Client(fresh_server.grpc_url)
+        responses = c.stream("stream_fp32", {"INPUT0": np.ones(4, np.float32), "COUNT": counts(1000)},
+                             parameters={"delay_ms": 20})
+        await responses.__anext__()
+        (name,) = c.pools()[0].regions
+        await c.close()
+        with pytest.raises(tritonshm.ClientClosed):
+            async for _ in responses:
+                pass
+        return name
+
+    name = asyncio.run(main())
+    with tritonshm.Client(fresh_server.grpc_url) as other:
+        assert name not in tritonshm.status(other.tritonclient)
