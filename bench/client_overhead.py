@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""What a call costs on the client side alone: the server replaced by a recorded response.
+
+Issue 20's budget (client-side work on a cache hit, at 4 KiB) is measured
+here, not in the end-to-end bench, where the server's ~400 us hide it.  One
+real call to a local Triton records each method's response; then every
+method runs with its transport call answered by that recording, so what is
+timed is the library's own Python: checks, planning, the slot lease, the
+copies in and out, building the request, reading the response.
+
+    python bench/client_overhead.py              # starts a LocalServer, ~20 s
+    python bench/client_overhead.py --size 65536 --reps 3000
+
+Methods, interleaved in rounds (median us per call, and the ratio to
+tritonclient's own infer with the same recorded answer):
+
+* ``tritonclient``: ``InferenceServerClient.infer`` on a prebuilt
+  InferInput (set_data_from_numpy each call), the gRPC stub answered.
+* ``Client.infer``: tritonshm's copy-mode path, system shared memory.
+* ``request().run()``: the zero-copy path, the inputs already in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+
+def _recorded_stub(client, method: str):
+    """Make *client*'s gRPC stub answer *method* with the response of one real call."""
+    stub = client._client_stub
+    real = getattr(stub, method)
+    answer = {}
+
+    class Recorded:
+        def __call__(self, request, **kwargs):
+            if "response" not in answer:
+                answer["response"] = real(request, **kwargs)
+            return answer["response"]
+
+        def with_call(self, request, **kwargs):
+            if "response" not in answer:
+                answer["response"] = real.with_call(request, **kwargs)
+            return answer["response"]
+
+    setattr(stub, method, Recorded())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=4096, help="input bytes (FP32 identity)")
+    parser.add_argument("--reps", type=int, default=2000, help="calls per method per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--url", help="a running server's gRPC address (default: start a LocalServer)")
+    args = parser.parse_args()
+
+    import tritonclient.grpc as grpcclient
+
+    import tritonshm
+    from tritonshm.server import LocalServer
+
+    server = None
+    url = args.url
+    if url is None:
+        server = LocalServer(quiet=True).start()
+        url = server.grpc_url
+    x = np.random.default_rng(0).random(args.size // 4, dtype=np.float32)
+    try:
+        tc = grpcclient.InferenceServerClient(url)
+        tc_input = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+        tc_output = grpcclient.InferRequestedOutput("OUTPUT0")
+        c = tritonshm.Client(url, transport="shm")
+        request = c.request("identity_fp32", shapes={"INPUT0": x.shape})
+        request.inputs["INPUT0"][:] = x
+
+        def tritonclient_infer():
+            tc_input.set_data_from_numpy(x)
+            return tc.infer("identity_fp32", [tc_input], outputs=[tc_output]).as_numpy("OUTPUT0")
+
+        methods = {
+            "tritonclient": tritonclient_infer,
+            "Client.infer": lambda: c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"],
+            "request().run()": lambda: request.run()["OUTPUT0"],
+        }
+        for fn in methods.values():  # warm up and check, against the real server
+            np.testing.assert_array_equal(fn(), x)
+        _recorded_stub(tc, "ModelInfer")
+        for connection in {id(k): k for k in [c.tritonclient]}.values():
+            _recorded_stub(connection, "ModelInfer")
+        for fn in methods.values():  # record (the first call through each stub goes out once)
+            np.testing.assert_array_equal(fn(), x)
+
+        samples = {name: [] for name in methods}
+        for _ in range(args.rounds):
+            for name, fn in methods.items():
+                t0 = time.perf_counter()
+                for _ in range(args.reps):
+                    fn()
+                samples[name].append((time.perf_counter() - t0) / args.reps * 1e6)
+        base = statistics.median(samples["tritonclient"])
+        print(f"client side alone, {args.size} B FP32 identity, server answered by a recorded response "
+              f"({args.rounds} rounds x {args.reps} calls, interleaved)")
+        for name, values in samples.items():
+            median = statistics.median(values)
+            print(f"  {name:18s} {median:8.1f} us/call   x{median / base:5.2f} of tritonclient")
+        request.close()
+        c.close()
+        tc.close()
+    finally:
+        if server is not None:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
