@@ -11,6 +11,7 @@ tritonshm asks a :class:`Transport` instead of guessing from module names.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import sys
 from typing import Any, Mapping
@@ -77,6 +78,47 @@ class Transport:
         if self.http:
             return self.types_module.InferRequestedOutput(name, binary_data=True)
         return self.types_module.InferRequestedOutput(name)
+
+
+    def request_message(self, model: str, version: str, inputs: list, outputs: list) -> Any:
+        """The whole inference request, made once to be sent many times with
+        :meth:`send_message` (gRPC: its ``ModelInferRequest``; HTTP: None, never prepared)."""
+        if self.http:
+            return None
+        from tritonclient.grpc._utils import _get_inference_request
+
+        return _get_inference_request(model_name=model, inputs=inputs, model_version=version, request_id="",
+                                      outputs=outputs, sequence_id=0, sequence_start=False,
+                                      sequence_end=False, priority=0, timeout=None, parameters=None)
+
+    def send_message(self, client: Any, message: Any) -> Any:
+        """Run the inference *message* (from :meth:`request_message`) on gRPC *client*: its
+        ``InferResult`` (awaitable for aio) -- what tritonclient's ``infer`` does once it has
+        built the message, which is the part skipped."""
+        grpc, InferResult, raise_error_grpc = _grpc_parts()
+        metadata = client._get_metadata(None)
+        if self.aio:
+            async def sent() -> Any:
+                try:
+                    return InferResult(await client._client_stub.ModelInfer(request=message, metadata=metadata))
+                except grpc.RpcError as rpc_error:
+                    raise_error_grpc(rpc_error)
+
+            return sent()
+        try:
+            return InferResult(client._client_stub.ModelInfer(request=message, metadata=metadata))
+        except grpc.RpcError as rpc_error:
+            raise_error_grpc(rpc_error)
+
+
+@functools.cache
+def _grpc_parts() -> tuple[Any, Any, Any]:
+    """grpc, tritonclient's InferResult and its error translation: imported once, on first use."""
+    import grpc
+    from tritonclient.grpc import InferResult
+    from tritonclient.grpc._utils import raise_error_grpc
+
+    return grpc, InferResult, raise_error_grpc
 
 
 GRPC = Transport("grpc", False, "tritonclient.grpc")

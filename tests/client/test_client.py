@@ -426,3 +426,12 @@ def test_close_asks_again_while_the_server_still_uses_host_memory(server, monkey
     assert len(refusals) == 2
     with tritonshm.Client(server.grpc_url) as other:
         assert name not in tritonshm.status(other.tritonclient)
+
+
+def test_alternating_shapes_on_one_slot_keep_their_bindings(server, protocol):
+    """A slot's request objects are bound again for each new shape; a request message kept
+    for an earlier shape (gRPC) must still say that shape's sizes when it comes back."""
+    with tritonshm.Client(client_url(server, protocol), slots=1) as c:
+        for step in range(12):
+            x = np.arange(4 * (1 + step % 3), dtype=np.float32).reshape(2, -1) + step
+            np.testing.assert_array_equal(c.infer("variable_fp32", {"INPUT0": x})["OUTPUT0"], x + 1)

@@ -25,9 +25,11 @@ def as_objects(items, shape=None):
 def bound_to_shared_memory(client, model):
     """Whether every cached input and output of the model's pool names a shared-memory region."""
     pool = live_pool(client, model)
-    # Inputs are cached as (InferInput, shape, nbytes), outputs as they are.
+    # Per slot, by name: inputs as (InferInput, shape, nbytes), outputs as they are (and, by a
+    # tuple key, prepared gRPC messages, left out here).
     objects = [obj[0] if isinstance(obj, tuple) else obj
-               for cache in pool.request_objects.values() for obj in cache.values()]
+               for extent in pool.extents for cache in extent.requests.values()
+               for key, obj in cache.items() if isinstance(key, str)]
     return bool(objects) and all("shared_memory_region" in str(obj._get_tensor()) for obj in objects)
 
 

@@ -159,10 +159,13 @@ class AsyncDriver:
             task.add_done_callback(finish)
 
     async def _send(self, step: Send) -> Any:
+        doing = f"inferring with model {step.model!r}"
+        if step.message is not None:  # made ready once: sent as it is
+            return await triton.call_translated(self._wire, doing, "send_message", self.aio_client, step.message)
         options = {} if step.options is None else step.options.infer_kwargs(self._wire.http)
         return await triton.call_translated(
-            self.aio_client, f"inferring with model {step.model!r}", "infer", step.model,
-            step.inputs, model_version=step.version, outputs=step.outputs, **options)
+            self.aio_client, doing, "infer", step.model, step.inputs, model_version=step.version,
+            outputs=step.outputs, **options)
 
     async def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
         wire, tc = self._wire, self.aio_client

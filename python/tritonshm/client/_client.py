@@ -136,10 +136,14 @@ class BlockingDriver:
             raise ServerTimeout(f"no response from the server within client_timeout={step.timeout} s") from None
 
     def _send(self, step: Send) -> Any:
+        doing = f"inferring with model {step.model!r}"
+        if step.message is not None:  # made ready once: sent as it is
+            return self.connector.call(lambda tc: triton.call_translated(
+                self._wire, doing, "send_message", tc, step.message))
         options = {} if step.options is None else step.options.infer_kwargs(self._wire.http)
         return self.connector.call(lambda tc: triton.call_translated(
-            tc, f"inferring with model {step.model!r}", "infer", step.model, step.inputs,
-            model_version=step.version, outputs=step.outputs, **options))
+            tc, doing, "infer", step.model, step.inputs, model_version=step.version, outputs=step.outputs,
+            **options))
 
     def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
         wire, doing = self._wire, f"reading metadata of model {step.model!r}"

@@ -11,14 +11,13 @@ growth, re-registration and the fallbacks exist once.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -52,6 +51,30 @@ TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 _PARKED_RETRY_INTERVAL = 0.05  # seconds between tries to unregister memory the server refused
 _BUDGET_POLL = 0.005  # how often a request waiting for max_pool_bytes room looks again
+_MESSAGES_PER_SLOT = 8  # prepared request messages a slot keeps (one per input shapes and outputs)
+
+
+class _InFlight:
+    """``with engine._flight():`` -- one request in flight for the block.  A plain context
+    manager (a request enters several times: a contextlib generator costs microseconds);
+    close() is woken only once the client is closing."""
+
+    __slots__ = ("_engine",)
+
+    def __init__(self, engine: "Engine"):
+        self._engine = engine
+
+    def __enter__(self) -> None:
+        engine = self._engine
+        with engine._lock:
+            engine._in_flight += 1
+
+    def __exit__(self, *exc_info: Any) -> None:
+        engine = self._engine
+        with engine._lock:
+            engine._in_flight -= 1
+            if engine._in_flight == 0 and engine._closed:
+                engine._idle.notify_all()
 
 
 def engine_setting(name: str, doc: str) -> property:
@@ -106,6 +129,7 @@ class Engine:
         # Requests between their first step and their last: close() lets them finish first.
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
+        self._in_flight_counter = _InFlight(self)
         self._needs_by_shapes: dict[tuple, dict[str, int]] = {}   # slot needs by model and input shapes
         self._wire_only = transport == "wire"
         self._closed = False
@@ -422,18 +446,9 @@ class Engine:
 
     # -- requests in flight -----------------------------------------------
 
-    @contextlib.contextmanager
-    def _flight(self) -> Iterator[None]:
+    def _flight(self) -> "_InFlight":
         """Count one request in flight for its duration (generator steps: until they end or close)."""
-        with self._lock:
-            self._in_flight += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._in_flight -= 1
-                if self._in_flight == 0:
-                    self._idle.notify_all()
+        return self._in_flight_counter
 
     @property
     def in_flight(self) -> int:
@@ -667,8 +682,9 @@ class Engine:
         with self._flight():
             if ready is not None:
                 yield WaitForDevice(ready)
-            inputs, requested = self._slot_request(info, lease, shapes, names, bytes_sizes)
-            send = Send(info.name, info.version, inputs, requested, options)
+            inputs, requested, message = self._slot_request(info, lease, shapes, names, bytes_sizes,
+                                                            prepare=options is None)
+            send = Send(info.name, info.version, inputs, requested, options, message)
             try:
                 result = yield send
             except RegionNotRegistered:
@@ -749,14 +765,26 @@ class Engine:
         return rows.arrays[name], rows.start * row_bytes, rows.count * row_bytes
 
     def _slot_request(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
-                      names: Sequence[str], bytes_sizes: Mapping[str, int]) -> tuple[list, list]:
-        """InferInputs and InferRequestedOutputs naming the slot's offsets.
+                      names: Sequence[str], bytes_sizes: Mapping[str, int],
+                      prepare: bool = False) -> tuple[list, list, Any]:
+        """InferInputs and InferRequestedOutputs naming the slot's offsets, and with *prepare*
+        (gRPC, no per-request options) the whole request message, ready to send (or None).
 
         They are made once per slot and reused: an input is bound again only
-        when its shape or size changed; an output's binding never changes.
+        when its shape or size changed; an output's binding never changes; a
+        gRPC message is made once per slot, input shapes and outputs asked
+        for -- a copy of what the objects said then, so it stays right when
+        they are bound again for other shapes -- and tritonclient's request
+        building is skipped on every later call.
         """
         wire, memory, layout = self.wire, lease.extent.memory, lease.pool.layout
-        cache = lease.pool.request_objects.setdefault((id(lease.extent), lease.index), {})
+        cache = lease.extent.requests.get(lease.index)
+        if cache is None:
+            cache = lease.extent.requests[lease.index] = {}
+        # The message, when it can be kept, is keyed by what it holds (the inputs' bindings
+        # are a function of the slot and their shapes; BYTES sizes vary with the strings).
+        message_key = ("message", tuple(shapes.items()), tuple(names)) \
+            if prepare and not bytes_sizes and not self.wire.http else None
         name = lease.extent.name
         inputs = []
         for spec in info.inputs:
@@ -768,6 +796,7 @@ class Engine:
                 empty = wire.infer_input(spec.name, shape, spec.datatype)
                 empty.set_data_from_numpy(np.empty(shape, spec.dtype))
                 inputs.append(empty)
+                message_key = None  # its data travels in the message: nothing to keep
                 continue
             cached = cache.get(spec.name)
             if cached is None or cached[1] != shape or cached[2] != nbytes:
@@ -785,7 +814,16 @@ class Engine:
                 memory.bind_output(requested_output, name, lease.offset(output),
                                    layout.capacities[output])
             requested.append(requested_output)
-        return inputs, requested
+        if message_key is None:
+            return inputs, requested, None
+        message = cache.get(message_key)
+        if message is None:
+            messages = [k for k in cache if isinstance(k, tuple)]
+            if len(messages) >= _MESSAGES_PER_SLOT:  # many input shapes: start over
+                for old in messages:
+                    del cache[old]
+            message = cache[message_key] = wire.request_message(info.name, info.version, inputs, requested)
+        return inputs, requested, message
 
     def _wire_request(self, info: ModelInfo, arrays: Mapping[str, np.ndarray],
                       names: list[str]) -> tuple[list, list]:

@@ -144,6 +144,9 @@ class Extent:
         self.unreachable = False       # parked because the server could not be reached
         self._budget = budget
         self._nbytes = nbytes
+        # Per slot index: the request objects naming its offsets, made once and reused (they die
+        # with the extent, so a later extent can never inherit another's bindings).
+        self.requests: dict[int, dict[Any, Any]] = {}
 
     def release_memory(self) -> None:
         """Close the memory (views keep what they use) and give its bytes back; idempotent."""
@@ -214,7 +217,6 @@ class SlotPool:
         self.retired = False               # a larger pool replaced this one
         self.closed = False
         # Per extent and slot: InferInput / InferRequestedOutput objects reused across requests.
-        self.request_objects: dict[tuple[int, int], dict[str, Any]] = {}
 
     # -- sizes ------------------------------------------------------------
 

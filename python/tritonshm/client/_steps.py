@@ -70,6 +70,7 @@ class Send(NamedTuple):
     inputs: list
     outputs: list
     options: Any = None
+    message: Any = None     # the same request, made ready to send (gRPC; see Transport.request_message)
 
 
 class StreamSend(NamedTuple):
