@@ -716,3 +716,66 @@ def test_aio_a_request_cancelled_while_it_drops_a_surplus_extent_frees_it(monkey
         fake.shutdown()
     assert used == slot, f"the budget still counts {used} bytes for a pool of {slot} after the next request"
     assert left_open == 0, f"{left_open} bytes of slot memory never closed"
+
+
+# -- the quick path: small requests seen before ---------------------------------------------
+
+
+def count_plans(monkeypatch, client) -> list[str]:
+    """Record each request the engine plans (checks, splits and routes) in full."""
+    planned = []
+    real = client._engine.plan
+
+    def plan(info, *args, **kwargs):
+        planned.append(info.name)
+        return real(info, *args, **kwargs)
+
+    monkeypatch.setattr(client._engine, "plan", plan)
+    return planned
+
+
+def test_a_small_request_seen_before_is_not_planned_again(fake_triton, monkeypatch):
+    with fake_triton.client() as c:
+        planned = count_plans(monkeypatch, c)
+        for seed in range(5):
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(seed)})["OUTPUT0"], data(seed))
+        assert planned == ["identity_fp32"]  # then quick: same model, outputs, dtypes and shapes
+        c.infer("identity_fp32", {"INPUT0": data(0, ELEMENTS // 2)})  # other shapes: planned
+        c.infer("identity_fp32", {"INPUT0": data(0)}, outputs=["OUTPUT0"])  # other outputs asked for
+        assert planned == ["identity_fp32"] * 3
+        # What the quick path never takes: checked and planned every time.
+        with pytest.raises(tritonshm.DTypeMismatch):
+            c.infer("identity_fp32", {"INPUT0": data(0).astype(np.float64)})
+        strided = np.repeat(data(1), 2)[::2]
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": strided})["OUTPUT0"], data(1))
+        listed = c.infer("identity_fp32", {"INPUT0": data(2).tolist()})["OUTPUT0"]
+        np.testing.assert_array_equal(listed, data(2))
+        c.infer("identity_fp32", {"INPUT0": data(3)}, copy=False)
+        assert planned == ["identity_fp32"] * 7
+    assert_nothing_registered(fake_triton)
+
+
+def test_quick_requests_go_the_full_way_after_a_restart_and_when_the_pool_is_busy(fake_triton, monkeypatch):
+    with fake_triton.client(slots=1) as c:
+        planned = count_plans(monkeypatch, c)
+        c.infer("identity_fp32", {"INPUT0": data(0)})
+        fake_triton.restart()  # every registration forgotten: the quick Send is refused, then healed
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(1)})["OUTPUT0"], data(1))
+        kept = c.infer("identity_fp32", {"INPUT0": data(2)}, copy=False)["OUTPUT0"]  # holds the one slot
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(3)})["OUTPUT0"], data(3))
+        np.testing.assert_array_equal(kept, data(2))
+        assert planned == ["identity_fp32", "identity_fp32"]  # the first, and the copy=False one
+        del kept
+
+
+def test_quick_requests_from_many_threads_keep_their_data_apart(fake_triton):
+    with fake_triton.client(slots=2) as c:
+        c.infer("identity_fp32", {"INPUT0": data(0)})
+
+        def one(seed):
+            x = data(seed)
+            return np.array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"], x)
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(one, range(400)))
+    assert_nothing_registered(fake_triton)

@@ -269,7 +269,12 @@ class Client:
                      options: RequestOptions | None) -> dict[str, Any]:
         engine, drive = self._engine, self._driver.drive
         info = await self.model_info(model, version)
+        signature, quick = engine.quick_plan(info, inputs, outputs, copy, output_device, timeout, options)
+        if quick is not None:  # seen before: checked then, planned then
+            return await drive(engine.quick_steps(quick, inputs))
         plan = engine.plan(info, inputs, outputs, copy, output_device, timeout, options)
+        if signature is not None:
+            engine.remember_quick(signature, plan)
         if len(plan.chunks) == 1:
             return await drive(engine.chunk_steps(plan, plan.chunks[0]))
         rows = _intake.result_rows(info, plan.names, plan.chunks, plan.route.results)

@@ -316,7 +316,13 @@ class Client:
         """
         engine, drive = self._engine, self._driver.drive
         info = self.model_info(model, version)
-        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout, engine.request_options(options))
+        checked = engine.request_options(options)
+        signature, quick = engine.quick_plan(info, inputs, outputs, copy, output_device, timeout, checked)
+        if quick is not None:  # seen before: checked then, planned then
+            return drive(engine.quick_steps(quick, inputs))
+        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout, checked)
+        if signature is not None:
+            engine.remember_quick(signature, plan)
         if len(plan.chunks) == 1:
             return drive(engine.chunk_steps(plan, plan.chunks[0]))
         workers = self._workers_for("chunk")

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import warnings
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -51,7 +51,18 @@ TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 _PARKED_RETRY_INTERVAL = 0.05  # seconds between tries to unregister memory the server refused
 _BUDGET_POLL = 0.005  # how often a request waiting for max_pool_bytes room looks again
-_MESSAGES_PER_SLOT = 8  # prepared request messages a slot keeps (one per input shapes and outputs)
+_MESSAGES_PER_SLOT = 16  # what a slot keeps per input shapes and outputs (messages, quick views)
+_QUICK_BYTES = 1 << 20  # requests up to this many input bytes may take the quick path
+_QUICK_PLANS = 256      # quick plans kept (one per model, outputs and input shapes and dtypes)
+
+
+class QuickPlan(NamedTuple):
+    """A small request seen before, checked then: the same model, outputs and input dtypes
+    and shapes need no checking, planning or routing again (see :meth:`Engine.quick_steps`)."""
+
+    plan: Plan                       # the plan made when it was first seen (its chunk: those inputs)
+    key: tuple[str, str, SlotKind]   # its pool's key
+    needs: dict[str, int]            # what a slot of that pool must hold
 
 
 class _InFlight:
@@ -75,6 +86,23 @@ class _InFlight:
             engine._in_flight -= 1
             if engine._in_flight == 0 and engine._closed:
                 engine._idle.notify_all()
+
+
+class _QuickSlot(NamedTuple):
+    """One slot made ready for quick requests of some input shapes: views of its inputs
+    and of its outputs' bytes."""
+
+    inputs: list[tuple[str, np.ndarray]]
+    outputs: list[tuple[str, Any, np.ndarray]]
+
+
+def _make_room(cache: dict[Any, Any]) -> None:
+    """A slot's cache keeps what it made per input shapes (tuple keys) for a few shapes only:
+    with many, it starts over (the per-name request objects stay)."""
+    made = [key for key in cache if isinstance(key, tuple)]
+    if len(made) >= _MESSAGES_PER_SLOT:
+        for key in made:
+            del cache[key]
 
 
 def engine_setting(name: str, doc: str) -> property:
@@ -131,6 +159,7 @@ class Engine:
         self._idle = threading.Condition(self._lock)
         self._in_flight_counter = _InFlight(self)
         self._needs_by_shapes: dict[tuple, dict[str, int]] = {}   # slot needs by model and input shapes
+        self._quick_plans: dict[tuple, QuickPlan] = {}  # small requests seen before, by signature
         self._wire_only = transport == "wire"
         self._closed = False
         self._creator_pid = os.getpid()  # a forked child must not unregister our names
@@ -598,6 +627,113 @@ class Engine:
             raise
         return stream
 
+    # -- the quick path -----------------------------------------------------
+
+    def quick_plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
+                   copy: bool, output_device: Any, timeout: float | None,
+                   options: RequestOptions | None) -> tuple[Any, QuickPlan | None]:
+        """A request seen before, when it may take :meth:`quick_steps`: ``(signature,
+        QuickPlan)``; ``(signature, None)`` when it may but was not seen (then
+        :meth:`remember_quick` it once planned); ``(None, None)`` when it may not.
+
+        Quick requests are small ones of plain numpy arrays on host slots, copied
+        results where they were, no options: the common case, where checking and
+        planning again cost as much as the rest of the call.
+        """
+        if options is not None or not copy or output_device != "auto" or timeout is not None \
+                or self._wire_only or self.routing.transport == "cuda" or len(inputs) > 8:
+            return None, None
+        signature: list[Any] = [info.name, info.version, None if outputs is None else tuple(outputs)]
+        total = 0
+        for name, array in inputs.items():
+            if type(array) is not np.ndarray or not array.flags.c_contiguous:
+                return None, None
+            total += array.nbytes
+            signature += (name, array.dtype, array.shape)
+        if total > _QUICK_BYTES:
+            return None, None
+        key = tuple(signature)
+        return key, self._quick_plans.get(key)
+
+    def remember_quick(self, signature: Any, plan: Plan) -> None:
+        """Keep *plan* for the requests of *signature* (from :meth:`quick_plan`), if it is one
+        the quick path can run: one chunk, host slots, results on the host, no BYTES."""
+        info = plan.info
+        if len(plan.chunks) != 1 or plan.route.memory != SYSTEM or plan.route.results.device is not None \
+                or info.has_bytes or info.decoupled:
+            return
+        (arrays,) = plan.chunks
+        shapes = {name: array.shape for name, array in arrays.items()}
+        needs = self._needs(info, shapes, {})
+        if len(self._quick_plans) >= _QUICK_PLANS:
+            self._quick_plans.clear()
+        self._quick_plans[signature] = QuickPlan(plan._replace(chunks=[]), (info.name, info.version, SYSTEM), needs)
+
+    def quick_steps(self, quick: QuickPlan, arrays: Mapping[str, Any]) -> Steps:
+        """A request of a :class:`QuickPlan`: lease, copy in, send the slot's ready message,
+        copy out -- as straight-line code.  What is not the common case (no free slot, a pool
+        to make or grow, a server that forgot our regions, an output larger than its slot)
+        goes the full way (:meth:`chunk_steps`), which handles it."""
+        pool = self._pools.get(quick.key)
+        lease = None
+        if pool is not None and pool.layout.fits(quick.needs):
+            lease = pool.try_acquire(False)
+        if lease is None:
+            return (yield from self.chunk_steps(quick.plan._replace(chunks=[arrays]), arrays))
+        info, names = quick.plan.info, quick.plan.names
+        outputs: dict[str, Any] = {}
+        with self._flight():
+            try:
+                self.check_open()
+                memory = lease.extent.memory
+                shapes = {name: array.shape for name, array in arrays.items()}
+                slot = self._quick_slot(info, lease, shapes, names)
+                for name, view in slot.inputs:
+                    np.copyto(view, arrays[name])
+                # The request objects are bound again here if the slot served other shapes
+                # meanwhile; the gRPC message kept for these shapes is sent as it is.
+                inputs, requested, message = self._slot_request(info, lease, shapes, names, {}, prepare=True)
+                try:
+                    result = yield Send(info.name, info.version, inputs, requested, None, message)
+                except (RegionNotRegistered, OutputTooSmall):
+                    result = None  # the full way registers again / grows; the server ran nothing
+                if result is not None:
+                    if memory.closed:  # close() gave up waiting for us and closed it
+                        raise ClientClosed(f"the client was closed while this request on model "
+                                           f"{info.name!r} ran: its results are lost")
+                    for name, spec, view in slot.outputs:
+                        tensor = result.get_output(name)  # HTTP: a dict
+                        shape = tuple(map(int, tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
+                        size = math.prod(shape) * spec.dtype.itemsize
+                        outputs[name] = view[:size].view(spec.dtype).reshape(shape).copy()
+            finally:
+                lease.pool.finished_and_back(lease)
+                del lease
+        if not outputs and names:
+            return (yield from self.chunk_steps(quick.plan._replace(chunks=[arrays]), arrays))
+        if self._has_disposals():
+            yield from self._dispose_steps()
+        return outputs
+
+    def _quick_slot(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
+                    names: Sequence[str]) -> "_QuickSlot":
+        """The slot's views for these input shapes and outputs (made once per slot)."""
+        cache = lease.extent.requests.get(lease.index)
+        if cache is None:
+            cache = lease.extent.requests[lease.index] = {}
+        key = ("quick", tuple(shapes.items()), tuple(names))
+        slot = cache.get(key)
+        if slot is None:
+            _make_room(cache)
+            memory, capacities = lease.extent.memory, lease.pool.layout.capacities
+            slot = cache[key] = _QuickSlot(
+                [(spec.name, memory.array_at(lease.offset(spec.name), spec.dtype, shapes[spec.name]))
+                 for spec in info.inputs],
+                [(name, info.output(name), memory.array_at(lease.offset(name), np.dtype(np.uint8),
+                                                           (capacities[name],)))
+                 for name in names])
+        return slot
+
     # -- streamed requests ------------------------------------------------
 
     def stream_steps(self, plan: Plan) -> Steps:
@@ -818,10 +954,7 @@ class Engine:
             return inputs, requested, None
         message = cache.get(message_key)
         if message is None:
-            messages = [k for k in cache if isinstance(k, tuple)]
-            if len(messages) >= _MESSAGES_PER_SLOT:  # many input shapes: start over
-                for old in messages:
-                    del cache[old]
+            _make_room(cache)
             message = cache[message_key] = wire.request_message(info.name, info.version, inputs, requested)
         return inputs, requested, message
 

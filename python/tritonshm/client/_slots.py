@@ -202,7 +202,8 @@ class SystemSlotMemory(SlotMemory):
     def nbytes(self) -> int:
         return self.region.nbytes
 
-    def _at(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    def array_at(self, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """A numpy view of *shape* at *offset* (for copies in and out; it keeps the mapping)."""
         nbytes = math.prod(shape) * dtype.itemsize
         return self._bytes[offset:offset + nbytes].view(dtype).reshape(shape)
 
@@ -213,7 +214,7 @@ class SystemSlotMemory(SlotMemory):
         if isinstance(array, DeviceTensor):  # a GPU tensor into host slots: one device-to-host copy
             copy_bytes(self._bytes, array.source, array.nbytes, offset, array.offset, stream)
             return
-        parallel_copy(self._at(offset, array.dtype, array.shape), array)
+        parallel_copy(self.array_at(offset, array.dtype, array.shape), array)
 
     def view(self, handle: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         return handle.ndarray(dtype, shape, offset)
@@ -222,7 +223,7 @@ class SystemSlotMemory(SlotMemory):
         return memoryview(self._bytes[offset:offset + nbytes])
 
     def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...], stream: Any = None) -> np.ndarray:
-        source = self._at(offset, dtype, shape)
+        source = self.array_at(offset, dtype, shape)
         if source.nbytes < _PARALLEL_COPY_BYTES:
             return source.copy()
         result = np.empty(shape, dtype)
