@@ -14,7 +14,7 @@ import pytest
 
 import tritonshm
 from tritonshm import bench
-from tritonshm.bench import _gpu, _harness, _methods
+from tritonshm.bench import _gpu, _harness, _methods, _stream
 from tritonshm.server import LocalServer, bundled_model_repository
 from triton_fixtures import start_or_skip
 
@@ -445,3 +445,245 @@ def test_gpu_client_infer_runs_on_cuda_slots_only(monkeypatch):
         assert (problem is not None) == refused, memories
         if refused:
             assert "refusing to report" in problem
+
+
+# -- bench --stream: the decoupled stream_fp32, tritonclient's streaming against Client.stream ----------
+
+STREAM_NAMES = ["grpc-stream", "Client.stream"]
+STREAM_RATIOS = ("ttft_vs_baseline", "total_vs_baseline", "responses_per_s_vs_baseline")
+
+
+@pytest.fixture(scope="module")
+def stream_results(server):
+    """One --stream run, two sizes, four responses per request, three repetitions, through JSON and back."""
+    out = bench.run_stream(server.grpc_url, [4096, 64 << 10], responses=4, reps=3, warmup=1)
+    return json.loads(json.dumps(out))
+
+
+def test_stream_results_hold_the_metadata_of_the_run(stream_results, server):
+    assert stream_results["format"] == bench.STREAM_FORMAT == "tritonshm-bench-stream/1"
+    meta = stream_results["meta"]
+    assert meta["model"] == "stream_fp32" and meta["datatype"] == "FP32" and meta["responses"] == 4
+    assert meta["sizes"] == [4096, 64 << 10] and meta["reps"] == [3, 3] and meta["warmup"] == 1
+    assert meta["server_version"] and meta["url"] == server.grpc_url and meta["server"] == "given"
+    assert meta["tritonshm_version"] == tritonshm.__version__
+    assert meta["baseline"] == "grpc-stream"
+    assert list(meta["methods"]) == STREAM_NAMES == [m.name for m in bench.STREAM_METHODS]
+    assert {name: m["group"] for name, m in meta["methods"].items()} == {"grpc-stream": "peer",
+                                                                         "Client.stream": "tritonshm"}
+    assert all(m["status"] == "ok" for m in meta["methods"].values())
+
+
+def test_stream_every_method_has_ttft_total_responses_per_s_and_ratios(stream_results):
+    for entry in stream_results["results"]:
+        assert entry["reps"] == 3 and entry["responses"] == 4 and entry["elements"] == entry["nbytes"] // 4
+        methods = entry["methods"]
+        assert list(methods) == STREAM_NAMES
+        for name, res in methods.items():
+            assert res["status"] == "ok", name
+            for which in ("ttft", "total"):
+                stats = res[which]
+                assert set(stats) == STAT_KEYS - {"status", "vs_best_peer", "vs_limit"}, (name, which)
+                assert len(stats["samples_s"]) == 3 and all(s > 0 for s in stats["samples_s"])
+                assert stats["median_s"] == pytest.approx(float(np.median(stats["samples_s"])))
+                assert stats["p25_s"] <= stats["median_s"] <= stats["p75_s"]
+            # the first response comes before the final one, repetition by repetition
+            assert all(f < t for f, t in zip(res["ttft"]["samples_s"], res["total"]["samples_s"])), name
+            assert res["responses_per_s"] == pytest.approx(4 / res["total"]["median_s"])
+        base = methods["grpc-stream"]
+        assert [base[r] for r in STREAM_RATIOS] == [1.0, 1.0, 1.0]
+        ours = methods["Client.stream"]
+        assert ours["ttft_vs_baseline"] == pytest.approx(ours["ttft"]["median_s"] / base["ttft"]["median_s"])
+        assert ours["total_vs_baseline"] == pytest.approx(ours["total"]["median_s"] / base["total"]["median_s"])
+        assert ours["responses_per_s_vs_baseline"] == pytest.approx(1 / ours["total_vs_baseline"])
+
+
+def test_stream_table_shows_every_method_and_size(stream_results):
+    table = bench.format_stream_table(stream_results)
+    assert table.startswith("stream_fp32 (FP32, decoupled), 4 responses per request; one request at a time")
+    assert "4 KiB (1024 x FP32) in, 4 responses of 4 KiB out, 3 repetitions" in table
+    assert "64 KiB (16384 x FP32) in, 4 responses of 64 KiB out, 3 repetitions" in table
+    assert "ratios over grpc-stream" in table
+    rows = [line.split() for line in table.splitlines() if line.startswith("  ") and "method" not in line]
+    assert [row[0] for row in rows] == STREAM_NAMES * 2
+    assert all(row[-3:] == ["1.00", "1.00", "1.00"] for row in rows[::2])  # the baseline over itself
+
+
+class StreamCorrupting(_stream.ClientStream):
+    """Client.stream, but one element of the third response's OUTPUT0 is off."""
+
+    name = "stream-corrupting"
+
+    def call(self, x):
+        out = super().call(x)
+        out[2] = dict(out[2], OUTPUT0=out[2]["OUTPUT0"].copy())  # (the arrays of a response are read-only)
+        out[2]["OUTPUT0"][7] += 1
+        return out
+
+
+class StreamLosing(_stream.ClientStream):
+    """Client.stream, but the last response goes missing."""
+
+    name = "stream-losing"
+
+    def call(self, x):
+        out = super().call(x)
+        del out[-1]
+        return out
+
+
+class StreamReordering(_stream.TritonclientStream):
+    """tritonclient's stream, but the first two responses swapped."""
+
+    name = "stream-reordering"
+
+    def call(self, x):
+        out = super().call(x)
+        out[0], out[1] = out[1], out[0]
+        return out
+
+
+class StreamStale(_stream.ClientStream):
+    """Right the first time, then the same responses whatever the input."""
+
+    name = "stream-stale"
+
+    def call(self, x):
+        out = super().call(x)
+        if not hasattr(self, "first"):
+            self.first = out
+        return self.first
+
+
+@pytest.mark.parametrize("broken, message", [
+    (StreamCorrupting, r"stream-corrupting, 4 KiB: response 2's OUTPUT0 differs from INPUT0 \+ 2 at 1 of 1024 "
+                       r"elements, first at \[7\]: got .*, expected "),
+    (StreamLosing, r"stream-losing, 4 KiB: 3 responses to one request, not 4 \(its COUNT\)"),
+    (StreamReordering, r"stream-reordering, 4 KiB: response 0's INDEX is array\(\[1\], dtype=int32\), not \[0\]"),
+    (StreamStale, r"stream-stale, 4 KiB: response 0's OUTPUT0 differs from INPUT0 \+ 0"),
+])
+def test_a_stream_method_with_a_wrong_response_fails_the_run(server, broken, message):
+    with pytest.raises(bench.WrongOutput, match=message):
+        bench.run_stream(server.grpc_url, [4096], responses=4, reps=2, warmup=1,
+                         methods=[_stream.TritonclientStream, broken])
+    # (the leak check of conftest.py sees that every method was closed, the slots unlinked)
+
+
+class LateCorrupting(_stream.ClientStream):
+    """Right in the warm-up, wrong from the third timed repetition on: the timed rounds are checked too."""
+
+    name = "late-corrupting"
+    calls = 0
+
+    def call(self, x):
+        out = super().call(x)
+        self.calls += 1
+        if self.calls >= 4:
+            out[-1] = dict(out[-1], OUTPUT0=out[-1]["OUTPUT0"][:-1])
+        return out
+
+
+def test_stream_checks_every_repetition_not_only_warmup_and_probe(server):
+    with pytest.raises(bench.WrongOutput, match=r"late-corrupting, 4 KiB: response 3's OUTPUT0 is float32 \[1023\], "
+                                                r"not float32 \[1024\] like INPUT0 \+ 3"):
+        bench.run_stream(server.grpc_url, [4096], responses=4, reps=5, warmup=1, methods=[LateCorrupting])
+
+
+class PoolsRecording(_stream.ClientStream):
+    """Client.stream, noting the client's pools before it closes."""
+
+    seen: list = []
+
+    def close(self):
+        if getattr(self, "client", None) is not None:
+            PoolsRecording.seen.append(self.client.pools())
+        super().close()
+
+
+def test_stream_inputs_go_through_a_slot_and_each_stream_stays_open(server, monkeypatch):
+    """Client.stream's inputs travel in shared memory; tritonclient's stream is started once per size."""
+    import tritonclient.grpc as grpcclient
+
+    started = []
+    original = grpcclient.InferenceServerClient.start_stream
+
+    def start_stream(self, *args, **kwargs):
+        started.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(grpcclient.InferenceServerClient, "start_stream", start_stream)
+    PoolsRecording.seen = []
+    out = bench.run_stream(server.grpc_url, [4096, 8192], responses=2, reps=4, warmup=1,
+                           methods=[_stream.TritonclientStream, PoolsRecording])
+    assert len(started) == 2  # one stream per size, for 1 warm-up + 4 timed + 1 probe requests each
+    assert [[(p.model, p.memory, p.running) for p in pools] for pools in PoolsRecording.seen] == [
+        [("stream_fp32", "system", 0)]] * 2
+    assert [e["methods"]["Client.stream"]["status"] for e in out["results"]] == ["ok", "ok"]
+
+
+def test_stream_baseline_left_out_gives_no_ratios(server):
+    out = bench.run_stream(server.grpc_url, [4096], responses=1, reps=2, warmup=1, methods=[_stream.ClientStream])
+    (entry,) = out["results"]
+    res = entry["methods"]["Client.stream"]
+    assert list(entry["methods"]) == ["Client.stream"] and res["status"] == "ok"
+    assert [res[r] for r in STREAM_RATIOS] == [None, None, None]
+    assert res["responses_per_s"] == pytest.approx(1 / res["total"]["median_s"])
+    assert "Client.stream" in bench.format_stream_table(out)
+
+
+def test_stream_arguments_are_checked_before_anything_runs():
+    for responses in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="responses must be at least 1"):
+            bench.run_stream("127.0.0.1:1", [4096], responses=responses)
+    with pytest.raises(ValueError, match="multiple of FP32's 4 bytes"):
+        bench.run_stream("127.0.0.1:1", [4098])
+    with pytest.raises(tritonshm.Error, match="cannot reach a Triton server at 127.0.0.1:1"):
+        bench.run_stream("127.0.0.1:1", [4096], reps=1)
+
+
+def test_stream_command_prints_the_table_and_writes_json(server, tmp_path):
+    path = tmp_path / "stream.json"
+    done = bench_cmd("--stream", "--url", server.grpc_url, "--sizes", "4K,8K", "--responses", "3", "--reps", "2",
+                     "--warmup", "1", "--json", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 KiB (1024 x FP32) in, 3 responses of 4 KiB out, 2 repetitions" in done.stdout
+    assert "grpc-stream" in done.stdout and "Client.stream" in done.stdout
+    assert "4 KiB: 2 repetitions in" in done.stderr and "every response checked" in done.stderr
+    written = json.loads(path.read_text())
+    assert written["format"] == bench.STREAM_FORMAT and written["meta"]["server"] == "given"
+    assert written["meta"]["sizes"] == [4096, 8192] and written["meta"]["responses"] == 3
+
+
+def test_stream_json_to_stdout_and_a_subset_of_methods(server):
+    done = bench_cmd("--stream", "--url", server.grpc_url, "--sizes", "4K", "--responses", "2", "--reps", "1",
+                     "--warmup", "1", "--methods", "Client.stream", "--json", "-")
+    assert done.returncode == 0, done.stderr
+    assert list(json.loads(done.stdout)["results"][0]["methods"]) == ["Client.stream"]
+    assert "Client.stream" in done.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--stream", "--gpu"], "--gpu and --stream do not go together"),
+    (["--responses", "4"], "--responses: only with --stream"),
+    (["--stream", "--dtype", "uint8"], "--stream measures FP32 only"),
+    (["--stream", "--plot", "x.png"], "--plot is not available with --stream"),
+    (["--stream", "--methods", "grpc", "Client.stream"], "--methods grpc: not a --stream method"),
+    (["--methods", "Client.stream"], "--methods Client.stream: only with --stream"),
+    (["--methods", "grpc-stream", "tc-cuda"], "--methods grpc-stream tc-cuda: only with --gpu or --stream"),
+    (["--stream", "--responses", "0"], "responses must be at least 1"),
+    (["--stream", "--sizes", "6"], "multiple of FP32's 4 bytes"),
+    (["--stream", "--json", "/no/such/dir/x.json"], "--json /no/such/dir/x.json: no such directory"),
+])
+def test_stream_arguments_are_checked_first(args, message):
+    done = bench_cmd(*args)
+    assert done.returncode == 2 and not done.stdout
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert message in done.stderr and "starting" not in done.stderr
+
+
+def test_help_documents_stream():
+    done = bench_cmd("--help")
+    assert done.returncode == 0
+    assert "--stream" in done.stdout and "--responses" in done.stdout and "stream_fp32" in done.stdout
+    for method in STREAM_NAMES:
+        assert method in done.stdout

@@ -41,6 +41,16 @@ faster.  ``vs_limit`` is given for ``Client.infer`` and ``zero-copy``.
 
 ``tritonshm bench --gpu`` (:func:`run_gpu`, ``_gpu.py``) does the same from a
 GPU tensor, against a GPU model and the CPU identity model side by side.
+
+``tritonshm bench --stream`` (:func:`run_stream`, ``_stream.py``) sends one
+request per repetition to the decoupled ``stream_fp32`` and reads its
+``--responses`` responses: the time to the first response and responses/s of
+``Client.stream`` against tritonclient's own streaming, over the same rounds.
+It is a mode of its own rather than a section of the default run: its model,
+sizes and methods are not the identity bench's (every response carries an
+output as large as the input, so the default sizes up to 64 MiB would move a
+GiB per request), and its ~20 s (4 KiB, 1 and 16 MiB) would make the default
+run (~35 s) some 60% longer on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -77,11 +87,22 @@ from ._harness import (
 )
 from ._methods import METHODS, MODELS, Method
 from ._report import format_table, matplotlib_missing, write_json, write_plot
+from ._stream import (
+    DEFAULT_RESPONSES,
+    STREAM_FORMAT,
+    STREAM_METHODS,
+    STREAM_SIZES,
+    check_responses,
+    format_stream_table,
+    run_stream,
+    stream_description,
+)
 
 __all__ = ["run", "run_bench", "add_arguments", "parse_size", "WrongOutput", "Unavailable", "Method", "METHODS",
            "DEFAULT_SIZES", "FORMAT", "format_table", "write_json", "write_plot",
            "run_gpu", "GPU_METHODS", "GPU_SIZES", "GPU_FORMAT", "format_gpu_table", "gpu_missing",
-           "gpu_model_repository"]
+           "gpu_model_repository", "run_stream", "STREAM_METHODS", "STREAM_SIZES", "STREAM_FORMAT",
+           "DEFAULT_RESPONSES", "format_stream_table"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
 _SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
@@ -105,12 +126,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``tritonshm bench``."""
     names = [m.name for m in METHODS]
     names += [m.name for m in GPU_METHODS if m.name not in names]
+    names += [m.name for m in STREAM_METHODS]
     parser.add_argument("--url", default=None, metavar="HOST:PORT",
                         help="gRPC address of a running Triton that serves tritonshm's bundled identity models "
                              "(default: start a local server for the run)")
     parser.add_argument("--sizes", nargs="+", type=_size_list, default=None, metavar="SIZE",
                         help="input sizes in bytes, K/M/G (or KiB/MiB/GiB) meaning powers of 1024, "
-                             "space- or comma-separated (default: 4K 64K 1M 16M 64M; with --gpu 64K 1M 16M 64M)")
+                             "space- or comma-separated (default: 4K 64K 1M 16M 64M; with --gpu 64K 1M 16M 64M; "
+                             "with --stream 4K 1M 16M)")
     parser.add_argument("--dtype", choices=sorted(MODELS), default="fp32",
                         help="input datatype: fp32 uses identity_fp32, uint8 identity_uint8 (default fp32; "
                              "--gpu is fp32 only)")
@@ -118,6 +141,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="from a GPU tensor (torch, cuda:0), result wanted on the GPU: the GPU methods "
                              "against identity_fp32_gpu and identity_fp32 side by side (needs CUDA, torch "
                              "with CUDA, and torch in the server's Python for the GPU model; see the README)")
+    parser.add_argument("--stream", action="store_true",
+                        help="streaming instead: one request per repetition to the decoupled stream_fp32, read to "
+                             "its final response; time to the first response and responses/s of Client.stream "
+                             "against tritonclient's own streaming (grpc-stream)")
+    parser.add_argument("--responses", type=int, default=None, metavar="N",
+                        help=f"with --stream: responses per request, the model's COUNT (default {DEFAULT_RESPONSES})")
     parser.add_argument("--reps", type=int, default=None, metavar="N",
                         help="exactly N measured repetitions per size (default: as many as fit in --budget, "
                              f"between --min-reps and --max-reps)")
@@ -133,7 +162,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", nargs="+", choices=names, default=None, metavar="METHOD",
                         help=f"only these methods, of: {', '.join(names)} (default: all; the limit "
                              "needs floor and memcpy, the ratios at least one peer; with --gpu: "
-                             f"{', '.join(m.name for m in GPU_METHODS)})")
+                             f"{', '.join(m.name for m in GPU_METHODS)}; with --stream: "
+                             f"{', '.join(m.name for m in STREAM_METHODS)})")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="also write every sample, statistic and ratio, with the run's metadata, "
                              "as JSON to PATH ('-': standard output, the table then goes to standard error)")
@@ -150,7 +180,7 @@ def description() -> str:
     for m in METHODS:
         lines += textwrap.wrap(m.description, 100, initial_indent=f"  {m.name:<18} ", subsequent_indent=" " * 21)
     lines += [f"  {'limit':<18} floor + memcpy, repetition by repetition", ""]
-    return "\n".join(lines) + "\n" + gpu_description()
+    return "\n".join(lines) + "\n" + gpu_description() + "\n" + stream_description()
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -194,11 +224,20 @@ def _measure_and_print(args: argparse.Namespace, measure: Callable[[str, str], d
 
 def run_bench(args: argparse.Namespace) -> int:
     """``tritonshm bench``: measure, print the table, write --json / --plot."""
+    if args.gpu and args.stream:
+        return _fail("--gpu and --stream do not go together: one of them per run")
+    if args.responses is not None and not args.stream:
+        return _fail("--responses: only with --stream")
     if args.gpu:
         return _run_gpu_bench(args)
+    if args.stream:
+        return _run_stream_bench(args)
     unknown = [name for name in args.methods or () if name not in {m.name for m in METHODS}]
     if unknown:
-        return _fail(f"--methods {' '.join(unknown)}: only with --gpu (without it: "
+        stream_names = {m.name for m in STREAM_METHODS}
+        mode = ("--stream" if all(n in stream_names for n in unknown) else
+                "--gpu" if not any(n in stream_names for n in unknown) else "--gpu or --stream")
+        return _fail(f"--methods {' '.join(unknown)}: only with {mode} (without it: "
                      f"{', '.join(m.name for m in METHODS)})")
     if args.plot is not None:
         problem = matplotlib_missing()
@@ -258,4 +297,35 @@ def _run_gpu_bench(args: argparse.Namespace) -> int:
     results = _measure_and_print(args, measure, format_gpu_table,
                                  "starting a local Triton server (with the GPU model's repository) ...",
                                  server_arguments())
+    return 1 if results is None else 0
+
+
+def _run_stream_bench(args: argparse.Namespace) -> int:
+    """``tritonshm bench --stream``: every argument checked, then the run."""
+    stream_names = [m.name for m in STREAM_METHODS]
+    unknown = [name for name in args.methods or () if name not in stream_names]
+    if unknown:
+        return _fail(f"--methods {' '.join(unknown)}: not a --stream method (those are: {', '.join(stream_names)})")
+    if args.dtype != "fp32":
+        return _fail(f"--stream measures FP32 only (stream_fp32), not --dtype {args.dtype}")
+    if args.plot is not None:
+        return _fail("--plot is not available with --stream (use --json)")
+    if args.json not in (None, "-") and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        return _fail(f"--json {args.json}: no such directory")
+    sizes = [n for word in args.sizes for n in word] if args.sizes else list(STREAM_SIZES)
+    responses = DEFAULT_RESPONSES if args.responses is None else args.responses
+    try:
+        check_arguments(sizes, dtype="fp32", reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
+                        budget=args.budget, warmup=args.warmup)
+        check_responses(responses)
+    except ValueError as exc:
+        return _fail(str(exc))
+    chosen = None if args.methods is None else [m for m in STREAM_METHODS if m.name in args.methods]
+
+    def measure(url: str, server: str) -> dict:
+        return run_stream(url, sizes, responses=responses, reps=args.reps, min_reps=args.min_reps,
+                          max_reps=args.max_reps, budget=args.budget, warmup=args.warmup, methods=chosen,
+                          progress=_progress, server=server)
+
+    results = _measure_and_print(args, measure, format_stream_table, "starting a local Triton server ...")
     return 1 if results is None else 0

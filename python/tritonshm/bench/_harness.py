@@ -41,21 +41,25 @@ def sample_input(dtype: np.dtype, count: int, seed: int) -> np.ndarray:
     return rng.integers(info.min, info.max, count, dtype=dtype, endpoint=True)
 
 
-def output_problem(method: str, nbytes: int, out: Any, expected: np.ndarray) -> str | None:
+def output_problem(method: str, nbytes: int, out: Any, expected: np.ndarray, *,
+                   what: str | None = None, like: str | None = None) -> str | None:
     """What is wrong with *out*, the identity model's answer to *expected*; None if it is
-    *expected* bit for bit."""
+    *expected* bit for bit.  *what* and *like* name the two in the message, for another
+    model's output (say ``"response 3's OUTPUT0"`` and ``"INPUT0 + 3"``)."""
     where = f"{method}, {_size(nbytes)}"
     if not isinstance(out, np.ndarray) or out.dtype != expected.dtype or out.shape != expected.shape:
         got = f"{out.dtype} {list(out.shape)}" if isinstance(out, np.ndarray) else type(out).__name__
-        return f"{where}: the output is {got}, not {expected.dtype} {list(expected.shape)} like the input"
+        return (f"{where}: {what or 'the output'} is {got}, not {expected.dtype} {list(expected.shape)} "
+                f"like {like or 'the input'}")
     if np.array_equal(out.reshape(-1).view(np.uint8), expected.reshape(-1).view(np.uint8)):
         return None
     got_bytes = out.reshape(-1).view(np.uint8).reshape(out.size, -1)
     sent_bytes = expected.reshape(-1).view(np.uint8).reshape(out.size, -1)
     wrong = np.flatnonzero((got_bytes != sent_bytes).any(axis=1))
     first = int(wrong[0])
-    return (f"{where}: the identity model's output differs from its input at {wrong.size} of "
-            f"{out.size} elements, first at [{first}]: got {out.reshape(-1)[first]!r}, sent {expected.reshape(-1)[first]!r}")
+    output, wanted = (what, "expected") if what else ("the identity model's output", "sent")
+    return (f"{where}: {output} differs from {like or 'its input'} at {wrong.size} of {out.size} elements, "
+            f"first at [{first}]: got {out.reshape(-1)[first]!r}, {wanted} {expected.reshape(-1)[first]!r}")
 
 
 def summarize(samples: Sequence[float]) -> dict[str, Any]:
@@ -82,8 +86,8 @@ def _round(methods: list[Method], x: Any, index: int, *, check: Callable[[Method
     """Round *index*: every method once on input *x*, the order rotated by *index* places.
 
     With *check*, each output is given to it with *x* (untimed; it returns
-    what is wrong, or None); with *times*, each call's seconds are appended
-    there, under the method's ``key``.
+    what is wrong, or None); with *times*, each call's sample (its seconds:
+    :meth:`Method.sample`) is appended there, under the method's ``key``.
     """
     shift = index % len(methods)
     for method in methods[shift:] + methods[:shift]:
@@ -96,18 +100,22 @@ def _round(methods: list[Method], x: Any, index: int, *, check: Callable[[Method
         if problem:
             raise WrongOutput(problem)
         if times is not None:
-            times[method.key].append(t1 - t0)
+            times[method.key].append(method.sample(t0, t1))
     # Collect here, between rounds, rather than inside a timed call; the
     # young generations only: a full collection costs tens of ms.
     gc.collect(1)
 
 
 def interleave(methods: Sequence[Method], data: Any, probe: Any, check: Callable[[Method, Any, Any], str | None], *,
-               reps: int | None, min_reps: int, max_reps: int, budget: float, warmup: int) -> dict[str, Any]:
+               reps: int | None, min_reps: int, max_reps: int, budget: float, warmup: int,
+               check_every: bool = False) -> dict[str, Any]:
     """Open *methods*, warm up and check on *data*, run interleaved rounds, check on *probe*, close them.
 
-    A method whose ``open()`` raises :class:`Unavailable` is closed and left
-    out.  Returns ``{"reps", "times": {key: [seconds]}, "unavailable": {key: message}}``.
+    With *check_every*, the outputs of the timed rounds are checked too
+    (untimed, after each call).  A method whose ``open()`` raises
+    :class:`Unavailable` is closed and left out.  Returns ``{"reps",
+    "times": {key: [samples]}, "unavailable": {key: message}}`` (a sample
+    is what :meth:`Method.sample` gives: seconds, by default).
     """
     opened: list[Method] = []
     times: dict[str, list[float]] = {}
@@ -140,7 +148,7 @@ def interleave(methods: Sequence[Method], data: Any, probe: Any, check: Callable
                         break
                 elif done >= max_reps or (done >= min_reps and time.perf_counter() - t0 >= budget):
                     break
-                _round(opened, data, done, check=None, times=times)
+                _round(opened, data, done, check=check if check_every else None, times=times)
                 done += 1
             # A second input, never sent before: an output left over from an
             # earlier request cannot pass for the answer to it.
@@ -254,7 +262,7 @@ def server_version(url: str, model: str | None) -> str:
             raise Error(f"cannot reach a Triton server at {url} over gRPC: {exc.message()}") from None
         if model is not None and not client.is_model_ready(model):
             raise Error(f"the server at {url} has no ready model {model!r}: the bench needs tritonshm's bundled "
-                        f"identity models (serve python/tritonshm/models, or leave --url out to start one)")
+                        f"models (serve python/tritonshm/models, or leave --url out to start one)")
     finally:
         client.close()
     return version

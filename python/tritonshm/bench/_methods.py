@@ -84,6 +84,12 @@ class Method:
         """One request with input *x*, timed; returns the output."""
         raise NotImplementedError
 
+    def sample(self, t0: float, t1: float) -> Any:
+        """What one timed call, from *t0* to *t1* (``time.perf_counter()``), adds to this method's
+        samples, once its output is checked: its seconds.  (A streaming method adds the time to its
+        first response too.)"""
+        return t1 - t0
+
     def close(self) -> None:
         """Undo :meth:`open`; must cope with an ``open`` that failed halfway."""
 
