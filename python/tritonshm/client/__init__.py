@@ -50,6 +50,7 @@ The package, bottom up (each module imports only those above it):
 ``_options``    :class:`RequestOptions`: tritonclient's per-request options, checked
 ``_slots``      the slot-memory interface: system, pinned and CUDA slots
 ``_pool``       slot pools: layout, extents, leases, growth
+``_messages``   what goes on the wire for a slot (request objects, ready messages) and what is read back
 ``_plan``       a request's :class:`Plan` and :class:`Route`; the client's routing
 ``_steps``      the vocabulary of sans-I/O request steps
 ``_stream``     streamed requests: one gRPC stream per client, responses by request id

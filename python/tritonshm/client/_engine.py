@@ -34,7 +34,7 @@ from ..errors import (
     ShapeMismatch,
     SharedMemoryRefused,
 )
-from . import _bytes, _devices, _intake
+from . import _bytes, _devices, _intake, _messages
 from ._devices import DeviceTensor, Placement
 from ._model import ModelInfo, shape_fits
 from ._options import RequestOptions
@@ -51,7 +51,6 @@ TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 _PARKED_RETRY_INTERVAL = 0.05  # seconds between tries to unregister memory the server refused
 _BUDGET_POLL = 0.005  # how often a request waiting for max_pool_bytes room looks again
-_MESSAGES_PER_SLOT = 16  # what a slot keeps per input shapes and outputs (messages, quick views)
 _QUICK_BYTES = 1 << 20  # requests up to this many input bytes may take the quick path
 _QUICK_PLANS = 256      # quick plans kept (one per model, outputs and input shapes and dtypes)
 
@@ -94,15 +93,6 @@ class _QuickSlot(NamedTuple):
 
     inputs: list[tuple[str, np.ndarray]]
     outputs: list[tuple[str, Any, np.ndarray]]
-
-
-def _make_room(cache: dict[Any, Any]) -> None:
-    """A slot's cache keeps what it made per input shapes (tuple keys) for a few shapes only:
-    with many, it starts over (the per-name request objects stay)."""
-    made = [key for key in cache if isinstance(key, tuple)]
-    if len(made) >= _MESSAGES_PER_SLOT:
-        for key in made:
-            del cache[key]
 
 
 def engine_setting(name: str, doc: str) -> property:
@@ -565,8 +555,9 @@ class Engine:
             lease = None if self._wire_only else (
                 yield from self._lease_steps(info, needs, plan.timeout, not plan.copy, route.memory))
             if lease is None:
-                result = yield Send(info.name, info.version, *self._wire_request(info, arrays, names), plan.options)
-                return self._wire_results(info, result, names, route.results, rows)
+                inputs, requested = _messages.wire_request(self.wire, info, arrays, names)
+                result = yield Send(info.name, info.version, inputs, requested, plan.options)
+                return _messages.wire_results(info, result, names, route.results, rows)
             try:
                 stream = yield from self._fill_steps(info, lease, arrays, bytes_sizes, route.device)
                 outputs = yield from self.slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,
@@ -692,7 +683,8 @@ class Engine:
                     np.copyto(view, arrays[name])
                 # The request objects are bound again here if the slot served other shapes
                 # meanwhile; the gRPC message kept for these shapes is sent as it is.
-                inputs, requested, message = self._slot_request(info, lease, shapes, names, {}, prepare=True)
+                inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, {},
+                                                                    prepare=True)
                 try:
                     result = yield Send(info.name, info.version, inputs, requested, None, message)
                 except (RegionNotRegistered, OutputTooSmall):
@@ -724,7 +716,7 @@ class Engine:
         key = ("quick", tuple(shapes.items()), tuple(names))
         slot = cache.get(key)
         if slot is None:
-            _make_room(cache)
+            _messages.make_room(cache)
             memory, capacities = lease.extent.memory, lease.pool.layout.capacities
             slot = cache[key] = _QuickSlot(
                 [(spec.name, memory.array_at(lease.offset(spec.name), spec.dtype, shapes[spec.name]))
@@ -766,7 +758,7 @@ class Engine:
                     raise response.error
                 if response.result is not None:
                     answered = True
-                    yield Emit(self._wire_results(info, response.result, names, route.results))
+                    yield Emit(_messages.wire_results(info, response.result, names, route.results))
                 if response.final:
                     return
         raise AssertionError("unreachable: the second attempt returns or raises")
@@ -783,10 +775,10 @@ class Engine:
                                              plan.route.memory))
             try:
                 if lease is None:
-                    inputs = self._wire_request(info, arrays, [])[0]
+                    inputs = _messages.wire_request(self.wire, info, arrays, [])[0]
                 else:
                     yield from self._fill_steps(info, lease, arrays, bytes_sizes, plan.route.device)
-                    inputs = self._slot_request(info, lease, shapes, (), bytes_sizes)[0]
+                    inputs = _messages.slot_request(self.wire, info, lease, shapes, (), bytes_sizes)[0]
                 outputs = [self.wire.requested_output(name) for name in plan.names]
                 entry = yield StreamSend(info.name, info.version, inputs, outputs, plan.options)
             except BaseException:
@@ -818,8 +810,8 @@ class Engine:
         with self._flight():
             if ready is not None:
                 yield WaitForDevice(ready)
-            inputs, requested, message = self._slot_request(info, lease, shapes, names, bytes_sizes,
-                                                            prepare=options is None)
+            inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, bytes_sizes,
+                                                                prepare=options is None)
             send = Send(info.name, info.version, inputs, requested, options, message)
             try:
                 result = yield send
@@ -834,7 +826,7 @@ class Engine:
             if stream is None:
                 stream = self._copy_stream(lease.extent.memory, results.device)
             try:
-                outputs, queued = self._collect(info, lease, result, names, copy, results, rows, stream)
+                outputs, queued = _messages.collect(info, lease, result, names, copy, results, rows, stream)
                 if queued:
                     yield WaitForDevice(stream.record())
             except BaseException:
@@ -850,148 +842,6 @@ class Engine:
     def _copy_stream(memory: SlotMemory, device: int | None) -> Any:
         """This thread's copy stream of the GPU of *memory*, else of *device*; None: no GPU."""
         return _devices.copy_stream(memory.device if memory.device is not None else device)
-
-    def _collect(self, info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
-                 copy: bool, results: Placement, rows: _intake.Rows | None = None,
-                 stream: Any = None) -> tuple[dict[str, Any], bool]:
-        """The outputs of *result*, read from the slot: views that hold it where
-        ``copy=False`` and the slot is where the results are wanted, else copies
-        (numpy on the host, or device arrays made by the results' library);
-        outputs with *rows* go there (and are left out of the dict).  Copies
-        touching a GPU are queued on *stream*; also returns whether any was."""
-        memory, layout = lease.extent.memory, lease.pool.layout
-        on_gpu = stream is not None and (memory.kind == "cuda" or results.device is not None)
-        outputs, queued = {}, False
-        if rows is not None and rows.ready is not None:
-            stream.wait(rows.ready)  # the batch's results were allocated on the caller's stream
-        for name in names:
-            spec = info.output(name)
-            tensor = result.get_output(name)
-            shape = tuple(map(int, tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
-            into = self._rows_for(info, rows, name, shape)
-            if into is not None:
-                memory.read_into(into[0], lease.offset(name), into[2], into[1], stream)
-                queued |= on_gpu
-            elif spec.is_bytes:
-                raw = memory.bytes_at(lease.offset(name), layout.capacities[name])
-                outputs[name] = _bytes.decode(raw, math.prod(shape), shape)
-                del raw
-            elif not copy and memory.device == results.device:
-                outputs[name] = memory.view(lease.handle, layout.offsets[name], spec.dtype, shape)
-            elif results.device is None:
-                outputs[name] = memory.copy_out(lease.offset(name), spec.dtype, shape, stream)
-                queued |= on_gpu
-            else:
-                out = outputs[name] = _devices.empty(results, spec.dtype, shape)
-                memory.read_into(out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize, 0, stream)
-                queued |= on_gpu
-        return outputs, queued
-
-    @staticmethod
-    def _rows_for(info: ModelInfo, rows: _intake.Rows | None, name: str,
-                  shape: tuple[int, ...]) -> tuple[Any, int, int] | None:
-        """``(array, byte offset, nbytes)`` where output *name* of this chunk goes, or None."""
-        if rows is None or name not in rows.arrays:
-            return None
-        spec = info.output(name)
-        if shape != (rows.count,) + spec.dims:
-            raise ShapeMismatch(f"model {info.name!r} returned output {name!r} of shape {list(shape)} "
-                                f"for a chunk of {rows.count}; its config says {[rows.count, *spec.dims]}")
-        row_bytes = math.prod(spec.dims) * spec.dtype.itemsize
-        return rows.arrays[name], rows.start * row_bytes, rows.count * row_bytes
-
-    def _slot_request(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
-                      names: Sequence[str], bytes_sizes: Mapping[str, int],
-                      prepare: bool = False) -> tuple[list, list, Any]:
-        """InferInputs and InferRequestedOutputs naming the slot's offsets, and with *prepare*
-        (gRPC, no per-request options) the whole request message, ready to send (or None).
-
-        They are made once per slot and reused: an input is bound again only
-        when its shape or size changed; an output's binding never changes; a
-        gRPC message is made once per slot, input shapes and outputs asked
-        for -- a copy of what the objects said then, so it stays right when
-        they are bound again for other shapes -- and tritonclient's request
-        building is skipped on every later call.
-        """
-        wire, memory, layout = self.wire, lease.extent.memory, lease.pool.layout
-        cache = lease.extent.requests.get(lease.index)
-        if cache is None:
-            cache = lease.extent.requests[lease.index] = {}
-        # The message, when it can be kept, is keyed by what it holds (the inputs' bindings
-        # are a function of the slot and their shapes; BYTES sizes vary with the strings).
-        message_key = ("message", tuple(shapes.items()), tuple(names)) \
-            if prepare and not bytes_sizes and not self.wire.http else None
-        name = lease.extent.name
-        inputs = []
-        for spec in info.inputs:
-            shape = list(shapes[spec.name])
-            nbytes = bytes_sizes[spec.name] if spec.is_bytes else math.prod(shape) * spec.dtype.itemsize
-            if nbytes == 0:
-                # Triton refuses a shared-memory binding of 0 bytes: an empty
-                # tensor travels in the message (it costs nothing there).
-                empty = wire.infer_input(spec.name, shape, spec.datatype)
-                empty.set_data_from_numpy(np.empty(shape, spec.dtype))
-                inputs.append(empty)
-                message_key = None  # its data travels in the message: nothing to keep
-                continue
-            cached = cache.get(spec.name)
-            if cached is None or cached[1] != shape or cached[2] != nbytes:
-                infer_input = cached[0] if cached is not None else wire.infer_input(spec.name, shape, spec.datatype)
-                infer_input.set_shape(shape)
-                memory.bind_input(infer_input, name, lease.offset(spec.name), nbytes)
-                cache[spec.name] = cached = (infer_input, shape, nbytes)
-            inputs.append(cached[0])
-        requested = []
-        for output in names:
-            key = "out:" + output
-            requested_output = cache.get(key)
-            if requested_output is None:
-                requested_output = cache[key] = wire.requested_output(output)
-                memory.bind_output(requested_output, name, lease.offset(output),
-                                   layout.capacities[output])
-            requested.append(requested_output)
-        if message_key is None:
-            return inputs, requested, None
-        message = cache.get(message_key)
-        if message is None:
-            _make_room(cache)
-            message = cache[message_key] = wire.request_message(info.name, info.version, inputs, requested)
-        return inputs, requested, message
-
-    def _wire_request(self, info: ModelInfo, arrays: Mapping[str, np.ndarray],
-                      names: list[str]) -> tuple[list, list]:
-        """Inputs and outputs for the plain gRPC/HTTP path: tensors inside the messages."""
-        inputs = []
-        for spec in info.inputs:
-            array = arrays[spec.name]
-            if spec.is_bytes:
-                array = np.asarray(array, dtype=np.object_)
-            elif isinstance(array, DeviceTensor):
-                array = _devices.to_host(array)
-            wire = self.wire.infer_input(spec.name, list(array.shape), spec.datatype)
-            wire.set_data_from_numpy(array)
-            inputs.append(wire)
-        return inputs, [self.wire.requested_output(n) for n in names]
-
-    def _wire_results(self, info: ModelInfo, result: Any, names: Sequence[str], results: Placement,
-                      rows: _intake.Rows | None = None) -> dict[str, Any]:
-        """The outputs of a plain gRPC/HTTP reply, moved to the GPU where *results*
-        says; outputs with *rows* go there (and are left out of the dict)."""
-        outputs = {}
-        if rows is not None and rows.ready is not None:
-            _devices.copy_stream(results.device).wait(rows.ready)
-        for name in names:
-            array = result.as_numpy(name)
-            into = self._rows_for(info, rows, name, array.shape)
-            if into is not None and results.device is None:
-                np.copyto(into[0][rows.start:rows.start + rows.count], array)
-            elif into is not None:
-                _devices.copy_bytes(into[0], np.ascontiguousarray(array), into[2], into[1])
-            elif results.device is None or array.dtype.hasobject:
-                outputs[name] = array
-            else:
-                outputs[name] = _devices.to_device(array, results)
-        return outputs
 
     # -- the zero-copy path -----------------------------------------------
 

@@ -38,8 +38,8 @@ from typing import Any, Callable, NamedTuple
 from .. import triton
 from ..errors import ClientClosed, ServerUnavailable
 
-__all__ = ["AsyncStream", "BlockingStream", "StreamResponse", "StreamTable", "Streamed", "open_kwargs", "request_message",
-           "stream_key"]
+__all__ = ["AsyncStream", "BlockingStream", "StreamResponse", "StreamTable", "Streamed", "open_kwargs",
+           "request_message", "stream_key"]
 
 FINAL = "triton_final_response"
 _CLOSE_GRACE = 2.0  # seconds a closing client lets the server finish the streamed requests it runs
