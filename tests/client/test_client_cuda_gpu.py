@@ -220,3 +220,17 @@ def test_a_tensor_on_the_second_gpu_while_the_first_is_current(server, torch):
         assert out.device.index == 1
         np.testing.assert_array_equal(out.cpu().numpy(), data)
         assert torch.cuda.current_device() == 0
+
+
+def test_a_torch_tensor_streams_through_a_cuda_slot(server, torch):
+    """A decoupled model on a real GPU: the input goes through a CUDA slot (the server reads it
+    through CUDA IPC), every response's output lands back on the GPU as a torch tensor."""
+    data = sample(np.float32, 1 << 12)
+    x = _on_gpu(torch, data)
+    with tritonshm.Client(server.grpc_url) as c:
+        responses = list(c.stream("stream_fp32", {"INPUT0": x, "COUNT": np.array([4], np.int32)}))
+        assert len(responses) == 4
+        for i, response in enumerate(responses):
+            assert isinstance(response["OUTPUT0"], torch.Tensor) and response["OUTPUT0"].is_cuda
+            np.testing.assert_array_equal(response["OUTPUT0"].cpu().numpy(), data + i)
+        assert [(p.memory, p.running) for p in c.pools()] == [("cuda:0", 0)]
