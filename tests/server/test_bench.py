@@ -687,3 +687,168 @@ def test_help_documents_stream():
     assert "--stream" in done.stdout and "--responses" in done.stdout and "stream_fp32" in done.stdout
     for method in STREAM_NAMES:
         assert method in done.stdout
+
+
+# -- bench --concurrency: N callers sharing one client ------------------------------------------------
+
+from tritonshm.bench import _concurrency  # noqa: E402
+
+CONC_NAMES = ["tc-grpc-threads", "tc-shm-threads", "Client-threads", "tc-grpc-aio", "Client-aio"]
+
+
+@pytest.fixture(scope="module")
+def concurrency_results(server):
+    """One --concurrency run, 3 callers, two sizes (one above the check-all limit), two short rounds."""
+    out = bench.run_concurrency(server.grpc_url, [4096, 128 << 10], concurrency=3, duration=0.05, rounds=2,
+                                warmup=1)
+    return json.loads(json.dumps(out))
+
+
+def test_concurrency_results_hold_the_metadata_and_every_method(concurrency_results, server):
+    out = concurrency_results
+    assert out["format"] == bench.CONCURRENCY_FORMAT == "tritonshm-bench-concurrency/1"
+    meta = out["meta"]
+    assert meta["model"] == "identity_fp32" and meta["concurrency"] == 3 and meta["rounds"] == 2
+    assert meta["duration_s"] == 0.05 and meta["sizes"] == [4096, 128 << 10] and meta["url"] == server.grpc_url
+    assert list(meta["methods"]) == CONC_NAMES == [m.name for m in bench.CONCURRENCY_METHODS]
+    assert {n: (m["group"], m["mode"]) for n, m in meta["methods"].items()} == {
+        "tc-grpc-threads": ("peer", "threads"), "tc-shm-threads": ("peer", "threads"),
+        "Client-threads": ("tritonshm", "threads"), "tc-grpc-aio": ("peer", "asyncio"),
+        "Client-aio": ("tritonshm", "asyncio")}
+    assert meta["pairs"] == {"threads": {"tritonshm": "Client-threads",
+                                         "tritonclient": ["tc-grpc-threads", "tc-shm-threads"]},
+                             "asyncio": {"tritonshm": "Client-aio", "tritonclient": ["tc-grpc-aio"]}}
+    for entry, stride in zip(out["results"], (1, _concurrency.CHECK_STRIDE)):
+        assert entry["rounds"] == 2 and entry["checked_every"] == stride
+        assert list(entry["methods"]) == CONC_NAMES
+        for name, res in entry["methods"].items():
+            assert res["status"] == "ok", name
+            assert len(res["requests_per_s"]) == 2 and all(r > 0 for r in res["requests_per_s"])
+            assert all(n >= 3 for n in res["requests"])  # every caller at least once
+            assert res["median_requests_per_s"] == pytest.approx(float(np.median(res["requests_per_s"])))
+            assert res["requests_per_s"] == pytest.approx([n / s for n, s in zip(res["requests"], res["seconds"])])
+            if stride == 1:
+                assert res["checked"] == res["requests"]
+            else:
+                assert all(0 < c < n for c, n in zip(res["checked"], res["requests"]))
+        m = entry["methods"]
+        threads, aio = entry["ratios"]["threads"], entry["ratios"]["asyncio"]
+        best = max(("tc-grpc-threads", "tc-shm-threads"), key=lambda p: m[p]["median_requests_per_s"])
+        assert threads["tritonclient"] == best and threads["tritonshm"] == "Client-threads"
+        assert threads["ratio"] == pytest.approx(m["Client-threads"]["median_requests_per_s"]
+                                                 / m[best]["median_requests_per_s"])
+        assert aio["ratio"] == pytest.approx(m["Client-aio"]["median_requests_per_s"]
+                                             / m["tc-grpc-aio"]["median_requests_per_s"])
+
+
+def test_concurrency_table_shows_every_method_and_size(concurrency_results):
+    table = bench.format_concurrency_table(concurrency_results)
+    assert table.startswith("identity_fp32 (FP32), 3 concurrent callers on one client")
+    assert "4 KiB (1024 x FP32), 2 rounds; every output checked" in table
+    assert "128 KiB (32768 x FP32), 2 rounds; contents of 1 output in 7 per caller checked" in table
+    rows = [line.split() for line in table.splitlines() if line.startswith("  ") and "method" not in line]
+    assert [row[0] for row in rows] == CONC_NAMES * 2
+
+
+class ConcCrossing(_concurrency.ClientThreads):
+    """Client-threads, but every answer to caller 1 is off (as an answer meant for another caller would be)."""
+
+    name = "conc-crossing"
+
+    def call(self, caller, x):
+        out = super().call(caller, x)
+        if caller == 1:
+            return out + 1  # any answer other than its own input
+        return out
+
+
+class ConcCorruptingAio(_concurrency.ClientAio):
+    """Client-aio, but one element off from the fifth call on (past the warm-up's first calls)."""
+
+    name = "conc-corrupting-aio"
+    calls = 0
+
+    async def acall(self, caller, x):
+        out = await super().acall(caller, x)
+        self.calls += 1
+        if self.calls >= 5:
+            out = out.copy()
+            out[9] += 1
+        return out
+
+
+class ConcWrongShape(_concurrency.TcGrpcThreads):
+    name = "conc-wrong-shape"
+
+    def call(self, caller, x):
+        return super().call(caller, x)[:-1]
+
+
+@pytest.mark.parametrize("broken, message", [
+    (ConcCrossing, r"conc-crossing, 4 KiB: the identity model's output differs from its input at 1024 of 1024"),
+    (ConcCorruptingAio, r"conc-corrupting-aio, 4 KiB: .* differs from its input at 1 of 1024 elements, first at \[9\]"),
+    (ConcWrongShape, r"conc-wrong-shape, 4 KiB: the output is float32 \[1023\], not float32 \[1024\]"),
+])
+def test_a_concurrency_method_with_a_wrong_output_fails_the_run(server, broken, message):
+    with pytest.raises(bench.WrongOutput, match=message):
+        bench.run_concurrency(server.grpc_url, [4096], concurrency=2, duration=0.05, rounds=2, warmup=1,
+                              methods=[_concurrency.TcGrpcThreads, broken])
+    # (the leak check of conftest.py sees that every method was closed, the regions unlinked)
+
+
+def test_concurrency_arguments_are_checked_before_anything_runs():
+    for concurrency in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="concurrency must be at least 1"):
+            bench.run_concurrency("127.0.0.1:1", [4096], concurrency=concurrency)
+    with pytest.raises(ValueError, match="duration must be"):
+        bench.run_concurrency("127.0.0.1:1", [4096], concurrency=2, duration=0)
+    with pytest.raises(ValueError, match="rounds must be"):
+        bench.run_concurrency("127.0.0.1:1", [4096], concurrency=2, rounds=0)
+    with pytest.raises(ValueError, match="multiple of FP32's 4 bytes"):
+        bench.run_concurrency("127.0.0.1:1", [4098], concurrency=2)
+    with pytest.raises(tritonshm.Error, match="cannot reach a Triton server at 127.0.0.1:1"):
+        bench.run_concurrency("127.0.0.1:1", [4096], concurrency=2)
+
+
+def test_concurrency_command_prints_the_table_and_writes_json(server, tmp_path):
+    path = tmp_path / "conc.json"
+    done = bench_cmd("--concurrency", "2", "--url", server.grpc_url, "--sizes", "4K", "--duration", "0.05",
+                     "--reps", "1", "--warmup", "1", "--methods", "tc-grpc-aio", "Client-aio", "--json", str(path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 concurrent callers on one client" in done.stdout and "Client-aio" in done.stdout
+    assert "4 KiB: 1 rounds in" in done.stderr
+    written = json.loads(path.read_text())
+    assert written["format"] == bench.CONCURRENCY_FORMAT and written["meta"]["server"] == "given"
+    assert list(written["results"][0]["methods"]) == ["tc-grpc-aio", "Client-aio"]
+    assert written["results"][0]["ratios"]["threads"]["ratio"] is None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--concurrency", "2", "--stream"], "--concurrency and --stream do not go together"),
+    (["--concurrency", "2", "--gpu"], "--concurrency and --gpu do not go together"),
+    (["--duration", "1"], "--duration: only with --concurrency"),
+    (["--concurrency", "0"], "concurrency must be at least 1"),
+    (["--concurrency", "2", "--duration", "0"], "duration must be a number of seconds > 0"),
+    (["--concurrency", "2", "--dtype", "uint8"], "--concurrency measures FP32 only"),
+    (["--concurrency", "2", "--plot", "x.png"], "--plot is not available with --concurrency"),
+    (["--concurrency", "2", "--responses", "3"], "--responses: only with --stream"),
+    (["--concurrency", "2", "--budget", "3"], "--budget: not with --concurrency"),
+    (["--concurrency", "2", "--max-reps", "3"], "--max-reps: not with --concurrency"),
+    (["--concurrency", "2", "--methods", "grpc"], "--methods grpc: not a --concurrency method"),
+    (["--methods", "Client-aio"], "--methods Client-aio: only with --concurrency"),
+    (["--concurrency", "2", "--sizes", "6"], "multiple of FP32's 4 bytes"),
+    (["--concurrency", "2", "--json", "/no/such/dir/x.json"], "--json /no/such/dir/x.json: no such directory"),
+])
+def test_concurrency_arguments_are_checked_first(args, message):
+    done = bench_cmd(*args)
+    assert done.returncode == 2 and not done.stdout
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert message in done.stderr and "starting" not in done.stderr
+
+
+def test_help_documents_concurrency():
+    done = bench_cmd("--help")
+    assert done.returncode == 0
+    assert "--concurrency" in done.stdout and "--duration" in done.stdout
+    for method in CONC_NAMES:
+        assert method in done.stdout

@@ -85,6 +85,17 @@ from ._harness import (
     check_arguments,
     run,
 )
+from ._concurrency import (
+    CONCURRENCY_FORMAT,
+    CONCURRENCY_METHODS,
+    CONCURRENCY_SIZES,
+    DEFAULT_DURATION,
+    DEFAULT_ROUNDS,
+    check_concurrency,
+    concurrency_description,
+    format_concurrency_table,
+    run_concurrency,
+)
 from ._methods import METHODS, MODELS, Method
 from ._report import format_table, matplotlib_missing, write_json, write_plot
 from ._stream import (
@@ -102,7 +113,8 @@ __all__ = ["run", "run_bench", "add_arguments", "parse_size", "WrongOutput", "Un
            "DEFAULT_SIZES", "FORMAT", "format_table", "write_json", "write_plot",
            "run_gpu", "GPU_METHODS", "GPU_SIZES", "GPU_FORMAT", "format_gpu_table", "gpu_missing",
            "gpu_model_repository", "run_stream", "STREAM_METHODS", "STREAM_SIZES", "STREAM_FORMAT",
-           "DEFAULT_RESPONSES", "format_stream_table"]
+           "DEFAULT_RESPONSES", "format_stream_table", "run_concurrency", "CONCURRENCY_METHODS",
+           "CONCURRENCY_SIZES", "CONCURRENCY_FORMAT", "format_concurrency_table"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
 _SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
@@ -127,13 +139,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     names = [m.name for m in METHODS]
     names += [m.name for m in GPU_METHODS if m.name not in names]
     names += [m.name for m in STREAM_METHODS]
+    names += [m.name for m in CONCURRENCY_METHODS]
     parser.add_argument("--url", default=None, metavar="HOST:PORT",
                         help="gRPC address of a running Triton that serves tritonshm's bundled identity models "
                              "(default: start a local server for the run)")
     parser.add_argument("--sizes", nargs="+", type=_size_list, default=None, metavar="SIZE",
                         help="input sizes in bytes, K/M/G (or KiB/MiB/GiB) meaning powers of 1024, "
                              "space- or comma-separated (default: 4K 64K 1M 16M 64M; with --gpu 64K 1M 16M 64M; "
-                             "with --stream 4K 1M 16M)")
+                             "with --stream 4K 1M 16M; with --concurrency 4K 1M)")
     parser.add_argument("--dtype", choices=sorted(MODELS), default="fp32",
                         help="input datatype: fp32 uses identity_fp32, uint8 identity_uint8 (default fp32; "
                              "--gpu is fp32 only)")
@@ -147,6 +160,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "against tritonclient's own streaming (grpc-stream)")
     parser.add_argument("--responses", type=int, default=None, metavar="N",
                         help=f"with --stream: responses per request, the model's COUNT (default {DEFAULT_RESPONSES})")
+    parser.add_argument("--concurrency", type=int, default=None, metavar="N",
+                        help="concurrency instead: requests/s of N callers sharing one client on identity_fp32, "
+                             "N threads (tritonshm.Client against tritonclient.grpc, plain and with shared memory) "
+                             "and N asyncio tasks (tritonshm.aio.Client against tritonclient.grpc.aio)")
+    parser.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                        help=f"with --concurrency: seconds each measurement runs (default {DEFAULT_DURATION:g}); "
+                             f"--reps is then the number of rounds (default {DEFAULT_ROUNDS})")
     parser.add_argument("--reps", type=int, default=None, metavar="N",
                         help="exactly N measured repetitions per size (default: as many as fit in --budget, "
                              f"between --min-reps and --max-reps)")
@@ -180,7 +200,8 @@ def description() -> str:
     for m in METHODS:
         lines += textwrap.wrap(m.description, 100, initial_indent=f"  {m.name:<18} ", subsequent_indent=" " * 21)
     lines += [f"  {'limit':<18} floor + memcpy, repetition by repetition", ""]
-    return "\n".join(lines) + "\n" + gpu_description() + "\n" + stream_description()
+    return ("\n".join(lines) + "\n" + gpu_description() + "\n" + stream_description() + "\n"
+            + concurrency_description())
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -226,8 +247,14 @@ def run_bench(args: argparse.Namespace) -> int:
     """``tritonshm bench``: measure, print the table, write --json / --plot."""
     if args.gpu and args.stream:
         return _fail("--gpu and --stream do not go together: one of them per run")
+    if args.concurrency is not None and (args.gpu or args.stream):
+        return _fail(f"--concurrency and --{'gpu' if args.gpu else 'stream'} do not go together: one of them per run")
     if args.responses is not None and not args.stream:
         return _fail("--responses: only with --stream")
+    if args.duration is not None and args.concurrency is None:
+        return _fail("--duration: only with --concurrency")
+    if args.concurrency is not None:
+        return _run_concurrency_bench(args)
     if args.gpu:
         return _run_gpu_bench(args)
     if args.stream:
@@ -235,6 +262,10 @@ def run_bench(args: argparse.Namespace) -> int:
     unknown = [name for name in args.methods or () if name not in {m.name for m in METHODS}]
     if unknown:
         stream_names = {m.name for m in STREAM_METHODS}
+        concurrency_names = {m.name for m in CONCURRENCY_METHODS}
+        if all(n in concurrency_names for n in unknown):
+            return _fail(f"--methods {' '.join(unknown)}: only with --concurrency (without it: "
+                         f"{', '.join(m.name for m in METHODS)})")
         mode = ("--stream" if all(n in stream_names for n in unknown) else
                 "--gpu" if not any(n in stream_names for n in unknown) else "--gpu or --stream")
         return _fail(f"--methods {' '.join(unknown)}: only with {mode} (without it: "
@@ -328,4 +359,41 @@ def _run_stream_bench(args: argparse.Namespace) -> int:
                           progress=_progress, server=server)
 
     results = _measure_and_print(args, measure, format_stream_table, "starting a local Triton server ...")
+    return 1 if results is None else 0
+
+
+def _run_concurrency_bench(args: argparse.Namespace) -> int:
+    """``tritonshm bench --concurrency N``: every argument checked, then the run."""
+    names = [m.name for m in CONCURRENCY_METHODS]
+    unknown = [name for name in args.methods or () if name not in names]
+    if unknown:
+        return _fail(f"--methods {' '.join(unknown)}: not a --concurrency method (those are: {', '.join(names)})")
+    if args.dtype != "fp32":
+        return _fail(f"--concurrency measures FP32 only (identity_fp32), not --dtype {args.dtype}")
+    if args.plot is not None:
+        return _fail("--plot is not available with --concurrency (use --json)")
+    for option, value, default in (("--budget", args.budget, DEFAULT_BUDGET),
+                                   ("--min-reps", args.min_reps, DEFAULT_MIN_REPS),
+                                   ("--max-reps", args.max_reps, DEFAULT_MAX_REPS)):
+        if value != default:
+            return _fail(f"{option}: not with --concurrency (each measurement runs --duration seconds, "
+                         f"--reps rounds of them)")
+    if args.json not in (None, "-") and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        return _fail(f"--json {args.json}: no such directory")
+    sizes = [n for word in args.sizes for n in word] if args.sizes else list(CONCURRENCY_SIZES)
+    duration = DEFAULT_DURATION if args.duration is None else args.duration
+    rounds = DEFAULT_ROUNDS if args.reps is None else args.reps
+    try:
+        check_arguments(sizes, dtype="fp32", reps=None, min_reps=DEFAULT_MIN_REPS, max_reps=DEFAULT_MAX_REPS,
+                        budget=DEFAULT_BUDGET, warmup=1)
+        check_concurrency(args.concurrency, duration, rounds, args.warmup)
+    except ValueError as exc:
+        return _fail(str(exc))
+    chosen = None if args.methods is None else [m for m in CONCURRENCY_METHODS if m.name in args.methods]
+
+    def measure(url: str, server: str) -> dict:
+        return run_concurrency(url, sizes, concurrency=args.concurrency, duration=duration, rounds=rounds,
+                               warmup=args.warmup, methods=chosen, progress=_progress, server=server)
+
+    results = _measure_and_print(args, measure, format_concurrency_table, "starting a local Triton server ...")
     return 1 if results is None else 0
