@@ -114,7 +114,11 @@ class ConcurrentMethod:
         """Once per size, untimed: the one shared client, per-caller regions."""
 
     def close(self) -> None:
-        """Undo :meth:`open`; must cope with an ``open`` that failed halfway."""
+        """Undo :meth:`open`; must cope with an ``open`` that failed halfway.  By default: close
+        ``self.client`` if ``open`` made one."""
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
 
     def measure(self, inputs: list[list[np.ndarray]], duration: float, stride: int,
                 check: Callable[[Any, np.ndarray], str | None]) -> dict[str, Any]:
@@ -222,7 +226,10 @@ class AsyncMethod(ConcurrentMethod):
         pass
 
     async def aclose(self) -> None:
-        pass
+        """Undo :meth:`aopen`, on the method's loop.  By default: close ``self.client`` if one was made."""
+        client = getattr(self, "client", None)
+        if client is not None:
+            await client.close()
 
     async def acall(self, caller: int, x: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -299,11 +306,6 @@ class TcGrpcThreads(ThreadedMethod):
         inputs, outputs = _grpc_infer_args(self.setting, x, grpcclient)
         return self.client.infer(self.setting.model, inputs, outputs=outputs).as_numpy(OUTPUT)
 
-    def close(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()
-
 
 class TcShmThreads(ThreadedMethod):
     name = "tc-shm-threads"
@@ -376,11 +378,6 @@ class ClientThreads(ThreadedMethod):
     def call(self, caller: int, x: np.ndarray) -> np.ndarray:
         return self.client.infer(self.setting.model, {INPUT: x})[OUTPUT]
 
-    def close(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()
-
 
 class TcGrpcAio(AsyncMethod):
     name = "tc-grpc-aio"
@@ -400,11 +397,6 @@ class TcGrpcAio(AsyncMethod):
         result = await self.client.infer(self.setting.model, inputs, outputs=outputs)
         return result.as_numpy(OUTPUT)
 
-    async def aclose(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            await client.close()
-
 
 class ClientAio(AsyncMethod):
     name = "Client-aio"
@@ -419,11 +411,6 @@ class ClientAio(AsyncMethod):
 
     async def acall(self, caller: int, x: np.ndarray) -> np.ndarray:
         return (await self.client.infer(self.setting.model, {INPUT: x}))[OUTPUT]
-
-    async def aclose(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            await client.close()
 
 
 #: Every method, in the order of the table.

@@ -91,7 +91,11 @@ class Method:
         return t1 - t0
 
     def close(self) -> None:
-        """Undo :meth:`open`; must cope with an ``open`` that failed halfway."""
+        """Undo :meth:`open`; must cope with an ``open`` that failed halfway.  By default: close
+        ``self.client`` if ``open`` made one (a tritonshm client unregisters its regions too)."""
+        client = getattr(self, "client", None)
+        if client is not None:
+            client.close()
 
 
 def _grpc_client(url: str) -> Any:
@@ -120,11 +124,6 @@ class Grpc(Method):
         infer_input.set_data_from_numpy(x)
         result = self.client.infer(s.model, [infer_input], outputs=[grpcclient.InferRequestedOutput(OUTPUT)])
         return result.as_numpy(OUTPUT)
-
-    def close(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()
 
 
 class TwoRegions(Method):
@@ -262,11 +261,6 @@ class TritonShmClient(Method):
     def call(self, x: np.ndarray) -> np.ndarray:
         return self.client.infer_shm(self.setting.model, {INPUT: x})[OUTPUT]
 
-    def close(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()  # unregisters and unlinks its regions too
-
 
 class ClientInfer(Method):
     name = "Client.infer"
@@ -280,11 +274,6 @@ class ClientInfer(Method):
 
     def call(self, x: np.ndarray) -> np.ndarray:
         return self.client.infer(self.setting.model, {INPUT: x})[OUTPUT]
-
-    def close(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()
 
 
 class ZeroCopy(ClientInfer):

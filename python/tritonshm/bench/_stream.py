@@ -207,11 +207,6 @@ class ClientStream(StreamMethod):
             out.append(response)
         return out
 
-    def close(self) -> None:
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()
-
 
 #: Every streaming method, in the order of the table.
 STREAM_METHODS: tuple[type[StreamMethod], ...] = (TritonclientStream, ClientStream)
