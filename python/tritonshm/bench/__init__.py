@@ -298,19 +298,32 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mode_arguments(args: argparse.Namespace, flag: str, methods: Sequence[type], default_sizes: Sequence[int],
+                    models: str) -> tuple[list[int], list[type] | None] | str:
+    """What the --gpu, --stream and --concurrency modes check alike: the methods are the mode's,
+    FP32 only (their *models*), no --plot, the --json directory exists.  Returns the sizes and the
+    chosen methods (None: all), or the message to fail with."""
+    names = [m.name for m in methods]
+    unknown = [name for name in args.methods or () if name not in names]
+    if unknown:
+        return f"--methods {' '.join(unknown)}: not a {flag} method (those are: {', '.join(names)})"
+    if args.dtype != "fp32":
+        return f"{flag} measures FP32 only ({models}), not --dtype {args.dtype}"
+    if args.plot is not None:
+        return f"--plot is not available with {flag} (use --json)"
+    if args.json not in (None, "-") and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        return f"--json {args.json}: no such directory"
+    sizes = [n for word in args.sizes for n in word] if args.sizes else list(default_sizes)
+    chosen = None if args.methods is None else [m for m in methods if m.name in args.methods]
+    return sizes, chosen
+
+
 def _run_gpu_bench(args: argparse.Namespace) -> int:
     """``tritonshm bench --gpu``: every argument checked, then CUDA and torch, then the run."""
-    gpu_names = [m.name for m in GPU_METHODS]
-    unknown = [name for name in args.methods or () if name not in gpu_names]
-    if unknown:
-        return _fail(f"--methods {' '.join(unknown)}: not a --gpu method (those are: {', '.join(gpu_names)})")
-    if args.dtype != "fp32":
-        return _fail(f"--gpu measures FP32 only (identity_fp32_gpu and identity_fp32), not --dtype {args.dtype}")
-    if args.plot is not None:
-        return _fail("--plot is not available with --gpu (use --json)")
-    if args.json not in (None, "-") and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        return _fail(f"--json {args.json}: no such directory")
-    sizes = [n for word in args.sizes for n in word] if args.sizes else list(GPU_SIZES)
+    checked = _mode_arguments(args, "--gpu", GPU_METHODS, GPU_SIZES, "identity_fp32_gpu and identity_fp32")
+    if isinstance(checked, str):
+        return _fail(checked)
+    sizes, chosen = checked
     try:
         check_arguments(sizes, dtype="fp32", reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
                         budget=args.budget, warmup=args.warmup)
@@ -319,7 +332,6 @@ def _run_gpu_bench(args: argparse.Namespace) -> int:
     problem = gpu_missing()
     if problem:
         return _fail(problem)
-    chosen = None if args.methods is None else [m for m in GPU_METHODS if m.name in args.methods]
 
     def measure(url: str, server: str) -> dict:
         return run_gpu(url, sizes, reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
@@ -333,17 +345,10 @@ def _run_gpu_bench(args: argparse.Namespace) -> int:
 
 def _run_stream_bench(args: argparse.Namespace) -> int:
     """``tritonshm bench --stream``: every argument checked, then the run."""
-    stream_names = [m.name for m in STREAM_METHODS]
-    unknown = [name for name in args.methods or () if name not in stream_names]
-    if unknown:
-        return _fail(f"--methods {' '.join(unknown)}: not a --stream method (those are: {', '.join(stream_names)})")
-    if args.dtype != "fp32":
-        return _fail(f"--stream measures FP32 only (stream_fp32), not --dtype {args.dtype}")
-    if args.plot is not None:
-        return _fail("--plot is not available with --stream (use --json)")
-    if args.json not in (None, "-") and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        return _fail(f"--json {args.json}: no such directory")
-    sizes = [n for word in args.sizes for n in word] if args.sizes else list(STREAM_SIZES)
+    checked = _mode_arguments(args, "--stream", STREAM_METHODS, STREAM_SIZES, "stream_fp32")
+    if isinstance(checked, str):
+        return _fail(checked)
+    sizes, chosen = checked
     responses = DEFAULT_RESPONSES if args.responses is None else args.responses
     try:
         check_arguments(sizes, dtype="fp32", reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
@@ -351,7 +356,6 @@ def _run_stream_bench(args: argparse.Namespace) -> int:
         check_responses(responses)
     except ValueError as exc:
         return _fail(str(exc))
-    chosen = None if args.methods is None else [m for m in STREAM_METHODS if m.name in args.methods]
 
     def measure(url: str, server: str) -> dict:
         return run_stream(url, sizes, responses=responses, reps=args.reps, min_reps=args.min_reps,
@@ -364,23 +368,16 @@ def _run_stream_bench(args: argparse.Namespace) -> int:
 
 def _run_concurrency_bench(args: argparse.Namespace) -> int:
     """``tritonshm bench --concurrency N``: every argument checked, then the run."""
-    names = [m.name for m in CONCURRENCY_METHODS]
-    unknown = [name for name in args.methods or () if name not in names]
-    if unknown:
-        return _fail(f"--methods {' '.join(unknown)}: not a --concurrency method (those are: {', '.join(names)})")
-    if args.dtype != "fp32":
-        return _fail(f"--concurrency measures FP32 only (identity_fp32), not --dtype {args.dtype}")
-    if args.plot is not None:
-        return _fail("--plot is not available with --concurrency (use --json)")
+    checked = _mode_arguments(args, "--concurrency", CONCURRENCY_METHODS, CONCURRENCY_SIZES, "identity_fp32")
+    if isinstance(checked, str):
+        return _fail(checked)
+    sizes, chosen = checked
     for option, value, default in (("--budget", args.budget, DEFAULT_BUDGET),
                                    ("--min-reps", args.min_reps, DEFAULT_MIN_REPS),
                                    ("--max-reps", args.max_reps, DEFAULT_MAX_REPS)):
         if value != default:
             return _fail(f"{option}: not with --concurrency (each measurement runs --duration seconds, "
                          f"--reps rounds of them)")
-    if args.json not in (None, "-") and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        return _fail(f"--json {args.json}: no such directory")
-    sizes = [n for word in args.sizes for n in word] if args.sizes else list(CONCURRENCY_SIZES)
     duration = DEFAULT_DURATION if args.duration is None else args.duration
     rounds = DEFAULT_ROUNDS if args.reps is None else args.reps
     try:
@@ -389,7 +386,6 @@ def _run_concurrency_bench(args: argparse.Namespace) -> int:
         check_concurrency(args.concurrency, duration, rounds, args.warmup)
     except ValueError as exc:
         return _fail(str(exc))
-    chosen = None if args.methods is None else [m for m in CONCURRENCY_METHODS if m.name in args.methods]
 
     def measure(url: str, server: str) -> dict:
         return run_concurrency(url, sizes, concurrency=args.concurrency, duration=duration, rounds=rounds,
