@@ -159,6 +159,15 @@ def request_message(model: str, version: str, inputs: list, outputs: list, reque
     return message
 
 
+def _start(client: Any, options: Any, messages: Any) -> Any:
+    """Open a ``ModelStreamInfer`` call on tritonclient *client* (blocking or aio) that sends
+    *messages* (an iterator, or an async one), with the stream's headers and compression."""
+    try:
+        return client._client_stub.ModelStreamInfer(messages, **open_kwargs(client, options))
+    except Exception as exc:
+        raise triton.translate_error(exc, "opening an inference stream") from exc
+
+
 def _stream_error(exc: BaseException) -> BaseException:
     """What a broken stream (a gRPC failure: the server gone, a deadline) is, in our terms."""
     from tritonclient.grpc._utils import get_error_grpc
@@ -230,10 +239,7 @@ class BlockingStream:
                     return
                 yield message
 
-        try:
-            call = self._client._client_stub.ModelStreamInfer(messages(), **open_kwargs(self._client, self._options))
-        except Exception as exc:
-            raise triton.translate_error(exc, "opening an inference stream") from exc
+        call = _start(self._client, self._options, messages())
         self._call, self._requests, self._table = call, requests, table
         self._reader = threading.Thread(target=self._read, args=(call, table), name="tritonshm-stream",
                                         daemon=True)
@@ -307,10 +313,7 @@ class AsyncStream:
                     return
                 yield message
 
-        try:
-            call = self._client._client_stub.ModelStreamInfer(messages(), **open_kwargs(self._client, self._options))
-        except Exception as exc:
-            raise triton.translate_error(exc, "opening an inference stream") from exc
+        call = _start(self._client, self._options, messages())
         self._call, self._requests, self._table = call, requests, table
         self._reader = asyncio.ensure_future(self._read(call, table))
 
