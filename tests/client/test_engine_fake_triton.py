@@ -779,3 +779,14 @@ def test_quick_requests_from_many_threads_keep_their_data_apart(fake_triton):
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             assert all(pool.map(one, range(400)))
     assert_nothing_registered(fake_triton)
+
+
+def test_a_quick_request_asking_for_no_outputs_still_runs_after_a_restart(fake_triton):
+    with fake_triton.client() as c:
+        for _ in range(2):  # planned, then quick
+            assert c.infer("identity_fp32", {"INPUT0": data(0)}, outputs=[]) == {}
+        fake_triton.restart()  # every registration forgotten
+        sends, registers = fake_triton.calls["send"], fake_triton.calls["register"]
+        assert c.infer("identity_fp32", {"INPUT0": data(1)}, outputs=[]) == {}
+        # The quick Send refused, then the full way: refused, registered again, run.
+        assert fake_triton.calls["send"] - sends == 3 and fake_triton.calls["register"] > registers

@@ -701,7 +701,7 @@ class Engine:
             finally:
                 lease.pool.finished_and_back(lease)
                 del lease
-        if not outputs and names:
+        if result is None:  # refused before it ran: the full way heals and runs it
             return (yield from self.chunk_steps(quick.plan._replace(chunks=[arrays]), arrays))
         if self._has_disposals():
             yield from self._dispose_steps()
