@@ -251,6 +251,7 @@ class FakeTriton:
         self.history: list[tuple[float, int]] = [(time.monotonic(), 0)]  # (when, bytes registered)
         self.registrations = 0          # successful Register calls, re-registrations included
         self.calls: collections.Counter = collections.Counter()  # by op: fetch, register, unregister, send
+        self.begun: collections.Counter = collections.Counter()  # the same, counted before the delay
         self.violations: list[str] = []
         self.alive = True
         self.delay = 0.0                 # seconds before every call
@@ -524,12 +525,16 @@ class FakeTriton:
 
     def _pause(self, op: str) -> None:
         self.sample_budgets()
+        with self._lock:
+            self.begun[op] += 1
         delay = self.delays.get(op, self.delay)
         if delay:
             time.sleep(delay)
 
     async def _pause_async(self, op: str) -> None:
         self.sample_budgets()
+        with self._lock:
+            self.begun[op] += 1
         await asyncio.sleep(self.delays.get(op, self.delay))  # 0: a turn of the loop, as real I/O takes
 
     def _begin(self, op: str, doing: str) -> None:
