@@ -81,10 +81,14 @@ class Transport:
 
 
     def request_message(self, model: str, version: str, inputs: list, outputs: list) -> Any:
-        """The whole inference request, made once to be sent many times with
-        :meth:`send_message` (gRPC: its ``ModelInferRequest``; HTTP: None, never prepared)."""
+        """The whole inference request, made once to be sent many times: gRPC its
+        ``ModelInferRequest`` (for :meth:`send_message`), HTTP an :class:`~tritonshm._http1.Prepared`
+        (for :class:`~tritonshm._http1.Connections`).  *inputs* and *outputs* live in shared
+        memory: no tensor travels in the message."""
         if self.http:
-            return None
+            from . import _http1
+
+            return _http1.prepare(model, version, inputs, outputs)
         from tritonclient.grpc._utils import _get_inference_request
 
         return _get_inference_request(model_name=model, inputs=inputs, model_version=version, request_id="",
@@ -92,7 +96,7 @@ class Transport:
                                       sequence_end=False, priority=0, timeout=None, parameters=None)
 
     def send_message(self, client: Any, message: Any) -> Any:
-        """Run the inference *message* (from :meth:`request_message`) on gRPC *client*: its
+        """Run the gRPC inference *message* (from :meth:`request_message`) on *client*: its
         ``InferResult`` (awaitable for aio) -- what tritonclient's ``infer`` does once it has
         built the message, which is the part skipped."""
         grpc, InferResult, raise_error_grpc = _grpc_parts()

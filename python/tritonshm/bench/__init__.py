@@ -169,7 +169,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"--reps is then the number of rounds (default {DEFAULT_ROUNDS})")
     parser.add_argument("--reps", type=int, default=None, metavar="N",
                         help="exactly N measured repetitions per size (default: as many as fit in --budget, "
-                             f"between --min-reps and --max-reps)")
+                             "between --min-reps and --max-reps)")
     parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET, metavar="SECONDS",
                         help=f"without --reps: stop a size's repetitions after this long (default {DEFAULT_BUDGET:g})")
     parser.add_argument("--min-reps", type=int, default=DEFAULT_MIN_REPS, metavar="N",

@@ -19,7 +19,7 @@ import functools
 import weakref
 from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
-from .. import _transport, triton
+from .. import _http1, _transport, triton
 from ..errors import ServerTimeout
 from . import _devices, _intake
 from ._client import SETTLE_SECONDS, BlockingDriver, release_everything
@@ -62,6 +62,9 @@ class AsyncDriver:
     def __init__(self, engine: Engine, aio_client: Any):
         self.aio_client = aio_client
         self._wire = engine.wire
+        endpoint = engine.endpoint
+        # Plain HTTP: requests made ready ahead go on the loop's own sockets (None: tritonclient).
+        self._http1 = None if endpoint is None else _http1.AsyncConnections(endpoint)
         self._streams: dict[Any, AsyncStream] = {}   # by stream_key: made on first use
         self.handlers: dict[type, Callable[[Any], Any]] = {
             StreamSend: self._stream_send,
@@ -115,11 +118,14 @@ class AsyncDriver:
         except Exception as exc:
             return None, exc
 
-    async def close_stream(self) -> None:
-        """End the inference streams that are open (requests on them end with ClientClosed)."""
+    async def close_wire(self) -> None:
+        """End the inference streams that are open and the HTTP/1.1 connections (requests on
+        them end with ClientClosed)."""
         streams, self._streams = list(self._streams.values()), {}
         for stream in streams:
             await stream.close()
+        if self._http1 is not None:
+            self._http1.close()
 
     async def _stream_send(self, step: StreamSend) -> Any:
         key = stream_key(step.options)
@@ -161,7 +167,10 @@ class AsyncDriver:
     async def _send(self, step: Send) -> Any:
         doing = f"inferring with model {step.model!r}"
         if step.message is not None:  # made ready once: sent as it is
-            return await triton.call_translated(self._wire, doing, "send_message", self.aio_client, step.message)
+            if self._http1 is not None:
+                return await self._http1.send(step.message)
+            if not self._wire.http:
+                return await triton.call_translated(self._wire, doing, "send_message", self.aio_client, step.message)
         options = {} if step.options is None else step.options.infer_kwargs(self._wire.http)
         return await triton.call_translated(
             self.aio_client, doing, "infer", step.model, step.inputs, model_version=step.version,
@@ -329,7 +338,7 @@ class Client:
         self._finalizer.detach()
         try:
             await self._until_idle(engine.timeout)  # in-flight requests finish on the memory they use
-            await self._driver.close_stream()  # streams still open end with ClientClosed; their slots come back
+            await self._driver.close_wire()  # streams still open end with ClientClosed; their slots come back
             settle = SETTLE_SECONDS if engine.timeout is None else min(engine.timeout, SETTLE_SECONDS)
             await self._driver.drive(engine.release_steps(settle))
             engine.hold_refused()  # device memory the server still refuses: never freed under it

@@ -9,7 +9,7 @@ import weakref
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 
-from .. import triton
+from .. import _http1, triton
 from ..errors import ServerTimeout
 from . import _devices, _intake
 from ._engine import Engine, engine_setting
@@ -63,6 +63,10 @@ class BlockingDriver:
     def __init__(self, engine: Engine, connector: Connector):
         self.connector = connector
         self._wire = engine.wire
+        endpoint = engine.endpoint
+        # Plain HTTP: requests made ready ahead go on this thread's socket, not through
+        # tritonclient's I/O thread (None: through tritonclient).
+        self._http1 = None if endpoint is None else _http1.Connections(endpoint)
         self._connect = engine.connect
         self._streams: dict[Any, BlockingStream] = {}   # by stream_key: made on first use
         self.handlers: dict[type, Callable[[Any], Any]] = {
@@ -115,11 +119,14 @@ class BlockingDriver:
         except Exception as exc:
             return None, exc
 
-    def close_stream(self) -> None:
-        """End the inference streams that are open (requests on them end with ClientClosed)."""
+    def close_wire(self) -> None:
+        """End the inference streams that are open and the HTTP/1.1 connections (requests on
+        them end with ClientClosed)."""
         streams, self._streams = list(self._streams.values()), {}
         for stream in streams:
             stream.close()
+        if self._http1 is not None:
+            self._http1.close()
 
     def _stream_send(self, step: StreamSend) -> Any:
         key = stream_key(step.options)
@@ -136,10 +143,13 @@ class BlockingDriver:
             raise ServerTimeout(f"no response from the server within client_timeout={step.timeout} s") from None
 
     def _send(self, step: Send) -> Any:
-        doing = f"inferring with model {step.model!r}"
         if step.message is not None:  # made ready once: sent as it is
-            return self.connector.call(lambda tc: triton.call_translated(
-                self._wire, doing, "send_message", tc, step.message))
+            if self._http1 is not None:
+                return self._http1.send(step.message)
+            if not self._wire.http:
+                return self.connector.call(lambda tc: triton.call_translated(
+                    self._wire, f"inferring with model {step.model!r}", "send_message", tc, step.message))
+        doing = f"inferring with model {step.model!r}"
         options = {} if step.options is None else step.options.infer_kwargs(self._wire.http)
         return self.connector.call(lambda tc: triton.call_translated(
             tc, doing, "infer", step.model, step.inputs, model_version=step.version, outputs=step.outputs,
@@ -181,7 +191,7 @@ def release_everything(driver: BlockingDriver, engine: Engine, workers: dict[str
     for group in list(workers.values()):
         group.shutdown(wait)
     workers.clear()
-    driver.close_stream()  # its requests' slots come back, to be released below
+    driver.close_wire()  # its requests' slots come back, to be released below
     _carry_out_unregisters(driver.connector, engine.release_steps(settle))
     engine.hold_refused()
     driver.connector.close(wait)
@@ -403,7 +413,7 @@ class Client:
         for group in list(self._workers.values()):
             group.shutdown()  # finish what was submitted, while the pools still exist
         engine.wait_idle(engine.timeout)
-        self._driver.close_stream()  # streams still open end with ClientClosed; their slots come back
+        self._driver.close_wire()  # streams still open end with ClientClosed; their slots come back
         detached = self._finalizer.detach()
         if detached is not None:
             _, release, args, _ = detached

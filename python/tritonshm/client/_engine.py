@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .. import _transport
+from .. import _http1, _transport
 from ..errors import (
     ClientClosed,
     DTypeMismatch,
@@ -180,6 +180,15 @@ class Engine:
         verbosity included; it holds no reference to the engine."""
         return functools.partial(self.wire.connect, self._address, ssl=self._ssl,
                                  verbose=self._verbose, options=self._connect_options)
+
+    @property
+    def endpoint(self) -> _http1.Endpoint | None:
+        """Where requests made ready ahead go straight on a socket of the sending thread's
+        (see :mod:`tritonshm._http1`): plain HTTP only; None over gRPC, TLS or with *verbose*
+        (which prints tritonclient's requests), which all go through tritonclient."""
+        if not self.wire.http or self._ssl or self._verbose:
+            return None
+        return _http1.Endpoint.parse(self._address, self._connect_options)
 
     @property
     def lock(self) -> threading.RLock:

@@ -1,8 +1,9 @@
 """What goes on the wire for a request, and what is read back.
 
 A slot's request objects (tritonclient's ``InferInput`` and
-``InferRequestedOutput``, bound to its offsets) and its ready gRPC
-messages, made once and kept on its extent; the messages of the plain
+``InferRequestedOutput``, bound to its offsets) and its ready messages
+(gRPC's ``ModelInferRequest``, HTTP's prepared request), made once and kept
+on its extent; the messages of the plain
 gRPC/HTTP path; and the outputs read out of a slot or a reply, copied or
 viewed, on the host or a GPU.  Functions of their arguments: no engine
 state, no I/O.
@@ -89,14 +90,15 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, 
                  names: Sequence[str], bytes_sizes: Mapping[str, int],
                  prepare: bool = False) -> tuple[list, list, Any]:
     """InferInputs and InferRequestedOutputs naming the slot's offsets, and with *prepare*
-    (gRPC, no per-request options) the whole request message, ready to send (or None).
+    (no per-request options) the whole request message, ready to send (or None).
 
     They are made once per slot and reused: an input is bound again only
     when its shape or size changed; an output's binding never changes; a
-    gRPC message is made once per slot, input shapes and outputs asked
+    message is made once per slot, input shapes and outputs asked
     for -- a copy of what the objects said then, so it stays right when
     they are bound again for other shapes -- and tritonclient's request
-    building is skipped on every later call.
+    building is skipped on every later call (over HTTP, tritonclient
+    itself too: see :mod:`tritonshm._http1`).
     """
     memory, layout = lease.extent.memory, lease.pool.layout
     cache = lease.extent.requests.get(lease.index)
@@ -104,8 +106,7 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, 
         cache = lease.extent.requests[lease.index] = {}
     # The message, when it can be kept, is keyed by what it holds (the inputs' bindings
     # are a function of the slot and their shapes; BYTES sizes vary with the strings).
-    message_key = ("message", tuple(shapes.items()), tuple(names)) \
-        if prepare and not bytes_sizes and not wire.http else None
+    message_key = ("message", tuple(shapes.items()), tuple(names)) if prepare and not bytes_sizes else None
     name = lease.extent.name
     inputs = []
     for spec in info.inputs:

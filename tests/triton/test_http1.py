@@ -1,0 +1,403 @@
+"""tritonshm._http1: the response reader without sockets, the two drivers against a scripted
+local server, and both clients against a real Triton (requests made ready ahead go on the
+caller's socket, and what Triton answers means the same as through tritonclient)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tritonshm
+from tritonshm import _http1
+from tritonshm.errors import (ClientClosed, OutputTooSmall, RegionNotRegistered, ServerError, ServerTimeout,
+                              ServerUnavailable)
+
+OK_BODY = json.dumps({"model_name": "m", "model_version": "1",
+                      "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [2, 3]}]}).encode()
+
+
+def answer(body: bytes = OK_BODY, status: str = "200 OK", extra: str = "") -> bytes:
+    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+# -- the reader, sans I/O ----------------------------------------------------------
+
+
+def test_a_whole_response_in_one_feed():
+    response = _http1.ResponseReader().feed(answer())
+    assert response == _http1.Response(200, {"content-type": "application/json",
+                                              "content-length": str(len(OK_BODY))}, OK_BODY, True)
+
+
+def test_a_response_fed_byte_by_byte_is_complete_only_at_its_last_byte():
+    data, reader = answer(), _http1.ResponseReader()
+    for i in range(len(data) - 1):
+        assert reader.feed(data[i:i + 1]) is None
+        assert reader.started
+    assert reader.feed(data[-1:]).body == OK_BODY
+
+
+def test_a_chunked_body_split_anywhere():
+    chunks = OK_BODY[:10], OK_BODY[10:50], OK_BODY[50:]
+    data = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"".join(
+        f"{len(c):x};ext=1\r\n".encode() + c + b"\r\n" for c in chunks) + b"0\r\n\r\n"
+    for cut in range(1, len(data)):
+        reader = _http1.ResponseReader()
+        first = reader.feed(data[:cut])
+        response = first if first is not None else reader.feed(data[cut:])
+        assert response is not None and response.body == OK_BODY and response.keep_alive
+
+
+@pytest.mark.parametrize("head, keep_alive", [
+    ("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2", False),
+    ("HTTP/1.0 200 OK\r\nContent-Length: 2", False),
+    ("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2", True),
+    ("HTTP/1.1 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 2", True),
+])
+def test_whether_the_connection_may_carry_another_request(head, keep_alive):
+    assert _http1.ResponseReader().feed(head.encode() + b"\r\n\r\n{}").keep_alive is keep_alive
+
+
+def test_a_body_without_a_length_runs_to_the_end_of_the_connection():
+    reader = _http1.ResponseReader()
+    assert reader.feed(b"HTTP/1.1 200 OK\r\n\r\n{\"outputs\"") is None
+    assert reader.feed(b": []}") is None
+    response = reader.eof()
+    assert response.body == b'{"outputs": []}' and not response.keep_alive
+
+
+def test_the_end_of_the_connection_before_or_inside_an_answer():
+    assert _http1.ResponseReader().eof() is None  # nothing came: the caller decides
+    reader = _http1.ResponseReader()
+    reader.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}")
+    with pytest.raises(ValueError, match="middle"):
+        reader.eof()
+
+
+@pytest.mark.parametrize("data", [b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+                                  b"HTTP/1.1 abc OK\r\n\r\n"])
+def test_what_is_not_an_http_response_is_refused(data):
+    with pytest.raises(ValueError):
+        _http1.ResponseReader().feed(data)
+
+
+def test_a_result_reads_its_outputs():
+    result = _http1.result_of(_http1.ResponseReader().feed(answer()), "inferring")
+    assert result.get_output("OUTPUT0")["shape"] == [2, 3]
+    assert result.get_output("nope") is None
+    assert result.get_response()["model_name"] == "m"
+
+
+@pytest.mark.parametrize("message, error", [
+    ("Unable to find shared memory region: 'tshm-1'", RegionNotRegistered),
+    ("shared memory size specified with the request for output 'OUTPUT0' (8 bytes) should be at least "
+     "16 bytes to hold the results", OutputTooSmall),
+    ("Request for unknown model: 'm' is not found", ServerError),
+])
+def test_an_error_answer_means_what_it_means_through_tritonclient(message, error):
+    response = _http1.ResponseReader().feed(answer(json.dumps({"error": message}).encode(), "400 Bad Request"))
+    with pytest.raises(error) as info:
+        _http1.result_of(response, "inferring with model 'm'")
+    assert str(info.value).startswith("inferring with model 'm'")
+
+
+def test_an_answer_that_is_not_json_says_its_status():
+    response = _http1.ResponseReader().feed(answer(b"<html>bad gateway</html>", "502 Bad Gateway"))
+    with pytest.raises(ServerError, match="HTTP 502"):
+        _http1.result_of(response, "inferring")
+
+
+def test_a_prepared_request_is_what_tritonclient_would_send():
+    import tritonclient.http as httpclient
+
+    tensor = httpclient.InferInput("INPUT0", [2, 3], "FP32")
+    tensor.set_shared_memory("tshm-a", 24, offset=64)
+    output = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+    output.set_shared_memory("tshm-a", 24, offset=128)
+    prepared = _http1.prepare("my model", "2", [tensor], [output])
+    assert prepared.target == "/v2/models/my%20model/versions/2/infer"
+    body = json.loads(prepared.body)
+    assert body["inputs"][0]["parameters"] == {"shared_memory_region": "tshm-a", "shared_memory_byte_size": 24,
+                                               "shared_memory_offset": 64}
+    assert body["outputs"][0]["parameters"]["shared_memory_offset"] == 128
+    wire = prepared.wire(b"h:1")
+    assert wire.startswith(b"POST /v2/models/my%20model/versions/2/infer HTTP/1.1\r\nHost: h:1\r\n")
+    assert wire.endswith(b"\r\n\r\n" + prepared.body) and f"Content-Length: {len(prepared.body)}".encode() in wire
+    tensor.set_data_from_numpy(np.zeros((2, 3), np.float32), binary_data=True)
+    with pytest.raises(ValueError, match="shared memory only"):
+        _http1.prepare("m", "", [tensor], [output])
+
+
+# -- the drivers, against a scripted server ------------------------------------------
+
+
+class ScriptedServer:
+    """A local TCP server: each connection accepted runs ``script(conn, requests)`` in a thread,
+    where *requests* yields each request read (head and body) from it."""
+
+    def __init__(self, script):
+        self.script = script
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.accepted = 0
+        self.requests: list[bytes] = []
+        self._threads = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _serve(self, conn):
+        with conn:
+            self.script(conn, self._requests(conn))
+
+    def _requests(self, conn):
+        data = b""
+        while True:
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, data = data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            while len(data) < length:
+                data += conn.recv(65536)
+            request, data = head + b"\r\n\r\n" + data[:length], data[length:]
+            self.requests.append(request)
+            yield request
+
+    @property
+    def endpoint(self):
+        return _http1.Endpoint("127.0.0.1", self.port, 2.0, 2.0)
+
+    def close(self):
+        self.listener.close()
+
+
+@pytest.fixture
+def scripted():
+    servers = []
+
+    def make(script):
+        servers.append(ScriptedServer(script))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def keep_answering(conn, requests):
+    for _ in requests:
+        conn.sendall(answer())
+
+
+def answer_once_then_close_when_idle(conn, requests):
+    for _ in requests:
+        conn.sendall(answer())
+        time.sleep(0.05)
+        return  # the connection closes, idle (a keep-alive timeout on the server's side)
+
+
+def prepared():
+    return _http1.Prepared("m", "/v2/models/m/infer", b'{"inputs": []}')
+
+
+def test_one_connection_carries_request_after_request(scripted):
+    server = scripted(keep_answering)
+    connections = _http1.Connections(server.endpoint)
+    for _ in range(5):
+        assert connections.send(prepared()).get_output("OUTPUT0")["shape"] == [2, 3]
+    assert server.accepted == 1
+    assert server.requests[0].startswith(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1:")
+    connections.close()
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_and_the_request_sent_once(scripted):
+    server = scripted(answer_once_then_close_when_idle)
+    connections = _http1.Connections(server.endpoint)
+    connections.send(prepared())
+    time.sleep(0.2)  # the server closed it meanwhile
+    connections.send(prepared())
+    assert server.accepted == 2 and len(server.requests) == 2
+    connections.close()
+
+
+def test_a_request_the_server_read_then_dropped_is_not_sent_again(scripted):
+    def drop_the_second(conn, requests):
+        for i, _ in enumerate(requests):
+            if i == 1:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Len")  # part of an answer: it may have run
+                return
+            conn.sendall(answer())
+
+    server = scripted(drop_the_second)
+    connections = _http1.Connections(server.endpoint)
+    connections.send(prepared())
+    with pytest.raises(ServerUnavailable, match="cannot reach"):
+        connections.send(prepared())
+    assert len(server.requests) == 2
+    connections.close()
+
+
+def test_no_answer_within_the_network_timeout(scripted):
+    server = scripted(lambda conn, requests: [time.sleep(1.0) for _ in requests])
+    connections = _http1.Connections(server.endpoint._replace(network_timeout=0.2))
+    t0 = time.monotonic()
+    with pytest.raises(ServerTimeout, match="network_timeout=0.2"):
+        connections.send(prepared())
+    assert time.monotonic() - t0 < 0.9
+    connections.close()
+
+
+def test_nobody_listening():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed at once: nothing listens there
+    with pytest.raises(ServerUnavailable, match=f"127.0.0.1:{port}"):
+        _http1.Connections(_http1.Endpoint("127.0.0.1", port, 1.0, 1.0)).send(prepared())
+
+
+def test_close_wakes_a_request_waiting_for_its_answer(scripted):
+    server = scripted(lambda conn, requests: [time.sleep(1.5) for _ in requests])
+    connections = _http1.Connections(server.endpoint)
+    failure = []
+
+    def send():
+        try:
+            connections.send(prepared())
+        except Exception as exc:  # noqa: BLE001 -- kept for the assertion
+            failure.append(exc)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    while not server.requests:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    connections.close()
+    thread.join(2.0)
+    assert time.monotonic() - t0 < 1.0
+    assert isinstance(failure[0], ClientClosed)
+    with pytest.raises(ClientClosed):
+        connections.send(prepared())
+
+
+def test_async_connections_are_kept_replaced_and_time_out(scripted):
+    async def main():
+        server = scripted(answer_once_then_close_when_idle)
+        connections = _http1.AsyncConnections(server.endpoint)
+        results = await asyncio.gather(*[connections.send(prepared()) for _ in range(4)])
+        assert all(r.get_output("OUTPUT0")["shape"] == [2, 3] for r in results)
+        assert server.accepted == 4  # one connection per request in flight
+        await asyncio.sleep(0.2)       # the server closed them all, idle
+        await connections.send(prepared())
+        assert server.accepted == 5 and len(server.requests) == 5
+        connections.close()
+
+        slow = scripted(lambda conn, requests: [time.sleep(1.0) for _ in requests])
+        connections = _http1.AsyncConnections(slow.endpoint._replace(network_timeout=0.2))
+        with pytest.raises(ServerTimeout):
+            await connections.send(prepared())
+        task = asyncio.ensure_future(connections.send(prepared()))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert connections._open == set() and connections._idle == []  # a half-read connection is dropped
+        connections.close()
+
+    asyncio.run(main())
+
+
+# -- the clients, against a real Triton -----------------------------------------------
+
+
+@pytest.fixture
+def no_tritonclient_infer(monkeypatch):
+    """tritonclient.http's infer fails: what still works went on our own sockets."""
+    import tritonclient.http as httpclient
+    import tritonclient.http.aio as aiohttpclient
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("went through tritonclient.http's infer")
+
+    monkeypatch.setattr(httpclient.InferenceServerClient, "infer", refuse)
+    monkeypatch.setattr(aiohttpclient.InferenceServerClient, "infer", refuse)
+
+
+def test_http_requests_go_on_the_callers_socket(server, no_tritonclient_infer):
+    x = np.arange(1024, dtype=np.float32)
+    with tritonshm.Client(f"http://{server.http_url}") as c:
+        for i in range(3):  # the full way, then the quick path
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x + i})["OUTPUT0"], x + i)
+        with c.request("identity_fp32", shapes={"INPUT0": x.shape}) as request:
+            request.inputs["INPUT0"][:] = x
+            np.testing.assert_array_equal(request.run()["OUTPUT0"], x)
+        big = np.ones(3 << 20, np.float32)  # not a quick request: the full way, the same socket
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": big})["OUTPUT0"], big)
+
+
+def test_http_options_still_go_through_tritonclient(server):
+    x = np.arange(16, dtype=np.float32)
+    with tritonshm.Client(f"http://{server.http_url}") as c:
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x}, priority=1)["OUTPUT0"], x)
+
+
+def test_http_regions_the_server_forgot_are_registered_again(server, no_tritonclient_infer):
+    x = np.arange(256, dtype=np.float32)
+    with tritonshm.Client(f"http://{server.http_url}") as c:
+        c.infer("identity_fp32", {"INPUT0": x})
+        c.infer("identity_fp32", {"INPUT0": x})
+        for pool in c.pools():
+            for name in pool.regions:
+                tritonshm.unregister(c.tritonclient, name)  # behind the client's back
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x + 1})["OUTPUT0"], x + 1)
+
+
+def test_aio_http_requests_go_on_the_loops_sockets(server, no_tritonclient_infer):
+    x = np.arange(512, dtype=np.float32)
+
+    async def main():
+        async with tritonshm.aio.Client(f"http://{server.http_url}") as c:
+            outs = await asyncio.gather(*[c.infer("identity_fp32", {"INPUT0": x + i}) for i in range(16)])
+            for i, out in enumerate(outs):
+                np.testing.assert_array_equal(out["OUTPUT0"], x + i)
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_never_talks_on_its_parents_connections(scripted):
+    server = scripted(keep_answering)
+    connections = _http1.Connections(server.endpoint)
+    connections.send(prepared())
+    pid = os.fork()
+    if pid == 0:  # the child: a connection of its own
+        try:
+            connections.send(prepared())
+            os._exit(0 if server.accepted == 1 else 3)  # server.accepted is the parent's count, frozen
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    connections.send(prepared())  # the parent's connection still works: the child did not shut it
+    assert server.accepted == 2   # the parent's one, the child's own
+    connections.close()
