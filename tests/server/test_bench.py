@@ -31,7 +31,7 @@ def bench_cmd(*args, timeout=120):
 @pytest.fixture(scope="module")
 def results(server):
     """One run of every method, two sizes, three repetitions, through JSON and back."""
-    out = bench.run(server.grpc_url, [4096, 64 << 10], reps=3, warmup=1)
+    out = bench.run(server.grpc_url, [4096, 64 << 10], reps=3, warmup=1, http_url=server.http_url)
     return json.loads(json.dumps(out))
 
 
@@ -44,7 +44,7 @@ def test_results_hold_the_metadata_of_the_run(results, server):
     assert meta["cpu_count"] >= 1
     assert meta["tritonshm_version"] == tritonshm.__version__
     assert list(meta["methods"]) == [m.name for m in bench.METHODS]
-    assert meta["peers"] == ["grpc", "tc-shm", "triton-shm-client"]
+    assert meta["peers"] == ["grpc", "http", "tc-shm", "triton-shm-client"]
 
 
 def test_every_method_has_samples_median_spread_and_ratios(results):
@@ -62,8 +62,9 @@ def test_every_method_has_samples_median_spread_and_ratios(results):
             assert res["p10_s"] <= res["p25_s"] <= res["median_s"] <= res["p75_s"] <= res["p90_s"], name
             assert res["median_s"] == pytest.approx(float(np.median(res["samples_s"])))
             assert res["vs_best_peer"] > 0
-            assert (res["vs_limit"] is not None) == (name in ("Client.infer", "zero-copy")), name
-        peers = {p: methods[p]["median_s"] for p in ("grpc", "tc-shm", "triton-shm-client")
+            assert (res["vs_limit"] is not None) == (
+                name in ("Client.infer", "Client.infer-http", "zero-copy", "zero-copy-http")), name
+        peers = {p: methods[p]["median_s"] for p in ("grpc", "http", "tc-shm", "triton-shm-client")
                  if methods[p]["status"] == "ok"}
         assert entry["best_peer"] == min(peers, key=peers.get)
         assert methods[entry["best_peer"]]["vs_best_peer"] == 1.0
@@ -224,6 +225,15 @@ class Missing(_methods.Memcpy):
     def open(self):
         self.opened = True
         raise bench.Unavailable("needs an API this tritonshm lacks")
+
+
+def test_without_an_http_address_the_http_methods_sit_out_and_say_why(server):
+    http_methods = [m for m in bench.METHODS if m.name in ("http", "Client.infer-http", "zero-copy-http")]
+    out = bench.run(server.grpc_url, [4096], reps=2, warmup=1, methods=[_methods.Grpc, *http_methods])
+    methods = out["results"][0]["methods"]
+    assert methods["grpc"]["status"] == "ok"
+    for m in http_methods:
+        assert "--http-url" in methods[m.name]["status"] and methods[m.name]["samples_s"] == []
 
 
 def test_a_method_unavailable_at_open_is_reported_and_the_others_run(server):

@@ -5,13 +5,14 @@ One server (a :class:`~tritonshm.server.LocalServer` started for the run, or
 ``identity_uint8`` with ``--dtype uint8``), one request per repetition with
 a 1-D input of the given number of bytes.  The methods (see ``_methods.py``):
 
-* peers, what tritonshm competes with: ``grpc`` (tensors inside the gRPC
-  messages), ``tc-shm`` (tritonclient's ``shared_memory`` utilities, regions
+* peers, what tritonshm competes with: ``grpc`` and ``http`` (tensors
+  inside the gRPC messages, or the HTTP bodies as binary data), ``tc-shm`` (tritonclient's ``shared_memory`` utilities, regions
   registered once, copy in and copy out per request), ``triton-shm-client``
   (PyPI ``triton-shm-client``, only where it is installed);
 * tritonshm: ``Client.infer`` (copies in and out) and ``zero-copy``
   (``Client.request()``: the input written into the slot, the output read
-  as a view of it);
+  as a view of it), each also with ``-http``: the client made with the
+  server's ``http://`` URL (left out under ``--url`` without ``--http-url``);
 * references: ``floor`` (inputs already in a registered region, outputs
   left there: the tritonclient ``infer`` call alone) and ``memcpy`` (one
   copy of the input's bytes); ``limit = floor + memcpy``, repetition by
@@ -37,7 +38,7 @@ Results (``run()``'s return value, and what ``--json`` writes)::
                                      "min_s", "max_s", "vs_best_peer", "vs_limit"}}}]}
 
 Ratios are median time over the reference's median time: below 1 is
-faster.  ``vs_limit`` is given for ``Client.infer`` and ``zero-copy``.
+faster.  ``vs_limit`` is given for ``Client.infer`` and ``zero-copy`` (and their ``-http`` twins).
 
 ``tritonshm bench --gpu`` (:func:`run_gpu`, ``_gpu.py``) does the same from a
 GPU tensor, against a GPU model and the CPU identity model side by side.
@@ -143,6 +144,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default=None, metavar="HOST:PORT",
                         help="gRPC address of a running Triton that serves tritonshm's bundled identity models "
                              "(default: start a local server for the run)")
+    parser.add_argument("--http-url", default=None, metavar="HOST:PORT",
+                        help="with --url: the same server's HTTP address, for the HTTP methods (left out "
+                             "without it; a server the bench starts gives its own)")
     parser.add_argument("--sizes", nargs="+", type=_size_list, default=None, metavar="SIZE",
                         help="input sizes in bytes, K/M/G (or KiB/MiB/GiB) meaning powers of 1024, "
                              "space- or comma-separated (default: 4K 64K 1M 16M 64M; with --gpu 64K 1M 16M 64M; "
@@ -213,10 +217,11 @@ def _progress(message: str) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def _measure_and_print(args: argparse.Namespace, measure: Callable[[str, str], dict],
+def _measure_and_print(args: argparse.Namespace, measure: Callable[[str, str, str | None], dict],
                        format_results: Callable[[dict], str], starting: str,
                        server_args: Sequence[str] = ()) -> dict | None:
-    """``measure(url, server)`` against ``--url``, or against a LocalServer (with *server_args*)
+    """``measure(url, server, http_url)`` against ``--url`` (and ``--http-url``), or against a
+    LocalServer (with *server_args*)
     started for it after printing *starting*; then the table (on stderr when ``--json -``) and
     ``--json``.  Returns the results, or None once a failure is printed."""
     from .. import errors
@@ -224,13 +229,13 @@ def _measure_and_print(args: argparse.Namespace, measure: Callable[[str, str], d
     table_out = sys.stderr if args.json == "-" else sys.stdout
     try:
         if args.url:
-            results = measure(args.url, "given")
+            results = measure(args.url, "given", args.http_url)
         else:
             from ..server import LocalServer
 
             print(starting, file=sys.stderr, flush=True)
             with LocalServer(extra_args=server_args) as server:
-                results = measure(server.grpc_url, "started")
+                results = measure(server.grpc_url, "started", server.http_url)
     except WrongOutput as exc:
         _fail(f"FAILED, wrong output: {exc}", code=1)
         return None
@@ -285,9 +290,10 @@ def run_bench(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     chosen = None if args.methods is None else [m for m in METHODS if m.name in args.methods]
 
-    def measure(url: str, server: str) -> dict:
+    def measure(url: str, server: str, http_url: str | None) -> dict:
         return run(url, sizes, dtype=args.dtype, reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
-                   budget=args.budget, warmup=args.warmup, methods=chosen, progress=_progress, server=server)
+                   budget=args.budget, warmup=args.warmup, methods=chosen, progress=_progress, server=server,
+                   http_url=http_url)
 
     results = _measure_and_print(args, measure, format_table, "starting a local Triton server ...")
     if results is None:
@@ -333,7 +339,7 @@ def _run_gpu_bench(args: argparse.Namespace) -> int:
     if problem:
         return _fail(problem)
 
-    def measure(url: str, server: str) -> dict:
+    def measure(url: str, server: str, http_url: str | None) -> dict:  # gRPC only
         return run_gpu(url, sizes, reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
                        budget=args.budget, warmup=args.warmup, methods=chosen, progress=_progress, server=server)
 
@@ -357,7 +363,7 @@ def _run_stream_bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
 
-    def measure(url: str, server: str) -> dict:
+    def measure(url: str, server: str, http_url: str | None) -> dict:  # gRPC only
         return run_stream(url, sizes, responses=responses, reps=args.reps, min_reps=args.min_reps,
                           max_reps=args.max_reps, budget=args.budget, warmup=args.warmup, methods=chosen,
                           progress=_progress, server=server)
@@ -387,7 +393,7 @@ def _run_concurrency_bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
 
-    def measure(url: str, server: str) -> dict:
+    def measure(url: str, server: str, http_url: str | None) -> dict:  # gRPC only
         return run_concurrency(url, sizes, concurrency=args.concurrency, duration=duration, rounds=rounds,
                                warmup=args.warmup, methods=chosen, progress=_progress, server=server)
 

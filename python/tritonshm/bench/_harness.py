@@ -171,10 +171,10 @@ def interleave(methods: Sequence[Method], data: Any, probe: Any, check: Callable
 
 def measure_size(url: str, model: str, datatype: str, dtype: np.dtype, nbytes: int,
                  classes: Sequence[type[Method]], *, reps: int | None, min_reps: int, max_reps: int,
-                 budget: float, warmup: int, seed: int) -> dict[str, Any]:
+                 budget: float, warmup: int, seed: int, http_url: str | None = None) -> dict[str, Any]:
     """One size: open every method, warm up and check, interleaved rounds, check again, close."""
     count = nbytes // dtype.itemsize
-    setting = Setting(url=url, model=model, datatype=datatype, dtype=dtype, count=count)
+    setting = Setting(url=url, model=model, datatype=datatype, dtype=dtype, count=count, http_url=http_url)
     started = time.perf_counter()
 
     def check(method: Method, out: Any, x: np.ndarray) -> str | None:
@@ -298,8 +298,10 @@ def run_meta(sizes: Sequence[int], results: list[dict[str, Any]], *, reps: int |
 def run(url: str, sizes: Sequence[int] = DEFAULT_SIZES, *, dtype: str = "fp32", reps: int | None = None,
         min_reps: int = DEFAULT_MIN_REPS, max_reps: int = DEFAULT_MAX_REPS, budget: float = DEFAULT_BUDGET,
         warmup: int = DEFAULT_WARMUP, methods: Sequence[type[Method]] | None = None, seed: int = 0,
-        progress: Callable[[str], None] | None = None, server: str = "given") -> dict[str, Any]:
-    """Measure every method at every size against the server at *url* (gRPC host:port).
+        progress: Callable[[str], None] | None = None, server: str = "given",
+        http_url: str | None = None) -> dict[str, Any]:
+    """Measure every method at every size against the server at *url* (gRPC host:port; the
+    HTTP methods at *http_url*, its HTTP host:port, and left out without it).
 
     *reps* fixes the repetitions per size; without it they run until
     *max_reps*, or until *budget* seconds are spent and at least *min_reps*
@@ -318,7 +320,7 @@ def run(url: str, sizes: Sequence[int] = DEFAULT_SIZES, *, dtype: str = "fp32", 
     for index, nbytes in enumerate(sizes):
         measured = measure_size(url, model, datatype, np_dtype, nbytes, runnable, reps=reps,
                                 min_reps=min_reps, max_reps=max_reps, budget=budget, warmup=warmup,
-                                seed=seed + index)
+                                seed=seed + index, http_url=http_url)
         entry = {key: measured[key] for key in ("nbytes", "elements", "reps", "seconds")}
         problems = {**missing, **measured["unavailable"]}
         entry["methods"] = {

@@ -44,10 +44,19 @@ class Setting:
     datatype: str       # Triton's name, "FP32"
     dtype: np.dtype
     count: int          # elements of the 1-D input
+    http_url: str | None = None  # HTTP host:port of the same server (None: the HTTP methods sit out)
 
     @property
     def nbytes(self) -> int:
         return self.count * self.dtype.itemsize
+
+    def require_http(self) -> str:
+        """The HTTP host:port; :class:`~tritonshm.bench._harness.Unavailable` when none was given."""
+        if self.http_url is None:
+            from ._harness import Unavailable
+
+            raise Unavailable("no HTTP address: pass --http-url with --url")
+        return self.http_url
 
 
 class Method:
@@ -124,6 +133,26 @@ class Grpc(Method):
         infer_input.set_data_from_numpy(x)
         result = self.client.infer(s.model, [infer_input], outputs=[grpcclient.InferRequestedOutput(OUTPUT)])
         return result.as_numpy(OUTPUT)
+
+
+class Http(Method):
+    name = "http"
+    group = "peer"
+    description = "plain HTTP (tritonclient.http): the tensor travels inside the request and the reply, binary"
+
+    def open(self) -> None:
+        import tritonclient.http as httpclient
+
+        self.client = httpclient.InferenceServerClient(self.setting.require_http())
+
+    def call(self, x: np.ndarray) -> np.ndarray:
+        import tritonclient.http as httpclient
+
+        s = self.setting
+        infer_input = httpclient.InferInput(INPUT, [s.count], s.datatype)
+        infer_input.set_data_from_numpy(x, binary_data=True)
+        requested = httpclient.InferRequestedOutput(OUTPUT, binary_data=True)
+        return self.client.infer(s.model, [infer_input], outputs=[requested]).as_numpy(OUTPUT)
 
 
 class TwoRegions(Method):
@@ -276,6 +305,17 @@ class ClientInfer(Method):
         return self.client.infer(self.setting.model, {INPUT: x})[OUTPUT]
 
 
+class ClientInferHttp(ClientInfer):
+    name = "Client.infer-http"
+    group = "tritonshm"
+    description = "the same Client.infer, the client made with the server's http:// URL"
+
+    def open(self) -> None:
+        from ..client import Client
+
+        self.client = Client("http://" + self.setting.require_http(), transport="shm")
+
+
 class ZeroCopy(ClientInfer):
     name = "zero-copy"
     group = "tritonshm"
@@ -287,6 +327,13 @@ class ZeroCopy(ClientInfer):
         with self.client.request(s.model, shapes={INPUT: (s.count,)}) as request:
             np.copyto(request.inputs[INPUT], x)
             return request.run()[OUTPUT]  # the view holds the slot until the caller drops it
+
+
+class ZeroCopyHttp(ZeroCopy):
+    name = "zero-copy-http"
+    group = "tritonshm"
+    description = "the same zero-copy request, the client made with the server's http:// URL"
+    open = ClientInferHttp.open
 
 
 class Floor(Method):
@@ -354,7 +401,8 @@ class Memcpy(Method):
 
 
 #: Every method, in the order of the table.
-METHODS: tuple[type[Method], ...] = (Grpc, TritonclientShm, TritonShmClient, ClientInfer, ZeroCopy, Floor, Memcpy)
+METHODS: tuple[type[Method], ...] = (Grpc, Http, TritonclientShm, TritonShmClient, ClientInfer, ClientInferHttp,
+                                     ZeroCopy, ZeroCopyHttp, Floor, Memcpy)
 
 #: The methods tritonshm is compared against; the best of them is the "best peer".
 PEERS = tuple(m.name for m in METHODS if m.group == "peer")
@@ -364,4 +412,4 @@ LIMIT = "limit"
 LIMIT_PARTS = ("floor", "memcpy")
 
 #: The methods whose time is also given as a multiple of the limit.
-AGAINST_LIMIT = ("Client.infer", "zero-copy")
+AGAINST_LIMIT = ("Client.infer", "Client.infer-http", "zero-copy", "zero-copy-http")
