@@ -703,14 +703,15 @@ def test_help_documents_stream():
 
 from tritonshm.bench import _concurrency  # noqa: E402
 
-CONC_NAMES = ["tc-grpc-threads", "tc-shm-threads", "Client-threads", "tc-grpc-aio", "Client-aio"]
+CONC_NAMES = ["tc-grpc-threads", "tc-shm-threads", "Client-threads", "Client-http-threads", "tc-grpc-aio",
+              "Client-aio", "Client-http-aio"]
 
 
 @pytest.fixture(scope="module")
 def concurrency_results(server):
     """One --concurrency run, 3 callers, two sizes (one above the check-all limit), two short rounds."""
     out = bench.run_concurrency(server.grpc_url, [4096, 128 << 10], concurrency=3, duration=0.05, rounds=2,
-                                warmup=1)
+                                warmup=1, http_url=server.http_url)
     return json.loads(json.dumps(out))
 
 
@@ -723,11 +724,14 @@ def test_concurrency_results_hold_the_metadata_and_every_method(concurrency_resu
     assert list(meta["methods"]) == CONC_NAMES == [m.name for m in bench.CONCURRENCY_METHODS]
     assert {n: (m["group"], m["mode"]) for n, m in meta["methods"].items()} == {
         "tc-grpc-threads": ("peer", "threads"), "tc-shm-threads": ("peer", "threads"),
-        "Client-threads": ("tritonshm", "threads"), "tc-grpc-aio": ("peer", "asyncio"),
-        "Client-aio": ("tritonshm", "asyncio")}
+        "Client-threads": ("tritonshm", "threads"), "Client-http-threads": ("tritonshm", "threads"),
+        "tc-grpc-aio": ("peer", "asyncio"), "Client-aio": ("tritonshm", "asyncio"),
+        "Client-http-aio": ("tritonshm", "asyncio")}
     assert meta["pairs"] == {"threads": {"tritonshm": "Client-threads",
-                                         "tritonclient": ["tc-grpc-threads", "tc-shm-threads"]},
-                             "asyncio": {"tritonshm": "Client-aio", "tritonclient": ["tc-grpc-aio"]}}
+                                         "tritonclient": ["tc-grpc-threads", "tc-shm-threads"],
+                                         "ours": ["Client-threads", "Client-http-threads"]},
+                             "asyncio": {"tritonshm": "Client-aio", "tritonclient": ["tc-grpc-aio"],
+                                         "ours": ["Client-aio", "Client-http-aio"]}}
     for entry, stride in zip(out["results"], (1, _concurrency.CHECK_STRIDE)):
         assert entry["rounds"] == 2 and entry["checked_every"] == stride
         assert list(entry["methods"]) == CONC_NAMES
@@ -749,6 +753,19 @@ def test_concurrency_results_hold_the_metadata_and_every_method(concurrency_resu
                                                  / m[best]["median_requests_per_s"])
         assert aio["ratio"] == pytest.approx(m["Client-aio"]["median_requests_per_s"]
                                              / m["tc-grpc-aio"]["median_requests_per_s"])
+        assert threads["each"]["Client-threads"] == threads["ratio"]
+        assert threads["each"]["Client-http-threads"] == pytest.approx(
+            m["Client-http-threads"]["median_requests_per_s"] / m[best]["median_requests_per_s"])
+        assert aio["each"]["Client-http-aio"] == pytest.approx(
+            m["Client-http-aio"]["median_requests_per_s"] / m["tc-grpc-aio"]["median_requests_per_s"])
+
+
+def test_concurrency_without_an_http_address_leaves_the_http_methods_out(server):
+    out = bench.run_concurrency(server.grpc_url, [4096], concurrency=2, duration=0.05, rounds=1, warmup=1,
+                                methods=[_concurrency.TcGrpcThreads, _concurrency.ClientHttpThreads])
+    methods = out["results"][0]["methods"]
+    assert methods["tc-grpc-threads"]["status"] == "ok"
+    assert "--http-url" in methods["Client-http-threads"]["status"]
 
 
 def test_concurrency_table_shows_every_method_and_size(concurrency_results):

@@ -393,9 +393,10 @@ def _run_concurrency_bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return _fail(str(exc))
 
-    def measure(url: str, server: str, http_url: str | None) -> dict:  # gRPC only
+    def measure(url: str, server: str, http_url: str | None) -> dict:
         return run_concurrency(url, sizes, concurrency=args.concurrency, duration=duration, rounds=rounds,
-                               warmup=args.warmup, methods=chosen, progress=_progress, server=server)
+                               warmup=args.warmup, methods=chosen, progress=_progress, server=server,
+                               http_url=http_url)
 
     results = _measure_and_print(args, measure, format_concurrency_table, "starting a local Triton server ...")
     return 1 if results is None else 0

@@ -97,6 +97,7 @@ class ConcurrentMethod:
     group = ""   # "peer" or "tritonshm"
     mode = ""    # "threads" or "asyncio"
     description = ""
+    needs_http = False  # talks to the server's HTTP address (left out without one)
 
     def __init__(self, setting: Setting, concurrency: int):
         self.setting = setting
@@ -379,6 +380,17 @@ class ClientThreads(ThreadedMethod):
         return self.client.infer(self.setting.model, {INPUT: x})[OUTPUT]
 
 
+class ClientHttpThreads(ClientThreads):
+    name = "Client-http-threads"
+    description = "the same, the client made with the server's http:// URL"
+    needs_http = True
+
+    def open(self) -> None:
+        from ..client import Client
+
+        self.client = Client("http://" + self.setting.require_http(), transport="shm", slots=self.concurrency)
+
+
 class TcGrpcAio(AsyncMethod):
     name = "tc-grpc-aio"
     group = "peer"
@@ -413,9 +425,20 @@ class ClientAio(AsyncMethod):
         return (await self.client.infer(self.setting.model, {INPUT: x}))[OUTPUT]
 
 
+class ClientHttpAio(ClientAio):
+    name = "Client-http-aio"
+    description = "the same, the client made with the server's http:// URL"
+    needs_http = True
+
+    async def aopen(self) -> None:
+        from ..aio import Client
+
+        self.client = Client("http://" + self.setting.require_http(), transport="shm", slots=self.concurrency)
+
+
 #: Every method, in the order of the table.
 CONCURRENCY_METHODS: tuple[type[ConcurrentMethod], ...] = (TcGrpcThreads, TcShmThreads, ClientThreads,
-                                                            TcGrpcAio, ClientAio)
+                                                            ClientHttpThreads, TcGrpcAio, ClientAio, ClientHttpAio)
 MODES = ("threads", "asyncio")
 
 
@@ -498,7 +521,7 @@ def _pairs(classes: Sequence[type[ConcurrentMethod]]) -> dict[str, dict[str, Any
     for mode in MODES:
         ours = [c.name for c in classes if c.mode == mode and c.group == "tritonshm"]
         theirs = [c.name for c in classes if c.mode == mode and c.group == "peer"]
-        out[mode] = {"tritonshm": ours[0] if ours else None, "tritonclient": theirs}
+        out[mode] = {"tritonshm": ours[0] if ours else None, "tritonclient": theirs, "ours": ours}
     return out
 
 
@@ -514,17 +537,21 @@ def _ratios(entry: dict[str, Any], pairs: dict[str, dict[str, Any]]) -> None:
         peers = {p: rate(p) for p in pair["tritonclient"] if rate(p) is not None}
         best = max(peers, key=peers.__getitem__) if peers else None
         ours = rate(pair["tritonshm"])
+        each = {name: rate(name) / peers[best] for name in pair["ours"] if rate(name) is not None and best}
         entry["ratios"][mode] = {"tritonshm": pair["tritonshm"] if ours is not None else None,
                                  "tritonclient": best,
-                                 "ratio": ours / peers[best] if ours is not None and best else None}
+                                 "ratio": ours / peers[best] if ours is not None and best else None,
+                                 "each": each}
 
 
 def run_concurrency(url: str, sizes: Sequence[int] = CONCURRENCY_SIZES, *, concurrency: int,
                     duration: float = DEFAULT_DURATION, rounds: int = DEFAULT_ROUNDS, warmup: int = DEFAULT_WARMUP,
                     methods: Sequence[type[ConcurrentMethod]] | None = None, seed: int = 0,
-                    progress: Callable[[str], None] | None = None, server: str = "given") -> dict[str, Any]:
+                    progress: Callable[[str], None] | None = None, server: str = "given",
+                    http_url: str | None = None) -> dict[str, Any]:
     """Requests/s of *concurrency* callers sharing one client, every method at every size, against
-    the server at *url* (gRPC host:port), which must serve ``identity_fp32``.
+    the server at *url* (gRPC host:port), which must serve ``identity_fp32``; the HTTP methods
+    talk to its *http_url* (HTTP host:port) and are left out without one.
 
     *rounds* interleaved measurements of *duration* seconds each per method
     and size, after *warmup* short ones; :class:`WrongOutput` if an output
@@ -538,13 +565,19 @@ def run_concurrency(url: str, sizes: Sequence[int] = CONCURRENCY_SIZES, *, concu
         if nbytes <= 0 or nbytes % 4:
             raise ValueError(f"size {nbytes} is not a positive multiple of FP32's 4 bytes")
     classes, missing, runnable = method_classes(CONCURRENCY_METHODS if methods is None else methods)
+    if http_url is None:
+        for c in classes:
+            if c.needs_http and missing[c.name] is None:
+                missing[c.name] = "no HTTP address: pass --http-url with --url"
+        runnable = [c for c in runnable if missing[c.name] is None]
     version = server_version(url, MODEL)
     pairs = _pairs(classes)
 
     results = []
     for index, nbytes in enumerate(sizes):
         count = nbytes // 4
-        setting = Setting(url=url, model=MODEL, datatype="FP32", dtype=np.dtype(np.float32), count=count)
+        setting = Setting(url=url, model=MODEL, datatype="FP32", dtype=np.dtype(np.float32), count=count,
+                          http_url=http_url)
         started = time.perf_counter()
         measured = _measure_size(setting, runnable, concurrency, duration=duration, rounds=rounds,
                                  warmup=warmup, seed=seed + index)
@@ -602,7 +635,7 @@ def format_concurrency_table(results: dict[str, Any]) -> str:
         "req/s: median over rounds (p25-p75); ratio: tritonshm over the better tritonclient method of its mode "
         "(above 1 = more)",
     ]
-    width = 16
+    width = 19
     header = f"  {'method':<{width}} {'mode':<8} {'req/s':>9} {'p25 - p75':>19} {'checked':>9} {'ratio':>6}"
     for entry in results["results"]:
         nbytes = entry["nbytes"]
@@ -617,8 +650,9 @@ def format_concurrency_table(results: dict[str, Any]) -> str:
                 lines.append(f"  {name:<{width}} {mode:<8} {res['status']}")
                 continue
             pair = ratios.get(mode, {})
-            ratio = _ratio(pair.get("ratio")) if name == pair.get("tritonshm") else (
-                "1.00" if name == pair.get("tritonclient") and pair.get("ratio") is not None else "")
+            each = pair.get("each", {})
+            ratio = _ratio(each[name]) if name in each else (
+                "1.00" if name == pair.get("tritonclient") and each else "")
             spread = f"{res['p25_requests_per_s']:.0f} - {res['p75_requests_per_s']:.0f}"
             lines.append(f"  {name:<{width}} {mode:<8} {res['median_requests_per_s']:>9.0f} {spread:>19} "
                          f"{sum(res['checked']):>9} {ratio:>6}")
