@@ -397,12 +397,18 @@ class AsyncConnections(_ConnectionsBase):
         raise AssertionError("unreachable: the second try uses a fresh connection")
 
     def close(self) -> None:
-        """Close every connection; requests on them end with :class:`ClientClosed`."""
+        """Close every connection; requests on them end with :class:`ClientClosed`.  A socket in
+        use is only shut down here: that wakes the loop's reader, and the request closes it (a
+        socket closed under a waiting reader would never wake it)."""
         self.closed = True
-        socks, self._open = list(self._open), set()
-        self._idle.clear()
-        for sock in socks:
-            _shut(sock)
+        idle, self._idle = self._idle, []
+        for sock in idle:
+            self._discard(sock)
+        for sock in list(self._open):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, doing: str) -> socket.socket:
         if self.closed:

@@ -401,3 +401,22 @@ def test_a_forked_child_never_talks_on_its_parents_connections(scripted):
     connections.send(prepared())  # the parent's connection still works: the child did not shut it
     assert server.accepted == 2   # the parent's one, the child's own
     connections.close()
+
+
+def test_async_close_wakes_a_request_waiting_for_its_answer(scripted):
+    async def main():
+        server = scripted(lambda conn, requests: [time.sleep(1.5) for _ in requests])
+        connections = _http1.AsyncConnections(server.endpoint)
+        task = asyncio.ensure_future(connections.send(prepared()))
+        while not server.requests:
+            await asyncio.sleep(0.01)
+        t0 = time.monotonic()
+        connections.close()
+        with pytest.raises(ClientClosed):
+            await task
+        assert time.monotonic() - t0 < 1.0
+        assert connections._open == set()
+        with pytest.raises(ClientClosed):
+            await connections.send(prepared())
+
+    asyncio.run(main())
