@@ -247,13 +247,13 @@ def result_of(response: Response, doing: str) -> Result:
 class _ConnectionsBase:
     """What both drivers know: the endpoint, the Host header, whether they were closed."""
 
-    _idle: list[socket.socket]
-    _open: set[socket.socket]
-
     def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint
         self.host = f"{endpoint.host}:{endpoint.port}".encode()
         self.closed = False
+        self._idle: list[socket.socket] = []   # list.pop/append: atomic, no lock on the way
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()          # guards _open (taken only to open or drop one)
         _ALL.add(self)
 
     def _forget_inherited(self) -> None:
@@ -261,10 +261,49 @@ class _ConnectionsBase:
         without a shutdown (which would end them for the parent), never used."""
         socks = list(self._open)
         self._idle, self._open = [], set()
+        self._lock = threading.Lock()  # a thread of the parent's may have held it at the fork
         for sock in socks:
             sock.close()
 
+    @staticmethod
+    def _read(reader: ResponseReader, chunk: bytes) -> Response | None:
+        """One read's bytes into *reader*: the response once whole (the connection's end before
+        that is a ``ConnectionResetError``)."""
+        response = reader.feed(chunk) if chunk else reader.eof()
+        if response is None and not chunk:
+            raise ConnectionResetError("the server closed the connection")
+        return response
+
+    def _may_retry(self, reused: bool, reader: ResponseReader, exc: BaseException) -> bool:
+        """Whether *exc* says only that an idle connection had been closed by the server: it
+        never saw the request, which may go once more on a fresh connection."""
+        return reused and not reader.started and isinstance(exc, ConnectionError) and not self.closed
+
+    def _done(self, sock: socket.socket, response: Response, doing: str) -> Result:
+        """Keep *sock* for the next request if it may carry one; *response*'s result."""
+        if response.keep_alive and not self.closed:
+            self._idle.append(sock)
+        else:
+            self._discard(sock)
+        return result_of(response, doing)
+
+    def _adopt(self, sock: socket.socket, doing: str) -> socket.socket:
+        """A new connection, counted among ours (or closed, if we were closed meanwhile)."""
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a request is one write: send it now
+        with self._lock:
+            if self.closed:
+                sock.close()
+                raise ClientClosed(f"{doing}: the client was closed")
+            self._open.add(sock)
+        return sock
+
+    def _discard(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open.discard(sock)
+        sock.close()
+
     def unavailable(self, doing: str, exc: BaseException) -> ServerError:
+        """*exc*, met while *doing*, in tritonshm's terms."""
         if self.closed:
             return ClientClosed(f"{doing}: the client was closed")
         if isinstance(exc, TimeoutError):
@@ -278,12 +317,6 @@ class _ConnectionsBase:
 class Connections(_ConnectionsBase):
     """Blocking HTTP/1.1 connections to one server, used by whichever thread sends."""
 
-    def __init__(self, endpoint: Endpoint):
-        super().__init__(endpoint)
-        self._idle: list[socket.socket] = []   # list.pop/append: atomic, no lock on the way
-        self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
-
     def send(self, request: Prepared) -> Result:
         """Send *request*, read its answer: a :class:`Result` or the error it stands for."""
         doing = f"inferring with model {request.model!r}"
@@ -293,26 +326,17 @@ class Connections(_ConnectionsBase):
             reused = sock is not None
             if sock is None:
                 sock = self._connect(doing)
-            reader = ResponseReader()
+            reader, response = ResponseReader(), None
             try:
                 sock.sendall(data)
-                while True:
-                    chunk = sock.recv(_RECV_BYTES)
-                    response = reader.feed(chunk) if chunk else reader.eof()
-                    if response is not None:
-                        break
-                    if not chunk:
-                        raise ConnectionResetError("the server closed the connection")
+                while response is None:
+                    response = self._read(reader, sock.recv(_RECV_BYTES))
             except (OSError, ValueError) as exc:
                 self._discard(sock)
-                if reused and not reader.started and isinstance(exc, ConnectionError) and not self.closed:
-                    continue  # an idle connection the server had closed: it never saw the request
+                if self._may_retry(reused, reader, exc):
+                    continue
                 raise self.unavailable(doing, exc) from exc
-            if response.keep_alive and not self.closed:
-                self._idle.append(sock)
-            else:
-                self._discard(sock)
-            return result_of(response, doing)
+            return self._done(sock, response, doing)
         raise AssertionError("unreachable: the second try uses a fresh connection")
 
     def close(self) -> None:
@@ -338,28 +362,12 @@ class Connections(_ConnectionsBase):
             sock = socket.create_connection((endpoint.host, endpoint.port), endpoint.connection_timeout)
         except OSError as exc:
             raise self.unavailable(doing, exc) from exc
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a request is one write: send it now
         sock.settimeout(endpoint.network_timeout)
-        with self._lock:
-            if self.closed:
-                sock.close()
-                raise ClientClosed(f"{doing}: the client was closed")
-            self._open.add(sock)
-        return sock
-
-    def _discard(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._open.discard(sock)
-        sock.close()
+        return self._adopt(sock, doing)
 
 
 class AsyncConnections(_ConnectionsBase):
     """The same on an event loop: non-blocking sockets read and written by the loop."""
-
-    def __init__(self, endpoint: Endpoint):
-        super().__init__(endpoint)
-        self._idle: list[socket.socket] = []
-        self._open: set[socket.socket] = set()
 
     async def send(self, request: Prepared) -> Result:
         """Send *request*, read its answer (see :meth:`Connections.send`).  A task cancelled
@@ -370,30 +378,20 @@ class AsyncConnections(_ConnectionsBase):
         for attempt in range(2):
             reused = bool(self._idle) and not attempt  # the second try: a fresh connection
             sock = self._idle.pop() if reused else await self._connect(loop, doing)
-            reader = ResponseReader()
-            done = False
+            reader, response = ResponseReader(), None
             try:
                 await loop.sock_sendall(sock, data)
-                while True:
+                while response is None:
                     chunk = await asyncio.wait_for(loop.sock_recv(sock, _RECV_BYTES), self.endpoint.network_timeout)
-                    response = reader.feed(chunk) if chunk else reader.eof()
-                    if response is not None:
-                        break
-                    if not chunk:
-                        raise ConnectionResetError("the server closed the connection")
-                done = True
+                    response = self._read(reader, chunk)
             except (OSError, ValueError, asyncio.TimeoutError) as exc:
-                if reused and not reader.started and isinstance(exc, ConnectionError) and not self.closed:
+                if self._may_retry(reused, reader, exc):
                     continue
                 raise self.unavailable(doing, exc) from exc
             finally:
-                if not done:
+                if response is None:  # failed, or cancelled: what is left of the answer is unread on it
                     self._discard(sock)
-            if response.keep_alive and not self.closed:
-                self._idle.append(sock)
-            else:
-                self._discard(sock)
-            return result_of(response, doing)
+            return self._done(sock, response, doing)
         raise AssertionError("unreachable: the second try uses a fresh connection")
 
     def close(self) -> None:
@@ -426,16 +424,7 @@ class AsyncConnections(_ConnectionsBase):
                 raise
         except (OSError, asyncio.TimeoutError) as exc:
             raise self.unavailable(doing, exc) from exc
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.closed:
-            sock.close()
-            raise ClientClosed(f"{doing}: the client was closed")
-        self._open.add(sock)
-        return sock
-
-    def _discard(self, sock: socket.socket) -> None:
-        self._open.discard(sock)
-        sock.close()
+        return self._adopt(sock, doing)
 
 
 _ALL: "weakref.WeakSet[_ConnectionsBase]" = weakref.WeakSet()
