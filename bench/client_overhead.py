@@ -18,6 +18,10 @@ tritonclient's own infer with the same recorded answer):
   InferInput (set_data_from_numpy each call), the gRPC stub answered.
 * ``Client.infer``: tritonshm's copy-mode path, system shared memory.
 * ``request().run()``: the zero-copy path, the inputs already in place.
+* ``Client.infer http`` / ``request().run() http``: the same on a client made
+  with the server's ``http://`` URL, its socket's ``send`` answered by the
+  recorded result (so, like the gRPC stub's recording, what is left out is
+  the transport: writing the request, reading and parsing the answer).
 """
 
 from __future__ import annotations
@@ -49,12 +53,27 @@ def _recorded_stub(client, method: str):
     setattr(stub, method, Recorded())
 
 
+def _recorded_http(client) -> None:
+    """Make a tritonshm HTTP client's own connections answer with the result of one real call."""
+    connections = client._driver._http1
+    real = connections.send
+    answer = {}
+
+    def send(request):
+        if "result" not in answer:
+            answer["result"] = real(request)
+        return answer["result"]
+
+    connections.send = send
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4096, help="input bytes (FP32 identity)")
     parser.add_argument("--reps", type=int, default=2000, help="calls per method per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--url", help="a running server's gRPC address (default: start a LocalServer)")
+    parser.add_argument("--http-url", help="with --url: its HTTP address, for the HTTP rows (left out without)")
     args = parser.parse_args()
 
     import tritonclient.grpc as grpcclient
@@ -63,10 +82,10 @@ def main() -> int:
     from tritonshm.server import LocalServer
 
     server = None
-    url = args.url
+    url, http_url = args.url, args.http_url
     if url is None:
         server = LocalServer(quiet=True).start()
-        url = server.grpc_url
+        url, http_url = server.grpc_url, server.http_url
     x = np.random.default_rng(0).random(args.size // 4, dtype=np.float32)
     try:
         tc = grpcclient.InferenceServerClient(url)
@@ -75,6 +94,11 @@ def main() -> int:
         c = tritonshm.Client(url, transport="shm")
         request = c.request("identity_fp32", shapes={"INPUT0": x.shape})
         request.inputs["INPUT0"][:] = x
+        h = tritonshm.Client("http://" + http_url, transport="shm") if http_url else None
+        h_request = None
+        if h is not None:
+            h_request = h.request("identity_fp32", shapes={"INPUT0": x.shape})
+            h_request.inputs["INPUT0"][:] = x
 
         def tritonclient_infer():
             tc_input.set_data_from_numpy(x)
@@ -85,11 +109,16 @@ def main() -> int:
             "Client.infer": lambda: c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"],
             "request().run()": lambda: request.run()["OUTPUT0"],
         }
+        if h is not None:
+            methods["Client.infer http"] = lambda: h.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+            methods["request().run() http"] = lambda: h_request.run()["OUTPUT0"]
         for fn in methods.values():  # warm up and check, against the real server
             np.testing.assert_array_equal(fn(), x)
         _recorded_stub(tc, "ModelInfer")
         for connection in {id(k): k for k in [c.tritonclient]}.values():
             _recorded_stub(connection, "ModelInfer")
+        if h is not None:
+            _recorded_http(h)
         for fn in methods.values():  # record (the first call through each stub goes out once)
             np.testing.assert_array_equal(fn(), x)
 
@@ -105,9 +134,12 @@ def main() -> int:
               f"({args.rounds} rounds x {args.reps} calls, interleaved)")
         for name, values in samples.items():
             median = statistics.median(values)
-            print(f"  {name:18s} {median:8.1f} us/call   x{median / base:5.2f} of tritonclient")
+            print(f"  {name:21s} {median:8.1f} us/call   x{median / base:5.2f} of tritonclient")
         request.close()
         c.close()
+        if h is not None:
+            h_request.close()
+            h.close()
         tc.close()
     finally:
         if server is not None:
