@@ -46,8 +46,8 @@ class Endpoint(NamedTuple):
 
     host: str
     port: int
-    connection_timeout: float = 60.0  #: seconds to open a connection
-    network_timeout: float = 60.0     #: seconds a request may wait for its answer
+    connection_timeout: float | None = 60.0  #: seconds to open a connection (None: no limit)
+    network_timeout: float | None = 60.0     #: seconds a request may wait for its answer (None: no limit)
 
     @classmethod
     def parse(cls, address: str, options: dict[str, Any] | None = None) -> "Endpoint":
@@ -55,8 +55,13 @@ class Endpoint(NamedTuple):
         ``connection_timeout`` / ``network_timeout`` among the client's connect options."""
         host, _, port = address.rpartition(":")
         options = options or {}
-        return cls(host.strip("[]") or "localhost", int(port),
-                   float(options.get("connection_timeout", 60.0)), float(options.get("network_timeout", 60.0)))
+
+        def seconds(name: str) -> float | None:
+            value = options.get(name, 60.0)
+            return None if value is None else float(value)
+
+        return cls(host.strip("[]") or "localhost", int(port), seconds("connection_timeout"),
+                   seconds("network_timeout"))
 
 
 class Prepared:

@@ -420,3 +420,10 @@ def test_async_close_wakes_a_request_waiting_for_its_answer(scripted):
             await connections.send(prepared())
 
     asyncio.run(main())
+
+
+def test_an_endpoint_from_an_address_and_tritonclients_connect_options():
+    assert _http1.Endpoint.parse("localhost:8000") == _http1.Endpoint("localhost", 8000, 60.0, 60.0)
+    assert _http1.Endpoint.parse("[::1]:8000", {"network_timeout": 5, "concurrency": 4}) == \
+        _http1.Endpoint("::1", 8000, 60.0, 5.0)
+    assert _http1.Endpoint.parse("h:1", {"connection_timeout": None}).connection_timeout is None
