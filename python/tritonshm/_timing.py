@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Mapping
 
 
-def median_seconds(run: Callable[[], None], seconds: float, min_runs: int = 5) -> float:
-    """Median seconds per call of *run*, calling it for about *seconds*.
-
-    One warm-up call first: first-use costs (connections, pool creation,
-    registration) are not per-request costs.
-    """
-    run()
-    times: list[float] = []
-    deadline = time.perf_counter() + seconds
-    while len(times) < min_runs or time.perf_counter() < deadline:
-        start = time.perf_counter()
+def interleaved_medians(runs: Mapping[str, Callable[[], None]], seconds: float, rounds: int = 5,
+                        min_runs: int = 3) -> dict[str, float]:
+    """Median seconds per call of each of *runs*, about *seconds* in all: *rounds* rounds, each
+    giving every run its share in turn (the order rotating), so a shared machine's noise falls
+    on all alike.  One warm-up call of each first."""
+    for run in runs.values():
         run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    names = list(runs)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    share = seconds / rounds / max(len(names), 1)
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            run, kept = runs[name], times[name]
+            deadline, done = time.perf_counter() + share, 0
+            while done < min_runs or time.perf_counter() < deadline:
+                start = time.perf_counter()
+                run()
+                kept.append(time.perf_counter() - start)
+                done += 1
+    return {name: statistics.median(kept) for name, kept in times.items()}

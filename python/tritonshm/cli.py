@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print tritonshm's version (and Python's and numpy's) and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="start a local Triton and compare plain gRPC with shared memory")
+    demo = sub.add_parser("demo", help="start a local Triton and compare plain gRPC with tritonshm.Client (gRPC, HTTP)")
     demo.add_argument("--sizes-kib", nargs="+", type=int, default=[4, 64, 1024, 16 * 1024, 64 * 1024],
                       metavar="KIB", help="tensor sizes in KiB (default: 4 KiB to 64 MiB)")
     demo.add_argument("--seconds", type=float, default=0.5,

@@ -1,100 +1,94 @@
-"""``tritonshm demo``: the same inference over plain gRPC and over shared memory.
+"""``tritonshm demo``: the same inference over plain gRPC and through ``tritonshm.Client``.
 
 Starts a local Triton with the bundled models, sends float32 tensors of
-several sizes through the ``identity_fp32`` model both ways, checks every
-output, and prints the throughput of each and their ratio.
+several sizes through the ``identity_fp32`` model -- with tritonclient over
+plain gRPC (the tensor inside the messages), and with ``tritonshm.Client``
+made on the server's gRPC and on its HTTP address (the tensor through a
+shared-memory slot, copied in and out) -- checks every output, and prints
+the throughput of each and their ratios to plain gRPC.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from ._timing import median_seconds
+from ._timing import interleaved_medians
 
 MODEL = "identity_fp32"
 
 
 def run_demo(sizes: Sequence[int], seconds: float = 0.5, grpc_url: str | None = None,
-             **server_options) -> int:
+             http_url: str | None = None, **server_options) -> int:
     """Run the comparison and print the table; 0 when every output matched.
 
-    Starts a :class:`LocalServer` (with *server_options*) unless *grpc_url* names a running one.
+    Starts a :class:`LocalServer` (with *server_options*) unless *grpc_url* names a running one
+    (then the HTTP column needs its *http_url*).
     """
     from .server import LocalServer
 
     if grpc_url is not None:
-        return _compare(grpc_url, sizes, seconds)
+        return _compare(grpc_url, http_url, sizes, seconds)
     print("starting a local Triton server (the first run installs it: ~74 MB download, once) ...",
           file=sys.stderr)
     with LocalServer(**server_options) as server:
-        return _compare(server.grpc_url, sizes, seconds)
+        return _compare(server.grpc_url, server.http_url, sizes, seconds)
 
 
-def _compare(grpc_url: str, sizes: Sequence[int], seconds: float) -> int:
+def _compare(grpc_url: str, http_url: str | None, sizes: Sequence[int], seconds: float) -> int:
     import tritonclient.grpc as grpcclient
 
-    from . import triton
-    from ._memory import SystemRegion
+    from .client import Client
 
-    client = grpcclient.InferenceServerClient(grpc_url)
+    tc = grpcclient.InferenceServerClient(grpc_url)
+    ours = {"Client": Client(grpc_url, transport="shm")}
+    if http_url is not None:
+        ours["Client http"] = Client("http://" + http_url, transport="shm")
     rng = np.random.default_rng(0)
-    print(f"identity model, float32, one request at a time, server at {grpc_url}")
-    print(f"{'size':>10} {'gRPC MB/s':>12} {'shm MB/s':>12} {'speedup':>9}")
+    where = f"gRPC {grpc_url}" + (f", HTTP {http_url}" if http_url else "")
+    print(f"identity model, float32, one request at a time; Triton at {where}")
+    print(f"{'size':>10} {'gRPC MB/s':>12}" + "".join(f" {name + ' MB/s':>17} {'speedup':>8}" for name in ours))
     failures = 0
-    for nbytes in sizes:
-        count = max(nbytes // 4, 1)
-        data = rng.standard_normal(count, dtype=np.float32)
-        nbytes = data.nbytes
-
-        # Plain gRPC: the tensor travels inside the request and the reply.
-        wire_in = grpcclient.InferInput("INPUT0", [count], "FP32")
-        wire_in.set_data_from_numpy(data)
-        wire_out = [grpcclient.InferRequestedOutput("OUTPUT0")]
-
-        def over_wire() -> None:
-            result = client.infer(MODEL, [wire_in], outputs=wire_out)
-            if not np.array_equal(result.as_numpy("OUTPUT0"), data):
-                raise AssertionError("gRPC output differs from input")
-
-        # Shared memory: one region holds the input and the output; only
-        # their names and offsets travel.
-        in_offset, out_offset = 0, _page_round(nbytes)
-        with SystemRegion.create(out_offset + nbytes) as region:
-            name = triton.register(client, region)
+    try:
+        for nbytes in sizes:
+            data = rng.standard_normal(max(nbytes // 4, 1), dtype=np.float32)
+            nbytes = data.nbytes
+            wire_in = grpcclient.InferInput("INPUT0", [data.size], "FP32")
+            wire_in.set_data_from_numpy(data)
+            wire_out = [grpcclient.InferRequestedOutput("OUTPUT0")]
+            calls: dict[str, Callable[[], np.ndarray]] = {
+                "gRPC": lambda: tc.infer(MODEL, [wire_in], outputs=wire_out).as_numpy("OUTPUT0")}
+            for name, client in ours.items():
+                calls[name] = lambda client=client: client.infer(MODEL, {"INPUT0": data})["OUTPUT0"]
             try:
-                region.write(data, in_offset)
-                shm_in = grpcclient.InferInput("INPUT0", [count], "FP32")
-                triton.bind_input(shm_in, region, in_offset)
-                shm_out = grpcclient.InferRequestedOutput("OUTPUT0")
-                triton.bind_output(shm_out, region, out_offset, nbytes)
-                result_view = region.ndarray(np.float32, count, out_offset)
-
-                def over_shm() -> None:
-                    result_view[:] = 0  # a stale result must not pass the check
-                    client.infer(MODEL, [shm_in], outputs=[shm_out])
-                    if not np.array_equal(result_view, data):
-                        raise AssertionError("shared-memory output differs from input")
-
-                try:
-                    wire_s = median_seconds(over_wire, seconds)
-                    shm_s = median_seconds(over_shm, seconds)
-                except AssertionError as exc:
-                    failures += 1
-                    print(f"{_size(nbytes):>10}  FAILED: {exc}")
-                    continue
-                finally:
-                    del result_view
-            finally:
-                triton.unregister(client, name)
-        wire_mbs = nbytes / wire_s / 1e6
-        shm_mbs = nbytes / shm_s / 1e6
-        print(f"{_size(nbytes):>10} {wire_mbs:>12.1f} {shm_mbs:>12.1f} {wire_s / shm_s:>8.1f}x")
-    client.close()
+                medians = interleaved_medians({name: _checked(name, call, data) for name, call in calls.items()},
+                                              seconds * len(calls))
+            except AssertionError as exc:
+                failures += 1
+                print(f"{_size(nbytes):>10}  FAILED: {exc}")
+                continue
+            wire_s = medians.pop("gRPC")
+            row = f"{_size(nbytes):>10} {nbytes / wire_s / 1e6:>12.1f}"
+            for name, s in medians.items():
+                row += f" {nbytes / s / 1e6:>17.1f} {wire_s / s:>7.1f}x"
+            print(row)
+    finally:
+        for client in ours.values():
+            client.close()
+        tc.close()
     print("every output checked against its input" if not failures else f"{failures} size(s) FAILED")
+    print("Client: tritonshm.Client(url).infer(model, {name: x}), the tensor copied into a registered\n"
+          "shared-memory slot and the result copied out; speedup: over plain gRPC, in the same rounds")
     return 1 if failures else 0
+
+
+def _checked(name: str, call: Callable[[], np.ndarray], data: np.ndarray) -> Callable[[], None]:
+    def run() -> None:
+        if not np.array_equal(call(), data):
+            raise AssertionError(f"{name}: the output differs from the input")
+    return run
 
 
 def _page_round(nbytes: int, page: int = 4096) -> int:

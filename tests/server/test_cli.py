@@ -30,6 +30,8 @@ def test_demo_runs_end_to_end_and_checks_every_output():
     lines = done.stdout.splitlines()
     assert any(line.split()[:2] == ["4", "KiB"] for line in lines), done.stdout
     assert any(line.split()[:2] == ["1", "MiB"] for line in lines), done.stdout
+    assert "Client MB/s" in done.stdout and "Client http MB/s" in done.stdout  # the library, both wires
+    assert all(len(line.split()) == 7 for line in lines if line.split()[1:2] in (["KiB"], ["MiB"]))  # size, gRPC, 2 x (MB/s, x)
     assert "every output checked" in done.stdout
 
 
