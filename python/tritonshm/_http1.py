@@ -12,7 +12,7 @@ through tritonclient.http, 540 through tritonclient.grpc.
 The module is the wire and nothing else, in the way of h11: a sans-I/O
 :class:`ResponseReader` (bytes in, one response out), and two drivers of it
 that own sockets -- :class:`Connections` (blocking, any thread) and
-:class:`AsyncConnections` (asyncio).  Each keeps idle connections and opens
+:class:`AsyncConnections` (asyncio).  Each keeps up to 32 idle connections and opens
 one more when all are busy: a request has a connection to itself, HTTP/1.1
 without pipelining.  A connection that was idle and turns out closed by the
 server (its keep-alive ran out, it restarted) is replaced and the request
@@ -39,6 +39,7 @@ __all__ = ["Endpoint", "Prepared", "Response", "ResponseReader", "Result", "prep
            "Connections", "AsyncConnections"]
 
 _RECV_BYTES = 65536
+_MAX_IDLE = 32  # connections kept open between requests; a burst's extra ones are closed after it
 
 
 class Endpoint(NamedTuple):
@@ -286,7 +287,7 @@ class _ConnectionsBase:
 
     def _done(self, sock: socket.socket, response: Response, doing: str) -> Result:
         """Keep *sock* for the next request if it may carry one; *response*'s result."""
-        if response.keep_alive and not self.closed:
+        if response.keep_alive and not self.closed and len(self._idle) < _MAX_IDLE:
             self._idle.append(sock)
         else:
             self._discard(sock)

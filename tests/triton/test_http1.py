@@ -427,3 +427,17 @@ def test_an_endpoint_from_an_address_and_tritonclients_connect_options():
     assert _http1.Endpoint.parse("[::1]:8000", {"network_timeout": 5, "concurrency": 4}) == \
         _http1.Endpoint("::1", 8000, 60.0, 5.0)
     assert _http1.Endpoint.parse("h:1", {"connection_timeout": None}).connection_timeout is None
+
+
+def test_a_burst_leaves_at_most_max_idle_connections_open(scripted, monkeypatch):
+    monkeypatch.setattr(_http1, "_MAX_IDLE", 3)
+
+    async def main():
+        server = scripted(keep_answering)
+        connections = _http1.AsyncConnections(server.endpoint)
+        await asyncio.gather(*[connections.send(prepared()) for _ in range(8)])
+        assert server.accepted == 8
+        assert len(connections._idle) == 3 and connections._open == set(connections._idle)
+        connections.close()
+
+    asyncio.run(main())
