@@ -24,12 +24,14 @@ BYTES tensors -- goes through tritonclient as before.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import socket
 import threading
 import weakref
-from typing import Any, NamedTuple, Sequence
+import zlib
+from typing import Any, Mapping, NamedTuple, Sequence
 from urllib.parse import quote
 
 from .errors import ClientClosed, ServerError, ServerTimeout, ServerUnavailable
@@ -38,7 +40,10 @@ from .triton import translate_error
 __all__ = ["Endpoint", "Prepared", "Response", "ResponseReader", "Result", "prepare", "result_of",
            "Connections", "AsyncConnections"]
 
-_RECV_BYTES = 65536
+_RECV_BYTES = 65536          # a read's size while the answer's length is not known
+_RECV_MAX = 4 << 20           # a read's size at most
+_HEAD_MAX = 1 << 20           # a response's head longer than this is not Triton's
+_JOIN_BYTES = 64 << 10        # a request body up to this size is joined to its head: one write
 _MAX_IDLE = 32  # connections kept open between requests; a burst's extra ones are closed after it
 
 
@@ -66,42 +71,68 @@ class Endpoint(NamedTuple):
 
 
 class Prepared:
-    """One inference request made ready to send, as many times as wanted: the target and
-    JSON body tritonclient.http would send for the same bound inputs and outputs."""
+    """One inference request made ready to send, as many times as wanted: the target, headers
+    and body tritonclient.http would send for the same inputs, outputs and options."""
 
-    __slots__ = ("model", "target", "body", "_wire")
+    __slots__ = ("model", "target", "body", "headers", "_wire")
 
-    def __init__(self, model: str, target: str, body: bytes):
+    def __init__(self, model: str, target: str, body: bytes, headers: Mapping[str, Any] | None = None):
         self.model = model
         self.target = target
         self.body = body
-        self._wire: tuple[bytes, bytes] | None = None  # (host header, the request's bytes)
+        self.headers = dict(headers or {})
+        for name, value in self.headers.items():
+            if any(c in f"{name}{value}" for c in "\r\n"):  # checked by RequestOptions; never let one through
+                raise ValueError(f"header {name!r}: no line breaks in a header")
+        self._wire: tuple[bytes, tuple[bytes, ...]] | None = None  # (host header, what goes on the socket)
 
-    def wire(self, host: bytes) -> bytes:
-        """The whole request for a server known as *host* (the bytes kept for the next time)."""
+    def wire(self, host: bytes) -> tuple[bytes, ...]:
+        """The request's bytes for a server known as *host*, to write in order: one piece, or the
+        head and a large body apart (not copied into one).  Kept for the next time."""
         kept = self._wire
         if kept is None or kept[0] is not host:
+            extra = "".join(f"{name}: {value}\r\n" for name, value in self.headers.items())
             head = (f"POST {self.target} HTTP/1.1\r\nHost: ".encode() + host
-                    + f"\r\nContent-Type: application/json\r\nContent-Length: {len(self.body)}\r\n\r\n".encode())
-            kept = self._wire = (host, head + self.body)
+                    + f"\r\nContent-Type: application/json\r\n{extra}Content-Length: {len(self.body)}\r\n\r\n"
+                    .encode())
+            pieces = (head + self.body,) if len(self.body) <= _JOIN_BYTES else (head, self.body)
+            kept = self._wire = (host, pieces)
         return kept[1]
 
 
-def prepare(model: str, version: str, inputs: Sequence[Any], outputs: Sequence[Any]) -> Prepared:
-    """The request for tritonclient.http ``InferInput`` / ``InferRequestedOutput`` objects already
-    bound to shared memory -- a copy of what they say now (binding them again later leaves it be)."""
+def prepare(model: str, version: str, inputs: Sequence[Any], outputs: Sequence[Any],
+            options: Mapping[str, Any] | None = None) -> Prepared:
+    """The request for tritonclient.http ``InferInput`` / ``InferRequestedOutput`` objects -- a copy
+    of what they say now (binding them again later leaves it be).  *options*: tritonclient.http's
+    ``infer`` keyword arguments (``parameters``, ``priority``, ``timeout``, ``headers``,
+    ``sequence_id`` / ``_start`` / ``_end``, ``request_id``, the two compression algorithms)."""
     from tritonclient.http._utils import _get_inference_request
 
+    options = dict(options or {})
+    headers = dict(options.pop("headers", None) or {})
+    request_compression = options.pop("request_compression_algorithm", None)
+    response_compression = options.pop("response_compression_algorithm", None)
     body, json_size = _get_inference_request(
-        inputs=inputs, request_id="", outputs=outputs, sequence_id=0, sequence_start=False,
-        sequence_end=False, priority=0, timeout=None, custom_parameters=None)
-    if json_size is not None:  # a tensor's bytes ride along: not a request for this path
-        raise ValueError("prepare() takes tensors bound to shared memory only")
+        inputs=inputs, request_id=options.pop("request_id", ""), outputs=outputs,
+        sequence_id=options.pop("sequence_id", 0), sequence_start=options.pop("sequence_start", False),
+        sequence_end=options.pop("sequence_end", False), priority=options.pop("priority", 0),
+        timeout=options.pop("timeout", None), custom_parameters=options.pop("parameters", None))
+    if options:
+        raise TypeError(f"prepare() got options it does not know: {', '.join(sorted(options))}")
+    # As tritonclient.http's infer does, in its order.
+    if request_compression == "gzip":
+        headers["Content-Encoding"], body = "gzip", gzip.compress(body)
+    elif request_compression == "deflate":
+        headers["Content-Encoding"], body = "deflate", zlib.compress(body)
+    if response_compression in ("gzip", "deflate"):
+        headers["Accept-Encoding"] = response_compression
+    if json_size is not None:  # tensors' bytes follow the JSON
+        headers["Inference-Header-Content-Length"] = json_size
     if version:
         target = f"/v2/models/{quote(model)}/versions/{quote(version)}/infer"
     else:
         target = f"/v2/models/{quote(model)}/infer"
-    return Prepared(model, target, body)
+    return Prepared(model, target, body, headers)
 
 
 # -- the response, sans I/O ---------------------------------------------------
@@ -122,40 +153,51 @@ class ResponseReader:
     Understands what a server may answer a POST with: a body of
     ``Content-Length`` bytes or ``chunked``, ``Connection: close`` or
     ``keep-alive``, HTTP/1.0 or 1.1; a malformed answer is a ``ValueError``.
+    Bytes are gathered in one growing buffer (a large body costs its size,
+    not its size times its reads).
     """
 
-    __slots__ = ("_data", "_head")
+    __slots__ = ("_buffer", "_head", "_chunks", "_at")
 
     def __init__(self) -> None:
-        self._data = b""
+        self._buffer = bytearray()
         self._head: tuple[int, dict[str, str], bool, int | None] | None = None
+        self._chunks: list[bytes] = []   # a chunked body's chunks so far
+        self._at = 0                     # where the next chunk starts in the buffer
 
     @property
     def started(self) -> bool:
         """Whether any byte of the answer came."""
-        return bool(self._data) or self._head is not None
+        return bool(self._buffer) or self._head is not None
+
+    def wanted(self) -> int:
+        """How many bytes to ask the socket for next: the rest of a body of known length (up to
+        a few MiB a read), else 64 KiB."""
+        if self._head is not None and self._head[3] is not None:
+            return min(max(self._head[3] - len(self._buffer), _RECV_BYTES), _RECV_MAX)
+        return _RECV_BYTES
 
     def feed(self, data: bytes) -> Response | None:
         """Take the next bytes read; the response once complete, else None."""
-        data = self._data + data if self._data else data
+        buffer = self._buffer
+        buffer += data
         if self._head is None:
-            end = data.find(b"\r\n\r\n")
+            end = buffer.find(b"\r\n\r\n")
             if end < 0:
-                self._data = data
+                if len(buffer) > _HEAD_MAX:
+                    raise ValueError(f"no end of the response's head in its first {_HEAD_MAX} bytes")
                 return None
-            self._head = _parse_head(data[:end])
-            data = data[end + 4:]
+            self._head = _parse_head(bytes(buffer[:end]))
+            del buffer[:end + 4]
         status, headers, keep_alive, length = self._head
         if length is not None:
-            if len(data) < length:
-                self._data = data
+            if len(buffer) < length:
                 return None
-            return Response(status, headers, data[:length], keep_alive)
-        body = _dechunk(data)
-        if body is None:
-            self._data = data
-            return None
-        return Response(status, headers, body, keep_alive)
+            return Response(status, headers, bytes(buffer) if len(buffer) == length else bytes(buffer[:length]),
+                            keep_alive)
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            return self._dechunk(status, headers, keep_alive)
+        return None  # the body runs to the end of the connection: see eof()
 
     def eof(self) -> Response | None:
         """The connection closed: a body without a length ends here (None if no answer came)."""
@@ -163,8 +205,29 @@ class ResponseReader:
             return None
         status, headers, _, length = self._head
         if length is None and headers.get("transfer-encoding", "").lower() != "chunked":
-            return Response(status, headers, self._data, False)
+            return Response(status, headers, bytes(self._buffer), False)
         raise ValueError("the server closed the connection in the middle of its answer")
+
+    def _dechunk(self, status: int, headers: dict[str, str], keep_alive: bool) -> Response | None:
+        """The chunks complete in the buffer, from where the last call stopped; the response
+        once the last (empty) chunk and the trailers' end are in."""
+        buffer, at = self._buffer, self._at
+        while True:
+            end = buffer.find(b"\r\n", at)
+            if end < 0:
+                break
+            size = int(bytes(buffer[at:end]).split(b";", 1)[0], 16)
+            start = end + 2
+            if size == 0:
+                if buffer.find(b"\r\n", start) < 0:  # the trailers end in an empty line
+                    break
+                return Response(status, headers, b"".join(self._chunks), keep_alive)
+            if len(buffer) < start + size + 2:
+                break
+            self._chunks.append(bytes(buffer[start:start + size]))
+            at = start + size + 2
+        self._at = at
+        return None
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool, int | None]:
@@ -194,23 +257,6 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool, int | None]:
     return status, headers, keep_alive, length
 
 
-def _dechunk(data: bytes) -> bytes | None:
-    """The body of a complete chunked encoding in *data*; None while incomplete."""
-    parts, at = [], 0
-    while True:
-        end = data.find(b"\r\n", at)
-        if end < 0:
-            return None
-        size = int(data[at:end].split(b";", 1)[0], 16)
-        start = end + 2
-        if size == 0:
-            return b"".join(parts) if data.find(b"\r\n", start) >= 0 else None  # trailers end in CRLF
-        if len(data) < start + size + 2:
-            return None
-        parts.append(data[start:start + size])
-        at = start + size + 2
-
-
 class Result:
     """An inference answer read from JSON: what tritonclient.http's ``InferResult`` gives for
     outputs left in shared memory (:meth:`get_output`, :meth:`get_response`)."""
@@ -230,17 +276,34 @@ class Result:
         return self._response
 
 
-def result_of(response: Response, doing: str) -> Result:
-    """The :class:`Result` of *response*, or its error in tritonshm's terms (as tritonclient
-    raises it: the server's ``{"error": ...}``)."""
+def result_of(response: Response, doing: str) -> Any:
+    """What *response* answers: a :class:`Result` when it is JSON alone (outputs left in shared
+    memory), tritonclient.http's ``InferResult`` when tensors' bytes follow the JSON or it is
+    compressed; or its error in tritonshm's terms (as tritonclient raises it: the server's
+    ``{"error": ...}``)."""
+    header_length = response.headers.get("inference-header-content-length")
+    encoding = response.headers.get("content-encoding")
+    if response.status == 200 and (header_length is not None or encoding is not None):
+        from tritonclient.http import InferResult
+
+        try:
+            return InferResult.from_response_body(
+                response.body, False, None if header_length is None else int(header_length), encoding)
+        except Exception as exc:  # tritonclient's own error, or a body that is not what it says
+            raise translate_error(exc, doing) from exc
+    body = response.body
     try:
-        answer = json.loads(response.body)
-    except ValueError:
+        if encoding == "gzip":
+            body = gzip.decompress(body)
+        elif encoding == "deflate":
+            body = zlib.decompress(body)
+        answer = json.loads(body)
+    except (ValueError, OSError, zlib.error):
         answer = None
     if response.status != 200 or not isinstance(answer, dict) or "error" in answer:
         message = answer.get("error") if isinstance(answer, dict) else None
         if not message:
-            message = f"HTTP {response.status}: {response.body[:200]!r}"
+            message = f"HTTP {response.status}: {body[:200]!r}"
         from tritonclient.utils import InferenceServerException
 
         raise translate_error(InferenceServerException(msg=message), doing)
@@ -285,7 +348,7 @@ class _ConnectionsBase:
         never saw the request, which may go once more on a fresh connection."""
         return reused and not reader.started and isinstance(exc, ConnectionError) and not self.closed
 
-    def _done(self, sock: socket.socket, response: Response, doing: str) -> Result:
+    def _done(self, sock: socket.socket, response: Response, doing: str) -> Any:
         """Keep *sock* for the next request if it may carry one; *response*'s result."""
         if response.keep_alive and not self.closed and len(self._idle) < _MAX_IDLE:
             self._idle.append(sock)
@@ -323,10 +386,10 @@ class _ConnectionsBase:
 class Connections(_ConnectionsBase):
     """Blocking HTTP/1.1 connections to one server, used by whichever thread sends."""
 
-    def send(self, request: Prepared) -> Result:
-        """Send *request*, read its answer: a :class:`Result` or the error it stands for."""
+    def send(self, request: Prepared) -> Any:
+        """Send *request*, read its answer: what :func:`result_of` makes of it."""
         doing = f"inferring with model {request.model!r}"
-        data = request.wire(self.host)
+        pieces = request.wire(self.host)
         for attempt in range(2):
             sock = None if attempt else self._take_idle()  # the second try: a fresh connection
             reused = sock is not None
@@ -334,9 +397,10 @@ class Connections(_ConnectionsBase):
                 sock = self._connect(doing)
             reader, response = ResponseReader(), None
             try:
-                sock.sendall(data)
+                for piece in pieces:
+                    sock.sendall(piece)
                 while response is None:
-                    response = self._read(reader, sock.recv(_RECV_BYTES))
+                    response = self._read(reader, sock.recv(reader.wanted()))
             except (OSError, ValueError) as exc:
                 self._discard(sock)
                 if self._may_retry(reused, reader, exc):
@@ -375,20 +439,21 @@ class Connections(_ConnectionsBase):
 class AsyncConnections(_ConnectionsBase):
     """The same on an event loop: non-blocking sockets read and written by the loop."""
 
-    async def send(self, request: Prepared) -> Result:
+    async def send(self, request: Prepared) -> Any:
         """Send *request*, read its answer (see :meth:`Connections.send`).  A task cancelled
         in the middle drops its connection: what is left of the answer is unread on it."""
         doing = f"inferring with model {request.model!r}"
-        data = request.wire(self.host)
+        pieces = request.wire(self.host)
         loop = asyncio.get_running_loop()
         for attempt in range(2):
             reused = bool(self._idle) and not attempt  # the second try: a fresh connection
             sock = self._idle.pop() if reused else await self._connect(loop, doing)
             reader, response = ResponseReader(), None
             try:
-                await loop.sock_sendall(sock, data)
+                for piece in pieces:
+                    await loop.sock_sendall(sock, piece)
                 while response is None:
-                    chunk = await asyncio.wait_for(loop.sock_recv(sock, _RECV_BYTES), self.endpoint.network_timeout)
+                    chunk = await asyncio.wait_for(loop.sock_recv(sock, reader.wanted()), self.endpoint.network_timeout)
                     response = self._read(reader, chunk)
             except (OSError, ValueError, asyncio.TimeoutError) as exc:
                 if self._may_retry(reused, reader, exc):

@@ -128,12 +128,67 @@ def test_a_prepared_request_is_what_tritonclient_would_send():
     assert body["inputs"][0]["parameters"] == {"shared_memory_region": "tshm-a", "shared_memory_byte_size": 24,
                                                "shared_memory_offset": 64}
     assert body["outputs"][0]["parameters"]["shared_memory_offset"] == 128
-    wire = prepared.wire(b"h:1")
+    (wire,) = prepared.wire(b"h:1")  # small: head and body in one write
     assert wire.startswith(b"POST /v2/models/my%20model/versions/2/infer HTTP/1.1\r\nHost: h:1\r\n")
     assert wire.endswith(b"\r\n\r\n" + prepared.body) and f"Content-Length: {len(prepared.body)}".encode() in wire
-    tensor.set_data_from_numpy(np.zeros((2, 3), np.float32), binary_data=True)
-    with pytest.raises(ValueError, match="shared memory only"):
-        _http1.prepare("m", "", [tensor], [output])
+
+
+def test_a_request_with_options_and_tensors_in_it_is_what_tritonclient_would_send():
+    import gzip
+
+    import tritonclient.http as httpclient
+
+    values = np.random.default_rng(0).random(1 << 15, dtype=np.float32)  # 128 KiB, hardly compressible
+    tensor = httpclient.InferInput("INPUT0", [1 << 15], "FP32")
+    tensor.set_data_from_numpy(values, binary_data=True)
+    output = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+    prepared = _http1.prepare("m", "", [tensor], [output], {
+        "parameters": {"k": "v"}, "priority": 2, "sequence_id": 7, "sequence_start": True, "headers": {"x-a": "b"},
+        "request_compression_algorithm": "gzip", "response_compression_algorithm": "deflate"})
+    assert prepared.headers["x-a"] == "b" and prepared.headers["Content-Encoding"] == "gzip"
+    assert prepared.headers["Accept-Encoding"] == "deflate"
+    body = gzip.decompress(prepared.body)
+    json_size = prepared.headers["Inference-Header-Content-Length"]
+    header = json.loads(body[:json_size])
+    assert header["parameters"] == {"sequence_id": 7, "sequence_start": True, "sequence_end": False, "priority": 2,
+                                    "k": "v"}
+    assert np.array_equal(np.frombuffer(body[json_size:], np.float32), values)
+    head, rest = prepared.wire(b"h:1")  # large: the body is not copied into the head
+    assert rest is prepared.body and b"x-a: b\r\n" in head and head.endswith(b"\r\n\r\n")
+    with pytest.raises(TypeError, match="client_timeout"):
+        _http1.prepare("m", "", [tensor], [output], {"client_timeout": 1.0})
+    with pytest.raises(ValueError, match="line breaks"):
+        _http1.Prepared("m", "/", b"", {"x-a": "b\r\nHost: evil"})
+
+
+def test_an_answer_with_tensors_or_compressed_is_read_by_tritonclients_infer_result():
+    import zlib
+
+    values = np.arange(6, dtype=np.float32)
+    header = json.dumps({"outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [2, 3],
+                                      "parameters": {"binary_data_size": 24}}]}).encode()
+    body = zlib.compress(header + values.tobytes())
+    response = _http1.ResponseReader().feed(answer(body, extra=f"Inference-Header-Content-Length: {len(header)}\r\n"
+                                                             f"Content-Encoding: deflate\r\n"))
+    result = _http1.result_of(response, "inferring")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), values.reshape(2, 3))
+    error = _http1.ResponseReader().feed(answer(zlib.compress(b'{"error": "Unable to find shared memory region: x"}'),
+                                                "400 Bad Request", "Content-Encoding: deflate\r\n"))
+    with pytest.raises(RegionNotRegistered):
+        _http1.result_of(error, "inferring")
+
+
+def test_a_large_body_read_in_many_pieces_and_how_much_to_ask_for():
+    body = bytes(range(256)) * (1 << 14)  # 4 MiB
+    data = answer(body)
+    reader = _http1.ResponseReader()
+    assert reader.wanted() == 64 << 10
+    assert reader.feed(data[:100]) is None
+    assert reader.wanted() == len(body) - (100 - (len(data) - len(body)))
+    response = None
+    for at in range(100, len(data), 1 << 16):
+        response = reader.feed(data[at:at + (1 << 16)])
+    assert response is not None and response.body == body
 
 
 # -- the drivers, against a scripted server ------------------------------------------
@@ -441,3 +496,28 @@ def test_a_burst_leaves_at_most_max_idle_connections_open(scripted, monkeypatch)
         connections.close()
 
     asyncio.run(main())
+
+
+def test_http_requests_with_options_and_tensors_in_the_messages_go_on_the_socket_too(server, no_tritonclient_infer,
+                                                                                      monkeypatch):
+    sent = []
+    real = _http1.Connections.send
+
+    def send(self, request):
+        sent.append(request)
+        return real(self, request)
+
+    monkeypatch.setattr(_http1.Connections, "send", send)
+    x = np.arange(1024, dtype=np.float32)
+    url = f"http://{server.http_url}"
+    with tritonshm.Client(url, headers={"x-tenant": "acme"}) as c:  # every request has options: per call
+        out = c.infer("identity_fp32", {"INPUT0": x}, request_compression_algorithm="gzip",
+                      response_compression_algorithm="deflate", priority=1)
+        np.testing.assert_array_equal(out["OUTPUT0"], x)
+        assert sent[-1].headers["x-tenant"] == "acme" and sent[-1].headers["Content-Encoding"] == "gzip"
+    with tritonshm.Client(url, transport="wire") as c:  # tensors inside the messages, both ways
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"], x)
+        assert "Inference-Header-Content-Length" in sent[-1].headers
+    with tritonshm.Client(url) as c:  # BYTES through the slot, sizes of their own per call
+        words = np.array([b"a", b"bc", b"def"], dtype=np.object_)
+        np.testing.assert_array_equal(c.infer("identity_bytes", {"INPUT0": words})["OUTPUT0"], words)

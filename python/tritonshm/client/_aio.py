@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from .. import _http1, _transport, triton
 from ..errors import ServerTimeout
-from . import _devices, _intake
+from . import _devices, _intake, _messages
 from ._client import SETTLE_SECONDS, BlockingDriver, release_everything
 from ._engine import Engine, engine_setting
 from ._model import ModelInfo
@@ -166,11 +166,10 @@ class AsyncDriver:
 
     async def _send(self, step: Send) -> Any:
         doing = f"inferring with model {step.model!r}"
-        if step.message is not None:  # made ready once: sent as it is
-            if self._http1 is not None:
-                return await self._http1.send(step.message)
-            if not self._wire.http:
-                return await triton.call_translated(self._wire, doing, "send_message", self.aio_client, step.message)
+        if self._http1 is not None:  # on the loop's own sockets: a message made ready once, or now
+            return await self._http1.send(step.message or _messages.http_request(step))
+        if step.message is not None:  # gRPC, made ready once: sent as it is
+            return await triton.call_translated(self._wire, doing, "send_message", self.aio_client, step.message)
         options = {} if step.options is None else step.options.infer_kwargs(self._wire.http)
         return await triton.call_translated(
             self.aio_client, doing, "infer", step.model, step.inputs, model_version=step.version,

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .. import _http1, triton
 from ..errors import ServerTimeout
-from . import _devices, _intake
+from . import _devices, _intake, _messages
 from ._engine import Engine, engine_setting
 from ._model import ModelInfo
 from ._pool import PoolInfo
@@ -143,12 +143,11 @@ class BlockingDriver:
             raise ServerTimeout(f"no response from the server within client_timeout={step.timeout} s") from None
 
     def _send(self, step: Send) -> Any:
-        if step.message is not None:  # made ready once: sent as it is
-            if self._http1 is not None:
-                return self._http1.send(step.message)
-            if not self._wire.http:
-                return self.connector.call(lambda tc: triton.call_translated(
-                    self._wire, f"inferring with model {step.model!r}", "send_message", tc, step.message))
+        if self._http1 is not None:  # on this thread's socket: a message made ready once, or now
+            return self._http1.send(step.message or _messages.http_request(step))
+        if step.message is not None:  # gRPC, made ready once: sent as it is
+            return self.connector.call(lambda tc: triton.call_translated(
+                self._wire, f"inferring with model {step.model!r}", "send_message", tc, step.message))
         doing = f"inferring with model {step.model!r}"
         options = {} if step.options is None else step.options.infer_kwargs(self._wire.http)
         return self.connector.call(lambda tc: triton.call_translated(

@@ -16,13 +16,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .. import _http1
 from ..errors import ShapeMismatch
 from . import _bytes, _devices, _intake
 from ._devices import DeviceTensor, Placement
 from ._model import ModelInfo
 from ._pool import Lease
+from ._steps import Send
 
-__all__ = ["collect", "make_room", "rows_for", "slot_request", "wire_request", "wire_results"]
+__all__ = ["collect", "http_request", "make_room", "rows_for", "slot_request", "wire_request", "wire_results"]
 
 _MESSAGES_PER_SLOT = 16  # what a slot keeps per input shapes and outputs (messages, quick views)
 
@@ -71,6 +73,13 @@ def collect(info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
             memory.read_into(out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize, 0, stream)
             queued |= on_gpu
     return outputs, queued
+
+
+def http_request(send: Send) -> _http1.Prepared:
+    """The HTTP request of a :class:`Send` that carries no message made ready ahead (it has
+    options, BYTES sizes of its own, or its tensors in the message)."""
+    options = None if send.options is None else send.options.http_infer_kwargs()
+    return _http1.prepare(send.model, send.version, send.inputs, send.outputs, options)
 
 
 def rows_for(info: ModelInfo, rows: _intake.Rows | None, name: str,
