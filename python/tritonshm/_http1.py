@@ -1,4 +1,4 @@
-"""HTTP/1.1 for prepared inference requests: kept-alive sockets, no thread hand-off.
+"""HTTP/1.1 for inference requests: kept-alive sockets, no thread hand-off.
 
 A request whose tensors all live in shared memory is a few hundred bytes of
 JSON each way, made once per slot (:func:`prepare`).  tritonclient's HTTP
@@ -9,16 +9,20 @@ read by the caller's thread costs about 30.  Measured against a local Triton
 (4 KiB FP32 identity, calls interleaved): 240 us a call on a socket, 420
 through tritonclient.http, 540 through tritonclient.grpc.
 
-The module is the wire and nothing else, in the way of h11: a sans-I/O
-:class:`ResponseReader` (bytes in, one response out), and two drivers of it
-that own sockets -- :class:`Connections` (blocking, any thread) and
-:class:`AsyncConnections` (asyncio).  Each keeps up to 32 idle connections and opens
-one more when all are busy: a request has a connection to itself, HTTP/1.1
-without pipelining.  A connection that was idle and turns out closed by the
-server (its keep-alive ran out, it restarted) is replaced and the request
-sent once more, as long as not one byte of an answer came back: the server
-cannot have run it.  Everything else -- options, headers, TLS, compression,
-BYTES tensors -- goes through tritonclient as before.
+The module is the wire and nothing else, in the way of h11: :func:`prepare`
+builds what tritonclient.http's ``infer`` would send (with its own request
+builder, options, compression and tensors' bytes included), a sans-I/O
+:class:`ResponseReader` takes bytes and gives one response, :func:`result_of`
+reads it (JSON alone: a :class:`Result`; tensors' bytes or compression:
+tritonclient's ``InferResult``), and two drivers own the sockets --
+:class:`Connections` (blocking, any thread) and :class:`AsyncConnections`
+(asyncio).  Each keeps up to 32 idle connections and opens one more when all
+are busy: a request has a connection to itself, HTTP/1.1 without
+pipelining.  A connection that was idle and turns out closed by the server
+(its keep-alive ran out, it restarted) is replaced and the request sent once
+more, as long as not one byte of an answer came back: the server cannot have
+run it.  TLS, ``verbose`` and every call but inference go through
+tritonclient.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class AsyncDriver:
         self.aio_client = aio_client
         self._wire = engine.wire
         endpoint = engine.endpoint
-        # Plain HTTP: requests made ready ahead go on the loop's own sockets (None: tritonclient).
+        # Plain HTTP: inference requests go on the loop's own sockets (None: tritonclient).
         self._http1 = None if endpoint is None else _http1.AsyncConnections(endpoint)
         self._streams: dict[Any, AsyncStream] = {}   # by stream_key: made on first use
         self.handlers: dict[type, Callable[[Any], Any]] = {

@@ -64,7 +64,7 @@ class BlockingDriver:
         self.connector = connector
         self._wire = engine.wire
         endpoint = engine.endpoint
-        # Plain HTTP: requests made ready ahead go on this thread's socket, not through
+        # Plain HTTP: inference requests go on this thread's socket, not through
         # tritonclient's I/O thread (None: through tritonclient).
         self._http1 = None if endpoint is None else _http1.Connections(endpoint)
         self._connect = engine.connect

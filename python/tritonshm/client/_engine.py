@@ -183,7 +183,7 @@ class Engine:
 
     @property
     def endpoint(self) -> _http1.Endpoint | None:
-        """Where requests made ready ahead go straight on a socket of the sending thread's
+        """Where inference requests go straight on a socket of the sending thread's
         (see :mod:`tritonshm._http1`): plain HTTP only; None over gRPC, TLS or with *verbose*
         (which prints tritonclient's requests), which all go through tritonclient."""
         if not self.wire.http or self._ssl or self._verbose:
