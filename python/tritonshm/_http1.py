@@ -322,7 +322,8 @@ class _ConnectionsBase:
 
     def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint
-        self.host = f"{endpoint.host}:{endpoint.port}".encode()
+        host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host  # IPv6: in brackets
+        self.host = f"{host}:{endpoint.port}".encode()
         self.closed = False
         self._idle: list[socket.socket] = []   # list.pop/append: atomic, no lock on the way
         self._open: set[socket.socket] = set()

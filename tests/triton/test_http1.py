@@ -482,6 +482,7 @@ def test_an_endpoint_from_an_address_and_tritonclients_connect_options():
     assert _http1.Endpoint.parse("[::1]:8000", {"network_timeout": 5, "concurrency": 4}) == \
         _http1.Endpoint("::1", 8000, 60.0, 5.0)
     assert _http1.Endpoint.parse("h:1", {"connection_timeout": None}).connection_timeout is None
+    assert _http1.Connections(_http1.Endpoint.parse("[::1]:8000")).host == b"[::1]:8000"  # the Host header
 
 
 def test_a_burst_leaves_at_most_max_idle_connections_open(scripted, monkeypatch):
