@@ -522,3 +522,18 @@ def test_http_requests_with_options_and_tensors_in_the_messages_go_on_the_socket
     with tritonshm.Client(url) as c:  # BYTES through the slot, sizes of their own per call
         words = np.array([b"a", b"bc", b"def"], dtype=np.object_)
         np.testing.assert_array_equal(c.infer("identity_bytes", {"INPUT0": words})["OUTPUT0"], words)
+
+
+def test_verbose_http_clients_go_through_tritonclient_which_prints_them(server, capsys):
+    x = np.arange(64, dtype=np.float32)
+    with tritonshm.Client(f"http://{server.http_url}", verbose=True) as c:
+        for i in range(3):  # the full way, then the quick path: both with a message made ready ahead
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x + i})["OUTPUT0"], x + i)
+
+    async def main():
+        async with tritonshm.aio.Client(f"http://{server.http_url}", verbose=True) as c:
+            for i in range(3):
+                np.testing.assert_array_equal((await c.infer("identity_fp32", {"INPUT0": x + i}))["OUTPUT0"], x + i)
+
+    asyncio.run(main())
+    assert capsys.readouterr().out.count("infer") >= 6  # tritonclient printed each request

@@ -168,7 +168,7 @@ class AsyncDriver:
         doing = f"inferring with model {step.model!r}"
         if self._http1 is not None:  # on the loop's own sockets: a message made ready once, or now
             return await self._http1.send(step.message or _messages.http_request(step))
-        if step.message is not None:  # gRPC, made ready once: sent as it is
+        if step.message is not None and not self._wire.http:  # gRPC, made ready once: sent as it is
             return await triton.call_translated(self._wire, doing, "send_message", self.aio_client, step.message)
         options = {} if step.options is None else step.options.infer_kwargs(self._wire.http)
         return await triton.call_translated(

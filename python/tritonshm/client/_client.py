@@ -145,7 +145,7 @@ class BlockingDriver:
     def _send(self, step: Send) -> Any:
         if self._http1 is not None:  # on this thread's socket: a message made ready once, or now
             return self._http1.send(step.message or _messages.http_request(step))
-        if step.message is not None:  # gRPC, made ready once: sent as it is
+        if step.message is not None and not self._wire.http:  # gRPC, made ready once: sent as it is
             return self.connector.call(lambda tc: triton.call_translated(
                 self._wire, f"inferring with model {step.model!r}", "send_message", tc, step.message))
         doing = f"inferring with model {step.model!r}"
