@@ -55,8 +55,13 @@ def slot_memory_peak(monkeypatch):
     assert state["live"] == 0, "slot memory left open after the client closed"
 
 
-def test_a_burst_of_cold_threads_makes_one_pool(server, slot_memory_peak):
-    with tritonshm.Client(server.grpc_url, max_pool_bytes=MAX_POOL_BYTES) as c:
+def url_of(server, protocol: str) -> str:
+    return server.grpc_url if protocol == "grpc" else f"http://{server.http_url}"
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])  # HTTP: every request on a socket of its thread
+def test_a_burst_of_cold_threads_makes_one_pool(server, slot_memory_peak, protocol):
+    with tritonshm.Client(url_of(server, protocol), max_pool_bytes=MAX_POOL_BYTES) as c:
         c.model_info("identity_fp32")  # metadata first: the burst is about pools
         start = threading.Barrier(BURST)
 
@@ -75,11 +80,12 @@ def test_a_burst_of_cold_threads_makes_one_pool(server, slot_memory_peak):
     assert slot_memory_peak["made"] == 1
 
 
-def test_a_burst_of_cold_tasks_with_random_cancels_keeps_max_pool_bytes(server, slot_memory_peak):
+@pytest.mark.parametrize("protocol", ["grpc", "http"])  # HTTP: cancels in the middle of the loop's sockets
+def test_a_burst_of_cold_tasks_with_random_cancels_keeps_max_pool_bytes(server, slot_memory_peak, protocol):
     rng = random.Random(17)
 
     async def main():
-        async with tritonshm.aio.Client(server.grpc_url, max_pool_bytes=MAX_POOL_BYTES) as c:
+        async with tritonshm.aio.Client(url_of(server, protocol), max_pool_bytes=MAX_POOL_BYTES) as c:
             await c.model_info("identity_fp32")
             datas = [sample(np.float32, ELEMENTS, seed=i) for i in range(BURST)]
             tasks = [asyncio.ensure_future(c.infer("identity_fp32", {"INPUT0": d})) for d in datas]
