@@ -537,3 +537,26 @@ def test_verbose_http_clients_go_through_tritonclient_which_prints_them(server, 
 
     asyncio.run(main())
     assert capsys.readouterr().out.count("infer") >= 6  # tritonclient printed each request
+
+
+def test_a_server_restart_under_kept_connections(fresh_server, no_tritonclient_infer):
+    """The connections kept open die with the server: the next request goes on a fresh one, finds
+    the server forgot our regions, registers them again and runs -- sync and asyncio."""
+    x = np.arange(256, dtype=np.float32)
+    url = f"http://{fresh_server.http_url}"
+    with tritonshm.Client(url) as c:
+        for i in range(3):
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x + i})["OUTPUT0"], x + i)
+        fresh_server.restart()
+        for i in range(3):
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x - i})["OUTPUT0"], x - i)
+
+    async def main():
+        async with tritonshm.aio.Client(f"http://{fresh_server.http_url}") as c:
+            outs = await asyncio.gather(*[c.infer("identity_fp32", {"INPUT0": x + i}) for i in range(4)])
+            fresh_server.restart()
+            outs += await asyncio.gather(*[c.infer("identity_fp32", {"INPUT0": x + i}) for i in range(4, 8)])
+            for i, out in enumerate(outs):
+                np.testing.assert_array_equal(out["OUTPUT0"], x + i)
+
+    asyncio.run(main())
