@@ -254,6 +254,8 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool, int | None]:
     if headers.get("transfer-encoding", "").lower() != "chunked":
         if "content-length" in headers:
             length = int(headers["content-length"])
+            if length < 0:
+                raise ValueError(f"a negative Content-Length: {length}")
         elif status in (204, 304) or 100 <= status < 200:
             length = 0
         else:

@@ -83,7 +83,8 @@ def test_the_end_of_the_connection_before_or_inside_an_answer():
 
 
 @pytest.mark.parametrize("data", [b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
-                                  b"HTTP/1.1 abc OK\r\n\r\n"])
+                                  b"HTTP/1.1 abc OK\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
+                                  b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"])
 def test_what_is_not_an_http_response_is_refused(data):
     with pytest.raises(ValueError):
         _http1.ResponseReader().feed(data)
