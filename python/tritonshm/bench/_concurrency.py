@@ -410,6 +410,29 @@ class TcGrpcAio(AsyncMethod):
         return result.as_numpy(OUTPUT)
 
 
+class TcHttpAio(AsyncMethod):
+    name = "tc-http-aio"
+    group = "peer"
+    description = ("N asyncio tasks sharing one tritonclient.http.aio.InferenceServerClient: plain HTTP, "
+                   "the tensor inside the request and the reply as binary data")
+    needs_http = True
+
+    async def aopen(self) -> None:
+        import tritonclient.http.aio as aiohttp
+
+        self.client = aiohttp.InferenceServerClient(self.setting.require_http(), conn_limit=self.concurrency)
+
+    async def acall(self, caller: int, x: np.ndarray) -> np.ndarray:
+        import tritonclient.http as httpclient
+
+        s = self.setting
+        infer_input = httpclient.InferInput(INPUT, [s.count], s.datatype)
+        infer_input.set_data_from_numpy(x, binary_data=True)
+        requested = [httpclient.InferRequestedOutput(OUTPUT, binary_data=True)]
+        result = await self.client.infer(s.model, [infer_input], outputs=requested)
+        return result.as_numpy(OUTPUT)
+
+
 class ClientAio(AsyncMethod):
     name = "Client-aio"
     group = "tritonshm"
@@ -438,7 +461,8 @@ class ClientHttpAio(ClientAio):
 
 #: Every method, in the order of the table.
 CONCURRENCY_METHODS: tuple[type[ConcurrentMethod], ...] = (TcGrpcThreads, TcShmThreads, ClientThreads,
-                                                            ClientHttpThreads, TcGrpcAio, ClientAio, ClientHttpAio)
+                                                            ClientHttpThreads, TcGrpcAio, TcHttpAio, ClientAio,
+                                                            ClientHttpAio)
 MODES = ("threads", "asyncio")
 
 
