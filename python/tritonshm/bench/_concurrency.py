@@ -61,6 +61,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .._transport import GRPC, GRPC_AIO, HTTP_AIO
 from ..demo import _size
 from ..errors import Error
 from ._harness import DEFAULT_WARMUP, WrongOutput, method_classes, output_problem, run_meta, sample_input, \
@@ -286,12 +287,6 @@ class AsyncMethod(ConcurrentMethod):
 # -- the methods --------------------------------------------------------------------------------------
 
 
-def _grpc_infer_args(setting: Setting, x: np.ndarray, module: Any) -> tuple[list, list]:
-    infer_input = module.InferInput(INPUT, [setting.count], setting.datatype)
-    infer_input.set_data_from_numpy(x)
-    return [infer_input], [module.InferRequestedOutput(OUTPUT)]
-
-
 class TcGrpcThreads(ThreadedMethod):
     name = "tc-grpc-threads"
     group = "peer"
@@ -302,9 +297,7 @@ class TcGrpcThreads(ThreadedMethod):
         self.client = _grpc_client(self.setting.url)
 
     def call(self, caller: int, x: np.ndarray) -> np.ndarray:
-        import tritonclient.grpc as grpcclient
-
-        inputs, outputs = _grpc_infer_args(self.setting, x, grpcclient)
+        inputs, outputs = self.setting.wire_args(x, GRPC)
         return self.client.infer(self.setting.model, inputs, outputs=outputs).as_numpy(OUTPUT)
 
 
@@ -374,7 +367,7 @@ class ClientThreads(ThreadedMethod):
     def open(self) -> None:
         from ..client import Client
 
-        self.client = Client(self.setting.url, transport="shm", slots=self.concurrency)
+        self.client = Client(self.setting.client_url(self.needs_http), transport="shm", slots=self.concurrency)
 
     def call(self, caller: int, x: np.ndarray) -> np.ndarray:
         return self.client.infer(self.setting.model, {INPUT: x})[OUTPUT]
@@ -384,11 +377,6 @@ class ClientHttpThreads(ClientThreads):
     name = "Client-http-threads"
     description = "the same, the client made with the server's http:// URL"
     needs_http = True
-
-    def open(self) -> None:
-        from ..client import Client
-
-        self.client = Client("http://" + self.setting.require_http(), transport="shm", slots=self.concurrency)
 
 
 class TcGrpcAio(AsyncMethod):
@@ -403,9 +391,7 @@ class TcGrpcAio(AsyncMethod):
         self.client = aiogrpc.InferenceServerClient(self.setting.url)
 
     async def acall(self, caller: int, x: np.ndarray) -> np.ndarray:
-        import tritonclient.grpc.aio as aiogrpc
-
-        inputs, outputs = _grpc_infer_args(self.setting, x, aiogrpc)
+        inputs, outputs = self.setting.wire_args(x, GRPC_AIO)
         result = await self.client.infer(self.setting.model, inputs, outputs=outputs)
         return result.as_numpy(OUTPUT)
 
@@ -423,13 +409,8 @@ class TcHttpAio(AsyncMethod):
         self.client = aiohttp.InferenceServerClient(self.setting.require_http(), conn_limit=self.concurrency)
 
     async def acall(self, caller: int, x: np.ndarray) -> np.ndarray:
-        import tritonclient.http as httpclient
-
-        s = self.setting
-        infer_input = httpclient.InferInput(INPUT, [s.count], s.datatype)
-        infer_input.set_data_from_numpy(x, binary_data=True)
-        requested = [httpclient.InferRequestedOutput(OUTPUT, binary_data=True)]
-        result = await self.client.infer(s.model, [infer_input], outputs=requested)
+        inputs, outputs = self.setting.wire_args(x, HTTP_AIO)
+        result = await self.client.infer(self.setting.model, inputs, outputs=outputs)
         return result.as_numpy(OUTPUT)
 
 
@@ -442,7 +423,7 @@ class ClientAio(AsyncMethod):
     async def aopen(self) -> None:
         from ..aio import Client
 
-        self.client = Client(self.setting.url, transport="shm", slots=self.concurrency)
+        self.client = Client(self.setting.client_url(self.needs_http), transport="shm", slots=self.concurrency)
 
     async def acall(self, caller: int, x: np.ndarray) -> np.ndarray:
         return (await self.client.infer(self.setting.model, {INPUT: x}))[OUTPUT]
@@ -452,11 +433,6 @@ class ClientHttpAio(ClientAio):
     name = "Client-http-aio"
     description = "the same, the client made with the server's http:// URL"
     needs_http = True
-
-    async def aopen(self) -> None:
-        from ..aio import Client
-
-        self.client = Client("http://" + self.setting.require_http(), transport="shm", slots=self.concurrency)
 
 
 #: Every method, in the order of the table.

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._transport import GRPC, HTTP, Transport
 from ..demo import _page_round
 
 #: Input and output names of the bundled identity models.
@@ -57,6 +58,17 @@ class Setting:
 
             raise Unavailable("no HTTP address: pass --http-url with --url")
         return self.http_url
+
+    def client_url(self, http: bool) -> str:
+        """What a tritonshm client is made with: the gRPC address, or the HTTP one as http://."""
+        return "http://" + self.require_http() if http else self.url
+
+    def wire_args(self, x: np.ndarray, wire: Transport) -> tuple[list, list]:
+        """A plain request's inputs and outputs for tritonclient flavour *wire*: *x* inside the
+        message, the output asked for inside the reply (HTTP: as binary data, both ways)."""
+        infer_input = wire.infer_input(INPUT, [self.count], self.datatype)
+        infer_input.set_data_from_numpy(x)
+        return [infer_input], [wire.requested_output(OUTPUT)]
 
 
 class Method:
@@ -126,13 +138,8 @@ class Grpc(Method):
 
     def host_call(self, x: np.ndarray) -> np.ndarray:
         """The per-request work on host arrays: *x* into the request, the reply's array out."""
-        import tritonclient.grpc as grpcclient
-
-        s = self.setting
-        infer_input = grpcclient.InferInput(INPUT, [s.count], s.datatype)
-        infer_input.set_data_from_numpy(x)
-        result = self.client.infer(s.model, [infer_input], outputs=[grpcclient.InferRequestedOutput(OUTPUT)])
-        return result.as_numpy(OUTPUT)
+        inputs, outputs = self.setting.wire_args(x, GRPC)
+        return self.client.infer(self.setting.model, inputs, outputs=outputs).as_numpy(OUTPUT)
 
 
 class Http(Method):
@@ -146,13 +153,8 @@ class Http(Method):
         self.client = httpclient.InferenceServerClient(self.setting.require_http())
 
     def call(self, x: np.ndarray) -> np.ndarray:
-        import tritonclient.http as httpclient
-
-        s = self.setting
-        infer_input = httpclient.InferInput(INPUT, [s.count], s.datatype)
-        infer_input.set_data_from_numpy(x, binary_data=True)
-        requested = httpclient.InferRequestedOutput(OUTPUT, binary_data=True)
-        return self.client.infer(s.model, [infer_input], outputs=[requested]).as_numpy(OUTPUT)
+        inputs, outputs = self.setting.wire_args(x, HTTP)
+        return self.client.infer(self.setting.model, inputs, outputs=outputs).as_numpy(OUTPUT)
 
 
 class TwoRegions(Method):
@@ -295,11 +297,12 @@ class ClientInfer(Method):
     name = "Client.infer"
     group = "tritonshm"
     description = "tritonshm.Client(url, transport='shm').infer(model, {name: x}): copy in, copy out (copy=True)"
+    http = False  #: the client made with the server's http:// URL, not its gRPC one
 
     def open(self) -> None:
         from ..client import Client
 
-        self.client = Client(self.setting.url, transport="shm")
+        self.client = Client(self.setting.client_url(self.http), transport="shm")
 
     def call(self, x: np.ndarray) -> np.ndarray:
         return self.client.infer(self.setting.model, {INPUT: x})[OUTPUT]
@@ -307,13 +310,8 @@ class ClientInfer(Method):
 
 class ClientInferHttp(ClientInfer):
     name = "Client.infer-http"
-    group = "tritonshm"
     description = "the same Client.infer, the client made with the server's http:// URL"
-
-    def open(self) -> None:
-        from ..client import Client
-
-        self.client = Client("http://" + self.setting.require_http(), transport="shm")
+    http = True
 
 
 class ZeroCopy(ClientInfer):
@@ -331,9 +329,8 @@ class ZeroCopy(ClientInfer):
 
 class ZeroCopyHttp(ZeroCopy):
     name = "zero-copy-http"
-    group = "tritonshm"
     description = "the same zero-copy request, the client made with the server's http:// URL"
-    open = ClientInferHttp.open
+    http = True
 
 
 class Floor(Method):
