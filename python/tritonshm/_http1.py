@@ -363,6 +363,13 @@ class _ConnectionsBase:
             self._discard(sock)
         return result_of(response, doing)
 
+    def _take_idle(self) -> socket.socket | None:
+        """An idle connection, or None."""
+        try:
+            return self._idle.pop()  # atomic: no lock, and no check-then-pop race between threads
+        except IndexError:
+            return None
+
     def _adopt(self, sock: socket.socket, doing: str) -> socket.socket:
         """A new connection, counted among ours (or closed, if we were closed meanwhile)."""
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # a request is one write: send it now
@@ -425,12 +432,6 @@ class Connections(_ConnectionsBase):
         for sock in socks:
             _shut(sock)
 
-    def _take_idle(self) -> socket.socket | None:
-        try:
-            return self._idle.pop()  # atomic: no lock, and no check-then-pop race between threads
-        except IndexError:
-            return None
-
     def _connect(self, doing: str) -> socket.socket:
         if self.closed:
             raise ClientClosed(f"{doing}: the client was closed")
@@ -453,8 +454,10 @@ class AsyncConnections(_ConnectionsBase):
         pieces = request.wire(self.host)
         loop = asyncio.get_running_loop()
         for attempt in range(2):
-            reused = bool(self._idle) and not attempt  # the second try: a fresh connection
-            sock = self._idle.pop() if reused else await self._connect(loop, doing)
+            sock = None if attempt else self._take_idle()  # the second try: a fresh connection
+            reused = sock is not None
+            if sock is None:
+                sock = await self._connect(loop, doing)
             reader, response = ResponseReader(), None
             try:
                 for piece in pieces:
