@@ -703,8 +703,7 @@ class Engine:
                         raise ClientClosed(f"the client was closed while this request on model "
                                            f"{info.name!r} ran: its results are lost")
                     for name, spec, view in slot.outputs:
-                        tensor = result.get_output(name)  # HTTP: a dict
-                        shape = tuple(map(int, tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
+                        shape = _messages.output_shape(result, name)
                         size = math.prod(shape) * spec.dtype.itemsize
                         outputs[name] = view[:size].view(spec.dtype).reshape(shape).copy()
             finally:

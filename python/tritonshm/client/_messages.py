@@ -3,9 +3,8 @@
 A slot's request objects (tritonclient's ``InferInput`` and
 ``InferRequestedOutput``, bound to its offsets) and its ready messages
 (gRPC's ``ModelInferRequest``, HTTP's prepared request), made once and kept
-on its extent; the messages of the plain
-gRPC/HTTP path; and the outputs read out of a slot or a reply, copied or
-viewed, on the host or a GPU.  Functions of their arguments: no engine
+on its extent; the messages of the plain gRPC/HTTP path; and the outputs
+read out of a slot or a reply, copied or viewed, on the host or a GPU.  Functions of their arguments: no engine
 state, no I/O.
 """
 
@@ -24,7 +23,7 @@ from ._model import ModelInfo
 from ._pool import Lease
 from ._steps import Send
 
-__all__ = ["collect", "http_request", "make_room", "rows_for", "slot_request", "wire_request", "wire_results"]
+__all__ = ["collect", "http_request", "make_room", "output_shape", "rows_for", "slot_request", "wire_request", "wire_results"]
 
 _MESSAGES_PER_SLOT = 16  # what a slot keeps per input shapes and outputs (messages, quick views)
 
@@ -53,8 +52,7 @@ def collect(info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
         stream.wait(rows.ready)  # the batch's results were allocated on the caller's stream
     for name in names:
         spec = info.output(name)
-        tensor = result.get_output(name)
-        shape = tuple(map(int, tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
+        shape = output_shape(result, name)
         into = rows_for(info, rows, name, shape)
         if into is not None:
             memory.read_into(into[0], lease.offset(name), into[2], into[1], stream)
@@ -73,6 +71,12 @@ def collect(info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
             memory.read_into(out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize, 0, stream)
             queued |= on_gpu
     return outputs, queued
+
+
+def output_shape(result: Any, name: str) -> tuple[int, ...]:
+    """The shape the server gave output *name* in *result* (gRPC: a protobuf tensor; HTTP: JSON)."""
+    tensor = result.get_output(name)
+    return tuple(map(int, tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
 
 
 def http_request(send: Send) -> _http1.Prepared:
