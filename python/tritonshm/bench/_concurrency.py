@@ -64,8 +64,8 @@ import numpy as np
 from .._transport import GRPC, GRPC_AIO, HTTP_AIO
 from ..demo import _size
 from ..errors import Error
-from ._harness import DEFAULT_WARMUP, WrongOutput, method_classes, output_problem, run_meta, sample_input, \
-    server_version
+from ._harness import (DEFAULT_WARMUP, WrongOutput, close_all, method_classes, output_problem, run_meta,
+                       sample_input, server_version)
 from ._methods import INPUT, OUTPUT, Setting, _grpc_client
 
 #: Identifies the layout of the results (and of ``--json``'s file) of ``bench --concurrency``.
@@ -495,15 +495,7 @@ def _measure_size(setting: Setting, classes: Sequence[type[ConcurrentMethod]], c
             method.measure(probe, 0.0, 1, check_for(method))
         failed = False
     finally:
-        errors = []
-        for method in reversed(opened):
-            try:
-                method.close()
-            except Exception as exc:  # close them all, then report the first
-                errors.append(exc)
-        gc.collect()
-        if errors and not failed:
-            raise errors[0]
+        close_all(opened, failed)
     return {"samples": samples, "stride": stride}
 
 

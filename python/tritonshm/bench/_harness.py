@@ -157,16 +157,22 @@ def interleave(methods: Sequence[Method], data: Any, probe: Any, check: Callable
     finally:
         if gc_was_enabled:
             gc.enable()
-        errors = []
-        for method in reversed(opened):
-            try:
-                method.close()
-            except Exception as exc:  # close them all, then report the first
-                errors.append(exc)
-        gc.collect()
-        if errors and not failed:  # a failure of the run itself says more: let it through
-            raise errors[0]
+        close_all(opened, failed)
     return {"reps": done, "times": times, "unavailable": unavailable}
+
+
+def close_all(opened: Sequence[Any], failed: bool) -> None:
+    """Close every method of *opened*, the last opened first; then raise the first failure to
+    close -- unless the run itself *failed*, whose error says more and goes through."""
+    errors = []
+    for method in reversed(opened):
+        try:
+            method.close()
+        except Exception as exc:  # close them all, then report the first
+            errors.append(exc)
+    gc.collect()
+    if errors and not failed:
+        raise errors[0]
 
 
 def measure_size(url: str, model: str, datatype: str, dtype: np.dtype, nbytes: int,
