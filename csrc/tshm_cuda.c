@@ -118,6 +118,8 @@ int tshm_cudart_open(const char *path, tshm_cudart **out, char *why, size_t why_
         void *state = driver_entry_point(lib, "cuDevicePrimaryCtxGetState");
         memcpy(&rt->PrimaryCtxGetState, &state, sizeof state);
     }
+    void *range = driver_entry_point(lib, "cuMemGetAddressRange");
+    memcpy(&rt->MemGetAddressRange, &range, sizeof range);
     *out = rt;
     return 0;
 }
@@ -273,6 +275,8 @@ int tshm_cuda_event_sync(const tshm_cudart *rt, int device, void *event)
 static int alloc_wrap(const tshm_cudart *rt, int device, void *ptr, size_t nbytes,
                       int imported, tshm_cuda_alloc **out)
 {
+    if (out == NULL)
+        return -EINVAL;
     tshm_cuda_alloc *a = calloc(1, sizeof *a);
     if (a == NULL)
         return -ENOMEM;
@@ -327,6 +331,30 @@ int tshm_cuda_alloc_open(const tshm_cudart *rt, int device, const tshm_ipc_handl
     return rc;
 }
 
+int tshm_cuda_alloc_borrow(const tshm_cudart *rt, int device, const void *ptr, tshm_cuda_alloc **out)
+{
+    if (rt == NULL || out == NULL || ptr == NULL || device < 0)
+        return -EINVAL;
+    if (rt->MemGetAddressRange == NULL)
+        return -ENOSYS;
+    int previous;
+    int rc = device_enter(rt, device, &previous);
+    if (rc != 0)
+        return rc;
+    unsigned long long base = 0;
+    size_t nbytes = 0;
+    rc = rt->MemGetAddressRange(&base, &nbytes, (unsigned long long)(uintptr_t)ptr);
+    device_leave(rt, device, previous);
+    if (rc != 0)
+        return rc;
+    if (base == 0 || nbytes == 0 || (uintptr_t)ptr < base || (uintptr_t)ptr - base >= nbytes)
+        return -EFAULT;  /* a driver answer that does not hold the pointer */
+    rc = alloc_wrap(rt, device, (void *)(uintptr_t)base, nbytes, 0, out);
+    if (rc == 0)
+        (*out)->borrowed = 1;
+    return rc;
+}
+
 void tshm_cuda_alloc_incref(tshm_cuda_alloc *a)
 {
     __atomic_add_fetch(&a->refs, 1, __ATOMIC_RELAXED);
@@ -338,7 +366,7 @@ void tshm_cuda_alloc_decref(tshm_cuda_alloc *a)
         return;
     /* A forked child inherits the struct but not the CUDA context: the
      * memory is the parent's, and CUDA calls fail after fork anyway. */
-    if (a->pid == getpid()) {
+    if (a->pid == getpid() && !a->borrowed) {
         const tshm_cudart *rt = a->rt;
         int previous;
         if (device_enter(rt, a->device, &previous) == 0) {

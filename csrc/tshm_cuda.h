@@ -114,6 +114,9 @@ typedef struct tshm_cudart {
      * cuDevicePrimaryCtxGetState (CUdevice is the ordinal), through
      * cudaGetDriverEntryPointByVersion or cudaGetDriverEntryPoint. */
     int (*PrimaryCtxGetState)(int device, unsigned int *flags, int *active);
+    /* Optional likewise: the driver's cuMemGetAddressRange (v2: size_t
+     * sizes), the allocation that holds a device pointer. */
+    int (*MemGetAddressRange)(unsigned long long *base, size_t *nbytes, unsigned long long ptr);
 } tshm_cudart;
 
 /* dlopen() `path` (a file path or a soname for the loader's search) and
@@ -190,6 +193,7 @@ typedef struct tshm_cuda_alloc {
     size_t nbytes;
     int device;
     int imported;       /* opened from an IPC handle */
+    int borrowed;       /* another library's allocation: never freed by us */
     pid_t pid;          /* the process that allocated or opened it */
     size_t refs;        /* holders of the memory; accessed atomically only */
     size_t observers;   /* holders of this struct, +1 for all `refs` together */
@@ -201,6 +205,17 @@ int tshm_cuda_alloc_new(const tshm_cudart *rt, int device, size_t nbytes, tshm_c
 /* Open a peer's allocation of `nbytes` from its IPC handle on `device`; refs = 1. */
 int tshm_cuda_alloc_open(const tshm_cudart *rt, int device, const tshm_ipc_handle *handle,
                          size_t nbytes, tshm_cuda_alloc **out);
+
+/*
+ * Borrow the allocation that holds `ptr` on `device` (another library's:
+ * torch's caching allocator, cupy's pool, a tritonshm region): its base and
+ * size come from cuMemGetAddressRange.  The memory is never freed or closed
+ * by us -- the caller keeps its owner alive for as long as the allocation
+ * (and every registration of it with a server) is in use.  Returns -ENOSYS
+ * where the runtime cannot hand out cuMemGetAddressRange, a positive
+ * CUresult where the driver refuses (e.g. a pointer it does not know).
+ */
+int tshm_cuda_alloc_borrow(const tshm_cudart *rt, int device, const void *ptr, tshm_cuda_alloc **out);
 
 void tshm_cuda_alloc_incref(tshm_cuda_alloc *a);
 /* Drop one reference; the last one frees (or closes) the device memory. */

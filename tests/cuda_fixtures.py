@@ -104,14 +104,15 @@ def current_stream_provider(provider):
         providers.remove(provider)
 
 
-def _producer_double(cls, fake):
-    producer = cls(fake)
+def _producer_double(cls, fake, **allocator):
+    producer = cls(fake, **allocator)
     try:
         with current_stream_provider(producer.current_stream_provider):
             yield producer
     finally:
         producer.close()
         gc.collect()  # tensors the test dropped free their memory before fake_cuda's leak check
+        producer.empty_cache()  # a caching double's segments, once every tensor is gone
 
 
 @pytest.fixture
@@ -121,6 +122,23 @@ def torch_like(fake_cuda):
     from fake_producers import TorchLike
 
     yield from _producer_double(TorchLike, fake_cuda)
+
+
+@pytest.fixture
+def torch_caching(fake_cuda):
+    """A torch-like double whose tensors are blocks of a caching allocator's segments
+    (fake_producers.CachingAllocator): torch's default memory, as far as lifetimes go."""
+    from fake_producers import TorchLike
+
+    yield from _producer_double(TorchLike, fake_cuda, caching=True)
+
+
+@pytest.fixture
+def torch_expandable(fake_cuda):
+    """The same with ``expandable_segments:True``: segments CUDA IPC cannot export."""
+    from fake_producers import TorchLike
+
+    yield from _producer_double(TorchLike, fake_cuda, expandable_segments=True)
 
 
 @pytest.fixture

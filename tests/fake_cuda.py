@@ -264,6 +264,10 @@ _PROTOTYPES = {
     "cudaMemcpyAsync": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]),
     "cudaGetDriverEntryPoint": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_int)]),
     "cudaGetDriverEntryPointByVersion": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_int)]),
+    # memory CUDA IPC cannot export (a caching allocator's expandable segments or cudaMallocAsync backend)
+    "cudaMallocAsync": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_void_p]),
+    "cudaFreeAsync": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
+    "cudaMallocManaged": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]),
     "tshm_fake_cuda_stats": (ctypes.c_int, [ctypes.POINTER(ctypes.c_longlong), ctypes.c_int]),
     "tshm_fake_cuda_pointer_kind": (ctypes.c_int, [ctypes.c_void_p]),
     "tshm_fake_cuda_owner_pid": (ctypes.c_int, []),
@@ -277,8 +281,12 @@ _PROTOTYPES = {
 #: The extra entry points for a real tritonserver with the fake LD_PRELOADed.
 SERVER_SYMBOLS = ("cudaMemcpyAsync", "cudaGetDriverEntryPoint", "cudaGetDriverEntryPointByVersion")
 
+#: Exported for the producer doubles only (memory tritonshm must refuse to share, never allocates).
+UNSHAREABLE_ALLOCATORS = ("cudaMallocAsync", "cudaFreeAsync", "cudaMallocManaged")
+
 #: The cudart entry points tritonshm resolves (csrc/tshm_cuda.h), all exported by the fake.
-CUDART_SYMBOLS = tuple(n for n in _PROTOTYPES if n.startswith("cuda") and not n.startswith("cudaGetDriverEntryPoint"))
+CUDART_SYMBOLS = tuple(n for n in _PROTOTYPES if n.startswith("cuda") and not n.startswith("cudaGetDriverEntryPoint")
+                       and n not in UNSHAREABLE_ALLOCATORS)
 
 #: Driver entry points handed out by the fake's cudaGetDriverEntryPoint(ByVersion).
 DRIVER_SYMBOLS = ("cuMemGetAddressRange", "cuMemGetAddressRange_v2", "cuGetErrorString", "cuDevicePrimaryCtxGetState")
@@ -386,6 +394,19 @@ class FakeCudart:
 
     def free(self, ptr: int) -> None:
         self.check("cudaFree", self.lib.cudaFree(ptr))
+
+    def malloc_unshareable(self, nbytes: int, how: str = "cudaMallocAsync") -> int:
+        """Device memory CUDA IPC refuses to export: pool memory (``cudaMallocAsync``, on the
+        legacy stream) or ``cudaMallocManaged``; freed with :meth:`free`."""
+        p = ctypes.c_void_p()
+        if how == "cudaMallocAsync":
+            rc = self.lib.cudaMallocAsync(ctypes.byref(p), nbytes, None)
+        elif how == "cudaMallocManaged":
+            rc = self.lib.cudaMallocManaged(ctypes.byref(p), nbytes, 1)
+        else:
+            raise ValueError(f"no unshareable allocator {how!r}")
+        self.check(how, rc)
+        return p.value or 0
 
     def ipc_get_handle(self, ptr: int) -> bytes:
         h = IpcHandle()

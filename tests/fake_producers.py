@@ -28,7 +28,12 @@ consumer of their memory is correct:
   resulting tensor dies, when it calls the producer's deleter.
 * **Memory** of ``empty``/``zeros``/``from_numpy`` is the fake's own
   ``cudaMalloc`` (through ctypes) on the tensor's device, freed (under a guard
-  of that device) when the tensor dies.
+  of that device) when the tensor dies -- or, with ``TorchLike(fake,
+  caching=True)``, a block of a :class:`CachingAllocator` segment: torch's
+  caching allocator as far as lifetimes go (blocks carved from segments and
+  handed out again at once when freed, ``empty_cache()`` freeing the
+  segments whose blocks are all free, ``expandable_segments=True`` making
+  segments CUDA IPC cannot export).
 
 ``producer.current_stream_provider(device)`` answers what tritonshm's
 ``_stream.current_stream_providers`` expect: the thread's current stream on
@@ -145,6 +150,99 @@ def _free_device_memory(producer_ref, fake: FakeCudart, ptr: int, device: int) -
     guard = producer.device(device) if producer is not None else contextlib.nullcontext()
     with guard:
         fake.free(ptr)
+
+
+class CachingAllocator:
+    """torch's CUDA caching allocator, as far as the lifetimes of its memory go.
+
+    * Requests are rounded up to 512 bytes.  Up to 1 MiB they are carved from
+      2 MiB segments (torch's small pool); larger ones from segments of their
+      own size rounded up to 2 MiB (its large pool), reused for any request
+      that fits once free.  So a small tensor usually sits at an offset inside
+      an allocation shared with others, as on a real GPU.
+    * A freed block goes back to its segment at once (adjacent free blocks
+      merge) and is handed out again by the next request that fits -- torch
+      does that without waiting for the GPU, for work on the same stream.
+    * ``cudaFree`` of a segment happens only in :meth:`empty_cache`, and only
+      for segments whose blocks are all free: a live tensor keeps its segment.
+    * ``expandable_segments=True``: segments come from memory CUDA IPC cannot
+      export (the fake's ``cudaMallocAsync``), as torch's
+      ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (cuMemCreate/cuMemMap) gives.
+    """
+
+    SMALL = 1 << 20
+    SMALL_SEGMENT = 2 << 20
+    ROUND = 512
+
+    def __init__(self, fake: FakeCudart, expandable_segments: bool = False):
+        self.fake = fake
+        self.expandable_segments = expandable_segments
+        self._lock = threading.Lock()
+        #: segment base -> [device, size, small, blocks]; blocks: sorted [offset, size, free]
+        self._segments: dict[int, list] = {}
+        self.segment_frees = 0
+
+    def malloc(self, nbytes: int, device: int) -> int:
+        """A block of at least *nbytes* on *device* (the caller has the device current)."""
+        need = max(self.ROUND, -(-nbytes // self.ROUND) * self.ROUND)
+        small = need <= self.SMALL
+        with self._lock:
+            for base, (dev, _, seg_small, blocks) in self._segments.items():
+                if dev != device or seg_small != small:
+                    continue
+                for i, (offset, size, free) in enumerate(blocks):
+                    if free and size >= need:
+                        blocks[i:i + 1] = [[offset, need, False]] + ([[offset + need, size - need, True]]
+                                                                     if size > need else [])
+                        return base + offset
+            size = self.SMALL_SEGMENT if small else -(-need // self.SMALL_SEGMENT) * self.SMALL_SEGMENT
+            base = (self.fake.malloc_unshareable(size) if self.expandable_segments else self.fake.malloc(size))
+            blocks = [[0, need, False]] + ([[need, size - need, True]] if size > need else [])
+            self._segments[base] = [device, size, small, blocks]
+            return base
+
+    def free(self, ptr: int) -> None:
+        """Give the block at *ptr* back to its segment (the memory stays allocated)."""
+        with self._lock:
+            for base, (_, size, _, blocks) in self._segments.items():
+                if base <= ptr < base + size:
+                    for i, block in enumerate(blocks):
+                        if base + block[0] == ptr and not block[2]:
+                            block[2] = True
+                            merged: list = []
+                            for b in blocks:  # merge neighbouring free blocks
+                                if merged and merged[-1][2] and b[2]:
+                                    merged[-1][1] += b[1]
+                                else:
+                                    merged.append(list(b))
+                            blocks[:] = merged
+                            return
+            raise ValueError(f"0x{ptr:x} is not a live block of this allocator")
+
+    def empty_cache(self) -> int:
+        """``torch.cuda.empty_cache()``: cudaFree every segment whose blocks are all free;
+        how many were freed."""
+        with self._lock:
+            idle = [base for base, (_, _, _, blocks) in self._segments.items() if all(b[2] for b in blocks)]
+            for base in idle:
+                device = self._segments.pop(base)[0]
+                previous = self.fake.get_device()
+                self.fake.set_device(device)
+                try:
+                    self.fake.free(base)
+                finally:
+                    self.fake.set_device(previous)
+            self.segment_frees += len(idle)
+            return len(idle)
+
+    def segments(self) -> list[tuple[int, int]]:
+        """(base, size) of every segment held."""
+        with self._lock:
+            return [(base, seg[1]) for base, seg in self._segments.items()]
+
+
+def _free_block(allocator: CachingAllocator, ptr: int) -> None:
+    allocator.free(ptr)
 
 
 class FakeDeviceTensor:
@@ -298,8 +396,10 @@ class _Producer:
     tensor_type: type[FakeDeviceTensor] = FakeDeviceTensor
     name = "fake"
 
-    def __init__(self, fake: FakeCudart):
+    def __init__(self, fake: FakeCudart, *, caching: bool = False, expandable_segments: bool = False):
         self.fake = fake
+        #: torch's caching allocator double, when *caching* (else every tensor is its own cudaMalloc)
+        self.allocator = CachingAllocator(fake, expandable_segments) if caching or expandable_segments else None
         self._local = threading.local()
         self._lock = threading.Lock()
         self._made_streams: list[tuple[int, int]] = []
@@ -400,10 +500,18 @@ class _Producer:
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         with self.device(device):
-            ptr = self.fake.malloc(max(nbytes, 1))
+            ptr = self.fake.malloc(max(nbytes, 1)) if self.allocator is None \
+                else self.allocator.malloc(max(nbytes, 1), device)
         t = self.tensor_type(self, ptr, shape, dtype, device)
-        weakref.finalize(t, _free_device_memory, weakref.ref(self), self.fake, ptr, device)
+        if self.allocator is None:
+            weakref.finalize(t, _free_device_memory, weakref.ref(self), self.fake, ptr, device)
+        else:
+            weakref.finalize(t, _free_block, self.allocator, ptr)
         return t
+
+    def empty_cache(self) -> int:
+        """``torch.cuda.empty_cache()`` (caching producers): segments freed."""
+        return 0 if self.allocator is None else self.allocator.empty_cache()
 
     def zeros(self, shape, dtype="float32", device=None) -> FakeDeviceTensor:
         return self.empty(shape, dtype, device).fill_(0)

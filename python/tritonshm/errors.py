@@ -24,6 +24,7 @@ __all__ = [
     "CudaUnavailable",
     "CudaError",
     "DLPackError",
+    "NotShareable",
     "ServerError",
     "ServerUnavailable",
     "ServerTimeout",
@@ -91,6 +92,13 @@ class CudaError(Error, RuntimeError):
         super().__init__(message)
         self.code = code
         self.name = name
+
+
+class NotShareable(UnsupportedBuffer):
+    """Device memory that CUDA IPC cannot hand to another process: pool memory
+    (``cudaMallocAsync``, torch's ``backend:cudaMallocAsync``), virtual-memory
+    mappings (torch's ``expandable_segments``), managed memory.  The client
+    copies such tensors through its own CUDA slots instead."""
 
 
 class DLPackError(Error, BufferError):

@@ -214,6 +214,7 @@ typedef struct entry {
     int device;
     long refs;            /* opened mappings: open count in this process */
     int32_t *open_slot;   /* opened mappings: our pid's slot in the open table */
+    int no_ipc;           /* pool or managed memory: cudaIpcGetMemHandle refuses it */
     char name[48];        /* shm name, with the leading '/' */
 } entry;
 
@@ -946,9 +947,38 @@ API int cudaDeviceSynchronize(void)
 
 /* ----------------------------------------------------------------- memory */
 
-API int cudaMalloc(void **ptr, size_t nbytes)
+/* The bases of the last device allocations freed, by mapped size: a new
+ * allocation of the same size is mapped there again when it can be, as
+ * real CUDA often hands the same address out again -- with a new IPC
+ * handle (a new segment), which is what a consumer caching registrations
+ * by address must notice. */
+#define REUSE_SLOTS 16
+static struct { void *base; size_t map_size; } freed_bases[REUSE_SLOTS];
+
+static void *reuse_hint(size_t map_size)
 {
-    ENTER_CTX("cudaMalloc");
+    for (int i = 0; i < REUSE_SLOTS; i++)
+        if (freed_bases[i].base != NULL && freed_bases[i].map_size == map_size) {
+            void *hint = freed_bases[i].base;
+            freed_bases[i].base = NULL;
+            return hint;
+        }
+    return NULL;
+}
+
+static void remember_freed(void *base, size_t map_size)
+{
+    static int next;
+    freed_bases[next].base = base;
+    freed_bases[next].map_size = map_size;
+    next = (next + 1) % REUSE_SLOTS;
+}
+
+/* A device allocation of `nbytes` on the current device: a new segment,
+ * mapped at a freed allocation's old base when one of the same size is
+ * free.  `no_ipc`: pool or managed memory, which CUDA IPC cannot export. */
+static int device_alloc(void **ptr, size_t nbytes, int no_ipc)
+{
     if (ptr == NULL)
         return fail(INVALID_VALUE);
     *ptr = NULL;
@@ -961,6 +991,7 @@ API int cudaMalloc(void **ptr, size_t nbytes)
     e->size = nbytes;
     e->map_size = segment_size(nbytes);  /* + the IPC open table */
     e->device = current_device;
+    e->no_ipc = no_ipc;
 
     pthread_mutex_lock(&lock);
     unsigned long long total = total_mem();
@@ -980,8 +1011,17 @@ API int cudaMalloc(void **ptr, size_t nbytes)
     }
     void *p = MAP_FAILED;
     if (fd >= 0) {
-        if (ftruncate(fd, (off_t)e->map_size) == 0)
-            p = mmap(NULL, e->map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (ftruncate(fd, (off_t)e->map_size) == 0) {
+            void *hint = reuse_hint(e->map_size);
+            if (hint != NULL)
+                p = mmap(hint, e->map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED_NOREPLACE, fd, 0);
+            if (p != MAP_FAILED && p != hint) {  /* a kernel without MAP_FIXED_NOREPLACE: anywhere is fine */
+                munmap(p, e->map_size);
+                p = MAP_FAILED;
+            }
+            if (p == MAP_FAILED)
+                p = mmap(NULL, e->map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        }
         close(fd);
         if (p == MAP_FAILED)
             shm_unlink(e->name);
@@ -1000,6 +1040,31 @@ API int cudaMalloc(void **ptr, size_t nbytes)
     pthread_mutex_unlock(&lock);
     *ptr = p;
     return OK;
+}
+
+API int cudaMalloc(void **ptr, size_t nbytes)
+{
+    ENTER_CTX("cudaMalloc");
+    return device_alloc(ptr, nbytes, 0);
+}
+
+/* Stream-ordered pool memory: cuMemGetAddressRange knows it, CUDA IPC
+ * refuses it (cudaIpcGetMemHandle: invalid value), as torch's
+ * backend:cudaMallocAsync and expandable segments give.  The fake allocates
+ * at once (no stream order) and frees through cudaFree's path. */
+API int cudaMallocAsync(void **ptr, size_t nbytes, void *stream)
+{
+    ENTER_CTX("cudaMallocAsync");
+    (void)stream;
+    return device_alloc(ptr, nbytes, 1);
+}
+
+/* Managed memory: likewise not exportable by CUDA IPC. */
+API int cudaMallocManaged(void **ptr, size_t nbytes, unsigned int flags)
+{
+    ENTER_CTX("cudaMallocManaged");
+    (void)flags;
+    return device_alloc(ptr, nbytes, 1);
 }
 
 /* cudaFree synchronizes (the fake lands the work of every device, so no
@@ -1029,8 +1094,17 @@ API int cudaFree(void *ptr)
         memset(e->base, 0xDB, e->size);  /* what the opener reads from now on */
     munmap(e->base, e->map_size);
     shm_unlink(e->name);
+    pthread_mutex_lock(&lock);
+    remember_freed(e->base, e->map_size);
+    pthread_mutex_unlock(&lock);
     free(e);
     return OK;
+}
+
+API int cudaFreeAsync(void *ptr, void *stream)
+{
+    (void)stream;
+    return cudaFree(ptr);
 }
 
 /* ----------------------------------------------------------------- copies */
@@ -1338,6 +1412,8 @@ API int cudaIpcGetMemHandle(fake_ipc_handle *handle, void *ptr)
     memset(&body, 0, sizeof body);
     pthread_mutex_lock(&lock);
     entry *e = find(ptr, 0, KIND_ALLOC, 1);  /* only the base of our own cudaMalloc */
+    if (e != NULL && e->no_ipc)
+        e = NULL;  /* pool or managed memory: CUDA IPC cannot export it */
     if (e != NULL) {
         memcpy(body.magic, HANDLE_MAGIC, sizeof body.magic);
         body.pid = (int32_t)getpid();

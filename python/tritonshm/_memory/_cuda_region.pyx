@@ -24,6 +24,7 @@ from posix.unistd cimport getpid
 
 from ._cai cimport producer_event
 from ._capture cimport Capture
+from ._capture import capture as _capture
 from ._cuda_array cimport make_view, to_host
 from ._cuda_window cimport CudaWindow
 from ._dlpack cimport Imported
@@ -34,6 +35,7 @@ from ._tshm cimport (
     tshm_cuda_alloc,
     tshm_cuda_alloc_decref,
     tshm_cuda_alloc_incref,
+    tshm_cuda_alloc_borrow,
     tshm_cuda_alloc_new,
     tshm_cuda_alloc_observe,
     tshm_cuda_alloc_open,
@@ -51,7 +53,7 @@ import weakref
 
 import numpy as np
 
-from ..errors import CudaError, DTypeMismatch, OutOfBounds, UnsupportedBuffer
+from ..errors import CudaError, DTypeMismatch, NotShareable, OutOfBounds, UnsupportedBuffer
 from . import _dlpack
 from ._args import device_of as _device_of, index as _index, layout as _layout
 from ._cai import cai_device, cuda_array_interface
@@ -192,7 +194,69 @@ cdef class CudaRegion(Region):
         self._owner = False
         return self
 
+    @classmethod
+    def borrow(cls, array, device=None):
+        """The whole allocation that holds device *array*, lent to this process's servers.
+
+        *array* is any device array :func:`~tritonshm.cuda.capture` takes (a
+        torch tensor, a cupy array, a :class:`CudaArray`) or a
+        :class:`~tritonshm.cuda.Capture`.  The allocation holding its first
+        byte is found with ``cuMemGetAddressRange`` -- a caching allocator's
+        segment, a memory pool's chunk, a :class:`CudaRegion` -- and its IPC
+        handle taken at its base, so the region can be registered with
+        Triton and a request can name the array at ``array_ptr - region.ptr``
+        with no copy.  The region holds the capture of *array* until
+        :meth:`close`: a live tensor keeps its allocation (torch and cupy
+        never free a segment with a block in use), so the memory cannot be
+        freed while the region is open.  Unregister it before closing it.
+
+        Memory CUDA IPC cannot export (``cudaMallocAsync`` pools, virtual
+        memory such as torch's expandable segments, managed memory) is
+        refused with :class:`~tritonshm.NotShareable`.  A borrowed region
+        hands out no views or windows (the array itself is the view) and
+        never frees anything.
+        """
+        cdef CudaRegion self
+        cdef Capture cap
+        cdef Runtime rt
+        cdef tshm_cuda_alloc *a = NULL
+        cdef tshm_ipc_handle handle
+        cdef size_t ptr
+        cap = _capture(array, device)
+        rt = current()
+        ptr = cap.ptr
+        with nogil:
+            rc = tshm_cuda_alloc_borrow(rt.rt, cap.device, <const void *>ptr, &a)
+        if rc != 0:
+            why = ("this CUDA runtime hands out no cuMemGetAddressRange" if rc < 0
+                   else f"cuMemGetAddressRange answered {rc}")
+            raise NotShareable(f"cannot find the allocation holding {cap!r}: {why}")
+        self = cls.__new__(cls)
+        self._alloc = a
+        self._runtime = rt
+        self._lender = cap
+        rc = tshm_cuda_ipc_handle(a, &handle)
+        if rc != 0:
+            self._alloc = NULL
+            self._lender = None
+            tshm_cuda_alloc_decref(a)  # borrowed: frees nothing
+            raise NotShareable(
+                f"CUDA IPC cannot export the allocation holding {cap!r} ({rt.error_name(rc) if rc > 0 else rc}): "
+                f"pool (cudaMallocAsync), virtual (expandable segments) or managed memory")
+        self._handle = (<char *>handle.reserved)[:TSHM_IPC_HANDLE_BYTES]
+        self._key = f"tritonshm-lent-{getpid()}-{secrets.token_hex(8)}"
+        self._nbytes = a.nbytes
+        self._device = cap.device
+        self._owner = False
+        self._creator_pid = getpid()
+        return self
+
     # -- state ------------------------------------------------------------
+
+    @property
+    def borrowed(self):
+        """True for a region made by :meth:`borrow` (another library's allocation)."""
+        return self._lender is not None or (self._alloc != NULL and self._alloc.borrowed)
 
     @property
     def device(self):
@@ -220,7 +284,8 @@ cdef class CudaRegion(Region):
         return 0
 
     def __repr__(self):
-        return f"<CudaRegion {self._key!r} nbytes={self._nbytes} device={self._device} {self._state()}>"
+        lent = " borrowed" if self._lender is not None else ""
+        return f"<CudaRegion {self._key!r} nbytes={self._nbytes} device={self._device}{lent} {self._state()}>"
 
     cdef tshm_cuda_alloc *_live(self) except NULL:
         self._check_open()
@@ -246,6 +311,7 @@ cdef class CudaRegion(Region):
         _own_handles.pop(self._handle, None)
         with nogil:
             tshm_cuda_alloc_decref(a)
+        self._lender = None  # a borrowed region: the lent memory is its owner's again
 
     def __reduce__(self):
         self._live()
@@ -262,6 +328,7 @@ cdef class CudaRegion(Region):
         dt, dims, nbytes = _layout(dtype, shape)
         _dlpack.dl_dtype(dt)  # refuse what no consumer could describe
         off, _ = self.span(offset, nbytes)
+        self._refuse_views()
         return make_view(self._runtime, self._live(), off, dt, dims, nbytes)
 
     def window(self, offset=0, nbytes=None):
@@ -275,6 +342,7 @@ cdef class CudaRegion(Region):
         cdef tshm_cuda_hold *h = NULL
         cdef CudaWindow w
         off, size = self.span(offset, nbytes)
+        self._refuse_views()
         a = self._live()  # span() can run __index__ code that closes us
         self._runtime.check(tshm_cuda_hold_new(a, &h), f"making a window of {self!r}")
         w = CudaWindow.__new__(CudaWindow)
@@ -284,6 +352,13 @@ cdef class CudaRegion(Region):
         w._offset = off
         w._nbytes = size
         return w
+
+    cdef int _refuse_views(self) except -1:
+        # A view would outlive close(), which gives the lent memory back to its owner.
+        if self._lender is not None:
+            raise UnsupportedBuffer(f"{self!r} is borrowed: it lends no views (use the array it was "
+                                    f"borrowed for)")
+        return 0
 
     def write(self, src, offset=0):
         """Copy *src* in at byte *offset*; returns the number of bytes written.

@@ -78,10 +78,12 @@ cdef extern from "tshm_cuda.h" nogil:
         size_t nbytes
         int device
         int imported
+        int borrowed
 
     int tshm_cuda_alloc_new(const tshm_cudart *rt, int device, size_t nbytes, tshm_cuda_alloc **out)
     int tshm_cuda_alloc_open(const tshm_cudart *rt, int device, const tshm_ipc_handle *handle,
                              size_t nbytes, tshm_cuda_alloc **out)
+    int tshm_cuda_alloc_borrow(const tshm_cudart *rt, int device, const void *ptr, tshm_cuda_alloc **out)
     void tshm_cuda_alloc_incref(tshm_cuda_alloc *a)
     void tshm_cuda_alloc_decref(tshm_cuda_alloc *a)
     size_t tshm_cuda_alloc_refs(const tshm_cuda_alloc *a)
