@@ -57,18 +57,21 @@ def url(fake_cuda_server, protocol, fake_cuda):
     return client_url(fake_cuda_server, protocol)
 
 
-def test_device_input_round_trip_stays_on_the_device(url, fake_cuda):
+@pytest.mark.parametrize("by_reference", [True, False])
+def test_device_input_round_trip_stays_on_the_device(url, fake_cuda, by_reference):
     data = sample(np.float32, 1000)
     tensor = device_array(data)
-    with tritonshm.Client(url) as c:
+    with tritonshm.Client(url, by_reference=by_reference) as c:
         c.model_info("identity_fp32")
         before = fake_cuda.stats()
         out = c.infer("identity_fp32", {"INPUT0": tensor})["OUTPUT0"]
         used = fake_cuda.stats() - before
-        # one copy in (device to device), one out into a fresh device array, both queued on a
-        # copy stream (no cudaMemcpy, no legacy-stream or device sync); the pool's extent and
-        # the result are the only allocations
-        assert (used.async_copies, used.async_copy_bytes) == (2, 2 * data.nbytes)
+        # by reference: the input's own allocation is registered and named (no copy in); else
+        # one copy in (device to device); one copy out into a fresh device array -- all
+        # queued on a copy stream (no cudaMemcpy, no legacy-stream or device sync); the
+        # pool's extent and the result are the only allocations
+        copies = 1 if by_reference else 2
+        assert (used.async_copies, used.async_copy_bytes) == (copies, copies * data.nbytes)
         assert (used.memcpy_calls, used.legacy_syncs, used.device_syncs) == (0, 0, 0)
         assert used.malloc_calls == 2
         assert isinstance(out, cuda.CudaArray) and out.device == 0
@@ -76,6 +79,9 @@ def test_device_input_round_trip_stays_on_the_device(url, fake_cuda):
         pool = pool_of(c, "identity_fp32")
         assert pool.memory == "cuda:0" and len(pool.regions) == 1  # never through host slots
         assert pool.regions[0].startswith("tritonshm-cuda-")
+        stats = c.stats()
+        assert (stats.inputs_lent, stats.registrations, stats.allocations) == ((1, 1, 1) if by_reference
+                                                                               else (0, 0, 0))
         del out
 
 

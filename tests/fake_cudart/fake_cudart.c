@@ -954,24 +954,27 @@ API int cudaDeviceSynchronize(void)
  * by address must notice. */
 #define REUSE_SLOTS 16
 static struct { void *base; size_t map_size; } freed_bases[REUSE_SLOTS];
+static int freed_next;  /* where the next freed base goes (a ring, newest last) */
 
+/* The most recently freed base of that size (as an allocator reuses what it just let go of). */
 static void *reuse_hint(size_t map_size)
 {
-    for (int i = 0; i < REUSE_SLOTS; i++)
+    for (int k = 1; k <= REUSE_SLOTS; k++) {
+        int i = (freed_next - k + REUSE_SLOTS) % REUSE_SLOTS;
         if (freed_bases[i].base != NULL && freed_bases[i].map_size == map_size) {
             void *hint = freed_bases[i].base;
             freed_bases[i].base = NULL;
             return hint;
         }
+    }
     return NULL;
 }
 
 static void remember_freed(void *base, size_t map_size)
 {
-    static int next;
-    freed_bases[next].base = base;
-    freed_bases[next].map_size = map_size;
-    next = (next + 1) % REUSE_SLOTS;
+    freed_bases[freed_next].base = base;
+    freed_bases[freed_next].map_size = map_size;
+    freed_next = (freed_next + 1) % REUSE_SLOTS;
 }
 
 /* A device allocation of `nbytes` on the current device: a new segment,

@@ -13,7 +13,7 @@ from typing import Any
 
 from tritonshm.client._slots import SYSTEM, SlotKind
 
-__all__ = ["budget_used", "live_pool", "live_pools", "parked"]
+__all__ = ["budget_used", "lent_allocations", "live_pool", "live_pools", "parked"]
 
 
 def live_pools(client: Any) -> dict[tuple[str, str, SlotKind], Any]:
@@ -34,3 +34,8 @@ def parked(client: Any) -> list[Any]:
 def budget_used(client: Any) -> int:
     """Bytes of slot memory the client holds now (registered, being registered or retiring)."""
     return client._engine.budget.used
+
+
+def lent_allocations(client: Any) -> Any:
+    """The client's table of lent GPU allocations (:class:`~tritonshm.client._lent.LentAllocations`)."""
+    return client._engine._lent

@@ -24,6 +24,7 @@ from ..errors import ServerTimeout
 from . import _devices, _intake, _messages
 from ._client import SETTLE_SECONDS, BlockingDriver, release_everything
 from ._engine import Engine, engine_setting
+from ._lent import LentInfo, LentStats
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._pool import PoolInfo
@@ -228,6 +229,8 @@ class Client:
     slots = engine_setting("slots", "The slots a pool starts with.")
     max_pool_bytes = engine_setting("max_pool_bytes", "The most slot memory this client holds at any instant.")
     timeout = engine_setting("timeout", "How long a request waits for a slot (None: for ever).")
+    by_reference = engine_setting("by_reference", "Whether GPU tensors are sent where they are (lent).")
+    max_lent_bytes = engine_setting("max_lent_bytes", "The most bytes of the caller's GPU allocations registered.")
 
     def __init__(self, url: str = "localhost:8001", **kwargs: Any):
         self._engine = engine = Engine(url, aio=True, **kwargs)
@@ -248,6 +251,19 @@ class Client:
     def __repr__(self) -> str:
         return self._engine.describe()
 
+    def lent(self) -> list[LentInfo]:
+        """Like :meth:`tritonshm.Client.lent`."""
+        return self._engine.lent()
+
+    def stats(self) -> LentStats:
+        """Like :meth:`tritonshm.Client.stats`."""
+        return self._engine.lent_stats()
+
+    async def forget(self) -> None:
+        """Like :meth:`tritonshm.Client.forget`."""
+        self._engine.check_open()
+        await self._driver.drive(self._engine.forget_steps())
+
     def pools(self) -> list[PoolInfo]:
         """Like :meth:`tritonshm.Client.pools`: a snapshot per slot pool in service.  No I/O."""
         return self._engine.pools()
@@ -262,25 +278,27 @@ class Client:
 
     def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
               version: str = "", copy: bool = True, timeout: float | None = None,
-              output_device: str | int = "auto", **options: Any) -> Awaitable[dict[str, Any]]:
+              output_device: str | int = "auto", out: Mapping[str, Any] | None = None,
+              **options: Any) -> Awaitable[dict[str, Any]]:
         """Like :meth:`tritonshm.Client.infer`; chunks of a large batch run concurrently.
 
-        GPU inputs are captured, and request options checked, when this is
-        called, on the calling thread (the order point of the contract), not
-        when the result is awaited.
+        GPU inputs (and the results the caller allocated, *out*) are captured,
+        and request options checked, when this is called, on the calling
+        thread (the order point of the contract), not when the result is awaited.
         """
         return self._infer(model, _devices.capture_inputs(inputs), outputs, version, copy, timeout,
-                           output_device, self._engine.request_options(options))
+                           output_device, self._engine.request_options(options), _devices.capture_out(out))
 
     async def _infer(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
                      copy: bool, timeout: float | None, output_device: str | int,
-                     options: RequestOptions | None) -> dict[str, Any]:
+                     options: RequestOptions | None, out: Mapping[str, Any] | None = None) -> dict[str, Any]:
         engine, drive = self._engine, self._driver.drive
         info = await self.model_info(model, version)
-        signature, quick = engine.quick_plan(info, inputs, outputs, copy, output_device, timeout, options)
+        signature, quick = (None, None) if out is not None else \
+            engine.quick_plan(info, inputs, outputs, copy, output_device, timeout, options)
         if quick is not None:  # seen before: checked then, planned then
             return await drive(engine.quick_steps(quick, inputs))
-        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout, options)
+        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout, options, out=out)
         if signature is not None:
             engine.remember_quick(signature, plan)
         if len(plan.chunks) == 1:

@@ -13,6 +13,7 @@ from .. import _http1, triton
 from ..errors import ServerTimeout
 from . import _devices, _intake, _messages
 from ._engine import Engine, engine_setting
+from ._lent import LentInfo, LentStats
 from ._model import ModelInfo
 from ._pool import PoolInfo
 from ._request import RequestFace, SlotRequest
@@ -231,6 +232,12 @@ class Client:
     number), so copies between them and a GPU run at pinned speed.
     *headers* go with every request (gRPC metadata or HTTP headers: e.g.
     authentication behind a gateway); a call's own ``headers=`` add to them.
+    *by_reference* sends GPU tensors where they are, with no device copy: the
+    allocation each is in (a torch or cupy segment, a region) is registered
+    with the server once and kept alive until it is let go of -- when more than
+    *max_lent_bytes* (or 32 allocations) are registered, on :meth:`forget`, on
+    :meth:`close`; memory CUDA IPC cannot share is copied (:meth:`stats` says
+    how many and why).
     """
 
     url = engine_setting("url", "The server's address, as given.")
@@ -238,14 +245,18 @@ class Client:
     slots = engine_setting("slots", "The slots a pool starts with.")
     max_pool_bytes = engine_setting("max_pool_bytes", "The most slot memory this client holds at any instant.")
     timeout = engine_setting("timeout", "How long a request waits for a slot (None: for ever).")
+    by_reference = engine_setting("by_reference", "Whether GPU tensors are sent where they are (lent).")
+    max_lent_bytes = engine_setting("max_lent_bytes", "The most bytes of the caller's GPU allocations registered.")
 
     def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
                  max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0, verbose: bool = False,
                  connect_options: Mapping[str, Any] | None = None, pinned: bool | int = False,
-                 headers: Mapping[str, str] | None = None):
+                 headers: Mapping[str, str] | None = None, by_reference: bool = True,
+                 max_lent_bytes: int = 2 << 30):
         self._engine = engine = Engine(url, aio=False, transport=transport, slots=slots,
                                        max_pool_bytes=max_pool_bytes, timeout=timeout, verbose=verbose,
-                                       connect_options=connect_options, pinned=pinned, headers=headers)
+                                       connect_options=connect_options, pinned=pinned, headers=headers,
+                                       by_reference=by_reference, max_lent_bytes=max_lent_bytes)
         connector = Connector(engine.connect, engine.wire.http, io_threads=slots)
         self._driver = BlockingDriver(engine, connector)
         self._workers: dict[str, Workers] = {}   # "async" (infer_async), "chunk" (large batches)
@@ -270,6 +281,25 @@ class Client:
         registered bytes and region names).  No I/O."""
         return self._engine.pools()
 
+    def lent(self) -> list[LentInfo]:
+        """The caller's GPU allocations registered now to send its tensors by reference
+        (name, device, base, size, requests naming it, tensors lent from it).  No I/O."""
+        return self._engine.lent()
+
+    def stats(self) -> LentStats:
+        """How this client's GPU tensors travelled: inputs sent by reference, results written in
+        place (``out=``), tensors copied and why, registrations and evictions.  No I/O."""
+        return self._engine.lent_stats()
+
+    def forget(self) -> None:
+        """Unregister and let go of the caller's GPU allocations registered to send its tensors
+        by reference (those a request still uses, once it is done).  Call it before
+        ``torch.cuda.empty_cache()`` (or cupy's ``free_all_blocks()``) to give their memory back:
+        the client holds one tensor of each registered allocation so that it is never freed
+        while the server has it open."""
+        self._engine.check_open()
+        self._driver.drive(self._engine.forget_steps())
+
     def _workers_for(self, purpose: str) -> Workers:
         engine = self._engine
         with engine.lock:
@@ -291,14 +321,16 @@ class Client:
 
     def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
               version: str = "", copy: bool = True, timeout: float | None = None,
-              output_device: str | int = "auto", **options: Any) -> dict[str, Any]:
+              output_device: str | int = "auto", out: Mapping[str, Any] | None = None,
+              **options: Any) -> dict[str, Any]:
         """Run *model* on *inputs* (name -> array) and return its outputs.
 
         Inputs are numpy arrays (or array-likes) or GPU tensors -- anything
         with ``__cuda_array_interface__`` or a CUDA ``__dlpack_device__``
-        (torch, cupy, jax, :class:`~tritonshm.CudaArray`); GPU tensors go
-        through CUDA slots with one device-to-device copy, never through host
-        memory.  They must match the model's datatypes and shapes exactly (no
+        (torch, cupy, jax, :class:`~tritonshm.CudaArray`); GPU tensors are sent
+        by reference where their memory can be shared (see *by_reference*),
+        else through CUDA slots with one device-to-device copy, never through
+        host memory.  They must match the model's datatypes and shapes exactly (no
         silent casts); BYTES inputs take bytes or str.  Batches larger than
         ``max_batch_size`` are split, run on several slots at once and
         reassembled in order.
@@ -310,7 +342,10 @@ class Client:
         outputs are views into the slot (numpy, or ``CudaArray`` on a GPU),
         which stays out of the pool until every view -- and every DLPack
         tensor made from one -- is gone; where the slot is not where the
-        results are wanted, they are copies all the same.  *timeout* bounds
+        results are wanted, they are copies all the same.  *out* names GPU
+        tensors the caller allocated (output name -> tensor, of the output's
+        dtype and shape, where the results go) for the server to write in
+        place; they are what is returned for those outputs.  *timeout* bounds
         the wait for a slot (default: the client's).
 
         Per-request options take tritonclient's names and meanings
@@ -326,10 +361,11 @@ class Client:
         engine, drive = self._engine, self._driver.drive
         info = self.model_info(model, version)
         checked = engine.request_options(options)
-        signature, quick = engine.quick_plan(info, inputs, outputs, copy, output_device, timeout, checked)
+        signature, quick = (None, None) if out is not None else \
+            engine.quick_plan(info, inputs, outputs, copy, output_device, timeout, checked)
         if quick is not None:  # seen before: checked then, planned then
             return drive(engine.quick_steps(quick, inputs))
-        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout, checked)
+        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout, checked, out=out)
         if signature is not None:
             engine.remember_quick(signature, plan)
         if len(plan.chunks) == 1:
@@ -374,6 +410,8 @@ class Client:
         stream) by the time of this call, as with :meth:`infer`.
         """
         workers = self._workers_for("async")
+        if kwargs.get("out") is not None:  # results the caller allocated: captured now too
+            kwargs["out"] = _devices.capture_out(kwargs["out"])
         return workers.submit(self.infer, model, _devices.capture_inputs(inputs), **kwargs)
 
     def request(self, model: str, batch_size: int | None = None, *,

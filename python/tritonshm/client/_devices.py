@@ -33,7 +33,7 @@ from .._memory._cuda_array import empty as cuda_empty
 from .._memory._stream import Event, copy_stream as thread_copy_stream, current_stream
 from ..errors import CudaUnavailable, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
-__all__ = ["DeviceTensor", "Placement", "as_device_tensor", "capture_inputs", "empty", "to_host", "to_device",
+__all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_out", "as_device_tensor", "capture_inputs", "empty", "to_host", "to_device",
            "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
            "require_cuda", "library_of"]
 
@@ -138,6 +138,35 @@ def capture_inputs(inputs: Any) -> Any:
         tensor = None if isinstance(value, (np.ndarray, DeviceTensor)) else as_device_tensor(value)
         out[name] = value if tensor is None else tensor
     return out
+
+
+class OutTensor(NamedTuple):
+    """A result the caller allocated (``out=``): the object handed back, and it captured
+    (its memory held, and an event after the work the caller had queued on it: the
+    server writes only once that is done)."""
+
+    obj: Any
+    tensor: DeviceTensor
+
+
+def capture_out(out: Any) -> dict[str, OutTensor] | None:
+    """``out=`` (output name -> GPU tensor) captured now, on this thread; None stays None.
+    Host arrays are refused: results on the host are new numpy arrays."""
+    if out is None:
+        return None
+    if not isinstance(out, Mapping):
+        raise InvalidOption(f"out must be a mapping of output name to GPU tensor, not {type(out).__name__}")
+    captured = {}
+    for name, value in out.items():
+        if isinstance(value, OutTensor):
+            captured[name] = value
+            continue
+        tensor = as_device_tensor(value)
+        if tensor is None:
+            raise InvalidOption(f"out[{name!r}] must be a GPU tensor (torch, cupy, CudaArray, ...) for the "
+                                f"server to write into, not {type(value).__name__}")
+        captured[name] = OutTensor(value, tensor)
+    return captured
 
 
 def require_cuda(what: str) -> int:

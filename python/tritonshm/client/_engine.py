@@ -35,7 +35,8 @@ from ..errors import (
     SharedMemoryRefused,
 )
 from . import _bytes, _devices, _intake, _messages
-from ._devices import DeviceTensor, Placement
+from ._devices import DeviceTensor, OutTensor, Placement
+from ._lent import Lent, LentAllocations, LentInfo, LentStats
 from ._model import ModelInfo, shape_fits
 from ._options import RequestOptions
 from ._plan import Plan, Routing
@@ -87,6 +88,34 @@ class _InFlight:
                 engine._idle.notify_all()
 
 
+class _Lending:
+    """One chunk's lent tensors (:mod:`._lent`): inputs the server reads in place and results
+    the caller allocated that it writes in place, by name; the events of the work the caller
+    had queued on them, which the request waits for before it is sent."""
+
+    __slots__ = ("inputs", "outputs", "waits")
+
+    def __init__(self) -> None:
+        self.inputs: dict[str, Lent] = {}
+        self.outputs: dict[str, Lent] = {}
+        self.waits: list[Any] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.inputs or self.outputs)
+
+    def extents(self) -> list[Extent]:
+        """The registered allocations they are in (each once)."""
+        seen: dict[int, Extent] = {}
+        for where in (*self.inputs.values(), *self.outputs.values()):
+            seen.setdefault(id(where.extent), where.extent)
+        return list(seen.values())
+
+    def finished(self, allocations: LentAllocations) -> None:
+        """The request is over: the allocations may be let go of again."""
+        for where in (*self.inputs.values(), *self.outputs.values()):
+            allocations.finished(where)
+
+
 class _QuickSlot(NamedTuple):
     """One slot made ready for quick requests of some input shapes: views of its inputs
     and of its outputs' bytes."""
@@ -113,19 +142,24 @@ class Engine:
     def __init__(self, url: str = "localhost:8001", *, aio: bool = False, transport: str = "auto",
                  slots: int = 4, max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0,
                  verbose: bool = False, connect_options: Mapping[str, Any] | None = None,
-                 pinned: bool | int = False, headers: Mapping[str, str] | None = None):
+                 pinned: bool | int = False, headers: Mapping[str, str] | None = None,
+                 by_reference: bool = True, max_lent_bytes: int = 2 << 30):
         if transport not in TRANSPORTS:
             raise InvalidOption(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise InvalidOption(f"slots must be an int >= 1, not {slots!r}")
         if timeout is not None and not timeout >= 0:
             raise InvalidOption(f"timeout must be None or >= 0 seconds, not {timeout!r}")
+        if not isinstance(by_reference, bool):
+            raise InvalidOption(f"by_reference must be True or False, not {by_reference!r}")
+        if isinstance(max_lent_bytes, bool) or not isinstance(max_lent_bytes, int) or max_lent_bytes < 0:
+            raise InvalidOption(f"max_lent_bytes must be an int >= 0, not {max_lent_bytes!r}")
         # Every request's options start from these (a client-wide header for a gateway's auth).
         self._default_options = None if headers is None else RequestOptions.of(headers=headers)
         self._make_memory = self._memory_factory(pinned)
         if transport == "cuda":
             _devices.require_cuda("transport='cuda'")
-        self.routing = Routing(transport, 0 if isinstance(pinned, bool) else pinned, pinned is not False)
+        self.routing = Routing(transport, 0 if isinstance(pinned, bool) else pinned, pinned is not False, by_reference)
         self._cuda_refused = False   # the server could not open our CUDA memory: host slots instead
         self.aio = aio
         self.url = url
@@ -144,6 +178,11 @@ class Engine:
         # Extents the server refused to unregister: kept open (device memory is never freed under it), retried.
         self._parked: list[Extent] = []
         self._parked_retry_at = 0.0
+        self.max_lent_bytes = max_lent_bytes
+        self.by_reference = by_reference
+        self._creator_pid = os.getpid()  # a forked child must not unregister our names
+        # The caller's GPU allocations registered to send its tensors by reference (beside the pools).
+        self._lent = LentAllocations(max_lent_bytes, self._creator_pid, self._parked)
         # Requests between their first step and their last: close() lets them finish first.
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
@@ -152,7 +191,6 @@ class Engine:
         self._quick_plans: dict[tuple, QuickPlan] = {}  # small requests seen before, by signature
         self._wire_only = transport == "wire"
         self._closed = False
-        self._creator_pid = os.getpid()  # a forked child must not unregister our names
 
     @staticmethod
     def _memory_factory(pinned: bool | int) -> Callable[[int], SlotMemory]:
@@ -429,7 +467,7 @@ class Engine:
     def _has_disposals(self) -> bool:
         """Whether a pool has idle surplus, a retired pool is waiting to be dropped, or
         parked memory is due to be tried again."""
-        return bool(self._retired) or self._parked_due() \
+        return bool(self._retired) or self._parked_due() or self._lent.has_disposals() \
             or any(pool.has_surplus for pool in list(self._pools.values()))
 
     def _parked_due(self) -> bool:
@@ -442,6 +480,7 @@ class Engine:
         if self._parked_due():
             self._parked_retry_at = time.monotonic() + _PARKED_RETRY_INTERVAL
             yield from retry_parked_steps(self._parked, self._creator_pid)
+        yield from self._lent.drop_steps(self._lent.take_disposals())
         with self._lock:
             pools = list(self._pools.values()) + list(self._retired)
         for pool in pools:
@@ -460,12 +499,27 @@ class Engine:
         What it still refuses then is for :meth:`hold_refused`."""
         with self._lock:
             drop = close_pools_steps(self._pools, self._retired, self._creator_pid, self._parked)
+        lent = self._lent.forget()  # no request is in flight any more: every lent allocation
 
         def steps() -> Steps:
             yield from drop
+            yield from self._lent.drop_steps(lent)
             yield from settle_parked_steps(self._parked, self._creator_pid, settle)
 
         return steps()
+
+    def forget_steps(self) -> Steps:
+        """Unregister and let go of every lent allocation no request names now (the others as
+        their requests finish): their owners (torch's, cupy's allocators) may free them then."""
+        return self._lent.drop_steps(self._lent.forget())
+
+    def lent(self) -> list[LentInfo]:
+        """The caller's allocations registered now, to send its GPU tensors by reference. No I/O."""
+        return self._lent.snapshot()
+
+    def lent_stats(self) -> LentStats:
+        """How GPU tensors travelled: by reference or copied (and why). No I/O."""
+        return self._lent.stats()
 
     def hold_refused(self) -> None:
         """After :meth:`release_steps`: close parked host memory, and hold device memory the
@@ -516,10 +570,12 @@ class Engine:
 
     def plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
              copy: bool, output_device: Any = "auto", timeout: float | None = None,
-             options: RequestOptions | None = None, streamed: bool = False) -> Plan:
+             options: RequestOptions | None = None, streamed: bool = False,
+             out: Mapping[str, Any] | None = None) -> Plan:
         """The request's :class:`Plan`: checked inputs split into chunks of at most
-        ``max_batch_size``, the output names, the route of its tensors, and the wait
-        for a slot (*timeout*, default the client's)."""
+        ``max_batch_size``, the output names, the route of its tensors, the wait
+        for a slot (*timeout*, default the client's), and the results the caller
+        allocated (*out*: output name -> GPU tensor, written in place)."""
         arrays, batch = _intake.check_inputs(info, inputs)
         names = _intake.output_names(info, outputs)
         if info.decoupled and not streamed:
@@ -531,8 +587,12 @@ class Engine:
                 f"copy=False needs one slot, but a batch of {batch} on model {info.name!r} "
                 f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
             )
-        return Plan(info, chunks, names, self.routing.route(info, arrays, output_device), copy,
-                    self.timeout if timeout is None else timeout, options)
+        route = self.routing.route(info, arrays, output_device)
+        given = _devices.capture_out(out)
+        if given:
+            _intake.check_out(info, given, names, chunks, route.results, copy)
+        return Plan(info, chunks, names, route, copy, self.timeout if timeout is None else timeout, options,
+                    given or None)
 
     def stream_plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
                     output_device: Any = "auto", timeout: float | None = None,
@@ -560,60 +620,91 @@ class Engine:
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays)
         needs = self._needs(info, shapes, bytes_sizes)
-        for attempt in range(_GROW_ATTEMPTS):
-            lease = None if self._wire_only else (
-                yield from self._lease_steps(info, needs, plan.timeout, not plan.copy, route.memory))
-            if lease is None:
-                inputs, requested = _messages.wire_request(self.wire, info, arrays, names)
-                result = yield Send(info.name, info.version, inputs, requested, plan.options)
-                return _messages.wire_results(info, result, names, route.results, rows)
-            try:
-                stream = yield from self._fill_steps(info, lease, arrays, bytes_sizes, route.device)
-                outputs = yield from self.slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,
-                                                     route.results, rows, stream, options=plan.options)
-            except ServerTimeout:
-                # The server may still run the request and write its outputs into the slot: it
-                # never comes back to the pool (it goes with its extent, when the client closes).
-                lease.pool.finished()
-                lease = None
-                raise
-            except OutputTooSmall as exc:
-                # A variable-size output outgrew its guess: grow to what the
-                # server asked for and run again on a slot of a larger pool.
-                if exc.output not in needs or exc.needed is None or attempt + 1 == _GROW_ATTEMPTS:
-                    raise
-                needs = {**needs, exc.output: exc.needed}
-                continue
-            finally:
+        lent = _Lending()
+        try:
+            if route.lent and not self._wire_only and not self._cuda_refused:
+                yield from self._lend_steps(plan, arrays, lent)
+            for attempt in range(_GROW_ATTEMPTS):
+                lease = None if self._wire_only else (
+                    yield from self._lease_steps(info, needs, plan.timeout, not plan.copy, route.memory))
                 if lease is None:
-                    pass  # kept out of the pool (above)
-                elif lease.handle is None:
-                    lease.pool.finished_and_back(lease)  # results were copied out: nothing holds the slot
-                else:
+                    inputs, requested = _messages.wire_request(self.wire, info, arrays, names)
+                    result = yield Send(info.name, info.version, inputs, requested, plan.options)
+                    outputs = _messages.wire_results(info, result, names, route.results, rows)
+                    return _intake.into_out(outputs, plan.out)
+                try:
+                    stream = yield from self._fill_steps(info, lease, arrays, bytes_sizes, route.device, lent)
+                    outputs = yield from self.slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,
+                                                         route.results, rows, stream, options=plan.options,
+                                                         lent=lent, out=plan.out)
+                except ServerTimeout:
+                    # The server may still run the request and write its outputs into the slot: it
+                    # never comes back to the pool (it goes with its extent, when the client closes).
                     lease.pool.finished()
-                # Drop the lease now, not when a traceback holding this frame dies.
-                del lease
-            if self._has_disposals():
-                yield from self._dispose_steps()  # what the finished request left idle
-            return outputs
+                    lease = None
+                    raise
+                except OutputTooSmall as exc:
+                    # A variable-size output outgrew its guess: grow to what the
+                    # server asked for and run again on a slot of a larger pool.
+                    if exc.output not in needs or exc.needed is None or attempt + 1 == _GROW_ATTEMPTS:
+                        raise
+                    needs = {**needs, exc.output: exc.needed}
+                    continue
+                finally:
+                    if lease is None:
+                        pass  # kept out of the pool (above)
+                    elif lease.handle is None:
+                        lease.pool.finished_and_back(lease)  # results were copied out: nothing holds the slot
+                    else:
+                        lease.pool.finished()
+                    # Drop the lease now, not when a traceback holding this frame dies.
+                    del lease
+                self._lent.count(len(lent.inputs), len(lent.outputs))
+                if self._has_disposals():
+                    yield from self._dispose_steps()  # what the finished request left idle
+                return outputs
+        finally:
+            lent.finished(self._lent)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    def _lend_steps(self, plan: Plan, arrays: Mapping[str, Any], lent: "_Lending") -> Steps:
+        """Lend the server the GPU inputs of one chunk, and the results the caller allocated,
+        where their memory can be (:mod:`._lent`); the rest is copied as before."""
+        for name, array in arrays.items():
+            if isinstance(array, DeviceTensor):
+                where = yield from self._lent.lend_steps(array)
+                if where is not None:
+                    lent.inputs[name] = where
+                    lent.waits.append(array.source.event)
+        for name, given in (plan.out or {}).items():
+            where = yield from self._lent.lend_steps(given.tensor)
+            if where is not None:
+                lent.outputs[name] = where
+                lent.waits.append(given.tensor.source.event)
+
     def _fill_steps(self, info: ModelInfo, lease: Lease, arrays: Mapping[str, Any],
-                    bytes_sizes: Mapping[str, int], device: int | None) -> Steps:
-        """Copy *arrays* into the leased slot (BYTES serialized straight in); returns this
-        thread's copy stream of the slot's (or *device*'s) GPU, None without one.
+                    bytes_sizes: Mapping[str, int], device: int | None, lent: "_Lending | None" = None) -> Steps:
+        """Copy *arrays* into the leased slot (BYTES serialized straight in) but those *lent*;
+        returns this thread's copy stream of the slot's (or *device*'s) GPU, None without one.
 
         The copies run on that copy stream, after the event each captured input
         carries; the server reads the slot only once they have landed (one wait,
-        never a device-wide sync).
+        never a device-wide sync).  Lent tensors are read (inputs) or written
+        (results the caller allocated) by the server in place: the same wait
+        covers the work the caller had queued on them when it called.
         """
         memory = lease.extent.memory
         stream = self._copy_stream(memory, device)
         queued = False
         try:
+            for event in lent.waits if lent else ():
+                stream.wait(event)
+                queued = True
             for spec in info.inputs:
                 offset = lease.offset(spec.name)
                 array = arrays[spec.name]
+                if lent and spec.name in lent.inputs:
+                    continue
                 if spec.is_bytes:
                     _bytes.encode_into(array, memory.bytes_at(offset, bytes_sizes[spec.name]))
                 else:
@@ -777,26 +868,37 @@ class Engine:
         info = plan.info
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays)
+        lent = _Lending()
+        lease = None
         with self._flight():
-            lease = None if self._wire_only else (
-                yield from self._lease_steps(info, self._needs(info, shapes, bytes_sizes), plan.timeout, False,
-                                             plan.route.memory))
             try:
+                if plan.route.lent and not self._wire_only and not self._cuda_refused:
+                    yield from self._lend_steps(plan, arrays, lent)
+                lease = None if self._wire_only else (
+                    yield from self._lease_steps(info, self._needs(info, shapes, bytes_sizes), plan.timeout, False,
+                                                 plan.route.memory))
                 if lease is None:
                     inputs = _messages.wire_request(self.wire, info, arrays, [])[0]
                 else:
-                    yield from self._fill_steps(info, lease, arrays, bytes_sizes, plan.route.device)
-                    inputs = _messages.slot_request(self.wire, info, lease, shapes, (), bytes_sizes)[0]
+                    yield from self._fill_steps(info, lease, arrays, bytes_sizes, plan.route.device, lent)
+                    inputs = _messages.slot_request(self.wire, info, lease, shapes, (), bytes_sizes, lent=lent)[0]
                 outputs = [self.wire.requested_output(name) for name in plan.names]
                 entry = yield StreamSend(info.name, info.version, inputs, outputs, plan.options)
             except BaseException:
                 if lease is not None:
                     lease.pool.finished_and_back(lease)
+                lent.finished(self._lent)
                 raise
-        if lease is None:
-            return entry, None
-        entry.when_final(functools.partial(lease.pool.finished_and_back, lease))
-        return entry, lease.pool
+        self._lent.count(len(lent.inputs))
+        entry.when_final(functools.partial(self._stream_request_done, lease, lent))
+        return entry, None if lease is None else lease.pool
+
+    def _stream_request_done(self, lease: Lease | None, lent: _Lending) -> None:
+        """A streamed request's final response came (or its stream ended): its slot goes back,
+        its lent allocations may be let go of."""
+        if lease is not None:
+            lease.pool.finished_and_back(lease)
+        lent.finished(self._lent)
 
     def _register_again_steps(self, pool: SlotPool) -> Steps:
         """Register every extent of *pool* again under its name (the server restarted)."""
@@ -810,23 +912,27 @@ class Engine:
     def slot_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
                    names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
                    results: Placement, rows: _intake.Rows | None = None, stream: Any = None,
-                   ready: Any = None, options: RequestOptions | None = None) -> Steps:
+                   ready: Any = None, options: RequestOptions | None = None, lent: _Lending | None = None,
+                   out: Mapping[str, OutTensor] | None = None) -> Steps:
         """Steps of running the inputs already in a slot (after the event *ready*, when given);
         outputs (checked *names*) land there too, and are delivered where *results* says,
         copied on *stream* (this thread's copy stream of the slot's or the results' GPU) and
-        landed before they are returned."""
+        landed before they are returned.  Tensors *lent* are named where they are instead of
+        in the slot; results the caller allocated (*out*) are returned, filled."""
         with self._flight():
             if ready is not None:
                 yield WaitForDevice(ready)
             inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, bytes_sizes,
-                                                                prepare=options is None)
+                                                                prepare=options is None, lent=lent)
             send = Send(info.name, info.version, inputs, requested, options, message)
             try:
                 result = yield send
             except RegionNotRegistered:
                 # The server restarted and forgot our regions: register every
-                # extent of the pool again under its name, then retry once.
+                # extent of the pool (and every lent allocation) again under its name, then retry once.
                 yield from self._register_again_steps(lease.pool)
+                if lent:
+                    yield from self._lent.register_again_steps(lent.extents())
                 result = yield send
             if lease.extent.memory.closed:  # close() gave up waiting for us and closed it
                 raise ClientClosed(f"the client was closed while this request on model {info.name!r} "
@@ -834,7 +940,8 @@ class Engine:
             if stream is None:
                 stream = self._copy_stream(lease.extent.memory, results.device)
             try:
-                outputs, queued = _messages.collect(info, lease, result, names, copy, results, rows, stream)
+                outputs, queued = _messages.collect(info, lease, result, names, copy, results, rows, stream,
+                                                    lent, out)
                 if queued:
                     yield WaitForDevice(stream.record())
             except BaseException:

@@ -18,7 +18,8 @@ from . import _bytes, _devices
 from ._devices import HOST, Placement
 from ._model import ModelInfo, shape_fits
 
-__all__ = ["check_inputs", "output_names", "split_batch", "Rows", "result_rows", "join_chunks", "slot_needs"]
+__all__ = ["check_inputs", "check_out", "into_out", "output_names", "split_batch", "Rows", "result_rows",
+           "join_chunks", "slot_needs"]
 
 # A BYTES output's first guess when nothing better is known; the server
 # says how much it really needs and the slot grows to that.
@@ -89,6 +90,49 @@ def output_names(info: ModelInfo, outputs: Sequence[str] | None) -> list[str]:
     if unknown:
         raise ShapeMismatch(f"model {info.name!r} has outputs {list(known)}; unknown {unknown}")
     return list(outputs)
+
+
+def check_out(info: ModelInfo, out: Mapping[str, _devices.OutTensor], names: Sequence[str],
+              chunks: Sequence[Mapping[str, Any]], results: Placement, copy: bool) -> None:
+    """Results the caller allocated (``out=``), checked before anything is sent: outputs asked
+    for, of their datatype, where the results go, of the shape the model's config gives
+    (variable dims: any; the server's answer is checked too), one request, copied results."""
+    if len(chunks) > 1:
+        raise InvalidOption(f"out= takes the results of one request, but this batch on model {info.name!r} "
+                            f"splits into {len(chunks)} (max_batch_size {info.max_batch_size})")
+    if not copy:
+        raise InvalidOption("out= and copy=False both say where results go: give one")
+    for name, given in out.items():
+        if name not in names:
+            raise InvalidOption(f"out[{name!r}]: model {info.name!r} returns {list(names)} here")
+        spec = info.output(name)
+        if spec.is_bytes:
+            raise DTypeMismatch(f"out[{name!r}]: output {name!r} is BYTES, which comes back as numpy objects")
+        tensor = given.tensor
+        if tensor.dtype != spec.dtype:
+            raise DTypeMismatch(f"out[{name!r}] is {tensor.dtype}, but output {name!r} of model {info.name!r} "
+                                f"is {spec.datatype} ({spec.dtype})")
+        if tensor.device != results.device:
+            where = "on the host" if results.device is None else f"on cuda:{results.device}"
+            raise InvalidOption(f"out[{name!r}] is on cuda:{tensor.device}, but this request's results go "
+                                f"{where} (see output_device)")
+        rows = len(next(iter(chunks[0].values()))) if info.batched and chunks[0] else 1
+        want = info.shape_of(spec, rows)
+        if not shape_fits(want, tensor.shape):
+            raise ShapeMismatch(f"out[{name!r}] has shape {list(tensor.shape)}, but output {name!r} of model "
+                                f"{info.name!r} has shape {list(want)} (-1 = any) for this request")
+
+
+def into_out(outputs: dict[str, Any], out: Mapping[str, _devices.OutTensor] | None) -> dict[str, Any]:
+    """*outputs* of the plain gRPC/HTTP path copied into the results the caller allocated."""
+    for name, given in (out or {}).items():
+        made = outputs[name]
+        if tuple(made.shape) != given.tensor.shape:
+            raise ShapeMismatch(f"output {name!r} came back of shape {list(made.shape)}, but out[{name!r}] "
+                                f"has shape {list(given.tensor.shape)}")
+        _devices.copy_bytes(given.tensor.source, made, given.tensor.nbytes, dst_offset=given.tensor.offset)
+        outputs[name] = given.obj
+    return outputs
 
 
 def split_batch(info: ModelInfo, arrays: dict[str, np.ndarray], batch: int) -> list[dict[str, np.ndarray]]:

@@ -39,12 +39,14 @@ def make_room(cache: dict[Any, Any]) -> None:
 
 def collect(info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
             copy: bool, results: Placement, rows: _intake.Rows | None = None,
-            stream: Any = None) -> tuple[dict[str, Any], bool]:
+            stream: Any = None, lent: Any = None, out: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
     """The outputs of *result*, read from the slot: views that hold it where
     ``copy=False`` and the slot is where the results are wanted, else copies
     (numpy on the host, or device arrays made by the results' library);
-    outputs with *rows* go there (and are left out of the dict).  Copies
-    touching a GPU are queued on *stream*; also returns whether any was."""
+    outputs with *rows* go there (and are left out of the dict); results the
+    caller allocated (*out*) are those objects, written by the server where
+    *lent*, else copied in.  Copies touching a GPU are queued on *stream*;
+    also returns whether any was."""
     memory, layout = lease.extent.memory, lease.pool.layout
     on_gpu = stream is not None and (memory.kind == "cuda" or results.device is not None)
     outputs, queued = {}, False
@@ -54,7 +56,17 @@ def collect(info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
         spec = info.output(name)
         shape = output_shape(result, name)
         into = rows_for(info, rows, name, shape)
-        if into is not None:
+        given = None if out is None else out.get(name)
+        if given is not None:
+            if shape != given.tensor.shape:
+                raise ShapeMismatch(f"model {info.name!r} returned output {name!r} of shape {list(shape)}, "
+                                    f"but out[{name!r}] has shape {list(given.tensor.shape)}")
+            if not (lent and name in lent.outputs):  # not lent: copied in from the slot
+                memory.read_into(given.tensor.source, lease.offset(name), given.tensor.nbytes,
+                                 given.tensor.offset, stream)
+                queued |= on_gpu
+            outputs[name] = given.obj
+        elif into is not None:
             memory.read_into(into[0], lease.offset(name), into[2], into[1], stream)
             queued |= on_gpu
         elif spec.is_bytes:
@@ -101,7 +113,7 @@ def rows_for(info: ModelInfo, rows: _intake.Rows | None, name: str,
 
 def slot_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
                  names: Sequence[str], bytes_sizes: Mapping[str, int],
-                 prepare: bool = False) -> tuple[list, list, Any]:
+                 prepare: bool = False, lent: Any = None) -> tuple[list, list, Any]:
     """InferInputs and InferRequestedOutputs naming the slot's offsets, and with *prepare*
     (no per-request options) the whole request message, ready to send (or None).
 
@@ -112,18 +124,34 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, 
     they are bound again for other shapes -- and tritonclient's request
     building is skipped on every later call (over HTTP, tritonclient
     itself too: see :mod:`tritonshm._http1`).
+
+    Tensors *lent* (a chunk's ``_Lending``: the caller's own GPU memory,
+    registered) are named where they are, in request objects of their own
+    (the slot's stay bound to the slot); a message is kept for them too,
+    keyed by where they were.
     """
     memory, layout = lease.extent.memory, lease.pool.layout
     cache = lease.extent.requests.get(lease.index)
     if cache is None:
         cache = lease.extent.requests[lease.index] = {}
     # The message, when it can be kept, is keyed by what it holds (the inputs' bindings
-    # are a function of the slot and their shapes; BYTES sizes vary with the strings).
+    # are a function of the slot and their shapes -- or of where lent tensors are; BYTES
+    # sizes vary with the strings).
     message_key = ("message", tuple(shapes.items()), tuple(names)) if prepare and not bytes_sizes else None
+    if lent and message_key is not None:
+        message_key += tuple((kind, key, where.extent.name, where.offset)
+                             for kind, table in (("in", lent.inputs), ("out", lent.outputs))
+                             for key, where in table.items())
     name = lease.extent.name
     inputs = []
     for spec in info.inputs:
         shape = list(shapes[spec.name])
+        where = lent.inputs.get(spec.name) if lent else None
+        if where is not None:
+            infer_input = wire.infer_input(spec.name, shape, spec.datatype)
+            where.extent.memory.bind_input(infer_input, where.extent.name, where.offset, where.nbytes)
+            inputs.append(infer_input)
+            continue
         nbytes = bytes_sizes[spec.name] if spec.is_bytes else math.prod(shape) * spec.dtype.itemsize
         if nbytes == 0:
             # Triton refuses a shared-memory binding of 0 bytes: an empty
@@ -142,6 +170,12 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, 
         inputs.append(cached[0])
     requested = []
     for output in names:
+        where = lent.outputs.get(output) if lent else None
+        if where is not None:
+            requested_output = wire.requested_output(output)
+            where.extent.memory.bind_output(requested_output, where.extent.name, where.offset, where.nbytes)
+            requested.append(requested_output)
+            continue
         key = "out:" + output
         requested_output = cache.get(key)
         if requested_output is None:

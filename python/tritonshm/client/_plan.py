@@ -14,7 +14,7 @@ from typing import Any, Mapping, NamedTuple
 
 from ..errors import InvalidOption
 from . import _devices
-from ._devices import DeviceTensor, Placement
+from ._devices import DeviceTensor, OutTensor, Placement
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._slots import SYSTEM, SlotKind
@@ -24,12 +24,14 @@ __all__ = ["Plan", "Route", "Routing"]
 
 class Route(NamedTuple):
     """Where one request's tensors go: *memory* is what its slots are made of,
-    *results* where its outputs land, and *device* the GPU whose copy stream
-    carries its copies (None: no GPU involved)."""
+    *results* where its outputs land, *device* the GPU whose copy stream
+    carries its copies (None: no GPU involved), and whether its GPU tensors
+    are *lent* (sent by reference where their memory can be: :mod:`._lent`)."""
 
     memory: SlotKind
     results: Placement
     device: int | None = None
+    lent: bool = False
 
 
 class Plan(NamedTuple):
@@ -42,17 +44,20 @@ class Plan(NamedTuple):
     copy: bool                     # results copied out (False: views of the slot)
     timeout: float | None          # how long a chunk waits for a slot
     options: RequestOptions | None = None  # what the server is told besides the tensors (None: nothing)
+    out: Mapping[str, OutTensor] | None = None  # results the caller allocated, by output name
 
 
 @dataclasses.dataclass(frozen=True)
 class Routing:
     """How a client routes requests: its *transport*, the GPU whose CUDA slots carry host
-    inputs on ``transport="cuda"`` (*default_device*), and whether its host slots are
-    *pinned* (then they also carry GPU inputs of models with BYTES tensors)."""
+    inputs on ``transport="cuda"`` (*default_device*), whether its host slots are
+    *pinned* (then they also carry GPU inputs of models with BYTES tensors), and whether
+    GPU tensors are sent *by_reference* where their memory can be."""
 
     transport: str
     default_device: int
     pinned: bool
+    by_reference: bool = True
 
     def route(self, info: ModelInfo, arrays: Mapping[str, Any], output_device: Any) -> Route:
         """Which slots a request uses and where its results land.
@@ -84,12 +89,12 @@ class Routing:
                 raise InvalidOption(f"model {info.name!r} has BYTES tensors, which transport='cuda' "
                                     f"cannot carry; use transport='auto'")
             device = home if home is not None else self.default_device
-            return Route(SlotKind.cuda(device), results, device)
+            return Route(SlotKind.cuda(device), results, device, self.by_reference)
         if source is None:
             return Route(SYSTEM, results, home)
         if info.has_bytes:
             return Route(SYSTEM if self.pinned else SlotKind.pinned(source), results, home)
-        return Route(SlotKind.cuda(source), results, home)
+        return Route(SlotKind.cuda(source), results, home, self.by_reference)
 
     def request_memory(self, info: ModelInfo, device: Any) -> SlotKind:
         """The slots of a zero-copy request whose views should be on *device*."""

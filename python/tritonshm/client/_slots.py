@@ -34,7 +34,7 @@ from .._memory._cuda_region import CudaRegion
 from .._memory._pinned import PinnedRegion
 from ._devices import DeviceTensor, copy_bytes
 
-__all__ = ["SlotKind", "SYSTEM", "SlotMemory", "SystemSlotMemory", "PinnedSlotMemory", "CudaSlotMemory",
+__all__ = ["SlotKind", "SYSTEM", "RegisteredMemory", "SlotMemory", "SystemSlotMemory", "PinnedSlotMemory", "CudaSlotMemory",
            "parallel_copy"]
 
 
@@ -103,13 +103,46 @@ def parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
         future.result()
 
 
-class SlotMemory(abc.ABC):
-    """Memory a slot pool carves into slots: one region, registered once."""
+class RegisteredMemory:
+    """One region the client registers with the server and names in requests: what the
+    engine's :class:`~._steps.Register` step and the disposal steps (``close``) need of it.
+    Slot memory is one; the caller's own GPU allocations, lent (:mod:`._lent`), another."""
 
     #: "system" or "cuda": the Triton extension the memory is registered with.
     kind: str
     #: The CUDA device the memory is on; None for host memory.
     device: int | None = None
+
+    def register(self, client: Any) -> Any:
+        """Register with the server behind *client*: the name (an awaitable for aio clients)."""
+        return triton.register(client, self.region)
+
+    def reregister(self, client: Any, name: str) -> Any:
+        """Register again under *name* after the server forgot it."""
+        return triton.register(client, self.region, name)
+
+    def bind_input(self, infer_input: Any, name: str, offset: int, nbytes: int) -> None:
+        """Make *infer_input* read ``nbytes`` at *offset* (absolute) of this memory."""
+        triton.bind_input(infer_input, self.region, offset, nbytes, name=name)
+
+    def bind_output(self, requested_output: Any, name: str, offset: int, nbytes: int) -> None:
+        """Make the server write *requested_output* into ``nbytes`` at *offset* (absolute)."""
+        triton.bind_output(requested_output, self.region, offset, nbytes, name=name)
+
+    def close(self) -> None:
+        """Let go of the memory; live views keep what they use."""
+        self.region.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run (nothing may be read or written through this any more)."""
+        return self.region.closed
+
+    region: Any
+
+
+class SlotMemory(RegisteredMemory, abc.ABC):
+    """Memory a slot pool carves into slots: one region, registered once."""
 
     @property
     @abc.abstractmethod
@@ -157,32 +190,6 @@ class SlotMemory(abc.ABC):
         """Copy ``nbytes`` at *offset* into bytes ``dst_offset...`` of *dst*: a
         C-contiguous numpy array, or a device array (queued on *stream* where given)."""
 
-    def register(self, client: Any) -> Any:
-        """Register with the server behind *client*: the name (an awaitable for aio clients)."""
-        return triton.register(client, self.region)
-
-    def reregister(self, client: Any, name: str) -> Any:
-        """Register again under *name* after the server forgot it."""
-        return triton.register(client, self.region, name)
-
-    def bind_input(self, infer_input: Any, name: str, offset: int, nbytes: int) -> None:
-        """Make *infer_input* read ``nbytes`` at *offset* (absolute) of this memory."""
-        triton.bind_input(infer_input, self.region, offset, nbytes, name=name)
-
-    def bind_output(self, requested_output: Any, name: str, offset: int, nbytes: int) -> None:
-        """Make the server write *requested_output* into ``nbytes`` at *offset* (absolute)."""
-        triton.bind_output(requested_output, self.region, offset, nbytes, name=name)
-
-    def close(self) -> None:
-        """Let go of the memory; live views keep what they use."""
-        self.region.close()
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` has run (nothing may be read or written through this any more)."""
-        return self.region.closed
-
-    region: Any
 
 
 class SystemSlotMemory(SlotMemory):

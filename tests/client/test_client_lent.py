@@ -1,0 +1,300 @@
+"""GPU tensors sent by reference: the caller's own allocations lent to a real server (FAKE runtime).
+
+The server is a real Triton with the fake CUDA runtime LD_PRELOADed: it opens
+the fake IPC handles of the caller's allocations, as a real one opens
+torch's.  Tensors come from a torch-like double with a caching allocator
+(blocks carved from segments, ``empty_cache()`` freeing idle segments), so
+the fake sees every free: ``freed_while_open`` counts memory freed while the
+server still had it open -- what the lending must never allow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import gc
+
+import numpy as np
+import pytest
+
+import tritonshm
+import tritonshm.aio
+
+from support.insides import lent_allocations
+from triton_fixtures import client_url, sample
+
+
+@pytest.fixture
+def url(fake_cuda_server, protocol, fake_cuda):
+    return client_url(fake_cuda_server, protocol)
+
+
+@pytest.fixture(autouse=True)
+def never_freed_under_the_server(request, fake_cuda):
+    """Every test but the one that frees lent memory on purpose: no allocation the server had
+    open was freed (the fake counts cudaFree under a live IPC mapping)."""
+    before = fake_cuda.stats().freed_while_open
+    yield
+    if "freed_on_purpose" not in request.keywords:
+        assert fake_cuda.stats().freed_while_open == before
+
+
+def ours(client, kind="cuda"):
+    """The server's CUDA regions registered by *client*'s lending."""
+    return {name for name in tritonshm.status(client.tritonclient, kind=kind) if name.startswith("tritonshm-lent-")}
+
+
+def test_an_input_is_sent_by_reference(url, fake_cuda, torch_caching):
+    data = sample(np.float32, 1000)
+    x = torch_caching.from_numpy(data)
+    with tritonshm.Client(url) as c:
+        c.model_info("identity_fp32")
+        before = fake_cuda.stats()
+        out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+        used = fake_cuda.stats() - before
+        np.testing.assert_array_equal(out.get(), data)
+        assert used.async_copies == 1  # the result out of the slot; nothing copied in
+        (lent,) = c.lent()
+        assert (lent.device, lent.nbytes, lent.in_use, lent.lent) == (0, 2 << 20, 0, 1)
+        assert lent.base == torch_caching.allocator.segments()[0][0]
+        assert ours(c) == {lent.name}
+        stats = c.stats()
+        assert (stats.inputs_lent, stats.registrations, stats.copied) == (1, 1, {})
+        del out
+    del x
+
+
+def test_a_registration_is_reused_and_a_freed_block_handed_out_again_is_read_right(url, fake_cuda, torch_caching):
+    with tritonshm.Client(url) as c:
+        for value in range(5):
+            # each tensor freed after its request: the allocator hands its block (or a neighbour
+            # in the same segment) out again for the next, with other bytes in it
+            x = torch_caching.from_numpy(np.full(256, value, np.float32))
+            out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+            np.testing.assert_array_equal(out.get(), np.full(256, value, np.float32))
+            del x, out
+            gc.collect()
+        stats = c.stats()
+        assert (stats.inputs_lent, stats.registrations, stats.allocations) == (5, 1, 1)
+
+
+def test_a_lent_allocation_is_never_freed_under_the_server(url, fake_cuda, torch_caching):
+    x = torch_caching.from_numpy(np.ones(64, np.float32))
+    with tritonshm.Client(url) as c:
+        c.infer("identity_fp32", {"INPUT0": x})
+        del x
+        gc.collect()
+        # the caller let go of every tensor and empties the cache: the client still holds one
+        # tensor of the registered segment, so the segment stays (the server has it open)
+        assert torch_caching.empty_cache() == 0
+        c.forget()  # unregistered first, then let go
+        assert not c.lent() and not ours(c)
+        gc.collect()
+        assert torch_caching.empty_cache() == 1
+
+
+def test_a_new_allocation_at_an_old_base_is_registered_anew(url, fake_cuda, torch_caching):
+    with tritonshm.Client(url) as c:
+        x = torch_caching.empty(4 << 20, np.uint8)  # a segment of its own
+        x.copy_(np.full(4 << 20, 1, np.uint8))
+        c.infer("identity_uint8", {"INPUT0": x})
+        ((old_name, _, base, *_),) = c.lent()
+        c.forget()
+        del x
+        gc.collect()
+        assert torch_caching.empty_cache() == 1
+        y = torch_caching.empty(4 << 20, np.uint8)
+        y.copy_(np.full(4 << 20, 7, np.uint8))
+        assert y.ptr == base  # the same address again, a new allocation with a new handle
+        out = c.infer("identity_uint8", {"INPUT0": y})["OUTPUT0"]
+        assert (out.get() == 7).all()
+        ((name, _, again, *_),) = c.lent()
+        assert again == base and name != old_name and ours(c) == {name}
+        del y, out
+
+
+class RawCai:
+    """Device memory at a raw pointer, seen through the CUDA Array Interface only: holding this
+    object does not keep the memory (as with a numba array whose owner frees it)."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3, "strides": None, "stream": None}
+
+
+@pytest.mark.freed_on_purpose
+def test_a_stale_registration_at_an_old_base_is_dropped_first(url, fake_cuda):
+    """A producer frees memory the client lent (undefined behaviour under a server that has it
+    open: the fake counts it) and allocates again at the same address: the handle there changed,
+    so the stale registration is unregistered before the new allocation is registered."""
+    nbytes = 4 << 20
+    with tritonshm.Client(url) as c:
+        first = fake_cuda.malloc(nbytes)
+        c.infer("identity_uint8", {"INPUT0": RawCai(first, nbytes)})
+        ((old_name, *_),) = c.lent()
+        fake_cuda.free(first)
+        second = fake_cuda.malloc(nbytes)
+        assert second == first  # the same address, a new allocation with a new handle
+        fake_cuda.lib.cudaMemcpy(second, np.full(nbytes, 9, np.uint8).ctypes.data, nbytes, 1)
+        out = c.infer("identity_uint8", {"INPUT0": RawCai(second, nbytes)})["OUTPUT0"]
+        assert (out.get() == 9).all()
+        ((name, _, base, *_),) = c.lent()
+        assert base == second and name != old_name and ours(c) == {name}
+        c.forget()
+        fake_cuda.free(second)
+        del out
+
+
+@pytest.mark.parametrize("kind", ["expandable", "cudaMallocAsync", "cudaMallocManaged"])
+def test_memory_cuda_ipc_cannot_share_is_copied_and_counted(url, fake_cuda, torch_expandable, kind):
+    data = sample(np.float32, 512)
+    ptr = None
+    if kind == "expandable":
+        x = torch_expandable.from_numpy(data)
+    else:
+        ptr = fake_cuda.malloc_unshareable(data.nbytes, kind)
+        fake_cuda.lib.cudaMemcpy(ptr, data.ctypes.data, data.nbytes, 1)
+
+        class Cai:
+            __cuda_array_interface__ = {"shape": data.shape, "typestr": "<f4", "data": (ptr, False),
+                                        "version": 3, "strides": None, "stream": None}
+        x = Cai()
+    try:
+        with tritonshm.Client(url) as c:
+            out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+            np.testing.assert_array_equal(out.get(), data)
+            stats = c.stats()
+            assert stats.inputs_lent == 0 and stats.copied == {"not shareable (pool, virtual or managed memory)": 1}
+            assert not c.lent()
+            del out
+    finally:
+        del x
+        if ptr is not None:
+            fake_cuda.free(ptr)
+
+
+def test_by_reference_false_copies(url, torch_caching):
+    x = torch_caching.from_numpy(np.ones(32, np.float32))
+    with tritonshm.Client(url, by_reference=False) as c:
+        c.infer("identity_fp32", {"INPUT0": x})
+        assert not c.lent() and c.stats().inputs_lent == 0 and c.by_reference is False
+    del x
+
+
+def test_the_bounds_hold_and_only_cold_allocations_make_room(url, fake_cuda, torch_caching):
+    with tritonshm.Client(url, max_lent_bytes=5 << 20) as c:
+        table = lent_allocations(c)
+        a = torch_caching.empty(4 << 20, np.uint8)  # each a 4 MiB segment of its own
+        b = torch_caching.empty(4 << 20, np.uint8)
+        c.infer("identity_uint8", {"INPUT0": a})
+        assert len(c.lent()) == 1
+        # b does not fit beside a, and a was used just now: b is copied, a stays
+        c.infer("identity_uint8", {"INPUT0": b})
+        assert [e.base for e in c.lent()] == [a.ptr]
+        assert c.stats().copied == {"lent allocations at their bounds": 1}
+        table.cold_seconds = 0.0  # a is cold now: it makes room
+        c.infer("identity_uint8", {"INPUT0": b})
+        assert [e.base for e in c.lent()] == [b.ptr] and len(ours(c)) == 1
+        assert c.stats().evictions == 1
+        # a tensor larger than the bound is never lent
+        big = torch_caching.empty(6 << 20, np.uint8)
+        c.infer("identity_uint8", {"INPUT0": big})
+        assert sum(e.nbytes for e in c.lent()) <= 5 << 20
+        del a, b, big
+
+
+def test_close_unregisters_then_lets_go(url, fake_cuda, torch_caching):
+    x = torch_caching.from_numpy(np.ones(64, np.float32))
+    c = tritonshm.Client(url)
+    c.infer("identity_fp32", {"INPUT0": x})
+    probe = tritonshm.Client(url)
+    (name,) = ours(c)
+    del x
+    c.close()
+    assert name not in tritonshm.status(probe.tritonclient, kind="cuda")
+    probe.close()
+    gc.collect()
+    assert torch_caching.empty_cache() == 1  # the client let go of its tensor
+
+
+def test_many_threads_lend_one_allocation_once(url, fake_cuda, torch_caching):
+    tensors = [torch_caching.from_numpy(np.full(128, i, np.float32)) for i in range(16)]
+    assert len(torch_caching.allocator.segments()) == 1
+    with tritonshm.Client(url, slots=4) as c:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            outs = list(pool.map(lambda t: c.infer("identity_fp32", {"INPUT0": t})["OUTPUT0"].get(),
+                                 tensors * 3))
+        for i, out in enumerate(outs):
+            np.testing.assert_array_equal(out, np.full(128, i % 16, np.float32))
+        stats = c.stats()
+        assert (stats.inputs_lent, stats.registrations, stats.allocations) == (48, 1, 1)
+        assert [e.in_use for e in c.lent()] == [0]
+    del tensors
+
+
+def test_results_written_in_place_with_out(url, fake_cuda, torch_caching):
+    data = sample(np.float32, 300)
+    x = torch_caching.from_numpy(data)
+    y = torch_caching.empty(300, np.float32)
+    with tritonshm.Client(url) as c:
+        c.model_info("identity_fp32")
+        before = fake_cuda.stats()
+        got = c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+        used = fake_cuda.stats() - before
+        assert got["OUTPUT0"] is y and used.async_copies == 0  # no copy either way
+        np.testing.assert_array_equal(y.numpy(), data)
+        stats = c.stats()
+        assert (stats.inputs_lent, stats.outputs_lent, stats.registrations) == (1, 1, 1)  # one segment
+    del x, y
+
+
+def test_out_that_cannot_be_lent_is_copied_into(url, torch_caching, torch_expandable):
+    data = sample(np.float32, 100)
+    x = torch_caching.from_numpy(data)
+    y = torch_expandable.empty(100, np.float32)
+    with tritonshm.Client(url) as c:
+        assert c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})["OUTPUT0"] is y
+        np.testing.assert_array_equal(y.numpy(), data)
+        assert c.stats().outputs_lent == 0
+    del x, y
+
+
+def test_out_is_checked_before_anything_is_sent(url, torch_caching):
+    x = torch_caching.from_numpy(np.ones(8, np.float32))
+    with tritonshm.Client(url) as c:
+        with pytest.raises(tritonshm.DTypeMismatch, match="out"):
+            c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": torch_caching.empty(8, np.int32)})
+        with pytest.raises(tritonshm.InvalidOption, match="GPU tensor"):
+            c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": np.empty(8, np.float32)})
+        with pytest.raises(tritonshm.InvalidOption, match="returns"):
+            c.infer("identity_fp32", {"INPUT0": x}, out={"NOPE": torch_caching.empty(8, np.float32)})
+        with pytest.raises(tritonshm.InvalidOption, match="copy=False"):
+            c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": torch_caching.empty(8, np.float32)},
+                    copy=False)
+        with pytest.raises(tritonshm.ShapeMismatch, match="out"):  # the server's shape is checked too
+            c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": torch_caching.empty(16, np.float32)})
+        assert c.stats().inputs_lent <= 1
+    del x
+
+
+def test_infer_async_and_aio_lend_too(url, fake_cuda, torch_caching):
+    data = sample(np.float32, 64)
+    x = torch_caching.from_numpy(data)
+    with tritonshm.Client(url) as c:
+        out = c.infer_async("identity_fp32", {"INPUT0": x}).result()["OUTPUT0"]
+        np.testing.assert_array_equal(out.get(), data)
+        assert c.stats().inputs_lent == 1
+        del out
+
+    async def main():
+        async with tritonshm.aio.Client(url) as ac:
+            y = torch_caching.empty(64, np.float32)
+            got = await ac.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+            assert got["OUTPUT0"] is y
+            np.testing.assert_array_equal(y.numpy(), data)
+            assert (ac.stats().inputs_lent, ac.stats().outputs_lent) == (1, 1)
+            await ac.forget()
+            assert not ac.lent()
+
+    asyncio.run(main())
+    del x
