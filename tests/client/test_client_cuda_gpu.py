@@ -234,3 +234,63 @@ def test_a_torch_tensor_streams_through_a_cuda_slot(server, torch):
             assert isinstance(response["OUTPUT0"], torch.Tensor) and response["OUTPUT0"].is_cuda
             np.testing.assert_array_equal(response["OUTPUT0"].cpu().numpy(), data + i)
         assert [(p.memory, p.running) for p in c.pools()] == [("cuda:0", 0)]
+
+
+# -- GPU tensors by reference (the caller's allocations lent to the server) --------------------------
+
+
+@pytest.mark.parametrize("nbytes", [64 << 10, 16 << 20])
+def test_torch_inputs_are_sent_by_reference(server, protocol, torch, nbytes):
+    data = sample(np.float32, nbytes // 4)
+    x = _on_gpu(torch, data)
+    with tritonshm.Client(client_url(server, protocol)) as c:
+        for _ in range(3):
+            out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+            np.testing.assert_array_equal(out.cpu().numpy(), data)
+        stats = c.stats()
+        assert (stats.inputs_lent, stats.registrations, stats.copied) == (3, 1, {})
+        (lent,) = c.lent()
+        assert lent.base <= x.data_ptr() < lent.base + lent.nbytes  # torch's segment, not the tensor
+        y = torch.empty_like(x)
+        assert c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})["OUTPUT0"] is y
+        torch.testing.assert_close(y, x, rtol=0, atol=0)
+        assert c.stats().outputs_lent == 1
+        c.forget()
+        assert not c.lent()
+
+
+def test_a_torch_block_freed_and_reused_between_requests_is_read_right(server, torch):
+    with tritonshm.Client(server.grpc_url) as c:
+        for i in range(20):
+            x = torch.full((4096,), float(i), device="cuda")  # the allocator hands blocks out again
+            out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+            assert bool((out == i).all())
+            del x, out
+        stats = c.stats()
+        assert stats.inputs_lent == 20 and stats.registrations <= 2 and not stats.copied
+        c.forget()
+        torch.cuda.empty_cache()  # nothing registered any more: the segments may go
+
+
+def test_cupy_inputs_are_sent_by_reference(server, cupy):
+    data = sample(np.float32, 1 << 16)
+    x = cupy.asarray(data)
+    with tritonshm.Client(server.grpc_url) as c:
+        out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+        np.testing.assert_array_equal(cupy.asnumpy(out), data)
+        assert c.stats().inputs_lent == 1 and not c.stats().copied
+
+
+def test_torch_cuda_malloc_async_is_copied_and_said(server, torch):
+    """Memory CUDA IPC cannot export (here: cudaMallocAsync through cupy's async pool, which any
+    machine with cupy has; torch's own backend:cudaMallocAsync needs its setting at start-up)."""
+    cupy = pytest.importorskip("cupy")
+    pool = cupy.cuda.MemoryAsyncPool()
+    data = sample(np.float32, 1 << 12)
+    with cupy.cuda.using_allocator(pool.malloc):
+        x = cupy.asarray(data)
+    with tritonshm.Client(server.grpc_url) as c:
+        out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+        np.testing.assert_array_equal(cupy.asnumpy(out), data)
+        stats = c.stats()
+        assert stats.inputs_lent == 0 and sum(stats.copied.values()) == 1

@@ -246,13 +246,15 @@ def test_a_method_unavailable_at_open_is_reported_and_the_others_run(server):
 
 # -- bench --gpu, what can be checked without a GPU -----------------------------------------------
 
-GPU_NAMES = ["grpc", "tc-shm", "tc-cuda", "Client.infer", "zero-copy", "floor"]
+GPU_NAMES = ["grpc", "tc-shm", "tc-cuda", "Client.infer", "Client.infer out=", "Client.infer copies", "zero-copy",
+             "floor"]
 
 
 def test_gpu_methods_and_models():
     assert [m.name for m in bench.GPU_METHODS] == GPU_NAMES
     assert {m.name: m.group for m in bench.GPU_METHODS} == {
-        "grpc": "peer", "tc-shm": "peer", "tc-cuda": "peer", "Client.infer": "tritonshm", "zero-copy": "tritonshm",
+        "grpc": "peer", "tc-shm": "peer", "tc-cuda": "peer", "Client.infer": "tritonshm",
+        "Client.infer out=": "tritonshm", "Client.infer copies": "tritonshm", "zero-copy": "tritonshm",
         "floor": "reference"}
     assert bench.GPU_SIZES == (64 << 10, 1 << 20, 16 << 20, 64 << 20)
     repo = bench.gpu_model_repository()
@@ -345,18 +347,22 @@ def _fake_gpu_results(medians_ms: dict, sizes=(64 << 10, 16 << 20)) -> dict:
 
 
 def test_gpu_ratios_targets_and_table():
-    gpu = {"grpc": 10.0, "tc-shm": 4.0, "tc-cuda": 3.0, "Client.infer": 1.5, "zero-copy": 1.05, "floor": 1.0}
-    cpu = {"grpc": 12.0, "tc-shm": 5.0, "tc-cuda": 6.0, "Client.infer": None, "zero-copy": 4.0, "floor": 3.0}
+    gpu = {"grpc": 10.0, "tc-shm": 4.0, "tc-cuda": 3.0, "Client.infer": 1.15, "Client.infer out=": 1.1,
+           "Client.infer copies": 2.0, "zero-copy": 1.05, "floor": 1.0}
+    cpu = {"grpc": 12.0, "tc-shm": 5.0, "tc-cuda": 6.0, "Client.infer": None, "Client.infer out=": 3.5,
+           "Client.infer copies": 7.0, "zero-copy": 4.0, "floor": 3.0}
     out = json.loads(json.dumps(_fake_gpu_results({"identity_fp32_gpu": gpu, "identity_fp32": cpu})))
     block = out["results"][1]["models"]["identity_fp32_gpu"]
     assert block["best_peer"] == "tc-cuda"
-    assert block["methods"]["Client.infer"]["vs_best_peer"] == pytest.approx(0.5)
+    assert block["methods"]["Client.infer"]["vs_best_peer"] == pytest.approx(1.15 / 3.0)
     assert block["methods"]["zero-copy"]["vs_floor"] == pytest.approx(1.05)
     assert out["results"][1]["models"]["identity_fp32"]["best_peer"] == "tc-shm"
     targets = {t["name"]: t for t in out["targets"]}
-    assert targets["zero-copy >= 0.9x the floor"]["value"] == pytest.approx(1 / 1.05)
-    assert targets["zero-copy >= 0.9x the floor"]["met"] is True
-    assert targets["Client.infer >= 1.5x tc-cuda"]["value"] == pytest.approx(2.0)
+    assert len(targets) == len(_gpu.TARGETS)  # one name each
+    assert targets["zero-copy within 1.1x the floor's time at 16 MiB"]["value"] == pytest.approx(1 / 1.05)
+    assert targets["zero-copy within 1.1x the floor's time at 16 MiB"]["met"] is True
+    assert targets["Client.infer >= 1.5x tc-cuda"]["value"] == pytest.approx(3.0 / 1.15)
+    assert targets["Client.infer within 1.2x the floor's time at 64 KiB"]["met"] is True
     assert targets["Client.infer never slower than grpc"]["met"] is True
     table = bench.format_gpu_table(out)
     for name in GPU_NAMES:
@@ -365,11 +371,11 @@ def test_gpu_ratios_targets_and_table():
     assert "identity_fp32 (CPU), best peer: tc-shm" in table
     assert "Client.infer   not there" in table
     assert "64 KiB (16384 x FP32), 3 repetitions" in table and "16 MiB" in table
-    assert "MISSED" not in table and len(re.findall(r" met$", table, re.MULTILINE)) == 4
+    assert "MISSED" not in table and len(re.findall(r" met$", table, re.MULTILINE)) == len(_gpu.TARGETS)
 
     slow = dict(gpu, **{"Client.infer": 2.5, "zero-copy": 20.0})
     missed = {t["name"]: t for t in _fake_gpu_results({"identity_fp32_gpu": slow})["targets"]}
-    assert [t["met"] for t in missed.values()] == [False, False, True, False]
+    assert [t["met"] for t in missed.values()] == [False, False, False, True, False, False, False]
     partial = _fake_gpu_results({"identity_fp32": cpu}, sizes=(1 << 20,))
     assert all(t["met"] is None for t in partial["targets"])
     assert "not measured in this run" in bench.format_gpu_table(partial)
@@ -432,6 +438,7 @@ def test_gpu_client_infer_runs_on_cuda_slots_only(monkeypatch):
     from types import SimpleNamespace
 
     from tritonshm.client import PoolInfo
+    from tritonshm.client._lent import LentStats
 
     made = {}
 
@@ -443,18 +450,25 @@ def test_gpu_client_infer_runs_on_cuda_slots_only(monkeypatch):
     method = object.__new__(_gpu.GpuClientInfer)
     method.setting = _gpu.GpuSetting.of("127.0.0.1:1", _gpu.GPU_MODEL, 16)
     method.open()
-    assert made == {"url": "127.0.0.1:1", "transport": "cuda"}
+    assert made == {"url": "127.0.0.1:1", "transport": "cuda", "by_reference": True}
 
     def pool(memory):
         return PoolInfo("m", "", memory, 4, 0, 0, 4096, 16384, ("r",))
 
-    for memories, refused in [(["cuda:0"], False), (["pinned:0"], True), (["system"], True),
-                              (["cuda:0", "pinned:0"], True), ([], True)]:
-        method.client = SimpleNamespace(pools=lambda memories=memories: [pool(m) for m in memories])
+    lent = LentStats(inputs_lent=3)
+    for memories, stats, refused in [(["cuda:0"], lent, False), (["pinned:0"], lent, True), (["system"], lent, True),
+                                     (["cuda:0", "pinned:0"], lent, True), ([], lent, True),
+                                     (["cuda:0"], LentStats(inputs_lent=2, copied={"not shareable": 1}), True),
+                                     (["cuda:0"], LentStats(), True)]:
+        method.client = SimpleNamespace(pools=lambda memories=memories: [pool(m) for m in memories],
+                                        stats=lambda stats=stats: stats)
         problem = method.memory_problem()
-        assert (problem is not None) == refused, memories
+        assert (problem is not None) == refused, (memories, stats)
         if refused:
             assert "refusing to report" in problem
+    copies = object.__new__(_gpu.GpuClientInferCopies)  # copies are its point: only the pools count
+    copies.client = SimpleNamespace(pools=lambda: [pool("cuda:0")], stats=LentStats)
+    assert copies.memory_problem() is None
 
 
 # -- bench --stream: the decoupled stream_fp32, tritonclient's streaming against Client.stream ----------

@@ -13,11 +13,15 @@ a result counts once it is on the device.  Methods:
   ``tc-cuda`` (tritonclient's CUDA shared-memory utilities: regions made and
   registered once, copy in from the tensor, the result copied to a fresh
   GPU tensor);
-* tritonshm: ``Client.infer`` (``transport="cuda"``: the torch tensor in, a
-  torch tensor on the GPU out; a row whose pools are not ``cuda:N`` memory
-  is refused, never reported) and ``zero-copy`` (``Client.request(..., device="cuda:0")``: the
-  input written into the device slot untimed, ``run()`` timed, the output a
-  view of the slot);
+* tritonshm: ``Client.infer`` (``transport="cuda"``: the torch tensor sent
+  by reference -- its allocation registered once -- a fresh torch tensor on
+  the GPU out; a row whose pools are not ``cuda:N`` memory, or whose input
+  fell back to a copy, is refused, never reported), ``Client.infer out=``
+  (the same, the output written by the server into a tensor allocated once),
+  ``Client.infer copies`` (``by_reference=False``: the input copied into a
+  CUDA slot, as before lending) and ``zero-copy``
+  (``Client.request(..., device="cuda:0")``: the input written into the
+  device slot untimed, ``run()`` timed, the output a view of the slot);
 * reference: ``floor`` (:class:`tritonshm.CudaRegion` registered once, the
   input already in place, the output left on the device: the server's share
   alone).
@@ -254,26 +258,66 @@ class GpuTritonclientCuda(GpuMethod, TwoRegions):
 class GpuClientInfer(GpuMethod, ClientInfer):
     name = "Client.infer"
     group = "tritonshm"
-    description = ("tritonshm.Client(url, transport='cuda').infer(model, {name: x}): the torch tensor in, a fresh torch "
-                   "tensor on the GPU out (copy=True, output_device='auto')")
+    description = ("tritonshm.Client(url, transport='cuda').infer(model, {name: x}): the torch tensor sent by "
+                   "reference (its allocation registered once), a fresh torch tensor on the GPU out "
+                   "(copy=True, output_device='auto')")
+    #: Whether the client sends GPU tensors by reference (a row of a lending method that copied is refused).
+    by_reference = True
 
     def open(self) -> None:
         from ..client import Client
 
         # transport="cuda": a server that refuses our CUDA memory is an error, never a silent
         # fallback to pinned system slots or the wire timed under this method's name.
-        self.client = Client(self.setting.url, transport="cuda")
+        self.client = Client(self.setting.url, transport="cuda", by_reference=self.by_reference)
 
     def send(self, x: Any) -> Any:
         return self.client.infer(self.setting.model, {INPUT: x})[OUTPUT]
 
     def memory_problem(self) -> str | None:
-        """Why this method's timings must not be reported (its pools not in GPU memory), or None."""
+        """Why this method's timings must not be reported (its pools not in GPU memory, or inputs
+        meant to be lent that were copied), or None."""
         memories = sorted({pool.memory for pool in self.client.pools()})
         if not memories or any(not m.startswith("cuda:") for m in memories):
             return (f"{self.name} ({self.setting.model}) ran through {memories or 'no pool'}, not CUDA "
                     f"slots (cuda:N): refusing to report it")
+        stats = self.client.stats()
+        if self.by_reference and (stats.copied or not stats.inputs_lent):
+            return (f"{self.name} ({self.setting.model}) copied its input instead of sending it by reference "
+                    f"({stats.copied or 'nothing lent'}): refusing to report it")
         return None
+
+
+class GpuClientInferOut(GpuClientInfer):
+    name = "Client.infer out="
+    description = ("tritonshm.Client(url, transport='cuda').infer(model, {name: x}, out={output: y}): the torch "
+                   "tensor sent by reference, the output written by the server into y (allocated once)")
+
+    def open(self) -> None:
+        self.out: Any = None
+        super().open()
+
+    def send(self, x: Any) -> Any:
+        if self.out is None or self.out.shape != x.shape:
+            self.out = self.torch.empty_like(x)
+        return self.client.infer(self.setting.model, {INPUT: x}, out={OUTPUT: self.out})[OUTPUT]
+
+    def memory_problem(self) -> str | None:
+        problem = super().memory_problem()
+        if problem is None and not self.client.stats().outputs_lent:
+            return f"{self.name} ({self.setting.model}) copied its output into out=: refusing to report it"
+        return problem
+
+    def close(self) -> None:
+        self.out = None
+        super().close()
+
+
+class GpuClientInferCopies(GpuClientInfer):
+    name = "Client.infer copies"
+    description = ("tritonshm.Client(url, transport='cuda', by_reference=False).infer(...): the torch tensor "
+                   "copied into a CUDA slot, a fresh torch tensor out (the path before lending)")
+    by_reference = False
 
 
 class GpuZeroCopy(GpuClientInfer):
@@ -359,16 +403,19 @@ class GpuFloor(GpuMethod):
 
 #: Every method of ``bench --gpu``, in the order of the table.
 GPU_METHODS: tuple[type[GpuMethod], ...] = (GpuGrpc, GpuTritonclientShm, GpuTritonclientCuda, GpuClientInfer,
-                                            GpuZeroCopy, GpuFloor)
+                                            GpuClientInferOut, GpuClientInferCopies, GpuZeroCopy, GpuFloor)
 GPU_PEERS = tuple(m.name for m in GPU_METHODS if m.group == "peer")
 FLOOR = "floor"
 
 #: (name, model, size, numerator method, denominator method, target): speed of the first
 #: over the second's, i.e. the second's median time over the first's, must reach the target.
 TARGETS = (
-    ("zero-copy >= 0.9x the floor", GPU_MODEL, 16 << 20, "floor", "zero-copy", 0.9),
     ("Client.infer >= 1.5x tc-cuda", GPU_MODEL, 16 << 20, "tc-cuda", "Client.infer", 1.5),
+    ("Client.infer within 1.2x the floor's time at 64 KiB", GPU_MODEL, 64 << 10, "floor", "Client.infer", 1 / 1.2),
+    ("Client.infer within 1.2x the floor's time at 16 MiB", GPU_MODEL, 16 << 20, "floor", "Client.infer", 1 / 1.2),
     ("Client.infer never slower than grpc", GPU_MODEL, 64 << 10, "grpc", "Client.infer", 1.0),
+    ("zero-copy within 1.1x the floor's time at 64 KiB", GPU_MODEL, 64 << 10, "floor", "zero-copy", 1 / 1.1),
+    ("zero-copy within 1.1x the floor's time at 16 MiB", GPU_MODEL, 16 << 20, "floor", "zero-copy", 1 / 1.1),
     ("zero-copy never slower than grpc", GPU_MODEL, 64 << 10, "grpc", "zero-copy", 1.0),
 )
 

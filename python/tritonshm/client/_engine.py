@@ -671,12 +671,14 @@ class Engine:
         """Lend the server the GPU inputs of one chunk, and the results the caller allocated,
         where their memory can be (:mod:`._lent`); the rest is copied as before."""
         for name, array in arrays.items():
-            if isinstance(array, DeviceTensor):
+            if isinstance(array, DeviceTensor) and array.nbytes:  # (Triton refuses 0-byte bindings)
                 where = yield from self._lent.lend_steps(array)
                 if where is not None:
                     lent.inputs[name] = where
                     lent.waits.append(array.source.event)
         for name, given in (plan.out or {}).items():
+            if not given.tensor.nbytes:
+                continue
             where = yield from self._lent.lend_steps(given.tensor)
             if where is not None:
                 lent.outputs[name] = where
