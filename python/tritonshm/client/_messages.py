@@ -39,12 +39,13 @@ def make_room(cache: dict[Any, Any]) -> None:
 
 def collect(info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
             copy: bool, results: Placement, rows: _intake.Rows | None = None,
-            stream: Any = None, lent: Any = None, out: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
+            stream: Any = None, lent: Any = None,
+            allocated: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
     """The outputs of *result*, read from the slot: views that hold it where
     ``copy=False`` and the slot is where the results are wanted, else copies
     (numpy on the host, or device arrays made by the results' library);
     outputs with *rows* go there (and are left out of the dict); results the
-    caller allocated (*out*) are those objects, written by the server where
+    caller *allocated* (``out=``) are those objects, written by the server where
     *lent*, else copied in.  Copies touching a GPU are queued on *stream*;
     also returns whether any was."""
     memory, layout = lease.extent.memory, lease.pool.layout
@@ -56,7 +57,7 @@ def collect(info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
         spec = info.output(name)
         shape = output_shape(result, name)
         into = rows_for(info, rows, name, shape)
-        given = None if out is None else out.get(name)
+        given = None if allocated is None else allocated.get(name)
         if given is not None:
             if shape != given.tensor.shape:
                 raise ShapeMismatch(f"model {info.name!r} returned output {name!r} of shape {list(shape)}, "
