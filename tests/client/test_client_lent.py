@@ -298,3 +298,29 @@ def test_infer_async_and_aio_lend_too(url, fake_cuda, torch_caching):
 
     asyncio.run(main())
     del x
+
+
+def test_a_lent_allocation_the_server_forgot_is_registered_again(url, torch_caching):
+    data = sample(np.float32, 128)
+    x = torch_caching.from_numpy(data)
+    with tritonshm.Client(url) as c:
+        c.infer("identity_fp32", {"INPUT0": x})
+        (lent,) = c.lent()
+        c.tritonclient.unregister_cuda_shared_memory(lent.name)  # as a restarted server would have
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"].get(), data)
+        assert [e.name for e in c.lent()] == [lent.name] and lent.name in ours(c)  # the same name again
+        assert c.stats().registrations == 1  # registered again, not anew
+    del x
+
+
+def test_a_streamed_request_lends_its_input(fake_cuda_server, fake_cuda, torch_caching):
+    data = sample(np.float32, 64)
+    x = torch_caching.from_numpy(data)
+    count = torch_caching.from_numpy(np.array([3], np.int32))
+    with tritonshm.Client(fake_cuda_server.grpc_url) as c:
+        responses = list(c.stream("stream_fp32", {"INPUT0": x, "COUNT": count}))
+        assert len(responses) == 3
+        for i, response in enumerate(responses):
+            np.testing.assert_array_equal(response["OUTPUT0"].get(), data + i)
+        assert c.stats().inputs_lent == 2 and [e.in_use for e in c.lent()] == [0]
+    del x, count

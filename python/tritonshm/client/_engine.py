@@ -29,7 +29,6 @@ from ..errors import (
     OutputTooSmall,
     PoolExhausted,
     RegionNotRegistered,
-    RegistrationError,
     ServerTimeout,
     ShapeMismatch,
     SharedMemoryRefused,
@@ -40,7 +39,7 @@ from ._lent import Lent, LentAllocations, LentInfo, LentStats
 from ._model import ModelInfo, shape_fits
 from ._options import RequestOptions
 from ._plan import Plan, Routing
-from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool
+from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool, register_again_steps
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
 from ._disposal import (close_pools_steps, drop_extent_steps, drop_extents_steps, give_up_parked, held_for_the_server,
                         retry_parked_steps, settle_parked_steps)
@@ -102,13 +101,6 @@ class _Lending:
 
     def __bool__(self) -> bool:
         return bool(self.inputs or self.outputs)
-
-    def extents(self) -> list[Extent]:
-        """The registered allocations they are in (each once)."""
-        seen: dict[int, Extent] = {}
-        for where in (*self.inputs.values(), *self.outputs.values()):
-            seen.setdefault(id(where.extent), where.extent)
-        return list(seen.values())
 
     def finished(self, allocations: LentAllocations) -> None:
         """The request is over: the allocations may be let go of again."""
@@ -903,13 +895,9 @@ class Engine:
         lent.finished(self._lent)
 
     def _register_again_steps(self, pool: SlotPool) -> Steps:
-        """Register every extent of *pool* again under its name (the server restarted)."""
-        for extent in pool.extents:
-            try:
-                yield Register(extent.memory, extent.name)
-            except RegistrationError as exc:
-                if "already" not in str(exc):  # another request of ours re-registered it
-                    raise
+        """Register every extent of *pool*, and every lent allocation, again under its name
+        (the server restarted and forgot them all)."""
+        return register_again_steps([*pool.extents, *self._lent.extents()])
 
     def slot_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
                    names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
@@ -933,8 +921,6 @@ class Engine:
                 # The server restarted and forgot our regions: register every
                 # extent of the pool (and every lent allocation) again under its name, then retry once.
                 yield from self._register_again_steps(lease.pool)
-                if lent:
-                    yield from self._lent.register_again_steps(lent.extents())
                 result = yield send
             if lease.extent.memory.closed:  # close() gave up waiting for us and closed it
                 raise ClientClosed(f"the client was closed while this request on model {info.name!r} "

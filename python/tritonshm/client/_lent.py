@@ -288,14 +288,10 @@ class LentAllocations:
             taken, self._disposals = self._disposals, []
         return taken
 
-    def register_again_steps(self, extents: list[Extent]) -> Steps:
-        """Register lent extents again under their names (the server restarted)."""
-        for extent in extents:
-            try:
-                yield Register(extent.memory, extent.name)
-            except RegistrationError as exc:
-                if "already" not in str(exc):  # another request of ours re-registered it
-                    raise
+    def extents(self) -> list[Extent]:
+        """The registered allocations' extents (to register again after a server restart)."""
+        with self._lock:
+            return [e.extent for e in self._entries.values() if e.extent.name is not None]
 
     # -- what users see --------------------------------------------------
 

@@ -32,11 +32,12 @@ import time
 import weakref
 from typing import Any, Callable, Mapping
 
-from ..errors import PoolExhausted
+from ..errors import PoolExhausted, RegistrationError
 from ._model import ModelInfo
 from ._slots import SlotMemory
+from ._steps import Register, Steps
 
-__all__ = ["ByteBudget", "Layout", "SlotPool", "Lease", "Extent", "PoolInfo"]
+__all__ = ["ByteBudget", "Layout", "SlotPool", "Lease", "Extent", "PoolInfo", "register_again_steps"]
 
 _PAGE = mmap.PAGESIZE
 # Each tensor of a slot starts 256-byte aligned: what cudaMalloc gives and
@@ -159,6 +160,16 @@ class Extent:
 
     def __repr__(self) -> str:
         return f"<Extent {self.name!r} {self.nslots} slots>"
+
+
+def register_again_steps(extents: list[Extent]) -> Steps:
+    """Register *extents* again under their names (the server restarted and forgot them)."""
+    for extent in extents:
+        try:
+            yield Register(extent.memory, extent.name)
+        except RegistrationError as exc:
+            if "already" not in str(exc):  # another request of ours re-registered it
+                raise
 
 
 @dataclasses.dataclass(slots=True)
