@@ -74,9 +74,11 @@ class LentMemory(RegisteredMemory):
 
 
 class Lent(NamedTuple):
-    """Where a lent tensor is: its allocation's registered extent and its byte offset there."""
+    """Where a lent tensor is: its allocation's registered extent (and its name there), and
+    the tensor's byte offset and size in it."""
 
     extent: Extent
+    name: str
     offset: int
     nbytes: int
 
@@ -175,7 +177,7 @@ class LentAllocations:
                     entry.last_used = time.monotonic()
                     self._entries.move_to_end(key)
                     region.close()  # the entry's own region holds the allocation
-                    return Lent(entry.extent, offset, tensor.nbytes)
+                    return Lent(entry.extent, entry.extent.name, offset, tensor.nbytes)
                 if entry is None:
                     full = not self._make_room(region.nbytes)
                     if not full:
@@ -190,7 +192,7 @@ class LentAllocations:
         # What the table let go of (stale, evicted) goes before the new registration.
         yield from self.drop_steps(self.take_disposals())
         try:
-            entry.extent.name = yield Register(entry.extent.memory)
+            name = entry.extent.name = yield Register(entry.extent.memory)
         except (SharedMemoryRefused, RegistrationError) as exc:
             self._forget_failed(key, entry)
             if isinstance(exc, SharedMemoryRefused):
@@ -202,7 +204,7 @@ class LentAllocations:
             raise
         with self._lock:
             self._stats.registrations += 1
-        return Lent(entry.extent, offset, tensor.nbytes)
+        return Lent(entry.extent, name, offset, tensor.nbytes)
 
     def finished(self, lent: Lent) -> None:
         """A request that named *lent* is over (answered, failed or cancelled)."""

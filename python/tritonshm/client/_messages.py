@@ -140,7 +140,7 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, 
     # sizes vary with the strings).
     message_key = ("message", tuple(shapes.items()), tuple(names)) if prepare and not bytes_sizes else None
     if lent and message_key is not None:
-        message_key += tuple((kind, key, where.extent.name, where.offset)
+        message_key += tuple((kind, key, where.name, where.offset)
                              for kind, table in (("in", lent.inputs), ("out", lent.outputs))
                              for key, where in table.items())
     name = lease.extent.name
@@ -150,7 +150,7 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, 
         where = lent.inputs.get(spec.name) if lent else None
         if where is not None:
             infer_input = wire.infer_input(spec.name, shape, spec.datatype)
-            where.extent.memory.bind_input(infer_input, where.extent.name, where.offset, where.nbytes)
+            where.extent.memory.bind_input(infer_input, where.name, where.offset, where.nbytes)
             inputs.append(infer_input)
             continue
         nbytes = bytes_sizes[spec.name] if spec.is_bytes else math.prod(shape) * spec.dtype.itemsize
@@ -174,7 +174,7 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, 
         where = lent.outputs.get(output) if lent else None
         if where is not None:
             requested_output = wire.requested_output(output)
-            where.extent.memory.bind_output(requested_output, where.extent.name, where.offset, where.nbytes)
+            where.extent.memory.bind_output(requested_output, where.name, where.offset, where.nbytes)
             requested.append(requested_output)
             continue
         key = "out:" + output

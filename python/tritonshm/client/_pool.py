@@ -30,11 +30,11 @@ import mmap
 import threading
 import time
 import weakref
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Generic, Mapping, TypeVar
 
 from ..errors import PoolExhausted, RegistrationError
 from ._model import ModelInfo
-from ._slots import SlotMemory
+from ._slots import RegisteredMemory, SlotMemory
 from ._steps import Register, Steps
 
 __all__ = ["ByteBudget", "Layout", "SlotPool", "Lease", "Extent", "PoolInfo", "register_again_steps"]
@@ -133,11 +133,15 @@ class ByteBudget:
         return f"<ByteBudget {self._used} of {self.limit} bytes>"
 
 
-class Extent:
-    """One registered piece of a pool: a :class:`SlotMemory` holding *nslots* slots,
-    whose *nbytes* are taken from *budget* until :meth:`release_memory`."""
+_Memory = TypeVar("_Memory", bound=RegisteredMemory)
 
-    def __init__(self, memory: SlotMemory, nslots: int, budget: ByteBudget | None = None, nbytes: int = 0):
+
+class Extent(Generic[_Memory]):
+    """One registered piece of a pool: a :class:`SlotMemory` holding *nslots* slots,
+    whose *nbytes* are taken from *budget* until :meth:`release_memory` -- or another
+    registered memory that is no pool's (a lent allocation: no slots, no budget)."""
+
+    def __init__(self, memory: _Memory, nslots: int, budget: ByteBudget | None = None, nbytes: int = 0):
         self.memory = memory
         self.nslots = nslots
         self.name: str | None = None   # set once registered
