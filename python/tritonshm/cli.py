@@ -235,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     gc.set_defaults(func=_cmd_gc)
 
     doctor = sub.add_parser("doctor", help="diagnose /dev/shm, permissions and server co-location")
-    doctor.add_argument("--url", default=None, help="a Triton gRPC URL to check (host:port)")
+    doctor.add_argument("--url", default=None,
+                        help="a Triton server to check: host:port (gRPC) or http://host:port (HTTP)")
     doctor.set_defaults(func=_cmd_doctor)
     return parser
 

@@ -132,6 +132,18 @@ def test_doctor_checks_shm_and_the_server(server):
     assert "shared memory works" in done.stdout
 
 
+def test_doctor_headlines_a_server_it_cannot_reach(server):
+    (nobody,) = _free_ports(1)
+    for url, detail in ((f"127.0.0.1:{nobody}", "cannot reach the Triton server"),
+                        (server.http_url, f"is {server.http_url} the server's HTTP port?"),
+                        ("http://" + server.grpc_url, "is it the server's gRPC port?")):
+        done = tritonshm_cmd("doctor", "--url", url)
+        assert done.returncode == 1, done.stdout + done.stderr
+        (line,) = [line for line in done.stdout.splitlines() if url in line]
+        assert line.startswith(f"[FAIL] the server at {url} is unreachable: ") and detail in line, line
+        assert "cannot use our memory" not in done.stdout
+
+
 def test_module_and_console_script_agree():
     done = tritonshm_cmd("--help")
     assert done.returncode == 0 and "demo" in done.stdout and "gc" in done.stdout
