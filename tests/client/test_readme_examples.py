@@ -27,6 +27,7 @@ import dataclasses
 import io
 import pathlib
 import re
+import textwrap
 import types
 
 import pytest
@@ -40,7 +41,10 @@ KINDS = {"python": "cpu", "python gpu": "gpu", "python no-run": None}
 GRPC_ADDRESS, HTTP_ADDRESS = "localhost:8001", "localhost:8000"
 SERVER_COMMAND = "tritonshm server --grpc-port 8001 --http-port 8000"
 
-_FENCE = re.compile(r"^```(?P<info>[^\n`]*)\n(?P<body>.*?)^```[ \t]*$", re.S | re.M)
+# A fenced block, indented or not (inside a list item): its opening fence, info string, body, closing fence.
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.S | re.M)
+# Any line that opens a Python block, however written: each must be one the runner found.
+_PYTHON_OPENING = re.compile(r"^[ \t]*(?:```|~~~)[ \t]*py", re.M | re.I)
 
 
 @dataclasses.dataclass
@@ -66,14 +70,14 @@ def python_blocks(text: str) -> list[Block]:
     blocks = []
     for i, fence in enumerate(fences):
         info = fence["info"].strip()
-        if not info.startswith("py"):
+        if not info.lower().startswith("py"):
             continue
         line = text.count("\n", 0, fence.start("body")) + 1
-        block = Block(info, fence["body"], line)
+        block = Block(info, textwrap.dedent(fence["body"]), line)
         if i + 1 < len(fences):
             after = fences[i + 1]
             if after["info"].strip() == "text" and not text[fence.end():after.start()].strip():
-                block.printed = after["body"]
+                block.printed = textwrap.dedent(after["body"])
         blocks.append(block)
     return blocks
 
@@ -107,6 +111,8 @@ BLOCKS = python_blocks(README.read_text())
 
 
 def test_every_python_block_says_whether_it_runs():
+    openings = len(_PYTHON_OPENING.findall(README.read_text()))
+    assert openings == len(BLOCKS), f"{openings} Python blocks open in the README, the runner found {len(BLOCKS)}"
     unknown = [f"{b.where()}: ```{b.info}" for b in BLOCKS if b.info not in KINDS]
     assert not unknown, f"Python blocks must be one of {sorted(KINDS)}: {unknown}"
     assert [b for b in BLOCKS if b.kind == "cpu"], "the README has no Python block that runs"
@@ -120,6 +126,14 @@ def test_examples_use_the_addresses_the_readme_starts_a_server_on():
     for block in BLOCKS:
         addresses = set(re.findall(r"(?:localhost|127\.0\.0\.1|\[::1\]):\d+", block.code))
         assert addresses <= {GRPC_ADDRESS, HTTP_ADDRESS}, f"{block.where()} uses {addresses}"
+
+
+def test_blocks_in_list_items_and_their_output_are_found():
+    text = ("* a step:\n\n  ```python\n  print(1)\n  ```\n\n  ```text\n  1\n  ```\n\n"
+            "```Python\nx = 2\n```\n")
+    first, second = python_blocks(text)
+    assert (first.info, first.code, first.line, first.printed) == ("python", "print(1)\n", 4, "1\n")
+    assert (second.info, second.printed) == ("Python", None)  # found, so that its info string fails
 
 
 def test_a_changed_example_fails():
