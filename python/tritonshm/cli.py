@@ -101,11 +101,17 @@ def _server_options(args: argparse.Namespace, command: str) -> dict | None:
 
 
 def _cmd_server(args: argparse.Namespace) -> int:
-    from .errors import ServerUnavailable
+    from .errors import InvalidOption, ServerUnavailable
     from .server import LocalServer, describe_install
 
     options = _server_options(args, "server")
     if options is None:
+        return 2
+    try:
+        ports = {"grpc_port": args.grpc_port, "http_port": args.http_port}
+        LocalServer(model_repository=args.model_repository, **options, **ports)  # checks the ports
+    except InvalidOption as exc:
+        print(f"tritonshm server: {exc}", file=sys.stderr)
         return 2
     if args.install_only:
         # $TRITONSHM_TRITONSERVER names an existing install: check it and say
@@ -117,9 +123,14 @@ def _cmd_server(args: argparse.Namespace) -> int:
             return 1
         print(describe_install(info) if info.get("existing") else info["venv"])
         return 0
-    with LocalServer(model_repository=args.model_repository, **options) as srv:
-        print(f"Triton is ready: gRPC {srv.grpc_url}  HTTP {srv.http_url}  log {srv.log_path}")
-        print("press Ctrl-C to stop")
+    try:
+        srv = LocalServer(model_repository=args.model_repository, **options, **ports).start()
+    except ServerUnavailable as exc:
+        print(f"tritonshm server: {exc}", file=sys.stderr)
+        return 1
+    with srv:
+        print(f"Triton is ready: gRPC {srv.grpc_url}  HTTP {srv.http_url}  log {srv.log_path}", flush=True)
+        print("press Ctrl-C to stop", flush=True)
         try:
             while True:
                 time.sleep(3600)
@@ -196,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--install-only", action="store_true",
                         help="only install the server environment, print its path; with "
                              "$TRITONSHM_TRITONSERVER, check that install and say what it found")
+    server.add_argument("--grpc-port", type=int, default=None, metavar="PORT",
+                        help="serve gRPC on this port of 127.0.0.1 (default: a free one; 8001 is Triton's usual)")
+    server.add_argument("--http-port", type=int, default=None, metavar="PORT",
+                        help="serve HTTP on this port of 127.0.0.1 (default: a free one; 8000 is Triton's usual)")
     _add_install_arguments(server)
     server.set_defaults(func=_cmd_server)
 
@@ -220,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     gc.set_defaults(func=_cmd_gc)
 
     doctor = sub.add_parser("doctor", help="diagnose /dev/shm, permissions and server co-location")
-    doctor.add_argument("--url", default=None, help="a Triton gRPC URL to check (host:port)")
+    doctor.add_argument("--url", default=None,
+                        help="a Triton server to check: host:port (gRPC) or http://host:port (HTTP)")
     doctor.set_defaults(func=_cmd_doctor)
     return parser
 

@@ -88,6 +88,13 @@ def _check_server(url: str, gpu: bool) -> bool:
     transport, address, ssl = _transport.parse_url(url)
     client = transport.connect(address, ssl=ssl)
     try:
+        # Reachable first: a server that is not there is not one that cannot use our memory.
+        try:
+            live = triton.call_translated(client, "asking whether it is live", "is_server_live")
+        except Error as exc:
+            return _report(False, f"the server at {url} is unreachable: {exc}")
+        if not live:
+            return _report(False, f"the server at {url} answers, but says it is not live")
         with SystemRegion.create(4096) as region:
             why = opens(region)
         if why is not None:

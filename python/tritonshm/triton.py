@@ -87,6 +87,26 @@ CUDA_REFUSAL_CAUSES = (
 )
 
 
+# gRPC's words for an address that answers, but not in HTTP/2 (an HTTP/1.1 server: Triton's HTTP port).
+_GRPC_ADDRESS = re.compile(r"ipv[46]:(?P<address>\[[^\]]*\]:\d+|[^\s:]+:\d+): socket closed", re.I)
+# tritonclient.http's (geventhttpclient's) words for an answer that is not HTTP/1.x (Triton's gRPC port).
+_NOT_HTTP = "expected http/"
+
+
+def _wrong_port_hint(message: str) -> str:
+    """A hint for the usual cause of *message*, a connection failure, where it looks like one
+    protocol's client was given the server's port of the other: "" where it does not."""
+    grpc_at_http = _GRPC_ADDRESS.search(message)
+    if grpc_at_http is not None:
+        address = grpc_at_http["address"]
+        return (f"; is {address} the server's HTTP port? A gRPC client (an address without a scheme) "
+                f"needs its gRPC port; for HTTP, give http://{address}")
+    if _NOT_HTTP in message.lower():
+        return ("; the address does not answer HTTP/1.1: is it the server's gRPC port? For gRPC, give the "
+                "address as host:port, without http://")
+    return ""
+
+
 def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> ServerError:
     """Turn a tritonclient failure into a :class:`ServerError` that says what to do.
 
@@ -136,8 +156,9 @@ def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> Se
         or "failed to connect" in lowered
         or "connection refused" in lowered
         or "socket closed" in lowered
+        or _NOT_HTTP in lowered
     ):
-        return ServerUnavailable(f"{doing}: cannot reach the Triton server ({message})")
+        return ServerUnavailable(f"{doing}: cannot reach the Triton server ({message}){_wrong_port_hint(message)}")
     if cuda:
         # The server reports every failure to open a CUDA handle as "invalid args"
         # (the cause is only in its log), or "GPUs not supported" on CPU-only builds.

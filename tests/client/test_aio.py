@@ -126,3 +126,15 @@ def test_aio_cancelled_while_waiting_for_a_slot_leaves_counts_right(server):
             assert np.array_equal((await c.infer("slow_fp32", {"INPUT0": data}, timeout=5))["OUTPUT0"], data)
 
     run(scenario())
+
+
+def test_aio_a_port_of_the_other_protocol_is_named_as_the_likely_mistake(server):
+    async def main():
+        x = {"INPUT0": np.zeros(4, np.float32)}
+        for url, hint in ((server.http_url, r"the server's HTTP port\?.*give http://"),
+                          ("http://" + server.grpc_url, r"is it the server's gRPC port\?.*without http://")):
+            async with tritonshm.aio.Client(url) as c:
+                with pytest.raises(tritonshm.ServerUnavailable, match=hint):
+                    await c.infer("identity_fp32", x)
+
+    run(main())

@@ -6,6 +6,7 @@ import concurrent.futures
 import gc
 import mmap
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -435,3 +436,22 @@ def test_alternating_shapes_on_one_slot_keep_their_bindings(server, protocol):
         for step in range(12):
             x = np.arange(4 * (1 + step % 3), dtype=np.float32).reshape(2, -1) + step
             np.testing.assert_array_equal(c.infer("variable_fp32", {"INPUT0": x})["OUTPUT0"], x + 1)
+
+
+def test_a_port_of_the_other_protocol_is_named_as_the_likely_mistake(server):
+    """The HTTP port given as a gRPC address, the gRPC port as an http:// URL: each error says so
+    and what to give instead; a port where nothing listens gets no such guess."""
+    x = {"INPUT0": np.zeros(4, np.float32)}
+    http = re.escape(server.http_url)
+    cases = [(server.http_url, rf"is {http} the server's HTTP port\? .*for HTTP, give http://{http}$"),
+             ("http://" + server.grpc_url, r"is it the server's gRPC port\? For gRPC, give the address as host:port, "
+                                           r"without http://$")]
+    for url, hint in cases:
+        with tritonshm.Client(url) as c:
+            with pytest.raises(tritonshm.ServerUnavailable, match=hint):
+                c.infer("identity_fp32", x)
+    for url in ("127.0.0.1:1", "http://127.0.0.1:1"):
+        with tritonshm.Client(url) as c:
+            with pytest.raises(tritonshm.ServerUnavailable) as refused:
+                c.infer("identity_fp32", x)
+            assert "port?" not in str(refused.value)

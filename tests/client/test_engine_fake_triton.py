@@ -791,3 +791,32 @@ def test_a_quick_request_asking_for_no_outputs_still_runs_after_a_restart(fake_t
         assert c.infer("identity_fp32", {"INPUT0": data(1)}, outputs=[]) == {}
         # The quick Send refused, then the full way: refused, registered again, run.
         assert fake_triton.calls["send"] - sends == 3 and fake_triton.calls["register"] > registers
+
+
+# -- a pool that max_pool_bytes cannot hold -------------------------------------
+
+
+@pytest.mark.parametrize("slots, max_pool_bytes, elements, advice", [
+    # one slot alone is over the cap: only max_pool_bytes helps, whatever slots= is
+    (1, SLOT // 2, ELEMENTS, rf"is {SLOT} bytes, more than the client's max_pool_bytes={SLOT // 2} on its own: "
+                             rf"make the client with max_pool_bytes={SLOT} or more \(fewer slots would not help\)"),
+    (4, SLOT // 2, ELEMENTS, rf"is {SLOT} bytes, more than the client's max_pool_bytes={SLOT // 2} on its own"),
+    # the slots together are: fewer slots, or a higher cap
+    (4, 3 * SLOT, ELEMENTS, rf"is {SLOT} bytes; slots=4 of them need {4 * SLOT} bytes, more than the client's "
+                            rf"max_pool_bytes={3 * SLOT}: make the client with slots=3 \(what fits\) or "
+                            rf"max_pool_bytes={4 * SLOT} or more"),
+    # the defaults (slots=4, 1 GiB): a 160 MiB request's slot is 320 MiB, four of them 1.25 GiB
+    (None, None, 40 << 20, r"is 335544320 bytes; slots=4 of them need 1342177280 bytes, more than the client's "
+                           r"max_pool_bytes=1073741824: make the client with slots=3 \(what fits\)"),
+    # a 600 MiB request with the defaults: a 1.2 GiB slot
+    (None, None, 150 << 20, r"is 1258291200 bytes, more than the client's max_pool_bytes=1073741824 on its own: "
+                            r"make the client with max_pool_bytes=1258291200 or more"),
+])
+def test_a_pool_over_max_pool_bytes_names_the_setting_that_would_fit_it(fake_triton, slots, max_pool_bytes,
+                                                                       elements, advice):
+    settings = {k: v for k, v in (("slots", slots), ("max_pool_bytes", max_pool_bytes)) if v is not None}
+    with fake_triton.client(**settings) as c:
+        x = np.zeros(elements, np.float32)  # pages untouched: nothing is copied before the pool is refused
+        with pytest.raises(tritonshm.InvalidOption, match=f"a slot of model 'identity_fp32' .*{advice}"):
+            c.infer("identity_fp32", {"INPUT0": x})
+    assert_nothing_registered(fake_triton)

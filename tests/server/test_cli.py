@@ -35,6 +35,54 @@ def test_demo_runs_end_to_end_and_checks_every_output():
     assert "every output checked" in done.stdout
 
 
+def _free_ports(n):
+    """*n* distinct TCP ports of 127.0.0.1 nobody listens on right now."""
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.server
+@pytest.mark.usefixtures("server")  # starts its own; the session's only to skip where none can be had
+def test_server_serves_the_ports_it_is_given_and_names_a_taken_one():
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    grpc_port, http_port = _free_ports(2)
+    ports = ["--grpc-port", str(grpc_port), "--http-port", str(http_port)]
+    first = subprocess.Popen([sys.executable, "-m", "tritonshm", "server", *ports],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = first.stdout.readline()
+        assert f"gRPC 127.0.0.1:{grpc_port}  HTTP 127.0.0.1:{http_port}" in ready, ready + first.stderr.read()
+        for module, port in ((grpcclient, grpc_port), (httpclient, http_port)):
+            client = module.InferenceServerClient(f"localhost:{port}")
+            try:
+                assert client.is_server_ready()
+            finally:
+                client.close()
+        second = tritonshm_cmd("server", *ports, timeout=60)
+        assert second.returncode == 1
+        assert f"port {grpc_port} on 127.0.0.1 (grpc_port={grpc_port}) is already in use" in second.stderr
+        assert "--grpc-port" in second.stderr and "Traceback" not in second.stderr
+    finally:
+        first.send_signal(signal.SIGINT)
+        out, err = first.communicate(timeout=60)
+    assert first.returncode == 0 and "stopping" in out, out + err
+
+
+def test_server_refuses_bad_ports_at_once():
+    done = tritonshm_cmd("server", "--grpc-port", "18001", "--http-port", "18001", timeout=60)
+    assert done.returncode == 2 and "must differ" in done.stderr
+
+
 def test_ls_lists_live_segments_with_pid_and_size():
     with tritonshm.SystemRegion.create(8192) as region:
         done = tritonshm_cmd("ls")
@@ -82,6 +130,18 @@ def test_doctor_checks_shm_and_the_server(server):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "mode 600" in done.stdout
     assert "shared memory works" in done.stdout
+
+
+def test_doctor_headlines_a_server_it_cannot_reach(server):
+    (nobody,) = _free_ports(1)
+    for url, detail in ((f"127.0.0.1:{nobody}", "cannot reach the Triton server"),
+                        (server.http_url, f"is {server.http_url} the server's HTTP port?"),
+                        ("http://" + server.grpc_url, "is it the server's gRPC port?")):
+        done = tritonshm_cmd("doctor", "--url", url)
+        assert done.returncode == 1, done.stdout + done.stderr
+        (line,) = [line for line in done.stdout.splitlines() if url in line]
+        assert line.startswith(f"[FAIL] the server at {url} is unreachable: ") and detail in line, line
+        assert "cannot use our memory" not in done.stdout
 
 
 def test_module_and_console_script_agree():

@@ -25,7 +25,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tritonshm.errors import ServerUnavailable
+from tritonshm.errors import InvalidOption, ServerUnavailable
 from tritonshm.server import LocalServer, ServerInstallError, bundled_model_repository, group_members
 from triton_fixtures import NUMERIC_IDENTITY_MODELS, start_or_skip
 
@@ -300,6 +300,30 @@ def _bad_repository(root: Path) -> Path:
                 raise RuntimeError("deliberately broken model xyzzy")
         """))
     return root
+
+
+def test_a_port_given_that_is_taken_is_named_before_anything_starts():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for option, flag in (("grpc_port", "--grpc-port"), ("http_port", "--http-port")):
+            srv = LocalServer(quiet=True, **{option: port})
+            with pytest.raises(ServerUnavailable, match=f"port {port} on 127.0.0.1 .*already in use.*{flag}"):
+                srv.start()
+            assert srv.pid is None and not srv.running
+
+
+@pytest.mark.parametrize("ports, match", [
+    ({"grpc_port": 0}, "grpc_port must be"),
+    ({"http_port": 65536}, "http_port must be"),
+    ({"grpc_port": "8001"}, "grpc_port must be"),
+    ({"http_port": True}, "http_port must be"),
+    ({"grpc_port": 18001, "http_port": 18001}, "must differ"),
+])
+def test_port_arguments_are_checked(ports, match):
+    with pytest.raises(InvalidOption, match=match):
+        LocalServer(**ports)
 
 
 @pytest.mark.server

@@ -121,6 +121,19 @@ def engine_setting(name: str, doc: str) -> property:
     return property(lambda client: getattr(client._engine, name), doc=doc)
 
 
+def _pool_over_budget(model: str, slots: int, slot_bytes: int, max_pool_bytes: int) -> str:
+    """Why a pool of *slots* slots of *slot_bytes* cannot be had within *max_pool_bytes*, and the
+    setting that would change that: only max_pool_bytes where one slot alone is over it."""
+    slot = f"a slot of model {model!r} (room for one request's inputs and outputs) is {slot_bytes} bytes"
+    if slot_bytes > max_pool_bytes:
+        return (f"{slot}, more than the client's max_pool_bytes={max_pool_bytes} on its own: "
+                f"make the client with max_pool_bytes={slot_bytes} or more (fewer slots would not help)")
+    pool = slots * slot_bytes
+    return (f"{slot}; slots={slots} of them need {pool} bytes, more than the client's "
+            f"max_pool_bytes={max_pool_bytes}: make the client with slots={max_pool_bytes // slot_bytes} "
+            f"(what fits) or max_pool_bytes={pool} or more")
+
+
 class Engine:
     """What a client knows and the steps of everything it does, held by a driver.
 
@@ -305,11 +318,8 @@ class Engine:
                 layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
                 pool = SlotPool(info, layout, self.slots, self.budget, self._memory_for(kind))
                 if pool.extent_bytes > self.max_pool_bytes:
-                    raise InvalidOption(
-                        f"a pool for model {info.name!r} would need {pool.extent_bytes} bytes "
-                        f"({self.slots} slots x {layout.slot_bytes}), over max_pool_bytes="
-                        f"{self.max_pool_bytes}; raise max_pool_bytes or lower slots"
-                    )
+                    raise InvalidOption(_pool_over_budget(info.name, self.slots, layout.slot_bytes,
+                                                          self.max_pool_bytes))
                 fits = self.budget.fits(pool.extent_bytes)
                 if fits:
                     pool.claim_first_extent()

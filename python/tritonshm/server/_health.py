@@ -28,6 +28,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _listening(port: int) -> bool:
+    """Whether *port* on 127.0.0.1 cannot be bound now: something listens there (or holds it bound).
+
+    SO_REUSEADDR as servers set it: connections of a stopped server left in TIME_WAIT do not count.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 def _port_in_use(log: str) -> bool:
     """Whether the server's *log* says it could not bind one of its ports."""
     return "already in use" in log or "Address in use" in log

@@ -17,10 +17,10 @@ import weakref
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from tritonshm.errors import ServerUnavailable
+from tritonshm.errors import InvalidOption, ServerUnavailable
 
-from ._health import (_free_port, _http_ok, _loader_failed, _log_summary, _models_not_ready, _port_in_use,
-                      _PortInUse)
+from ._health import (_free_port, _http_ok, _listening, _loader_failed, _log_summary, _models_not_ready,
+                      _port_in_use, _PortInUse)
 from ._install import (_LOG_TAIL_LINES, WHEELS_ENV, ServerInstallError, _clean_env, _ensure_installed,
                        _existing_install, default_home)
 from ._process import _Process
@@ -29,6 +29,26 @@ from ._process import _Process
 def bundled_model_repository() -> Path:
     """The Triton model repository shipped inside the package (the demo models)."""
     return Path(__file__).resolve().parent.parent / "models"
+
+
+def _port_setting(name: str, port: int | None) -> int | None:
+    """A port argument of LocalServer, checked: None, or an int in 1..65535."""
+    if port is None:
+        return None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise InvalidOption(f"{name} must be None (pick a free port) or a TCP port 1-65535, not {port!r}")
+    return port
+
+
+def _check_ports_free(ports: Mapping[str, int]) -> None:
+    """Raise :class:`ServerUnavailable` naming the first of *ports* (argument name -> port) taken on 127.0.0.1."""
+    for name, port in ports.items():
+        if _listening(port):
+            option = "--" + name.replace("_", "-")
+            raise ServerUnavailable(
+                f"port {port} on 127.0.0.1 ({name}={port}) is already in use: another Triton "
+                f"(a `tritonshm server` still running?) or another program listens there; stop it, "
+                f"or choose another port ({option} on the command line, {name}= in Python)")
 
 
 class LocalServer:
@@ -74,6 +94,12 @@ class LocalServer:
             unused once installed.
         backend_directory: with *tritonserver*, the backends directory if it
             is not ``<prefix>/backends``.
+        grpc_port, http_port: the ports to serve gRPC and HTTP on (127.0.0.1);
+            None (the default) picks free ones. A port given here that
+            something already listens on raises
+            :class:`~tritonshm.errors.ServerUnavailable` naming it, before
+            anything starts (``tritonshm server --grpc-port 8001 --http-port 8000``
+            serves the README's addresses).
         env: extra environment variables for the server process, set after
             the client's environment is cleaned of what must not reach the
             server (PYTHONPATH, PYTHONHOME, VIRTUAL_ENV, LD_PRELOAD, ...):
@@ -93,7 +119,8 @@ class LocalServer:
                  server_python: str | os.PathLike | None = None,
                  backend_directory: str | os.PathLike | None = None,
                  env: Mapping[str, str] | None = None, verbose: bool = False,
-                 wheels: str | os.PathLike | None = None) -> None:
+                 wheels: str | os.PathLike | None = None, grpc_port: int | None = None,
+                 http_port: int | None = None) -> None:
         self.model_repository = Path(model_repository) if model_repository is not None \
             else bundled_model_repository()
         self.startup_timeout = float(startup_timeout)
@@ -112,6 +139,10 @@ class LocalServer:
         if self.tritonserver is None and self.backend_directory is not None:
             raise ValueError("backend_directory= goes with an existing Triton install, but neither "
                              "tritonserver= nor $TRITONSHM_TRITONSERVER names one")
+        self._fixed_ports = {"grpc_port": _port_setting("grpc_port", grpc_port),
+                             "http_port": _port_setting("http_port", http_port)}
+        if grpc_port is not None and grpc_port == http_port:
+            raise InvalidOption(f"grpc_port and http_port must differ, not both {grpc_port}")
         self._grpc_port: int | None = None
         self._http_port: int | None = None
         self._log_offset = 0  # where the current run's output starts in the log
@@ -226,21 +257,28 @@ class LocalServer:
         if self.running:
             return self
         self._proc.terminate(grace=2.0)  # a server that died by itself may have left stubs
+        given = {name: port for name, port in self._fixed_ports.items() if port is not None}
+        _check_ports_free(given)  # before installing anything: the caller chose them
         info = self.install()
         fixed_ports = self._grpc_port is not None
         # A port picked free can be taken before the server binds it: retry a
         # few times, with new ports on first start, with the same ones on restart.
         for _ in range(5):
             if not fixed_ports:
-                self._grpc_port, self._http_port = _free_port(), _free_port()
-                while self._http_port == self._grpc_port:
-                    self._http_port = _free_port()
+                self._grpc_port = given.get("grpc_port") or _free_port()
+                self._http_port = given.get("http_port") or _free_port()
+                while self._http_port == self._grpc_port:  # two picked (or one picked as the other given)
+                    if "http_port" in given:
+                        self._grpc_port = _free_port()
+                    else:
+                        self._http_port = _free_port()
             try:
                 self._launch(info)
                 self._wait_ready()
                 return self
             except _PortInUse:
                 self._proc.terminate(grace=2.0)
+                _check_ports_free(given)  # a port we were given was taken meanwhile: say so now
                 time.sleep(0.5 if fixed_ports else 0.0)
             except BaseException:  # includes KeyboardInterrupt: never leave a server behind
                 self._proc.terminate(grace=2.0)
