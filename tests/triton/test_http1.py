@@ -803,6 +803,11 @@ def test_http_requests_with_options_and_tensors_in_the_messages_go_on_the_socket
                       response_compression_algorithm="deflate", priority=1)
         np.testing.assert_array_equal(out["OUTPUT0"], x)
         assert sent[-1].headers["x-tenant"] == "acme" and sent[-1].headers["Content-Encoding"] == "gzip"
+    with tritonshm.Client(url) as c:
+        c.infer("identity_fp32", {"INPUT0": x}, idempotent=False)
+        assert sent[-1].idempotent is False
+        c.infer("identity_fp32", {"INPUT0": x})
+        assert sent[-1].idempotent is True
     with tritonshm.Client(url, transport="wire") as c:  # tensors inside the messages, both ways
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"], x)
         assert "Inference-Header-Content-Length" in sent[-1].headers
