@@ -189,7 +189,7 @@ class ResponseReader:
     may be up to 1 MiB (h11: 16 KiB).  Stricter than h11 (refused here):
     control characters in a head, line folding, bare LF line ends, HTTP
     versions but 1.0 and 1.1, chunk sizes of over 16 hex digits, chunked
-    with HTTP/1.0 or beside a Content-Length.
+    with HTTP/1.0 or beside a Content-Length, framing headers in trailers.
 
     Bytes are gathered in one growing buffer (a large body costs its size,
     not its size times its reads); a whole answer in one read is never
