@@ -153,7 +153,7 @@ def prepare(model: str, version: str, inputs: Sequence[Any], outputs: Sequence[A
         target = f"/v2/models/{quote(model)}/versions/{quote(version)}/infer"
     else:
         target = f"/v2/models/{quote(model)}/infer"
-    return Prepared(model, target, body, headers, idempotent is not False and not in_sequence)
+    return Prepared(model, target, body, headers, (idempotent is None or bool(idempotent)) and not in_sequence)
 
 
 # -- the response, sans I/O ---------------------------------------------------
