@@ -348,6 +348,7 @@ class ScriptedServer:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.accepted = 0
+        self.closed = 0  # connections the server closed
         self.requests: list[bytes] = []
         self._threads = []
         self._thread = threading.Thread(target=self._accept, daemon=True)
@@ -370,6 +371,7 @@ class ScriptedServer:
                 self.script(conn, self._requests(conn))
             except (ConnectionResetError, BrokenPipeError):
                 pass  # the client dropped the connection: what some tests ask of it
+        self.closed += 1
 
     def _requests(self, conn):
         data = b""
@@ -508,25 +510,30 @@ def test_a_kept_connection_the_server_closed_is_dropped_before_a_request_goes_on
     connections = make(server.endpoint)
     once = _http1.Prepared("m", "/v2/models/m/infer", b"{}", idempotent=False)
     send(connections, once)
-    time.sleep(0.2)  # the server closed it meanwhile: seen before sending, so even this one goes
+    while not server.closed:  # the server closes it meanwhile: seen before sending, so even this one goes
+        time.sleep(0.01)
     assert send(connections, once).get_output("OUTPUT0")["shape"] == [2, 3]
     assert server.accepted == 2 and len(server.requests) == 2
     connections.close()
 
 
 def test_a_kept_connection_with_bytes_nobody_asked_for_is_dropped(scripted, driver):
+    stray = threading.Event()
+
     def answer_then_more(conn, requests):
         for i, _ in enumerate(requests):
             conn.sendall(answer())
             if i == 0:
                 time.sleep(0.05)
                 conn.sendall(answer(b'{"error": "a second answer"}', "500 Internal Server Error"))
+                stray.set()
 
     make, send = driver
     server = scripted(answer_then_more)
     connections = make(server.endpoint)
     send(connections, prepared())
-    time.sleep(0.2)  # the stray answer is on the kept connection now: it would be read as the next one's
+    assert stray.wait(5.0)
+    time.sleep(0.05)  # the stray answer is on the kept connection now: it would be read as the next one's
     assert send(connections, prepared()).get_output("OUTPUT0")["shape"] == [2, 3]
     assert server.accepted == 2
     connections.close()
@@ -590,13 +597,15 @@ def test_the_blocking_driver_waits_in_the_kernel():
 
 
 def test_a_send_the_server_never_reads_times_out(scripted):
-    server = scripted(lambda conn, requests: time.sleep(2.0))  # never reads
+    done = threading.Event()
+    server = scripted(lambda conn, requests: done.wait(5.0))  # never reads
     connections = _http1.Connections(server.endpoint._replace(network_timeout=0.2))
     big = _http1.Prepared("m", "/v2/models/m/infer", bytes(64 << 20))  # more than the sockets' buffers
     t0 = time.monotonic()
     with pytest.raises(ServerTimeout, match="network_timeout=0.2"):
         connections.send(big)
     assert time.monotonic() - t0 < 1.5
+    done.set()
     connections.close()
 
 
