@@ -308,9 +308,11 @@ class ResponseReader:
         return None
 
 
-# A head, from RFC 9110/9112's grammar (the characters h11 takes, less the controls).
-_STATUS_LINE = re.compile(r"HTTP/1\.([01]) ([0-9]{3})(?: [\t\x20-\x7e\x80-\xff]*)?\r\n")
-_FIELD_LINE = re.compile(r"([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*([\t\x20-\x7e\x80-\xff]*)\r\n")
+# A head's lines, from RFC 9110/9112's grammar (the characters h11 takes, less the controls): one
+# findall gives (minor version, status, "", "") for a status line, ("", "", name, value) for a field
+# line and four empty strings for each character of anything else.
+_HEAD_PARTS = re.compile(r"HTTP/1\.([01]) ([0-9]{3})(?: [\t\x20-\x7e\x80-\xff]*)?\r\n"
+                         r"|([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*([\t\x20-\x7e\x80-\xff]*)\r\n|[\s\S]")
 # A chunk-size line: hex size (2**64 at most), extensions (read, ignored), CRLF -- or its beginning.
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(;[\t\x20-\x7e\x80-\xff]*|[ \t]*)(\r\n)?")
 _CHUNK_LINE_MAX = 4096
@@ -327,15 +329,22 @@ def _trailers_end(buffer: bytearray, at: int) -> int:
             raise ValueError(f"no end of the response's trailers in {_HEAD_MAX} bytes")
         return -1
     text = buffer[at:end + 2].decode("latin-1")
-    field, pos = _FIELD_LINE.match, 0
-    while pos < len(text):
-        line = field(text, pos)
-        if line is None:
-            raise ValueError(f"malformed trailer field: {text[pos:pos + 80]!r}")
-        if line[1].lower() in ("content-length", "transfer-encoding"):  # RFC 9110 6.5.1: never in trailers
-            raise ValueError(f"{line[1]} in the trailers")
-        pos = line.end()
+    for _, _, name, _ in _HEAD_PARTS.findall(text):
+        if not name:
+            raise ValueError(f"malformed trailer field: {_off_the_grammar(text)!r}")
+        if name.lower() in ("content-length", "transfer-encoding"):  # RFC 9110 6.5.1: never in trailers
+            raise ValueError(f"{name} in the trailers")
     return end + 4
+
+
+def _off_the_grammar(text: str, skip: int = 0) -> str:
+    """The first line of *text* (a head or trailers) after *skip* lines that is not a field line,
+    as the parser judged it (for a message: only ever called when there is one)."""
+    for line in text.split("\r\n")[skip:]:
+        parts = _HEAD_PARTS.findall(f"{line}\r\n")
+        if len(parts) != 1 or not parts[0][2]:
+            return line[:80]
+    return text[:80]
 
 
 def _digits(value: str, what: str) -> int:
@@ -369,23 +378,21 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool, int | None]:
     up to the end of the connection) of a head (its lines, each ending in CRLF).  A header given
     more than once has its values joined with ", " (RFC 9110 5.3): never "last wins"."""
     text = head.decode("latin-1")
-    status_line = _STATUS_LINE.match(text)
-    if status_line is None:
+    parts = iter(_HEAD_PARTS.findall(text))
+    minor, status_code, _, _ = next(parts)
+    if not minor:
         raise ValueError(f"not an HTTP/1.x status line: {text[:80].partition(chr(13))[0]!r}")
-    minor, status = status_line[1], int(status_line[2])
+    status = int(status_code)
     if status < 100:
         raise ValueError(f"status {status} is not an HTTP status (100-999)")
     if status == 101:
         raise ValueError("101 Switching Protocols: no request here asks to switch protocols")
     headers: dict[str, str] = {}
-    at, size, field = status_line.end(), len(text), _FIELD_LINE.match
-    while at < size:
-        line = field(text, at)
-        if line is None:
-            raise ValueError(f"malformed response header: {text[at:at + 80].partition(chr(13))[0]!r}")
-        name, value = line[1].lower(), line[2].rstrip(" \t")
+    for _, _, name, value in parts:
+        if not name:
+            raise ValueError(f"malformed response header: {_off_the_grammar(text, 1)!r}")
+        name, value = name.lower(), value.rstrip(" \t")
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        at = line.end()
     connection = headers.get("connection")
     if connection is None:
         keep_alive = minor == "1"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -208,6 +209,17 @@ def test_chunks_their_crlf_and_trailers():
 def test_a_head_off_the_grammar_is_refused(data):
     with pytest.raises(ValueError):
         _http1.ResponseReader().feed(data)
+
+
+def test_a_refused_head_or_trailer_is_named_by_its_line():
+    with pytest.raises(ValueError, match="malformed response header: 'Bad line'"):
+        _http1.ResponseReader().feed(b"HTTP/1.1 200 OK\r\nA: 1\r\nBad line\r\nB: 2\r\n\r\n")
+    with pytest.raises(ValueError, match="malformed response header: 'HTTP/1.1 200 OK'"):
+        _http1.ResponseReader().feed(b"HTTP/1.1 200 OK\r\nHTTP/1.1 200 OK\r\n\r\n")
+    with pytest.raises(ValueError, match="not an HTTP/1.x status line: 'HTTP/1.1 2x0 OK'"):
+        _http1.ResponseReader().feed(b"HTTP/1.1 2x0 OK\r\nA: 1\r\n\r\n")
+    with pytest.raises(ValueError, match=re.escape(r"malformed trailer field: 'X-A: 1\x00'")):
+        _http1.ResponseReader().feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nB: 2\r\nX-A: 1\x00\r\n\r\n")
 
 
 def test_what_cannot_be_an_answer_is_refused_before_a_whole_head():
