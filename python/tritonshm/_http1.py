@@ -379,7 +379,7 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool, int | None]:
     more than once has its values joined with ", " (RFC 9110 5.3): never "last wins"."""
     text = head.decode("latin-1")
     parts = iter(_HEAD_PARTS.findall(text))
-    minor, status_code, _, _ = next(parts)
+    minor, status_code, _, _ = next(parts, ("", "", "", ""))
     if not minor:
         raise ValueError(f"not an HTTP/1.x status line: {text[:80].partition(chr(13))[0]!r}")
     status = int(status_code)
@@ -455,7 +455,8 @@ def result_of(response: Response, doing: str) -> Any:
 
         try:
             return InferResult.from_response_body(
-                response.body, False, None if header_length is None else int(header_length), encoding)
+                response.body, False, None if header_length is None else
+                _digits(header_length, "Inference-Header-Content-Length"), encoding)
         except Exception as exc:  # tritonclient's own error, or a body that is not what it says
             raise translate_error(exc, doing) from exc
     body = response.body

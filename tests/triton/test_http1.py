@@ -333,6 +333,11 @@ def test_an_answer_with_tensors_or_compressed_is_read_by_tritonclients_infer_res
                                                 "400 Bad Request", "Content-Encoding: deflate\r\n"))
     with pytest.raises(RegionNotRegistered):
         _http1.result_of(error, "inferring")
+    # the JSON's length is framing too: ASCII digits only (int() would read '1_2' as 12)
+    odd = _http1.ResponseReader().feed(answer(header + values.tobytes(),
+                                              extra=f"Inference-Header-Content-Length: {len(header) // 10}_{len(header) % 10}\r\n"))
+    with pytest.raises(ServerError, match="malformed Inference-Header-Content-Length"):
+        _http1.result_of(odd, "inferring")
 
 
 def test_a_large_body_read_in_many_pieces_and_how_much_to_ask_for():
