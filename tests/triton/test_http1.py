@@ -171,7 +171,8 @@ def test_bytes_past_the_body_leave_the_connection_out_of_the_pool(data):
     assert not response.keep_alive
 
 
-@pytest.mark.parametrize("size", [b"-1", b"zz", b"", b"0x1a", b"1_0", b"+1", b" 1", b"1" * 17, b"1\n", b"1 ;x", b"1\r-"])
+@pytest.mark.parametrize("size", [b"-1", b"zz", b"", b"0x1a", b"1_0", b"+1", b" 1", b"1" * 17, b"1\n", b"1 ;x",
+                                  b"1\r-"])
 def test_a_bad_chunk_size_is_refused_at_once(size):
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     with pytest.raises(ValueError, match="chunk size"):
@@ -219,7 +220,8 @@ def test_a_refused_head_or_trailer_is_named_by_its_line():
     with pytest.raises(ValueError, match="not an HTTP/1.x status line: 'HTTP/1.1 2x0 OK'"):
         _http1.ResponseReader().feed(b"HTTP/1.1 2x0 OK\r\nA: 1\r\n\r\n")
     with pytest.raises(ValueError, match=re.escape(r"malformed trailer field: 'X-A: 1\x00'")):
-        _http1.ResponseReader().feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nB: 2\r\nX-A: 1\x00\r\n\r\n")
+        _http1.ResponseReader().feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                     b"0\r\nB: 2\r\nX-A: 1\x00\r\n\r\n")
 
 
 def test_what_cannot_be_an_answer_is_refused_before_a_whole_head():
@@ -334,8 +336,9 @@ def test_an_answer_with_tensors_or_compressed_is_read_by_tritonclients_infer_res
     with pytest.raises(RegionNotRegistered):
         _http1.result_of(error, "inferring")
     # the JSON's length is framing too: ASCII digits only (int() would read '1_2' as 12)
+    odd_length = f"{len(header) // 10}_{len(header) % 10}"
     odd = _http1.ResponseReader().feed(answer(header + values.tobytes(),
-                                              extra=f"Inference-Header-Content-Length: {len(header) // 10}_{len(header) % 10}\r\n"))
+                                              extra=f"Inference-Header-Content-Length: {odd_length}\r\n"))
     with pytest.raises(ServerError, match="malformed Inference-Header-Content-Length"):
         _http1.result_of(odd, "inferring")
 
