@@ -29,7 +29,7 @@ from triton_fixtures import make_client, start_or_skip
 R = RequestOptions
 OPTION_NAMES = ("parameters", "priority", "timeout", "client_timeout", "headers", "compression_algorithm",
                 "request_compression_algorithm", "response_compression_algorithm", "sequence_id",
-                "sequence_start", "sequence_end")
+                "sequence_start", "sequence_end", "idempotent")
 
 
 def refused(kind, match, **kwargs):
@@ -334,11 +334,26 @@ def test_sequence_flags():
             sequence_start=True, sequence_end=True)
 
 
+def test_idempotent():
+    assert R().idempotent is None and R(idempotent=None).given == {"idempotent"}
+    assert R(idempotent=np.bool_(False)).idempotent is False and R(idempotent=True).idempotent is True
+    assert R(sequence_id=3, idempotent=False).idempotent is False
+    for bad in (0, 1, "no"):
+        refused(tritonshm.InvalidOptionType, "idempotent must be None or a bool", idempotent=bad)
+    refused(tritonshm.InvalidOption, "idempotent=True with sequence_id='s': a request in a sequence .* never sent "
+            "twice", sequence_id="s", idempotent=True)
+    with pytest.raises(tritonshm.InvalidOption, match="idempotent=True with sequence_id=4"):
+        R(idempotent=True).merged(R(sequence_id=4))  # checked again once merged
+    for method in ("grpc_infer_kwargs", "http_infer_kwargs", "grpc_stream_infer_kwargs", "grpc_start_stream_kwargs"):
+        assert getattr(R(idempotent=False), method)() == {}
+
+
 # -- the kwargs of each tritonclient call --------------------------------------------------------
 
 
 FULL = dict(parameters={"p": 1, "s": "x"}, priority=1, timeout=1000, client_timeout=2.5,
-            headers={"X-A": "1"}, sequence_id=9, sequence_start=True, sequence_end=False)
+            headers={"X-A": "1"}, sequence_id=9, sequence_start=True, sequence_end=False,
+            idempotent=False)  # tritonshm's own: in no tritonclient kwargs
 SEQUENCE_AND_REQUEST = dict(sequence_id=9, sequence_start=True, sequence_end=False, priority=1, timeout=1000,
                             parameters={"p": 1, "s": "x"})
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -84,10 +85,156 @@ def test_the_end_of_the_connection_before_or_inside_an_answer():
 
 @pytest.mark.parametrize("data", [b"SSH-2.0-OpenSSH\r\n\r\n", b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
                                   b"HTTP/1.1 abc OK\r\n\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
-                                  b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"])
+                                  b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+                                  b"HTTP/1.1 200 OK\r\nContent-Length: 1_0\r\n\r\n"])
 def test_what_is_not_an_http_response_is_refused(data):
     with pytest.raises(ValueError):
         _http1.ResponseReader().feed(data)
+
+
+def feed_all(data: bytes, cut: int | None = None):
+    """*data* fed whole, or in two reads cut at *cut*: the response, or None."""
+    reader = _http1.ResponseReader()
+    if cut is None:
+        return reader.feed(data)
+    return reader.feed(data[:cut]) or reader.feed(data[cut:])
+
+
+def test_interim_answers_are_skipped_and_the_final_one_read():
+    data = (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>; rel=preload\r\n\r\n"
+            + answer(b"{}"))
+    for cut in [None, *range(1, len(data))]:
+        response = feed_all(data, cut)
+        assert response is not None and (response.status, response.body, response.keep_alive) == (200, b"{}", True)
+        assert "link" not in response.headers
+    reader = _http1.ResponseReader()
+    assert reader.feed(b"HTTP/1.1 100 Continue\r\n\r\n") is None
+    assert reader.started  # the server had the request: never sent again
+    assert reader.eof() is None  # closed after the interim answer: no answer
+    with pytest.raises(ValueError, match="101"):
+        _http1.ResponseReader().feed(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n")
+
+
+@pytest.mark.parametrize("lengths", [("5", "6"), ("5, 6",), ("5,5", "6"), ("5", "")])
+def test_conflicting_content_lengths_are_refused(lengths):
+    extra = "".join(f"Content-Length: {length}\r\n" for length in lengths)
+    with pytest.raises(ValueError, match="Content-Length"):
+        _http1.ResponseReader().feed(f"HTTP/1.1 200 OK\r\n{extra}\r\n12345".encode())
+
+
+@pytest.mark.parametrize("lengths", [("5", "5"), ("5, 5",), ("5 ,5", "5")])
+def test_the_same_content_length_given_twice_is_one(lengths):
+    extra = "".join(f"Content-Length: {length}\r\n" for length in lengths)
+    response = _http1.ResponseReader().feed(f"HTTP/1.1 200 OK\r\n{extra}\r\n12345".encode())
+    assert response.body == b"12345" and response.keep_alive
+
+
+@pytest.mark.parametrize("value", [b"1_0", b"+5", b"1 0", b"0x5", b"5.0", b"\xb2", b"", b"-1", b"1" * 21])
+def test_a_content_length_is_ascii_digits_only(value):
+    with pytest.raises(ValueError, match="Content-Length"):
+        _http1.ResponseReader().feed(b"HTTP/1.1 200 OK\r\nContent-Length: " + value + b"\r\n\r\n" + b"x" * 10)
+
+
+@pytest.mark.parametrize("head", [
+    "Transfer-Encoding: gzip", "Transfer-Encoding: gzip, chunked", "Transfer-Encoding: chunked, chunked",
+    "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked", "Transfer-Encoding: identity",
+    "Transfer-Encoding: chunked\r\nContent-Length: 3",
+])
+def test_transfer_encodings_but_one_chunked_are_refused(head):
+    with pytest.raises(ValueError, match="Transfer-Encoding"):
+        _http1.ResponseReader().feed(f"HTTP/1.1 200 OK\r\n{head}\r\n\r\n3\r\nabc\r\n0\r\n\r\n".encode())
+    with pytest.raises(ValueError, match="HTTP/1.0"):
+        _http1.ResponseReader().feed(b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    response = _http1.ResponseReader().feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n0\r\n\r\n")
+    assert response.body == b"" and response.keep_alive
+
+
+def test_headers_given_twice_are_one_list_never_last_wins():
+    head = b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nX-A: 1\r\nConnection: close\r\nX-A: 2\r\nContent-Length: 0"
+    response = _http1.ResponseReader().feed(head + b"\r\n\r\n")
+    assert not response.keep_alive and response.headers["x-a"] == "1, 2"
+    # Connection options are tokens, not substrings
+    assert _http1.ResponseReader().feed(b"HTTP/1.1 200 OK\r\nConnection: x-closed\r\nContent-Length: 0\r\n\r\n"
+                                        ).keep_alive
+
+
+@pytest.mark.parametrize("data", [
+    answer(b"{}") + b"HTTP/1.1 200 OK\r\n",                                    # a second answer nobody asked for
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\nx",
+    b"HTTP/1.1 204 No Content\r\nContent-Length: 2\r\n\r\n{}",                 # 204 has no body, whatever it says
+])
+def test_bytes_past_the_body_leave_the_connection_out_of_the_pool(data):
+    response = _http1.ResponseReader().feed(data)
+    assert response.body in (b"{}", b"") and not response.keep_alive
+    reader = _http1.ResponseReader()  # the same, the body over two reads
+    response = reader.feed(data[:len(data) // 2 + 3]) or reader.feed(data[len(data) // 2 + 3:])
+    assert not response.keep_alive
+
+
+@pytest.mark.parametrize("size", [b"-1", b"zz", b"", b"0x1a", b"1_0", b"+1", b" 1", b"1" * 17, b"1\n", b"1 ;x",
+                                  b"1\r-"])
+def test_a_bad_chunk_size_is_refused_at_once(size):
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with pytest.raises(ValueError, match="chunk size"):
+        _http1.ResponseReader().feed(head + size + b"\r\nx\r\n0\r\n\r\n")
+    if size and size not in (b"1" * 17,):  # a bad first byte: refused before the line ends
+        reader = _http1.ResponseReader()
+        assert reader.feed(head) is None
+        with pytest.raises(ValueError, match="chunk size"):
+            for i in range(len(size)):
+                reader.feed(size[i:i + 1])
+
+
+def test_chunks_their_crlf_and_trailers():
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with pytest.raises(ValueError, match="CRLF"):
+        _http1.ResponseReader().feed(head + b"2\r\n{}XX0\r\n\r\n")
+    data = head + b"2;name=\"v\"\r\n{}\r\nA \r\n0123456789\r\n0\r\nX-Trailer: 1\r\nX-Other: 2\r\n\r\n"
+    for cut in range(1, len(data)):
+        response = feed_all(data, cut)
+        assert response is not None and response.body == b"{}0123456789" and response.keep_alive, cut
+    reader = _http1.ResponseReader()
+    assert reader.feed(data[:-2]) is None  # the trailers' empty line is not in yet
+    for trailer in (b"bad trailer\r\n", b"Content-Length: 5\r\n", b"X-A: 1\x00\r\n"):
+        with pytest.raises(ValueError, match="trailer"):
+            _http1.ResponseReader().feed(head + b"0\r\n" + trailer + b"\r\n")
+
+
+@pytest.mark.parametrize("data", [
+    b"HTTP/1.1 200 OK\r\nName : value\r\n\r\n", b"HTTP/1.1 200 OK\r\nA: 1\r\n folded\r\n\r\n",
+    b"HTTP/1.1 200 OK\nContent-Length: 0\r\n\r\n", b"HTTP/1.1 200 OK\r\nX: a\x01b\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nX: a\nb\r\n\r\n", b"HTTP/1.1 2000 OK\r\n\r\n", b"HTTP/1.1 099 Low\r\n\r\n",
+    b"HTTP/1.2 200 OK\r\n\r\n", b"HTTP/2 200\r\n\r\n", b"HTTP/1.1  200 OK\r\n\r\n", b"\r\nHTTP/1.1 200 OK\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\n: empty name\r\n\r\n",
+])
+def test_a_head_off_the_grammar_is_refused(data):
+    with pytest.raises(ValueError):
+        _http1.ResponseReader().feed(data)
+
+
+def test_a_refused_head_or_trailer_is_named_by_its_line():
+    with pytest.raises(ValueError, match="malformed response header: 'Bad line'"):
+        _http1.ResponseReader().feed(b"HTTP/1.1 200 OK\r\nA: 1\r\nBad line\r\nB: 2\r\n\r\n")
+    with pytest.raises(ValueError, match="malformed response header: 'HTTP/1.1 200 OK'"):
+        _http1.ResponseReader().feed(b"HTTP/1.1 200 OK\r\nHTTP/1.1 200 OK\r\n\r\n")
+    with pytest.raises(ValueError, match="not an HTTP/1.x status line: 'HTTP/1.1 2x0 OK'"):
+        _http1.ResponseReader().feed(b"HTTP/1.1 2x0 OK\r\nA: 1\r\n\r\n")
+    with pytest.raises(ValueError, match=re.escape(r"malformed trailer field: 'X-A: 1\x00'")):
+        _http1.ResponseReader().feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                     b"0\r\nB: 2\r\nX-A: 1\x00\r\n\r\n")
+
+
+def test_what_cannot_be_an_answer_is_refused_before_a_whole_head():
+    reader = _http1.ResponseReader()
+    assert reader.feed(b"HTT") is None
+    with pytest.raises(ValueError, match="not an HTTP/1.x response"):
+        reader.feed(b"X/1.1 200")
+
+
+def test_each_response_has_headers_of_its_own():
+    first = _http1.ResponseReader().feed(answer())
+    first.headers["content-type"] = "changed"
+    assert _http1.ResponseReader().feed(answer()).headers["content-type"] == "application/json"
 
 
 def test_a_result_reads_its_outputs():
@@ -156,10 +303,21 @@ def test_a_request_with_options_and_tensors_in_it_is_what_tritonclient_would_sen
     assert np.array_equal(np.frombuffer(body[json_size:], np.float32), values)
     head, rest = prepared.wire(b"h:1")  # large: the body is not copied into the head
     assert rest is prepared.body and b"x-a: b\r\n" in head and head.endswith(b"\r\n\r\n")
+    assert not prepared.idempotent  # in a sequence: never sent twice
     with pytest.raises(TypeError, match="client_timeout"):
         _http1.prepare("m", "", [tensor], [output], {"client_timeout": 1.0})
     with pytest.raises(ValueError, match="line breaks"):
         _http1.Prepared("m", "/", b"", {"x-a": "b\r\nHost: evil"})
+
+
+@pytest.mark.parametrize("options, idempotent, expected", [
+    (None, None, True), ({"sequence_id": 0}, None, True), ({"sequence_id": ""}, None, True),
+    ({"sequence_id": 5}, None, False), ({"sequence_id": "s"}, None, False), (None, False, False),
+    (None, True, True), ({"sequence_id": 5}, True, False),  # a sequence's step: never, whatever it says
+])
+def test_whether_a_prepared_request_may_be_sent_twice(options, idempotent, expected):
+    assert _http1.prepare("m", "", [], [], options, idempotent).idempotent is expected
+    assert _http1.Prepared("m", "/", b"").idempotent  # made by hand: as tritonclient.http's infer has it
 
 
 def test_an_answer_with_tensors_or_compressed_is_read_by_tritonclients_infer_result():
@@ -177,6 +335,12 @@ def test_an_answer_with_tensors_or_compressed_is_read_by_tritonclients_infer_res
                                                 "400 Bad Request", "Content-Encoding: deflate\r\n"))
     with pytest.raises(RegionNotRegistered):
         _http1.result_of(error, "inferring")
+    # the JSON's length is framing too: ASCII digits only (int() would read '1_2' as 12)
+    odd_length = f"{len(header) // 10}_{len(header) % 10}"
+    odd = _http1.ResponseReader().feed(answer(header + values.tobytes(),
+                                              extra=f"Inference-Header-Content-Length: {odd_length}\r\n"))
+    with pytest.raises(ServerError, match="malformed Inference-Header-Content-Length"):
+        _http1.result_of(odd, "inferring")
 
 
 def test_a_large_body_read_in_many_pieces_and_how_much_to_ask_for():
@@ -204,6 +368,7 @@ class ScriptedServer:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.accepted = 0
+        self.closed = 0  # connections the server closed
         self.requests: list[bytes] = []
         self._threads = []
         self._thread = threading.Thread(target=self._accept, daemon=True)
@@ -222,7 +387,11 @@ class ScriptedServer:
 
     def _serve(self, conn):
         with conn:
-            self.script(conn, self._requests(conn))
+            try:
+                self.script(conn, self._requests(conn))
+            except (ConnectionResetError, BrokenPipeError):
+                pass  # the client dropped the connection: what some tests ask of it
+        self.closed += 1
 
     def _requests(self, conn):
         data = b""
@@ -314,6 +483,152 @@ def test_a_request_the_server_read_then_dropped_is_not_sent_again(scripted):
     connections.close()
 
 
+@pytest.fixture(params=["sync", "async"])
+def driver(request):
+    """``(make, send)`` for one of the two drivers: a new Connections, and a blocking call sending
+    a request on it (the asyncio one on a loop of its own per call)."""
+    if request.param == "sync":
+        return _http1.Connections, lambda connections, prepared: connections.send(prepared)
+    return _http1.AsyncConnections, lambda connections, prepared: asyncio.run(connections.send(prepared))
+
+
+def run_once_then_close_before_answering_the_second(conn, requests):
+    for i, _ in enumerate(requests):
+        if i == 1:
+            return  # read it, maybe ran it, closed without a byte of an answer
+        conn.sendall(answer())
+
+
+def test_an_idempotent_request_meeting_a_closed_kept_connection_goes_once_more(scripted, driver):
+    make, send = driver
+    server = scripted(run_once_then_close_before_answering_the_second)
+    connections = make(server.endpoint)
+    send(connections, prepared())
+    send(connections, prepared())  # read and dropped, then sent on a fresh connection
+    assert server.accepted == 2 and len(server.requests) == 3
+    connections.close()
+
+
+@pytest.mark.parametrize("request_made", [
+    lambda: _http1.Prepared("m", "/v2/models/m/infer", b"{}", idempotent=False),
+    lambda: _http1.prepare("m", "", [], [], {"sequence_id": 42, "sequence_start": True}),
+])
+def test_a_request_not_idempotent_is_never_sent_twice(scripted, driver, request_made):
+    make, send = driver
+    server = scripted(run_once_then_close_before_answering_the_second)
+    connections = make(server.endpoint)
+    send(connections, request_made())
+    with pytest.raises(ServerUnavailable, match="cannot reach"):
+        send(connections, request_made())  # it went out and may have run: not again
+    assert server.accepted == 1 and len(server.requests) == 2
+    connections.close()
+
+
+def test_a_kept_connection_the_server_closed_is_dropped_before_a_request_goes_on_it(scripted, driver):
+    make, send = driver
+    server = scripted(answer_once_then_close_when_idle)
+    connections = make(server.endpoint)
+    once = _http1.Prepared("m", "/v2/models/m/infer", b"{}", idempotent=False)
+    send(connections, once)
+    while not server.closed:  # the server closes it meanwhile: seen before sending, so even this one goes
+        time.sleep(0.01)
+    assert send(connections, once).get_output("OUTPUT0")["shape"] == [2, 3]
+    assert server.accepted == 2 and len(server.requests) == 2
+    connections.close()
+
+
+def test_a_kept_connection_with_bytes_nobody_asked_for_is_dropped(scripted, driver):
+    stray = threading.Event()
+
+    def answer_then_more(conn, requests):
+        for i, _ in enumerate(requests):
+            conn.sendall(answer())
+            if i == 0:
+                time.sleep(0.05)
+                conn.sendall(answer(b'{"error": "a second answer"}', "500 Internal Server Error"))
+                stray.set()
+
+    make, send = driver
+    server = scripted(answer_then_more)
+    connections = make(server.endpoint)
+    send(connections, prepared())
+    assert stray.wait(5.0)
+    time.sleep(0.05)  # the stray answer is on the kept connection now: it would be read as the next one's
+    assert send(connections, prepared()).get_output("OUTPUT0")["shape"] == [2, 3]
+    assert server.accepted == 2
+    connections.close()
+
+
+def test_bytes_past_the_body_keep_the_answer_and_drop_the_connection(scripted, driver):
+    make, send = driver
+    server = scripted(lambda conn, requests: [conn.sendall(answer() + b"HTTP/1.1 200 OK\r\n") for _ in requests])
+    connections = make(server.endpoint)
+    for _ in range(2):
+        assert send(connections, prepared()).get_output("OUTPUT0")["shape"] == [2, 3]
+    assert server.accepted == 2 and not connections._idle
+    connections.close()
+
+
+def test_an_interim_answer_is_skipped_and_the_connection_stays_in_step(scripted, driver):
+    def continue_then_answer(conn, requests):
+        for i, _ in enumerate(requests):
+            conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            time.sleep(0.02)
+            conn.sendall(answer(json.dumps({"outputs": [], "model_version": str(i)}).encode()))
+
+    make, send = driver
+    server = scripted(continue_then_answer)
+    connections = make(server.endpoint)
+    versions = [send(connections, prepared()).get_response()["model_version"] for _ in range(3)]
+    assert versions == ["0", "1", "2"] and server.accepted == 1  # each request read its own answer
+    connections.close()
+
+
+@pytest.mark.parametrize("bad", [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n",
+                                 b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+                                 b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n"])
+def test_a_malformed_answer_fails_at_once_not_at_the_network_timeout(scripted, driver, bad):
+    make, send = driver
+    server = scripted(lambda conn, requests: [(conn.sendall(bad), time.sleep(1.2)) for _ in requests])
+    connections = make(server.endpoint)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match="not HTTP/1.1 as expected"):
+        send(connections, prepared())
+    assert time.monotonic() - t0 < 1.0 and not connections._open
+    assert len(server.requests) == 1  # it may have run: never again
+    connections.close()
+
+
+def test_the_blocking_driver_waits_in_the_kernel():
+    """SO_RCVTIMEO / SO_SNDTIMEO on a blocking socket, not a Python timeout (which polls before
+    every send and receive); none at all without a network_timeout."""
+    import struct
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        for timeout, expected in ((2.5, (2, 500000)), (None, (0, 0))):
+            connections = _http1.Connections(_http1.Endpoint("127.0.0.1", port, 1.0, timeout))
+            sock = connections._connect("testing")
+            assert sock.gettimeout() is None
+            for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+                assert struct.unpack("@ll", sock.getsockopt(socket.SOL_SOCKET, option, 16)) == expected
+            listener.accept()[0].close()
+            connections.close()
+
+
+def test_a_send_the_server_never_reads_times_out(scripted):
+    done = threading.Event()
+    server = scripted(lambda conn, requests: done.wait(5.0))  # never reads
+    connections = _http1.Connections(server.endpoint._replace(network_timeout=0.2))
+    big = _http1.Prepared("m", "/v2/models/m/infer", bytes(64 << 20))  # more than the sockets' buffers
+    t0 = time.monotonic()
+    with pytest.raises(ServerTimeout, match="network_timeout=0.2"):
+        connections.send(big)
+    assert time.monotonic() - t0 < 1.5
+    done.set()
+    connections.close()
+
+
 def test_no_answer_within_the_network_timeout(scripted):
     server = scripted(lambda conn, requests: [time.sleep(1.0) for _ in requests])
     connections = _http1.Connections(server.endpoint._replace(network_timeout=0.2))
@@ -377,7 +692,7 @@ def test_async_connections_are_kept_replaced_and_time_out(scripted):
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert connections._open == set() and connections._idle == []  # a half-read connection is dropped
+        assert not connections._open and connections._idle == []  # a half-read connection is dropped
         connections.close()
 
     asyncio.run(main())
@@ -471,7 +786,7 @@ def test_async_close_wakes_a_request_waiting_for_its_answer(scripted):
         with pytest.raises(ClientClosed):
             await task
         assert time.monotonic() - t0 < 1.0
-        assert connections._open == set()
+        assert not connections._open
         with pytest.raises(ClientClosed):
             await connections.send(prepared())
 
@@ -494,7 +809,7 @@ def test_a_burst_leaves_at_most_max_idle_connections_open(scripted, monkeypatch)
         connections = _http1.AsyncConnections(server.endpoint)
         await asyncio.gather(*[connections.send(prepared()) for _ in range(8)])
         assert server.accepted == 8
-        assert len(connections._idle) == 3 and connections._open == set(connections._idle)
+        assert len(connections._idle) == 3 and set(connections._open) == set(connections._idle)
         connections.close()
 
     asyncio.run(main())
@@ -517,6 +832,11 @@ def test_http_requests_with_options_and_tensors_in_the_messages_go_on_the_socket
                       response_compression_algorithm="deflate", priority=1)
         np.testing.assert_array_equal(out["OUTPUT0"], x)
         assert sent[-1].headers["x-tenant"] == "acme" and sent[-1].headers["Content-Encoding"] == "gzip"
+    with tritonshm.Client(url) as c:
+        c.infer("identity_fp32", {"INPUT0": x}, idempotent=False)
+        assert sent[-1].idempotent is False
+        c.infer("identity_fp32", {"INPUT0": x})
+        assert sent[-1].idempotent is True
     with tritonshm.Client(url, transport="wire") as c:  # tensors inside the messages, both ways
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"], x)
         assert "Inference-Header-Content-Length" in sent[-1].headers

@@ -352,7 +352,8 @@ class Client:
         (:class:`~tritonshm.RequestOptions`): ``parameters``, ``priority``,
         ``client_timeout``, ``headers``, ``compression_algorithm`` (gRPC) or
         ``request_compression_algorithm`` / ``response_compression_algorithm``
-        (HTTP), ``sequence_id``, ``sequence_start``, ``sequence_end`` -- and
+        (HTTP), ``sequence_id``, ``sequence_start``, ``sequence_end``,
+        ``idempotent`` (tritonshm's own: False never sends the request twice) -- and
         ``server_timeout`` for tritonclient's ``timeout`` (microseconds in the
         server's queue), since *timeout* here is the wait for a slot; or
         ``options=`` a prepared :class:`~tritonshm.RequestOptions`.  They are

@@ -95,8 +95,10 @@ def output_shape(result: Any, name: str) -> tuple[int, ...]:
 def http_request(send: Send) -> _http1.Prepared:
     """The HTTP request of a :class:`Send` that carries no message made ready ahead (it has
     options, BYTES sizes of its own, or its tensors in the message)."""
-    options = None if send.options is None else send.options.http_infer_kwargs()
-    return _http1.prepare(send.model, send.version, send.inputs, send.outputs, options)
+    if send.options is None:
+        return _http1.prepare(send.model, send.version, send.inputs, send.outputs)
+    return _http1.prepare(send.model, send.version, send.inputs, send.outputs, send.options.http_infer_kwargs(),
+                          send.options.idempotent)
 
 
 def rows_for(info: ModelInfo, rows: _intake.Rows | None, name: str,

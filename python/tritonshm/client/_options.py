@@ -56,6 +56,18 @@ What each option means, and where it goes (tritonclient 2.40+, Triton 2.51):
                            the common range is the one accepted.)
 ``sequence_start``         this request starts the sequence (bool); needs a ``sequence_id``.
 ``sequence_end``           this request ends the sequence (bool); needs a ``sequence_id``.
+``idempotent``             tritonshm's own: whether running the request twice does no harm
+                           (``None``, the default: yes, unless it is in a sequence).  Over
+                           HTTP a request may go once more on a fresh connection when a kept
+                           one turns out closed before any byte of an answer came (the server
+                           most likely never saw it); one that is not idempotent -- ``False``,
+                           or any request in a sequence, whose state would advance twice --
+                           never goes twice.  ``True`` in a sequence is refused.  gRPC never
+                           sends a request twice (tritonclient sets no retry policy; gRPC's
+                           transparent retries only resend what never reached the server), so
+                           there it changes nothing.  Not a tritonclient option: in none of
+                           the kwargs methods (:attr:`~RequestOptions.idempotent` is read by
+                           the HTTP wire itself).
 =========================  ===================================================================
 
 A protocol-only option given for the other protocol is refused by that protocol's kwargs method
@@ -107,13 +119,13 @@ _UINT64_END = 1 << 64
 
 _NAMES = ("parameters", "priority", "timeout", "client_timeout", "headers", "compression_algorithm",
           "request_compression_algorithm", "response_compression_algorithm", "sequence_id",
-          "sequence_start", "sequence_end")
+          "sequence_start", "sequence_end", "idempotent")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _DEFAULTS = {
     "parameters": _EMPTY, "priority": 0, "timeout": None, "client_timeout": None, "headers": _EMPTY,
     "compression_algorithm": None, "request_compression_algorithm": None,
     "response_compression_algorithm": None, "sequence_id": 0, "sequence_start": False,
-    "sequence_end": False,
+    "sequence_end": False, "idempotent": None,
 }
 _UNSET: Any = type("_Unset", (), {"__repr__": lambda self: "<unset>"})()
 
@@ -263,6 +275,12 @@ def _check(name: str, value: Any) -> Any:
         if not _is_bool(value):
             raise _wrong_type(name, "a bool", value)
         return bool(value)
+    if name == "idempotent":
+        if value is None:
+            return None
+        if not _is_bool(value):
+            raise _wrong_type(name, "None or a bool", value)
+        return bool(value)
     raise AssertionError(name)  # pragma: no cover -- _NAMES and this function go together
 
 
@@ -288,6 +306,7 @@ class RequestOptions:
     sequence_id: int | str
     sequence_start: bool
     sequence_end: bool
+    idempotent: bool | None
     given: frozenset[str]
 
     def __init__(self, *, parameters: Mapping[str, ParameterValue] = _UNSET, priority: int = _UNSET,
@@ -295,7 +314,8 @@ class RequestOptions:
                  headers: Mapping[str, str] = _UNSET, compression_algorithm: str | None = _UNSET,
                  request_compression_algorithm: str | None = _UNSET,
                  response_compression_algorithm: str | None = _UNSET, sequence_id: int | str = _UNSET,
-                 sequence_start: bool = _UNSET, sequence_end: bool = _UNSET) -> None:
+                 sequence_start: bool = _UNSET, sequence_end: bool = _UNSET,
+                 idempotent: bool | None = _UNSET) -> None:
         given = {name: value for name, value in (
             ("parameters", parameters), ("priority", priority), ("timeout", timeout),
             ("client_timeout", client_timeout), ("headers", headers),
@@ -303,7 +323,7 @@ class RequestOptions:
             ("request_compression_algorithm", request_compression_algorithm),
             ("response_compression_algorithm", response_compression_algorithm),
             ("sequence_id", sequence_id), ("sequence_start", sequence_start),
-            ("sequence_end", sequence_end)) if value is not _UNSET}
+            ("sequence_end", sequence_end), ("idempotent", idempotent)) if value is not _UNSET}
         for name in _NAMES:
             value = _check(name, given[name]) if name in given else _DEFAULTS[name]
             object.__setattr__(self, name, value)
@@ -313,6 +333,9 @@ class RequestOptions:
             raise InvalidOption(f"{flags} {'need' if ' and ' in flags else 'needs'} a sequence_id "
                                 f"(an int > 0 or a non-empty str); "
                                 f"sequence_id is {self.sequence_id!r}")
+        if self.in_sequence and self.idempotent:
+            raise InvalidOption(f"idempotent=True with sequence_id={self.sequence_id!r}: a request in a "
+                                f"sequence advances the model's state, so it is never sent twice")
 
     @classmethod
     def of(cls, options: RequestOptions | Mapping[str, Any] | None = None, /,
