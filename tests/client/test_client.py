@@ -151,6 +151,18 @@ def test_undersized_variable_output_is_grown_and_retried(client):
     assert np.array_equal(out["OUTPUT0"], np.concatenate([data, data]))
 
 
+@pytest.mark.parametrize("options", [{"idempotent": False}])
+def test_an_output_that_outgrew_its_guess_is_not_run_again_when_that_would_do_harm(client, options):
+    """Triton says an output did not fit after the model ran: a request that may not run twice
+    (marked so, or in a sequence) gets the error, saying how much room was needed, and is not
+    sent again on a larger slot."""
+    data = floats(1000)
+    with pytest.raises(tritonshm.OutputTooSmall) as err:
+        client.infer("tile_fp32", {"INPUT0": data}, **options)
+    assert err.value.output == "OUTPUT0" and err.value.needed == 2 * data.nbytes
+    assert np.array_equal(client.infer("tile_fp32", {"INPUT0": data})["OUTPUT0"], np.concatenate([data, data]))
+
+
 def test_infer_async_returns_a_future(client):
     data = floats(64)
     futures = [client.infer_async("identity_fp32", {"INPUT0": data + i}) for i in range(10)]

@@ -613,3 +613,11 @@ def test_headers_reach_the_server(header_server, protocol):
         assert seen["parameters"] == {"x-echo-tenant": "acme", "x-echo-trace": "call-1", "p": 1}
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("options, twice", [
+    ({}, True), ({"idempotent": True}, True), ({"idempotent": False}, False),
+    ({"sequence_id": 3}, False), ({"sequence_id": "s", "sequence_start": True}, False), ({"sequence_id": 0}, True),
+])
+def test_may_run_twice_says_whether_a_second_run_does_no_harm(options, twice):
+    assert RequestOptions.of(**options).may_run_twice is twice

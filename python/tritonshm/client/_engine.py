@@ -647,8 +647,11 @@ class Engine:
                     raise
                 except OutputTooSmall as exc:
                     # A variable-size output outgrew its guess: grow to what the
-                    # server asked for and run again on a slot of a larger pool.
-                    if exc.output not in needs or exc.needed is None or attempt + 1 == _GROW_ATTEMPTS:
+                    # server asked for and run again on a slot of a larger pool --
+                    # unless running it again would do harm: Triton says so after the
+                    # model ran, and a sequence's state would advance twice.
+                    if exc.output not in needs or exc.needed is None or attempt + 1 == _GROW_ATTEMPTS \
+                            or not (plan.options is None or plan.options.may_run_twice):
                         raise
                     needs = {**needs, exc.output: exc.needed}
                     continue

@@ -395,6 +395,12 @@ class RequestOptions:
         """True when the request belongs to a sequence (a non-zero, non-empty ``sequence_id``)."""
         return self.sequence_id not in (0, "")
 
+    @property
+    def may_run_twice(self) -> bool:
+        """Whether running the request twice does no harm: not in a sequence (whose state would
+        advance twice), not marked ``idempotent=False``."""
+        return not self.in_sequence and self.idempotent is not False
+
     def _request_kwargs(self) -> dict[str, Any]:
         """The options every tritonclient inference call takes, where not at their defaults."""
         kwargs: dict[str, Any] = {}
