@@ -599,6 +599,11 @@ _api.PyCapsule_GetName.restype = ctypes.c_char_p
 _api.PyCapsule_GetName.argtypes = [ctypes.py_object]
 _Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # calling one releases the GIL
 
+# PyCapsule_SetName keeps the pointer it is given, not a copy: a consumed capsule's name must live
+# as long as the capsule (its destructor compares it), so these are module constants, never a
+# temporary such as ``b"used_" + name`` (freed as soon as the call returns).
+_USED_NAMES = {b"dltensor_versioned": b"used_dltensor_versioned", b"dltensor": b"used_dltensor"}
+
 
 class DLTensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
@@ -626,7 +631,7 @@ def consume_dlpack(capsule, versioned=True):
     name = b"dltensor_versioned" if versioned else b"dltensor"
     assert _api.PyCapsule_GetName(capsule) == name
     ptr = _api.PyCapsule_GetPointer(capsule, name)
-    _api.PyCapsule_SetName(capsule, b"used_" + name)
+    _api.PyCapsule_SetName(capsule, _USED_NAMES[name])
     t = (DLManagedTensorVersioned if versioned else DLManagedTensor).from_address(ptr)
     return ptr, t, ctypes.cast(t.deleter, _Deleter)
 

@@ -152,7 +152,8 @@ def test_alloc_free_accounting(fake):
             fake.write(p + n - 1, b"x")  # host-addressable to its last byte
         # interior and unknown pointers are not freeable
         assert fake.lib.cudaFree(ptrs[1] + 8) == fake_cuda.ERROR_INVALID_VALUE
-        assert fake.lib.cudaFree(ctypes.addressof(ctypes.c_int())) == fake_cuda.ERROR_INVALID_VALUE
+        host = ctypes.c_int()  # a live host address the fake never handed out (not a freed one)
+        assert fake.lib.cudaFree(ctypes.addressof(host)) == fake_cuda.ERROR_INVALID_VALUE
         assert fake.lib.cudaFree(None) == 0
     finally:
         for p in ptrs:
@@ -890,7 +891,8 @@ def test_device_synchronize_and_free_land_work(fake, dev_buffers, streams, monke
     fake.set_device(1)
     try:
         s1 = streams()
-        fake.memcpy_async(b, ctypes.addressof(ctypes.create_string_buffer(b"dev1", 4)), 4, s1, 1)
+        src = ctypes.create_string_buffer(b"dev1", 4)  # referenced until the copy has read it
+        fake.memcpy_async(b, ctypes.addressof(src), 4, s1, 1)
         before = fake.stats()
         fake.device_synchronize()  # device 1 only
         assert fake.read(b, 4) == b"dev1" and fake.read(a, 4) == bytes(4)
