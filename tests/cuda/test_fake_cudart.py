@@ -104,6 +104,17 @@ def test_build_is_cached_and_exports_the_cudart_table(fake, request, tmp_path_fa
     }
 
 
+def test_extra_cflags_reach_the_compiler_and_make_another_file(fake, tmp_path, monkeypatch):
+    """$TSHM_FAKE_CUDA_CFLAGS (tools/asan.sh: the sanitizer's flags) is part of the build and of
+    its cache key, so an instrumented fake never stands in for a plain one, or the other way round."""
+    monkeypatch.setenv(fake_cuda.ENV_EXTRA_CFLAGS, "-DTSHM_FAKE_TEST_FLAG=1 -g")
+    other = fake_cuda.build_fake_cudart(tmp_path)
+    assert other.name != Path(fake.path).name and other.exists()
+    monkeypatch.setenv(fake_cuda.ENV_EXTRA_CFLAGS, "-Werror=tshm-no-such-warning")
+    with pytest.raises(RuntimeError, match="tshm-no-such-warning"):
+        fake_cuda.build_fake_cudart(tmp_path)
+
+
 def test_same_path_is_the_same_instance(fake):
     other = FakeCudart(fake.path)
     ptr = fake.malloc(100)
