@@ -11,8 +11,9 @@
 #   3. runs `python -m pytest -m "not server"` plus the arguments given (a later -m wins) with
 #      PYTHONMALLOC=malloc (Python's objects come from malloc, so ASan sees one used after its
 #      free), LD_PRELOAD of libasan and libstdc++ (the extensions and the fake are instrumented,
-#      the interpreter is not: the runtime must come first; grpc's C++ throws, and without
-#      libstdc++ loaded before ASan's interceptors the run aborts inside gevent), and ASan
+#      the interpreter is not: the runtime must come first; grpc's C++ throws, and ASan's
+#      __cxa_throw finds the real one only in a library there from the start: without it the run
+#      aborts inside gevent), and ASan
 #      going on after a report (halt_on_error=0) and writing each process's reports to
 #      $TSHM_ASAN_DIR/logs/asan.<pid>;
 #   4. sorts the reports (tools/asan_reports.py): any whose stacks touch the project's code
@@ -76,8 +77,8 @@ LOGS=$DIR/logs
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
 # tests/conftest.py reads log_path too: the log a report opens is not a descriptor a test leaked.
-# allocator_may_return_null=1: an impossible allocation fails as it does without ASan (the tests
-# ask for some), instead of ending the process.
+# allocator_may_return_null=1: an impossible allocation fails (NULL, MemoryError) as it does
+# without ASan, instead of ending the process with a report.
 set +e
 PYTHONMALLOC=malloc \
 LD_PRELOAD="$LIBASAN $LIBSTDCXX" \
