@@ -33,7 +33,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-DIR=${TSHM_ASAN_DIR:-$ROOT/build/asan}
+# Absolute: ASan opens log_path from the reporting process's working directory.
+DIR=$(realpath -m "${TSHM_ASAN_DIR:-$ROOT/build/asan}")
 PY=${PYTHON:-python3}
 export CC=${CC:-gcc}
 START=$SECONDS

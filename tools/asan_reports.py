@@ -7,9 +7,10 @@ that reported, each holding one report or more; tools/asan.sh makes them) and sp
 
 * a report any of whose stacks (the access, "freed by", "previously allocated by", a thread's
   creation) has a frame in the project's code -- csrc/, the tritonshm extensions, the fake
-  CUDA runtime the tests build (tests/fake_cudart) -- is printed whole: it fails the run;
-* a report with no such frame (Python, numpy, grpc, the C library on their own) is listed in
-  one line: it is theirs, not ours, and does not fail the run.
+  CUDA runtime the tests build (tests/fake_cudart) -- is printed (up to its shadow-memory dump,
+  which stays in the log): it fails the run;
+* a report with no such frame (Python, numpy, grpc, the C library on their own) is listed, one
+  line per kind with its count: it is theirs, not ours, and does not fail the run.
 
 A report that touches our code counts as ours even when the memory is someone else's: a use
 after free in our destructor of a name that a test helper freed is a bug to fix either way.
@@ -30,8 +31,9 @@ from pathlib import Path
 
 #: Where a frame is in the project's code, by the file or module it names.  A frame reads
 #: ``#3 0x7f.. in <function> <source>:<line>`` when ASan finds debug information, else
-#: ``#3 0x7f.. in <function> (<module>+0x..)``; the tests' own extension modules and the fake
-#: are built with -g (TRITONSHM_SANITIZE adds it), so their frames name source files.
+#: ``#3 0x7f.. in <function> (<module>+0x..)`` or ``#3 0x7f..  (<module>+0x..)``.  The extensions
+#: (TRITONSHM_SANITIZE adds -g, tools/asan.sh keeps the symbols) and the fake are built with debug
+#: information, so their frames name source files, but for the case noted at name_frame().
 PROJECT_FRAME = re.compile(
     r"""
       (?:^|/) csrc/tshm\w* \.[ch] :                       # the C core
