@@ -5,7 +5,9 @@ Leak checking
 ``check_leaks`` wraps every test (autouse) and fails it in teardown when it
 left behind, after ``gc.collect()``:
 
-* an open file descriptor that was not open before the test;
+* an open file descriptor that was not open before the test (but the
+  sanitizer's own log, which AddressSanitizer opens at its first report:
+  ``log_path`` in ``$ASAN_OPTIONS``, see tools/asan.sh);
 * a mapping of a ``/dev/shm/tritonshm-*`` segment in this process (an
   unclosed region, or a view of one, kept alive past the test);
 * a new ``/dev/shm/tritonshm-<pid>-*`` entry whose creator is this process
@@ -81,6 +83,25 @@ def _long_lived_fds() -> set[int]:
     return fds
 
 
+def sanitizer_log_prefix(asan_options: str | None) -> str | None:
+    """The absolute path that AddressSanitizer's log files start with, from *asan_options*.
+
+    ASan writes to ``<log_path>.<pid>``, a file it opens at its first report
+    and keeps open: a descriptor that a test did not leak.  As the sanitizers
+    parse them, options are separated by ':', ',' or blanks, a value may be
+    quoted and the last one given wins; "stderr" and "stdout" open no file.
+    """
+    path = None
+    for match in re.finditer(r"""(?:^|[:,\s])log_path=('[^']*'|"[^"]*"|[^:,\s]*)""", asan_options or ""):
+        path = match.group(1).strip("'\"")
+    if not path or path in ("stderr", "stdout"):
+        return None
+    return os.path.abspath(path) + "."
+
+
+_SANITIZER_LOG = sanitizer_log_prefix(os.environ.get("ASAN_OPTIONS"))
+
+
 def tritonshm_segments() -> dict[str, int]:
     """Segment names (without the leading '/') in /dev/shm -> creator pid."""
     segments = {}
@@ -120,7 +141,8 @@ def _settled_new_fds(before_fds, settle_seconds: float = 2.0) -> list[tuple[int,
     deadline = time.monotonic() + settle_seconds
     while True:
         ignored = _long_lived_fds()
-        new_fds = sorted((fd, t) for fd, t in open_fds() - before_fds if fd not in ignored)
+        new_fds = sorted((fd, t) for fd, t in open_fds() - before_fds
+                         if fd not in ignored and not (_SANITIZER_LOG and t.startswith(_SANITIZER_LOG)))
         if not new_fds or time.monotonic() > deadline:
             return new_fds
         time.sleep(0.02)

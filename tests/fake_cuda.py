@@ -39,6 +39,7 @@ import dataclasses
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -49,6 +50,10 @@ SOURCE = Path(__file__).resolve().parent / "fake_cudart" / "fake_cudart.c"
 #: The compiler command (without output and source); part of the cache key.
 CFLAGS = ("-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-pthread")
 LIBS = ("-lrt",)
+#: More compiler flags, read when the fake is built (not by the fake itself): tools/asan.sh sets
+#: "-fsanitize=address ..." so the fake is checked with the extensions.  A library built so loads
+#: only where the ASan runtime is preloaded.
+ENV_EXTRA_CFLAGS = "TSHM_FAKE_CUDA_CFLAGS"
 
 #: Environment variables the fake reads on every call.
 ENV_DEVICES = "TSHM_FAKE_CUDA_DEVICES"  # device count, default 1; "0" -> cudaErrorNoDevice
@@ -99,11 +104,13 @@ def build_fake_cudart(dest_dir: str | os.PathLike) -> Path:
     The file name carries a hash of the source and the flags, so a session
     (or several, sharing *dest_dir*) compiles each version once; the library
     is written to a temporary name and renamed, so concurrent builders never
-    load a half-written file.
+    load a half-written file.  ``$TSHM_FAKE_CUDA_CFLAGS`` adds flags (and so
+    makes another file).
     """
     source = SOURCE.read_bytes()
     cc = os.environ.get("CC") or shutil.which("cc") or "cc"
-    key = hashlib.sha256(source + repr((cc, CFLAGS, LIBS)).encode()).hexdigest()[:16]
+    cflags = (*CFLAGS, *shlex.split(os.environ.get(ENV_EXTRA_CFLAGS, "")))
+    key = hashlib.sha256(source + repr((cc, cflags, LIBS)).encode()).hexdigest()[:16]
     dest = Path(dest_dir)
     dest.mkdir(parents=True, exist_ok=True)
     lib = dest / f"libfakecudart-{key}.so"
@@ -113,7 +120,7 @@ def build_fake_cudart(dest_dir: str | os.PathLike) -> Path:
     os.close(fd)
     try:
         result = subprocess.run(
-            [cc, *CFLAGS, "-o", tmp, str(SOURCE), *LIBS], capture_output=True, text=True
+            [cc, *cflags, "-o", tmp, str(SOURCE), *LIBS], capture_output=True, text=True
         )
         if result.returncode != 0:
             raise RuntimeError(f"building the fake cudart failed:\n{result.stderr}")
@@ -620,6 +627,11 @@ _api.PyCapsule_GetName.restype = ctypes.c_char_p
 _api.PyCapsule_GetName.argtypes = [ctypes.py_object]
 _Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)  # calling one releases the GIL
 
+# PyCapsule_SetName keeps the pointer it is given, not a copy: a consumed capsule's name must live
+# as long as the capsule (its destructor compares it), so these are module constants, never a
+# temporary such as ``b"used_" + name`` (freed as soon as the call returns).
+_USED_NAMES = {b"dltensor_versioned": b"used_dltensor_versioned", b"dltensor": b"used_dltensor"}
+
 
 class DLTensor(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
@@ -647,7 +659,7 @@ def consume_dlpack(capsule, versioned=True):
     name = b"dltensor_versioned" if versioned else b"dltensor"
     assert _api.PyCapsule_GetName(capsule) == name
     ptr = _api.PyCapsule_GetPointer(capsule, name)
-    _api.PyCapsule_SetName(capsule, b"used_" + name)
+    _api.PyCapsule_SetName(capsule, _USED_NAMES[name])
     t = (DLManagedTensorVersioned if versioned else DLManagedTensor).from_address(ptr)
     return ptr, t, ctypes.cast(t.deleter, _Deleter)
 

@@ -104,6 +104,17 @@ def test_build_is_cached_and_exports_the_cudart_table(fake, request, tmp_path_fa
     }
 
 
+def test_extra_cflags_reach_the_compiler_and_make_another_file(fake, tmp_path, monkeypatch):
+    """$TSHM_FAKE_CUDA_CFLAGS (tools/asan.sh: the sanitizer's flags) is part of the build and of
+    its cache key, so an instrumented fake never stands in for a plain one, or the other way round."""
+    monkeypatch.setenv(fake_cuda.ENV_EXTRA_CFLAGS, "-DTSHM_FAKE_TEST_FLAG=1 -g")
+    other = fake_cuda.build_fake_cudart(tmp_path)
+    assert other.name != Path(fake.path).name and other.exists()
+    monkeypatch.setenv(fake_cuda.ENV_EXTRA_CFLAGS, "-Werror=tshm-no-such-warning")
+    with pytest.raises(RuntimeError, match="tshm-no-such-warning"):
+        fake_cuda.build_fake_cudart(tmp_path)
+
+
 def test_same_path_is_the_same_instance(fake):
     other = FakeCudart(fake.path)
     ptr = fake.malloc(100)
@@ -152,7 +163,8 @@ def test_alloc_free_accounting(fake):
             fake.write(p + n - 1, b"x")  # host-addressable to its last byte
         # interior and unknown pointers are not freeable
         assert fake.lib.cudaFree(ptrs[1] + 8) == fake_cuda.ERROR_INVALID_VALUE
-        assert fake.lib.cudaFree(ctypes.addressof(ctypes.c_int())) == fake_cuda.ERROR_INVALID_VALUE
+        host = ctypes.c_int()  # a live host address the fake never handed out (not a freed one)
+        assert fake.lib.cudaFree(ctypes.addressof(host)) == fake_cuda.ERROR_INVALID_VALUE
         assert fake.lib.cudaFree(None) == 0
     finally:
         for p in ptrs:
@@ -890,7 +902,8 @@ def test_device_synchronize_and_free_land_work(fake, dev_buffers, streams, monke
     fake.set_device(1)
     try:
         s1 = streams()
-        fake.memcpy_async(b, ctypes.addressof(ctypes.create_string_buffer(b"dev1", 4)), 4, s1, 1)
+        src = ctypes.create_string_buffer(b"dev1", 4)  # referenced until the copy has read it
+        fake.memcpy_async(b, ctypes.addressof(src), 4, s1, 1)
         before = fake.stats()
         fake.device_synchronize()  # device 1 only
         assert fake.read(b, 4) == b"dev1" and fake.read(a, 4) == bytes(4)

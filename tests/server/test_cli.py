@@ -150,12 +150,17 @@ def test_module_and_console_script_agree():
 
 
 def test_readme_test_command_is_what_ci_runs():
+    """.ci/run runs the README's test command verbatim (the line after its marker comment), then
+    the AddressSanitizer run, which the README names too."""
     root = Path(__file__).resolve().parents[2]
     readme = (root / "README.md").read_text()
     ci = (root / ".ci" / "run").read_text().splitlines()
-    command = ci[-1].strip()
+    marker = ci.index("# The README's test command, verbatim (tests/server/test_cli.py keeps the two in step).")
+    command = ci[marker + 1].strip()
     assert command in readme, f"README must show CI's test command: {command}"
     assert "tritonshm demo" in readme
+    assert [line.strip() for line in ci[marker + 2:] if line.strip() and not line.startswith("#")] == ["tools/asan.sh"]
+    assert "tools/asan.sh" in readme
 
 
 def _existing_install_env(tmp_path, **settings) -> dict:
