@@ -45,7 +45,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 from urllib.parse import quote
 
 from .errors import ClientClosed, ServerError, ServerTimeout, ServerUnavailable
-from .triton import translate_error
+from .errors import translate_error
 
 __all__ = ["Endpoint", "Prepared", "Response", "ResponseReader", "Result", "prepare", "result_of",
            "Connections", "AsyncConnections"]

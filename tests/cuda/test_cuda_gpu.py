@@ -384,7 +384,7 @@ def test_undersized_output_and_out_of_range_binds_are_refused_before_sending(ser
             tritonshm.bind_output(out, c, offset=0, nbytes=16)
             with pytest.raises(Exception) as raw:
                 client.infer("identity_fp32", [inp], outputs=[out])
-            assert isinstance(tritonshm.triton.translate_error(raw.value, "inferring"), tritonshm.OutputTooSmall)
+            assert isinstance(tritonshm.errors.translate_error(raw.value, "inferring"), tritonshm.OutputTooSmall)
         finally:
             tritonshm.unregister(client, name)
     client.close()

@@ -35,8 +35,7 @@ import secrets
 import threading
 from typing import Any, Callable, NamedTuple
 
-from .. import triton
-from ..errors import ClientClosed, ServerUnavailable
+from ..errors import ClientClosed, ServerUnavailable, translate_error
 
 __all__ = ["AsyncStream", "BlockingStream", "StreamResponse", "StreamTable", "Streamed", "open_kwargs",
            "request_message", "stream_key"]
@@ -118,7 +117,7 @@ class StreamTable:
                 del self._open[response.id]
                 callbacks = entry._end()
         if message.error_message:
-            error = triton.translate_error(Exception(message.error_message),
+            error = translate_error(Exception(message.error_message),
                                            f"streaming model {response.model_name!r}")
             entry._deliver(StreamResponse(None, final, error))
         else:
@@ -165,7 +164,7 @@ def _start(client: Any, options: Any, messages: Any) -> Any:
     try:
         return client._client_stub.ModelStreamInfer(messages, **open_kwargs(client, options))
     except Exception as exc:
-        raise triton.translate_error(exc, "opening an inference stream") from exc
+        raise translate_error(exc, "opening an inference stream") from exc
 
 
 def _stream_error(exc: BaseException) -> BaseException:
@@ -176,7 +175,7 @@ def _stream_error(exc: BaseException) -> BaseException:
 
     if isinstance(exc, grpc.RpcError):
         exc = get_error_grpc(exc)
-    return triton.translate_error(exc, "reading the inference stream")
+    return translate_error(exc, "reading the inference stream")
 
 
 def _wrap_result(response: Any) -> Any:
