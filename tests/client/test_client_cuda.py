@@ -133,7 +133,7 @@ def test_held_device_results_keep_their_slot_until_every_dlpack_tensor_is_gone(u
         assert pool_of(c, "identity_fp32").held == 1
         # the next request must not get (and overwrite) the held slot: the pool grows instead
         other = sample(np.float32, 64, seed=1)
-        out = c.infer("identity_fp32", {"INPUT0": device_array(other)}, copy=False, timeout=0)["OUTPUT0"]
+        out = c.infer("identity_fp32", {"INPUT0": device_array(other)}, copy=False, slot_timeout=0)["OUTPUT0"]
         np.testing.assert_array_equal(out.get(), other)
         assert len(pool_of(c, "identity_fp32").regions) == 2
         del out, capsule  # the capsule's deleter runs in C and wakes nobody: the pool looks again
@@ -344,7 +344,7 @@ def test_at_the_byte_cap_a_request_waits_for_a_dlpack_tensor_to_go(url):
         capsule = view.__dlpack__()
         del view
         with pytest.raises(tritonshm.PoolExhausted, match="byte cap"):
-            c.infer("identity_fp32", {"INPUT0": device_array(data)}, timeout=0.05)
+            c.infer("identity_fp32", {"INPUT0": device_array(data)}, slot_timeout=0.05)
         # Nothing wakes the waiter when a DLPack deleter runs (in C, on any thread):
         # the pool looks again every few milliseconds.
         holder = [capsule]
@@ -352,7 +352,7 @@ def test_at_the_byte_cap_a_request_waits_for_a_dlpack_tensor_to_go(url):
         timer = threading.Timer(0.2, holder.clear)
         timer.start()
         waited = time.monotonic()
-        out = c.infer("identity_fp32", {"INPUT0": device_array(data)}, timeout=60)["OUTPUT0"]
+        out = c.infer("identity_fp32", {"INPUT0": device_array(data)}, slot_timeout=60)["OUTPUT0"]
         waited = time.monotonic() - waited
         timer.join()
         assert waited < 30  # it was let in when the tensor went, not at its timeout
@@ -452,10 +452,10 @@ def test_aio_waits_for_a_dlpack_tensor_to_go_at_the_byte_cap(url):
             holder = [view.__dlpack__()]
             del view
             with pytest.raises(tritonshm.PoolExhausted, match="byte cap"):
-                await c.infer("identity_fp32", {"INPUT0": device_array(data)}, timeout=0.05)
+                await c.infer("identity_fp32", {"INPUT0": device_array(data)}, slot_timeout=0.05)
             asyncio.get_running_loop().call_later(0.2, holder.clear)  # the tensor goes; nobody is told
             started = time.monotonic()
-            out = (await c.infer("identity_fp32", {"INPUT0": device_array(data)}, timeout=60))["OUTPUT0"]
+            out = (await c.infer("identity_fp32", {"INPUT0": device_array(data)}, slot_timeout=60))["OUTPUT0"]
             assert time.monotonic() - started < 30  # let in when the tensor went, not at its timeout
             np.testing.assert_array_equal(out.get(), data)
 
@@ -522,7 +522,7 @@ def test_a_blocked_thread_is_let_in_when_a_held_cuda_slot_comes_free(url):
         del out
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(lambda: c.infer("identity_fp32", {"INPUT0": device_array(data)},
-                                                  timeout=60)["OUTPUT0"].get())
+                                                  slot_timeout=60)["OUTPUT0"].get())
             time.sleep(0.2)
             req.close()  # the request goes; the slot is now held by the DLPack tensor only
             del req
