@@ -19,6 +19,7 @@ import threading
 import time
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -105,7 +106,7 @@ def test_host_input_with_results_on_the_device(url):
 @pytest.mark.parametrize("dtype, model", [
     (np.float32, "identity_fp32"), (np.float16, "identity_fp16"), (np.int8, "identity_int8"),
     (np.uint8, "identity_uint8"), (np.int32, "identity_int32"), (np.int64, "identity_int64"),
-    (np.bool_, "identity_bool"),
+    (np.bool_, "identity_bool"), (ml_dtypes.bfloat16, "identity_bf16"),
 ])
 def test_every_dtype_round_trips(url, dtype, model):
     data = sample(dtype, 333)
@@ -613,3 +614,26 @@ def test_aio_cancelled_during_registration_leaves_nothing_registered_behind(url,
     name = asyncio.run(scenario())
     with tritonshm.Client(fake_cuda_server.grpc_url) as probe:
         assert name not in tritonshm.status(probe.tritonclient, kind="cuda")
+
+
+# -- BF16: torch's bfloat16 through DLPack (kDLBfloat, 16) -----------------------------------------
+
+def test_a_torch_bfloat16_tensor_goes_through_cuda_slots_and_comes_back_bfloat16(url, torch_like):
+    """torch exports bfloat16 by DLPack only (its CUDA Array Interface refuses it): the client
+    takes it as ml_dtypes' bfloat16, Triton's BF16, and gives back a tensor of the same dtype."""
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    data = sample(bf16, 777)
+    with tritonshm.Client(url) as c:
+        tensor = torch_like.from_numpy(data, device=0)
+        assert cuda.describe(tensor) == (bf16, (777,), 0)
+        out = c.infer("identity_bf16", {"INPUT0": tensor})["OUTPUT0"]
+        assert isinstance(out, cuda.CudaArray) and out.dtype == bf16  # torch's own: test_client_cuda_gpu
+        np.testing.assert_array_equal(out.get(), data)
+        del out
+        assert [p.memory for p in c.pools()] == ["cuda:0"]
+        with c.request("identity_bf16", shapes={"INPUT0": (777,)}, device="cuda:0") as req:
+            torch_like.from_dlpack(req.inputs["INPUT0"]).copy_(data)
+            view = req.run()["OUTPUT0"]
+            assert isinstance(view, cuda.CudaArray) and view.dtype == bf16
+            np.testing.assert_array_equal(view.get(), data)
+            del view

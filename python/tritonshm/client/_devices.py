@@ -27,6 +27,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from .. import _dtypes
 from .._memory._capture import capture, describe
 from .._memory._copy import copy
 from .._memory._cuda_array import empty as cuda_empty
@@ -203,6 +204,8 @@ def parse_device(device: Any, what: str) -> int | None:
 def _torch_dtype(dtype: np.dtype) -> Any:
     import torch
 
+    if dtype == _dtypes.BFLOAT16:  # ml_dtypes' bfloat16, which torch's numpy mapping does not know
+        return torch.bfloat16
     return torch.from_numpy(np.empty(0, dtype)).dtype  # torch's own numpy mapping
 
 
