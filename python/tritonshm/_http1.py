@@ -45,6 +45,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 from urllib.parse import quote
 
 from .errors import ClientClosed, ServerError, ServerTimeout, ServerUnavailable
+from . import _tritonclient_compat
 from .errors import translate_error
 
 __all__ = ["Endpoint", "Prepared", "Response", "ResponseReader", "Result", "prepare", "result_of",
@@ -126,14 +127,12 @@ def prepare(model: str, version: str, inputs: Sequence[Any], outputs: Sequence[A
     *idempotent* (see :class:`Prepared`): False, or a request in a sequence (a step of a stateful
     model, whose state would advance twice), is never sent twice; None or True lets any other
     request go once more after a kept connection failed before any byte of its answer."""
-    from tritonclient.http._utils import _get_inference_request
-
     options = dict(options or {})
     in_sequence = options.get("sequence_id", 0) not in (0, "")
     headers = dict(options.pop("headers", None) or {})
     request_compression = options.pop("request_compression_algorithm", None)
     response_compression = options.pop("response_compression_algorithm", None)
-    body, json_size = _get_inference_request(
+    body, json_size = _tritonclient_compat.http_request(
         inputs=inputs, request_id=options.pop("request_id", ""), outputs=outputs,
         sequence_id=options.pop("sequence_id", 0), sequence_start=options.pop("sequence_start", False),
         sequence_end=options.pop("sequence_end", False), priority=options.pop("priority", 0),

@@ -11,12 +11,12 @@ tritonshm asks a :class:`Transport` instead of guessing from module names.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import re
 import sys
 from typing import Any, Mapping
 
+from . import _tritonclient_compat
 from .errors import InvalidOption, InvalidOptionType, RegistrationError
 
 __all__ = ["Transport", "GRPC", "GRPC_AIO", "HTTP", "HTTP_AIO", "of_client", "parse_url", "SCHEMES"]
@@ -90,40 +90,29 @@ class Transport:
             from . import _http1
 
             return _http1.prepare(model, version, inputs, outputs)
-        from tritonclient.grpc._utils import _get_inference_request
-
-        return _get_inference_request(model_name=model, inputs=inputs, model_version=version, request_id="",
-                                      outputs=outputs, sequence_id=0, sequence_start=False,
-                                      sequence_end=False, priority=0, timeout=None, parameters=None)
+        return _tritonclient_compat.grpc_request(
+            model_name=model, inputs=inputs, model_version=version, request_id="", outputs=outputs,
+            sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=None, parameters=None)
 
     def send_message(self, client: Any, message: Any) -> Any:
         """Run the gRPC inference *message* (from :meth:`request_message`) on *client*: its
         ``InferResult`` (awaitable for aio) -- what tritonclient's ``infer`` does once it has
         built the message, which is the part skipped."""
-        grpc, InferResult, raise_error_grpc = _grpc_parts()
-        metadata = client._get_metadata(None)
+        grpc, InferResult, raise_error_grpc = _tritonclient_compat.grpc_parts()
+        metadata = _tritonclient_compat.grpc_metadata(client, None)
+        stub = _tritonclient_compat.grpc_stub(client)
         if self.aio:
             async def sent() -> Any:
                 try:
-                    return InferResult(await client._client_stub.ModelInfer(request=message, metadata=metadata))
+                    return InferResult(await stub.ModelInfer(request=message, metadata=metadata))
                 except grpc.RpcError as rpc_error:
                     raise_error_grpc(rpc_error)
 
             return sent()
         try:
-            return InferResult(client._client_stub.ModelInfer(request=message, metadata=metadata))
+            return InferResult(stub.ModelInfer(request=message, metadata=metadata))
         except grpc.RpcError as rpc_error:
             raise_error_grpc(rpc_error)
-
-
-@functools.cache
-def _grpc_parts() -> tuple[Any, Any, Any]:
-    """grpc, tritonclient's InferResult and its error translation: imported once, on first use."""
-    import grpc
-    from tritonclient.grpc import InferResult
-    from tritonclient.grpc._utils import raise_error_grpc
-
-    return grpc, InferResult, raise_error_grpc
 
 
 GRPC = Transport("grpc", False, "tritonclient.grpc")
