@@ -60,7 +60,7 @@ def http_request(**keywords: Any) -> tuple[bytes, int | None]:
     ``_HTTP_REQUEST_KEYWORDS``): what its ``infer`` sends."""
     from tritonclient.http._utils import _get_inference_request
 
-    return _get_inference_request(**keywords)  # type: ignore[no-any-return]
+    return _get_inference_request(**keywords)
 
 
 def grpc_error(rpc_error: Any) -> Any:

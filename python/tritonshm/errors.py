@@ -18,9 +18,21 @@ from __future__ import annotations
 import errno as _errno
 import os as _os
 import re as _re
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from tritonclient.utils import InferenceServerException
+if TYPE_CHECKING:
+    class InferenceServerException(Exception):
+        """What the type checker sees of tritonclient's (which ships no types): the part we use."""
+
+        _status: str | None
+        _debug_details: str | None
+
+        def __init__(self, msg: str, status: str | None = None, debug_details: str | None = None) -> None: ...
+        def message(self) -> str | None: ...
+        def status(self) -> str | None: ...
+        def debug_details(self) -> str | None: ...
+else:
+    from tritonclient.utils import InferenceServerException
 
 __all__ = [
     "Error",

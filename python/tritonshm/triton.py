@@ -27,7 +27,7 @@ import math
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from . import _dtypes, _transport
 from .errors import OutOfBounds, RegistrationError, ServerError, ShapeMismatch, translate_error
@@ -64,7 +64,7 @@ def registered_name(region: Any) -> str | None:
     return _region_names.get(region)
 
 
-def call_translated(client: Any, doing: str, method: str, *args: Any, on_success=None,
+def call_translated(client: Any, doing: str, method: str, *args: Any, on_success: Callable[[Any], Any] | None = None,
                     cuda: bool = False, **kwargs: Any) -> Any:
     """Call ``client.<method>(*args, **kwargs)``, turning tritonclient's
     failures into :class:`ServerError` subclasses that say what to do

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import functools
 import weakref
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from .. import _http1, _transport, triton
 from ..errors import ServerTimeout
@@ -86,7 +86,7 @@ class AsyncDriver:
             step = advance(steps, *await self._carry_out(steps, step))
         return step.value
 
-    async def iterate(self, steps: Steps) -> AsyncIterator[Any]:
+    async def iterate(self, steps: Steps) -> AsyncGenerator[Any, None]:
         """Carry out *steps*, yielding the values they :class:`Emit`; closing the iterator (or
         cancelling the task that awaits it) closes the steps."""
         step = advance(steps)

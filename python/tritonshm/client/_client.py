@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import queue
 import time
 import weakref
@@ -177,6 +178,11 @@ class BlockingDriver:
         self.connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0))
 
 
+def _unregister_now(tc: Any, name: str) -> Any:
+    """Unregister *name* on tritonclient *tc* at once: the steps themselves decide when to ask again."""
+    return triton.unregister(tc, name, patience=0.0)
+
+
 def release_everything(driver: BlockingDriver, engine: Engine, workers: dict[str, Workers], wait: bool,
                        settle: float = _SETTLE_AT_EXIT) -> None:
     """Stop the threads, unregister and close every pool, close the connections.
@@ -203,10 +209,10 @@ def _carry_out_unregisters(connector: Connector, steps: Steps) -> None:
     while not isinstance(step, Done):
         try:
             if isinstance(step, Pause):
-                outcome, failure = time.sleep(step.seconds), None
+                time.sleep(step.seconds)
+                outcome, failure = None, None
             else:
-                outcome, failure = connector.call(
-                    lambda tc, name=step.name: triton.unregister(tc, name, patience=0.0)), None
+                outcome, failure = connector.call(functools.partial(_unregister_now, name=step.name)), None
         except Exception as exc:
             outcome, failure = None, exc
         step = advance(steps, outcome, failure)
@@ -461,8 +467,8 @@ class Client:
         self._driver.close_wire()  # streams still open end with ClientClosed; their slots come back
         detached = self._finalizer.detach()
         if detached is not None:
-            _, release, args, _ = detached
-            release(*args, settle=SETTLE_SECONDS if engine.slot_timeout is None
+            release: Callable[..., None] = detached[1]  # release_everything(driver, engine, workers, wait)
+            release(*detached[2], settle=SETTLE_SECONDS if engine.slot_timeout is None
                     else min(engine.slot_timeout, SETTLE_SECONDS))
 
     def __enter__(self) -> "Client":

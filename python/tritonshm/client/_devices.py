@@ -257,6 +257,7 @@ def current_stream_event(device: int, stream: Any = None) -> Any:
     """An event marking the work queued so far on *stream* (a Stream, a handle, or an object with
     ``cuda_stream`` / ``ptr``: torch's and cupy's streams) or, by default, on the calling thread's
     current stream for *device* (torch's or cupy's notion of it where they are loaded)."""
+    handle: Any
     if stream is None:
         handle = current_stream(device)
     elif isinstance(stream, int) and not isinstance(stream, bool):

@@ -215,9 +215,11 @@ class BlockingStream:
                 raise ClientClosed("the client is closed")
             if self._table is None or self._table.broken is not None:
                 self._open()
-            entry = self._table.open(inbox, inbox.put)
+            table, requests = self._table, self._requests
+            assert table is not None and requests is not None  # _open() set both
+            entry = table.open(inbox, inbox.put)
             message.id = entry.id
-            self._requests.put(message)
+            requests.put(message)
         return entry
 
     def _open(self) -> None:
@@ -291,9 +293,11 @@ class AsyncStream:
         if self._table is None or self._table.broken is not None:
             self._open()
         inbox: asyncio.Queue = asyncio.Queue()
-        entry = self._table.open(inbox, inbox.put_nowait)
+        table, requests = self._table, self._requests
+        assert table is not None and requests is not None  # _open() set both
+        entry = table.open(inbox, inbox.put_nowait)
         message.id = entry.id
-        self._requests.put_nowait(message)
+        requests.put_nowait(message)
         return entry
 
     def _open(self) -> None:
