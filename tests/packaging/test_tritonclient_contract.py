@@ -18,8 +18,8 @@ import tritonshm
 from tritonshm import _tritonclient_compat as compat
 
 TRITONCLIENT = version("tritonclient")
-PACKAGE = Path(tritonshm.__file__).parent
-REPO = PACKAGE.parent.parent
+PACKAGE = Path(tritonshm.__file__).parent      # the installed package (a wheel's, under cibuildwheel)
+REPO = Path(__file__).resolve().parents[2]     # beside tests/: pyproject.toml, bench/ (if there)
 
 
 def _resolve(private: compat.Private):

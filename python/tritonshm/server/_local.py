@@ -17,12 +17,10 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from tritonshm.errors import InvalidOption, ServerUnavailable
+from tritonshm.errors import InvalidOption, ServerInstallError, ServerUnavailable
 
 from ._health import (_free_port, _http_ok, _listening, _loader_failed, _log_summary, _models_not_ready,
                       _port_in_use, _PortInUse)
-from tritonshm.errors import ServerInstallError
-
 from ._install import _LOG_TAIL_LINES, WHEELS_ENV, _clean_env, _ensure_installed, _existing_install, default_home
 from ._process import _Process
 
