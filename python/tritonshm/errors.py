@@ -269,7 +269,7 @@ class ServerErrorRule(NamedTuple):
     hint: str                    #: what to do; ``{name}`` takes the pattern's named groups
     status: "_re.Pattern[str] | None" = None  #: or searched in the server's status instead
     fields: Callable[["_re.Match[str]"], dict[str, Any]] | None = None  #: extra constructor arguments
-    more: Callable[[str], str] | None = None  #: more of the hint, read from the server's message
+    more: Callable[[str], str] | None = None  #: a guess at the cause, read from the message: said last
 
 
 def _rule(pattern: str, cls: type[ServerError], hint: str, status: str | None = None,
@@ -336,8 +336,8 @@ def _text(value: Any) -> str | None:
 
 def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> ServerError:
     """Turn a tritonclient failure (or our HTTP wire's) into the :class:`ServerError` that says
-    what to do: ``"<doing>: <hint>. Server said: <message>"``, with the server's ``status()``
-    and ``debug_details()`` carried over.
+    what to do: ``"<doing>: <hint>. Server said: <message>[; <a guess at the cause>]"``, with the
+    server's ``status()`` and ``debug_details()`` carried over.
 
     *cuda* marks a CUDA registration, whose refusals the server reports as a generic
     "invalid args".  A tritonshm error is returned as it is.
@@ -368,6 +368,6 @@ def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> Se
             return ServerError(f"{doing}: {message}", status=status, debug_details=details)
     groups = match.groupdict() if match is not None else {}
     fields = rule.fields(match) if rule.fields is not None and match is not None else {}
-    hint = rule.hint.format(**groups) + (rule.more(message) if rule.more is not None else "")
-    return rule.cls(f"{doing}: {hint}. Server said: {message}",
+    more = rule.more(message) if rule.more is not None else ""
+    return rule.cls(f"{doing}: {rule.hint.format(**groups)}. Server said: {message}{more}",
                     status=status, debug_details=details, **fields)
