@@ -44,7 +44,7 @@ import zlib
 from typing import Any, Mapping, NamedTuple, Sequence
 from urllib.parse import quote
 
-from .errors import ClientClosed, ServerError, ServerTimeout, ServerUnavailable
+from .errors import ClientClosed, Error, ServerError, ServerTimeout, ServerUnavailable
 from . import _tritonclient_compat
 from .errors import translate_error
 
@@ -216,7 +216,7 @@ class ResponseReader:
             return min(max(self._head[3] - len(self._buffer), _RECV_BYTES), _RECV_MAX)
         return _RECV_BYTES
 
-    def feed(self, data: bytes) -> Response | None:
+    def feed(self, data: bytes | bytearray) -> Response | None:
         """Take the next bytes read; the response once complete, else None."""
         self._fed = True
         if self._head is None:
@@ -559,7 +559,7 @@ class _ConnectionsBase:
             self._open.pop(sock, None)
         sock.close()
 
-    def unavailable(self, doing: str, exc: BaseException) -> ServerError:
+    def unavailable(self, doing: str, exc: BaseException) -> Error:
         """*exc*, met while *doing*, in tritonshm's terms."""
         if self.closed:
             return ClientClosed(f"{doing}: the client was closed")
