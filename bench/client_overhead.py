@@ -32,10 +32,12 @@ import time
 
 import numpy as np
 
+from tritonshm import _tritonclient_compat
+
 
 def _recorded_stub(client, method: str):
     """Make *client*'s gRPC stub answer *method* with the response of one real call."""
-    stub = client._client_stub
+    stub = _tritonclient_compat.grpc_stub(client)
     real = getattr(stub, method)
     answer = {}
 

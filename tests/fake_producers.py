@@ -52,6 +52,7 @@ import ctypes
 import threading
 import weakref
 
+import ml_dtypes
 import numpy as np
 
 import fake_cuda
@@ -100,15 +101,21 @@ _CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_capsule_destructo
 
 _DL_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}  # kDLInt, kDLUInt, kDLFloat, kDLBool
 _NP_KINDS = {v: k for k, v in _DL_CODES.items()}
+KDL_BFLOAT = 4  # torch's bfloat16 (ml_dtypes.bfloat16 in numpy terms)
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def _dl_dtype(dtype: np.dtype) -> tuple[int, int]:
+    if dtype == BFLOAT16:
+        return KDL_BFLOAT, 16
     if dtype.kind not in _DL_CODES:
         raise BufferError(f"no DLPack type for {dtype}")
     return _DL_CODES[dtype.kind], dtype.itemsize * 8
 
 
 def _np_dtype(code: int, bits: int, lanes: int) -> np.dtype:
+    if (code, bits, lanes) == (KDL_BFLOAT, 16, 1):
+        return BFLOAT16
     if lanes != 1 or code not in _NP_KINDS:
         raise BufferError(f"unsupported DLPack dtype code={code} bits={bits} lanes={lanes}")
     return np.dtype("?") if code == 6 else np.dtype(f"{_NP_KINDS[code]}{bits // 8}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -29,6 +30,7 @@ NUMERIC_IDENTITY_MODELS = {
     "identity_int32": np.int32,
     "identity_int64": np.int64,
     "identity_bool": np.bool_,
+    "identity_bf16": ml_dtypes.bfloat16,  # through the backend's DLPack: it has no numpy BF16
 }
 
 

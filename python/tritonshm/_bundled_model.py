@@ -10,7 +10,9 @@ computes comes from the ``op`` parameter of its ``config.pbtxt``:
 - ``add_sub``: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1;
 - ``double``: OUTPUT0 = INPUT0 * 2;
 - ``add_one``: OUTPUT0 = INPUT0 + 1;
-- ``tile``: OUTPUT0 = INPUT0 twice over (an output larger than its input).
+- ``tile``: OUTPUT0 = INPUT0 twice over (an output larger than its input);
+- ``identity_dlpack``: OUTPUTi = INPUTi through DLPack, never numpy -- for datatypes numpy
+  lacks (BF16: the backend refuses ``as_numpy()`` on it, "Use to_dlpack() and from_dlpack()").
 
 A ``delay_ms`` parameter makes the model sleep that long before answering
 each request (a stand-in for a slow model: tests cancel requests in flight).
@@ -59,11 +61,11 @@ class TritonPythonModel:
             raise ValueError(f"unknown op {op!r}; expected one of {sorted([*OPS, *_SPECIAL])}")
         self.delay = float(parameters.get("delay_ms", {}).get("string_value", 0)) / 1000
         self.inputs = [i["name"] for i in config["input"]]
-        self.outputs = [
-            (o["name"], pb_utils.triton_string_to_numpy(o["data_type"]))
-            for o in config["output"]
-        ]
         if op in OPS:
+            self.outputs = [
+                (o["name"], pb_utils.triton_string_to_numpy(o["data_type"]))
+                for o in config["output"]
+            ]
             self.op = OPS[op]
             self._execute = self._apply
         else:
@@ -85,6 +87,21 @@ class TritonPythonModel:
             ]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
+
+
+
+
+def _identity_dlpack(model, config):
+    """The ``identity_dlpack`` op: OUTPUTi = INPUTi, the same bytes and datatype, through the
+    tensors' DLPack capsules (numpy has no BF16; the backend's from_dlpack keeps the dtype code)."""
+
+    def execute(requests):
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor.from_dlpack(name.replace("INPUT", "OUTPUT"),
+                                        pb_utils.get_input_tensor_by_name(request, name).to_dlpack())
+            for name in model.inputs]) for request in requests]
+
+    return execute
 
 
 def _input(request, name):
@@ -214,4 +231,5 @@ def _echo_request(model, config):
 
 #: The ops that are more than a function of the inputs: each makes its own ``execute`` from the
 #: model and its config (and refuses a config it cannot serve).
-_SPECIAL = {"stream": _stream, "accumulate": _accumulate, "echo_request": _echo_request}
+_SPECIAL = {"stream": _stream, "accumulate": _accumulate, "echo_request": _echo_request,
+            "identity_dlpack": _identity_dlpack}

@@ -44,8 +44,9 @@ import zlib
 from typing import Any, Mapping, NamedTuple, Sequence
 from urllib.parse import quote
 
-from .errors import ClientClosed, ServerError, ServerTimeout, ServerUnavailable
-from .triton import translate_error
+from .errors import ClientClosed, Error, ServerError, ServerTimeout, ServerUnavailable
+from . import _tritonclient_compat
+from .errors import translate_error
 
 __all__ = ["Endpoint", "Prepared", "Response", "ResponseReader", "Result", "prepare", "result_of",
            "Connections", "AsyncConnections"]
@@ -126,14 +127,12 @@ def prepare(model: str, version: str, inputs: Sequence[Any], outputs: Sequence[A
     *idempotent* (see :class:`Prepared`): False, or a request in a sequence (a step of a stateful
     model, whose state would advance twice), is never sent twice; None or True lets any other
     request go once more after a kept connection failed before any byte of its answer."""
-    from tritonclient.http._utils import _get_inference_request
-
     options = dict(options or {})
     in_sequence = options.get("sequence_id", 0) not in (0, "")
     headers = dict(options.pop("headers", None) or {})
     request_compression = options.pop("request_compression_algorithm", None)
     response_compression = options.pop("response_compression_algorithm", None)
-    body, json_size = _get_inference_request(
+    body, json_size = _tritonclient_compat.http_request(
         inputs=inputs, request_id=options.pop("request_id", ""), outputs=outputs,
         sequence_id=options.pop("sequence_id", 0), sequence_start=options.pop("sequence_start", False),
         sequence_end=options.pop("sequence_end", False), priority=options.pop("priority", 0),
@@ -217,7 +216,7 @@ class ResponseReader:
             return min(max(self._head[3] - len(self._buffer), _RECV_BYTES), _RECV_MAX)
         return _RECV_BYTES
 
-    def feed(self, data: bytes) -> Response | None:
+    def feed(self, data: bytes | bytearray) -> Response | None:
         """Take the next bytes read; the response once complete, else None."""
         self._fed = True
         if self._head is None:
@@ -560,7 +559,7 @@ class _ConnectionsBase:
             self._open.pop(sock, None)
         sock.close()
 
-    def unavailable(self, doing: str, exc: BaseException) -> ServerError:
+    def unavailable(self, doing: str, exc: BaseException) -> Error:
         """*exc*, met while *doing*, in tritonshm's terms."""
         if self.closed:
             return ClientClosed(f"{doing}: the client was closed")

@@ -11,14 +11,15 @@ tritonshm asks a :class:`Transport` instead of guessing from module names.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
+import re
 import sys
 from typing import Any, Mapping
 
-from .errors import InvalidOption, RegistrationError
+from . import _tritonclient_compat
+from .errors import InvalidOption, InvalidOptionType, RegistrationError
 
-__all__ = ["Transport", "GRPC", "GRPC_AIO", "HTTP", "HTTP_AIO", "of_client", "parse_url"]
+__all__ = ["Transport", "GRPC", "GRPC_AIO", "HTTP", "HTTP_AIO", "of_client", "parse_url", "SCHEMES"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,40 +90,29 @@ class Transport:
             from . import _http1
 
             return _http1.prepare(model, version, inputs, outputs)
-        from tritonclient.grpc._utils import _get_inference_request
-
-        return _get_inference_request(model_name=model, inputs=inputs, model_version=version, request_id="",
-                                      outputs=outputs, sequence_id=0, sequence_start=False,
-                                      sequence_end=False, priority=0, timeout=None, parameters=None)
+        return _tritonclient_compat.grpc_request(
+            model_name=model, inputs=inputs, model_version=version, request_id="", outputs=outputs,
+            sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=None, parameters=None)
 
     def send_message(self, client: Any, message: Any) -> Any:
         """Run the gRPC inference *message* (from :meth:`request_message`) on *client*: its
         ``InferResult`` (awaitable for aio) -- what tritonclient's ``infer`` does once it has
         built the message, which is the part skipped."""
-        grpc, InferResult, raise_error_grpc = _grpc_parts()
-        metadata = client._get_metadata(None)
+        grpc, InferResult, raise_error_grpc = _tritonclient_compat.grpc_parts()
+        metadata = _tritonclient_compat.grpc_metadata(client, None)
+        stub = _tritonclient_compat.grpc_stub(client)
         if self.aio:
             async def sent() -> Any:
                 try:
-                    return InferResult(await client._client_stub.ModelInfer(request=message, metadata=metadata))
+                    return InferResult(await stub.ModelInfer(request=message, metadata=metadata))
                 except grpc.RpcError as rpc_error:
                     raise_error_grpc(rpc_error)
 
             return sent()
         try:
-            return InferResult(client._client_stub.ModelInfer(request=message, metadata=metadata))
+            return InferResult(stub.ModelInfer(request=message, metadata=metadata))
         except grpc.RpcError as rpc_error:
             raise_error_grpc(rpc_error)
-
-
-@functools.cache
-def _grpc_parts() -> tuple[Any, Any, Any]:
-    """grpc, tritonclient's InferResult and its error translation: imported once, on first use."""
-    import grpc
-    from tritonclient.grpc import InferResult
-    from tritonclient.grpc._utils import raise_error_grpc
-
-    return grpc, InferResult, raise_error_grpc
 
 
 GRPC = Transport("grpc", False, "tritonclient.grpc")
@@ -131,8 +121,21 @@ HTTP = Transport("http", False, "tritonclient.http")
 HTTP_AIO = Transport("http", True, "tritonclient.http.aio")
 _ALL = (GRPC, GRPC_AIO, HTTP, HTTP_AIO)
 
-_SCHEMES = {"http://": ("http", False), "https://": ("http", True),
-            "grpc://": ("grpc", False), "grpcs://": ("grpc", True)}
+#: scheme -> (protocol, TLS, the port when the URL names none).  gRPC and HTTP take
+#: tritonclient's and PyTriton's defaults, Triton's own ports (8001, 8000); grpcs:// keeps 8001
+#: (Triton serves gRPC over TLS itself, on its gRPC port), https:// takes 443 (Triton's HTTP
+#: endpoint has no TLS of its own: https means a proxy in front, on the usual port).
+SCHEMES: dict[str, tuple[str, bool, int]] = {
+    "grpc": ("grpc", False, 8001), "grpcs": ("grpc", True, 8001),
+    "http": ("http", False, 8000), "https": ("http", True, 443),
+}
+#: A URL without a scheme is gRPC, as tritonclient.grpc takes it.
+DEFAULT_SCHEME = "grpc"
+_URL_FORMS = ("expected 'host', 'host:port', 'grpc://host[:port]', 'grpcs://host[:port]', "
+              "'http://host[:port]' or 'https://host[:port]' (IPv6 in brackets: '[::1]:8001'); "
+              "without a port: 8001 for gRPC, 8000 for http://, 443 for https://")
+# host[:port]: a name or IPv4 address, or an IPv6 address in brackets; then an optional port.
+_ADDRESS = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\]|[A-Za-z0-9_.-]+)(?::(?P<port>[0-9]{1,5}))?")
 
 
 def of_client(client: Any) -> Transport:
@@ -147,23 +150,31 @@ def of_client(client: Any) -> Transport:
 
 
 def parse_url(url: str, *, aio: bool = False) -> tuple[Transport, str, bool]:
-    """``(transport, "host:port", ssl)`` for a server URL.
+    """``(transport, "host:port", ssl)`` for a server URL -- the one place URLs are parsed.
 
-    ``"host:port"`` and ``"grpc://host:port"`` are gRPC, ``"grpcs://"`` gRPC
-    over TLS, ``"http://"`` HTTP and ``"https://"`` HTTP over TLS.
+    ``"host[:port]"`` and ``"grpc://host[:port]"`` are gRPC, ``"grpcs://"`` gRPC
+    over TLS, ``"http://"`` HTTP and ``"https://"`` HTTP over TLS; a missing port
+    is the scheme's default (:data:`SCHEMES`: 8001 for gRPC, 8000 for HTTP, as in
+    tritonclient and PyTriton; 443 for https).  The address returned always has
+    its port.  Anything else is :class:`~tritonshm.InvalidOption` naming the forms.
     """
-    if not isinstance(url, str) or not url:
-        raise InvalidOption(f"a server URL must be a non-empty str like 'localhost:8001', not {url!r}")
-    protocol, ssl, address = "grpc", False, url
-    for scheme, (name, secure) in _SCHEMES.items():
-        if url.startswith(scheme):
-            protocol, ssl, address = name, secure, url[len(scheme):]
-            break
-    else:
-        if "://" in url:
-            raise InvalidOption(f"unknown scheme in {url!r}: use host:port, grpc(s):// or http(s)://")
-    address = address.rstrip("/")
+    if not isinstance(url, str):
+        raise InvalidOptionType(f"a server URL must be a str, not {type(url).__name__} ({url!r}): {_URL_FORMS}")
+    if not url.strip():
+        raise InvalidOption(f"a server URL must not be empty: {_URL_FORMS}")
+    scheme, sep, rest = url.strip().partition("://")
+    if not sep:
+        scheme, rest = DEFAULT_SCHEME, url.strip()
+    if scheme.lower() not in SCHEMES:
+        raise InvalidOption(f"unknown scheme {scheme!r} in server URL {url!r}: {_URL_FORMS}")
+    protocol, ssl, default_port = SCHEMES[scheme.lower()]
+    address = _ADDRESS.fullmatch(rest.removesuffix("/"))
+    if address is None:
+        raise InvalidOption(f"cannot read a host and port in server URL {url!r}: {_URL_FORMS}")
+    port = default_port if address["port"] is None else int(address["port"])
+    if not 0 < port < 65536:
+        raise InvalidOption(f"port {port} in server URL {url!r} is not in 1-65535")
     for transport in _ALL:
         if transport.protocol == protocol and transport.aio == aio:
-            return transport, address, ssl
+            return transport, f"{address['host']}:{port}", ssl
     raise AssertionError("unreachable: every protocol has both flavours")

@@ -10,8 +10,9 @@ the throughput of each and their ratios to plain gRPC.
 
 from __future__ import annotations
 
+import functools
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -20,8 +21,13 @@ from ._timing import interleaved_medians
 MODEL = "identity_fp32"
 
 
+def _ours_call(client: Any, data: np.ndarray) -> np.ndarray:
+    """One inference of *data* on a tritonshm client; its output."""
+    return client.infer(MODEL, {"INPUT0": data})["OUTPUT0"]
+
+
 def run_demo(sizes: Sequence[int], seconds: float = 0.5, grpc_url: str | None = None,
-             http_url: str | None = None, **server_options) -> int:
+             http_url: str | None = None, **server_options: Any) -> int:
     """Run the comparison and print the table; 0 when every output matched.
 
     Starts a :class:`LocalServer` (with *server_options*) unless *grpc_url* names a running one
@@ -61,7 +67,7 @@ def _compare(grpc_url: str, http_url: str | None, sizes: Sequence[int], seconds:
             calls: dict[str, Callable[[], np.ndarray]] = {
                 "gRPC": lambda: tc.infer(MODEL, [wire_in], outputs=wire_out).as_numpy("OUTPUT0")}
             for name, client in ours.items():
-                calls[name] = lambda client=client: client.infer(MODEL, {"INPUT0": data})["OUTPUT0"]
+                calls[name] = functools.partial(_ours_call, client, data)
             try:
                 medians = interleaved_medians({name: _checked(name, call, data) for name, call in calls.items()},
                                               seconds * len(calls))

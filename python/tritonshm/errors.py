@@ -1,15 +1,38 @@
-"""The exception hierarchy of tritonshm.
+"""The exception hierarchy of tritonshm, and the translation of server errors (the lowest layer).
 
-Everything the library raises derives from :class:`Error`.  Each concrete
-class also derives from the built-in exception a caller would naturally
-catch (``ValueError`` for bad arguments, ``OSError`` for system failures,
-...), so ``except ValueError`` keeps working in code that does not know us.
+Everything the library raises derives from :class:`Error`, which derives
+from tritonclient's ``InferenceServerException``: code written for
+tritonclient (``except InferenceServerException as e: e.status()``) catches
+ours too.  Each concrete class also derives from the built-in exception a
+caller would naturally catch (``ValueError`` for bad arguments, ``OSError``
+for system failures, ...), so ``except ValueError`` keeps working in code
+that does not know us.
+
+:func:`translate_error` turns a failure tritonclient (or our own HTTP wire)
+reports into the class of :class:`ServerError` that fits, with a message that
+says what to do: one table, :data:`SERVER_ERRORS`, of (pattern, class, hint).
 """
 
 from __future__ import annotations
 
 import errno as _errno
 import os as _os
+import re as _re
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+if TYPE_CHECKING:
+    class InferenceServerException(Exception):
+        """What the type checker sees of tritonclient's (which ships no types): the part we use."""
+
+        _status: str | None
+        _debug_details: str | None
+
+        def __init__(self, msg: str, status: str | None = None, debug_details: str | None = None) -> None: ...
+        def message(self) -> str | None: ...
+        def status(self) -> str | None: ...
+        def debug_details(self) -> str | None: ...
+else:
+    from tritonclient.utils import InferenceServerException
 
 __all__ = [
     "Error",
@@ -41,8 +64,35 @@ __all__ = [
 ]
 
 
-class Error(Exception):
-    """Base class of every exception tritonshm raises."""
+class Error(InferenceServerException):
+    """Base class of every exception tritonshm raises; a tritonclient ``InferenceServerException``.
+
+    ``message()`` is the message (``str(exc)``, without tritonclient's
+    ``"[status] "`` prefix: our messages name the cause themselves);
+    ``status()`` is the server's status (gRPC's ``"StatusCode.UNAVAILABLE"``,
+    ...) when the error came from a server's answer that had one, else None;
+    ``debug_details()`` is the server's debug text when it sent one, else None.
+    The built-in base (``ValueError``, ``OSError`` ...) takes the positional
+    arguments, as it would alone: ``OSError`` subclasses keep ``errno``.
+    """
+
+    def __init__(self, *args: Any, status: str | None = None, debug_details: str | None = None):
+        # tritonclient's __init__ takes (msg, status, debug_details) positionally and never
+        # calls its base: skip it so the built-in base (OSError parses errno) sees the args.
+        super(InferenceServerException, self).__init__(*args)
+        self._status = status
+        self._debug_details = debug_details
+
+    @property
+    def _msg(self) -> str:  # what tritonclient's own methods read
+        return self.message()
+
+    def message(self) -> str:
+        """The message (as tritonclient's ``message()``); the same text as ``str(exc)``."""
+        return super(InferenceServerException, self).__str__()
+
+    def __str__(self) -> str:
+        return self.message()
 
 
 class RegionClosed(Error, ValueError):
@@ -88,8 +138,8 @@ class CudaError(Error, RuntimeError):
     (e.g. ``"cudaErrorMemoryAllocation"``).
     """
 
-    def __init__(self, message: str, code: int = 0, name: str = ""):
-        super().__init__(message)
+    def __init__(self, message: str, code: int = 0, name: str = "", **details: Any):
+        super().__init__(message, **details)
         self.code = code
         self.name = name
 
@@ -151,8 +201,8 @@ class OutputTooSmall(RegistrationError):
     for, in bytes (None when the server did not say).
     """
 
-    def __init__(self, message: str, output: str | None = None, needed: int | None = None):
-        super().__init__(message)
+    def __init__(self, message: str, output: str | None = None, needed: int | None = None, **details: Any):
+        super().__init__(message, **details)
         self.output = output
         self.needed = needed
 
@@ -197,3 +247,127 @@ def os_error(err: int, what: str, key: str | None = None) -> SharedMemoryOSError
     if key is not None:
         exc.filename = key
     return exc
+
+
+# -- the translation of server errors -------------------------------------------------------------
+
+#: Why a server may refuse to open our CUDA memory; its own error only says "invalid args".
+CUDA_REFUSAL_CAUSES = (
+    "the server runs on another machine, or in a container without --ipc=host "
+    "(CUDA IPC needs the same machine and IPC namespace); "
+    "the server runs in this same process (CUDA cannot open a handle in the process that "
+    "exported it); the server is a CPU-only build or cannot see that GPU (device_id is in the "
+    "server's numbering: CUDA_VISIBLE_DEVICES may differ)"
+)
+
+
+class ServerErrorRule(NamedTuple):
+    """One row of :data:`SERVER_ERRORS`: what a server's error looks like, what it becomes."""
+
+    pattern: "_re.Pattern[str]"  #: searched in the server's message (case-insensitive)
+    cls: type[ServerError]       #: the class raised
+    hint: str                    #: what to do; ``{name}`` takes the pattern's named groups
+    status: "_re.Pattern[str] | None" = None  #: or searched in the server's status instead
+    fields: Callable[["_re.Match[str]"], dict[str, Any]] | None = None  #: extra constructor arguments
+    more: Callable[[str], str] | None = None  #: a guess at the cause, read from the message: said last
+
+
+def _rule(pattern: str, cls: type[ServerError], hint: str, status: str | None = None,
+          fields: Callable[["_re.Match[str]"], dict[str, Any]] | None = None,
+          more: Callable[[str], str] | None = None) -> ServerErrorRule:
+    return ServerErrorRule(_re.compile(pattern, _re.IGNORECASE), cls, hint,
+                           None if status is None else _re.compile(status, _re.IGNORECASE), fields, more)
+
+
+# gRPC's words for an address that answers, but not in HTTP/2 (an HTTP/1.1 server: Triton's HTTP port).
+_GRPC_ADDRESS = _re.compile(r"ipv[46]:(?P<address>\[[^\]]*\]:\d+|[^\s:]+:\d+): socket closed", _re.I)
+# tritonclient.http's (geventhttpclient's) words for an answer that is not HTTP/1.x (Triton's gRPC port).
+_NOT_HTTP = "expected http/"
+
+
+def _wrong_port_hint(message: str) -> str:
+    """A hint for the usual cause of *message*, a connection failure, where it looks like one
+    protocol's client was given the server's port of the other: "" where it does not."""
+    grpc_at_http = _GRPC_ADDRESS.search(message)
+    if grpc_at_http is not None:
+        address = grpc_at_http["address"]
+        return (f"; is {address} the server's HTTP port? A gRPC client (an address without a scheme) "
+                f"needs its gRPC port; for HTTP, give http://{address}")
+    if _NOT_HTTP in message.lower():
+        return ("; the address does not answer HTTP/1.1: is it the server's gRPC port? For gRPC, give the "
+                "address as host:port, without http://")
+    return ""
+
+
+#: The server's errors that mean something we can say more about, first match wins.  Anything
+#: else becomes a plain :class:`ServerError` with the server's message.
+SERVER_ERRORS: tuple[ServerErrorRule, ...] = (
+    _rule("client shared memory is disabled", SharedMemoryRefused,
+          "the server has client shared memory disabled; start it with --allow-client-shm=true (Triton >= 2.69)"),
+    _rule("unable to open shared memory region|unable to open cuda", SharedMemoryRefused,
+          "the server cannot open our shared memory. It must run on this machine, in the same IPC "
+          "namespace (--ipc=host for containers), as a user allowed to open mode-0600 segments of ours"),
+    _rule("already in manager", RegistrationError,
+          "the server already has a region of that name; unregister it first or pick another name"),
+    _rule("unable to find.*shared memory|shared memory.*unable to find", RegionNotRegistered,
+          "the server does not know this region: it was unregistered, or the server restarted since it "
+          "was registered; register it again"),
+    _rule(r"for output '(?P<output>[^']*)' \((?P<given>\d+) bytes\) should be at least (?P<needed>\d+) bytes",
+          OutputTooSmall, "output {output!r} needs {needed} bytes but only {given} were bound; bind a larger nbytes",
+          fields=lambda m: {"output": m["output"], "needed": int(m["needed"])}),
+    _rule("deadline exceeded", ServerTimeout, "the server did not answer within the client_timeout",
+          status="deadline_exceeded"),
+    _rule("request timeout expired", ServerTimeout,
+          "the request waited in the model's queue longer than its timeout (microseconds, the server's)"),
+    _rule("failed to connect|connection refused|socket closed|expected http/", ServerUnavailable,
+          "cannot reach the Triton server", status="unavailable", more=_wrong_port_hint),
+)
+
+# A CUDA registration's refusals all read "invalid args" (the cause is only in the server's log),
+# or "GPUs not supported" on CPU-only builds.
+_CUDA_REFUSED = _rule("", SharedMemoryRefused,
+                      f"the server cannot open our CUDA memory. Likely causes: {CUDA_REFUSAL_CAUSES}")
+_CONNECTION = _rule("", ServerUnavailable, "cannot reach the Triton server", more=_wrong_port_hint)
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> ServerError:
+    """Turn a tritonclient failure (or our HTTP wire's) into the :class:`ServerError` that says
+    what to do: ``"<doing>: <hint>. Server said: <message>[; <a guess at the cause>]"``, with the
+    server's ``status()`` and ``debug_details()`` carried over.
+
+    *cuda* marks a CUDA registration, whose refusals the server reports as a generic
+    "invalid args".  A tritonshm error is returned as it is.
+    """
+    if isinstance(exc, ServerError):
+        return exc
+    # tritonclient's InferenceServerException has message(), status() and debug_details().
+    message_of = getattr(exc, "message", None)
+    status_of = getattr(exc, "status", None)
+    details_of = getattr(exc, "debug_details", None)
+    message = (message_of() if callable(message_of) else "") or str(exc)
+    status = _text(status_of()) if callable(status_of) else None
+    details = _text(details_of()) if callable(details_of) else None
+    match, rule = None, None
+    for candidate in SERVER_ERRORS:
+        match = candidate.pattern.search(message)
+        if match is None and candidate.status is not None and status is not None:
+            match = candidate.status.search(status)
+        if match is not None:
+            rule = candidate
+            break
+    if rule is None:
+        if isinstance(exc, ConnectionError):
+            rule = _CONNECTION
+        elif cuda:
+            rule = _CUDA_REFUSED
+        else:
+            return ServerError(f"{doing}: {message}", status=status, debug_details=details)
+    groups = match.groupdict() if match is not None else {}
+    fields = rule.fields(match) if rule.fields is not None and match is not None else {}
+    more = rule.more(message) if rule.more is not None else ""
+    return rule.cls(f"{doing}: {rule.hint.format(**groups)}. Server said: {message}{more}",
+                    status=status, debug_details=details, **fields)

@@ -24,32 +24,19 @@ import asyncio
 import base64
 import inspect
 import math
-import re
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from . import _dtypes, _transport
-from .errors import (
-    OutOfBounds,
-    OutputTooSmall,
-    RegionNotRegistered,
-    RegistrationError,
-    ServerError,
-    ServerTimeout,
-    ServerUnavailable,
-    ShapeMismatch,
-    SharedMemoryRefused,
-)
+from .errors import OutOfBounds, RegistrationError, ServerError, ShapeMismatch, translate_error
 
 __all__ = ["register", "unregister", "status", "bind_input", "bind_output", "registered_name"]
 
 # Region -> the name it was registered under.  Weak, so registering does
 # not keep a region alive.
 _region_names: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
-# Triton's words for an undersized output region.
-_TOO_SMALL = re.compile(r"for output '(?P<output>[^']*)' \((?P<given>\d+) bytes\) should be at least (?P<needed>\d+) bytes")
 
 # Every name this process registered -> its kind ("system" or "cuda");
 # unregister() refuses any other name, and calls the extension of the kind.
@@ -77,99 +64,7 @@ def registered_name(region: Any) -> str | None:
     return _region_names.get(region)
 
 
-#: Why a server may refuse to open our CUDA memory; its own error only says "invalid args".
-CUDA_REFUSAL_CAUSES = (
-    "the server runs on another machine, or in a container without --ipc=host "
-    "(CUDA IPC needs the same machine and IPC namespace); "
-    "the server runs in this same process (CUDA cannot open a handle in the process that "
-    "exported it); the server is a CPU-only build or cannot see that GPU (device_id is in the "
-    "server's numbering: CUDA_VISIBLE_DEVICES may differ)"
-)
-
-
-# gRPC's words for an address that answers, but not in HTTP/2 (an HTTP/1.1 server: Triton's HTTP port).
-_GRPC_ADDRESS = re.compile(r"ipv[46]:(?P<address>\[[^\]]*\]:\d+|[^\s:]+:\d+): socket closed", re.I)
-# tritonclient.http's (geventhttpclient's) words for an answer that is not HTTP/1.x (Triton's gRPC port).
-_NOT_HTTP = "expected http/"
-
-
-def _wrong_port_hint(message: str) -> str:
-    """A hint for the usual cause of *message*, a connection failure, where it looks like one
-    protocol's client was given the server's port of the other: "" where it does not."""
-    grpc_at_http = _GRPC_ADDRESS.search(message)
-    if grpc_at_http is not None:
-        address = grpc_at_http["address"]
-        return (f"; is {address} the server's HTTP port? A gRPC client (an address without a scheme) "
-                f"needs its gRPC port; for HTTP, give http://{address}")
-    if _NOT_HTTP in message.lower():
-        return ("; the address does not answer HTTP/1.1: is it the server's gRPC port? For gRPC, give the "
-                "address as host:port, without http://")
-    return ""
-
-
-def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> ServerError:
-    """Turn a tritonclient failure into a :class:`ServerError` that says what to do.
-
-    *cuda* marks a CUDA registration, whose refusals the server reports as
-    a generic "invalid args".
-    """
-    # tritonclient's InferenceServerException has message() and status() methods.
-    message_of = getattr(exc, "message", None)
-    status_of = getattr(exc, "status", None)
-    message = (message_of() if callable(message_of) else "") or str(exc)
-    lowered = message.lower()
-    status = str(status_of()) if callable(status_of) else ""
-    if "client shared memory is disabled" in lowered:
-        return SharedMemoryRefused(
-            f"{doing}: the server has client shared memory disabled; "
-            f"start it with --allow-client-shm=true (Triton >= 2.69). Server said: {message}"
-        )
-    if "unable to open shared memory region" in lowered or "unable to open cuda" in lowered:
-        return SharedMemoryRefused(
-            f"{doing}: the server cannot open our shared memory. It must run on this machine, "
-            f"in the same IPC namespace (--ipc=host for containers), as a user allowed to open "
-            f"mode-0600 segments of ours. Server said: {message}"
-        )
-    if "already in manager" in lowered:
-        return RegistrationError(
-            f"{doing}: the server already has a region of that name; "
-            f"unregister it first or pick another name. Server said: {message}"
-        )
-    if "unable to find" in lowered and "shared memory" in lowered:
-        return RegionNotRegistered(
-            f"{doing}: the server does not know this region: it was unregistered, or the "
-            f"server restarted since it was registered; register it again. Server said: {message}"
-        )
-    too_small = _TOO_SMALL.search(message)
-    if too_small is not None:
-        return OutputTooSmall(
-            f"{doing}: output {too_small['output']!r} needs {too_small['needed']} bytes but only "
-            f"{too_small['given']} were bound; bind a larger nbytes. Server said: {message}",
-            too_small["output"],
-            int(too_small["needed"]),
-        )
-    if "deadline exceeded" in lowered or "deadline_exceeded" in status.lower():
-        return ServerTimeout(f"{doing}: the server did not answer within the client_timeout ({message})")
-    if (
-        isinstance(exc, ConnectionError)
-        or "unavailable" in status.lower()
-        or "failed to connect" in lowered
-        or "connection refused" in lowered
-        or "socket closed" in lowered
-        or _NOT_HTTP in lowered
-    ):
-        return ServerUnavailable(f"{doing}: cannot reach the Triton server ({message}){_wrong_port_hint(message)}")
-    if cuda:
-        # The server reports every failure to open a CUDA handle as "invalid args"
-        # (the cause is only in its log), or "GPUs not supported" on CPU-only builds.
-        return SharedMemoryRefused(
-            f"{doing}: the server cannot open our CUDA memory. Likely causes: "
-            f"{CUDA_REFUSAL_CAUSES}. Server said: {message}"
-        )
-    return ServerError(f"{doing}: {message}")
-
-
-def call_translated(client: Any, doing: str, method: str, *args: Any, on_success=None,
+def call_translated(client: Any, doing: str, method: str, *args: Any, on_success: Callable[[Any], Any] | None = None,
                     cuda: bool = False, **kwargs: Any) -> Any:
     """Call ``client.<method>(*args, **kwargs)``, turning tritonclient's
     failures into :class:`ServerError` subclasses that say what to do

@@ -54,7 +54,7 @@ def test_aio_pool_exhaustion_waits_without_blocking_the_loop(server):
 
             task = asyncio.create_task(ticker())
             with pytest.raises(tritonshm.PoolExhausted):
-                await c.infer("identity_fp32", {"INPUT0": np.ones(4, np.float32)}, timeout=0.3)
+                await c.infer("identity_fp32", {"INPUT0": np.ones(4, np.float32)}, slot_timeout=0.3)
             task.cancel()
             assert ticks > 3  # the loop kept running while we waited for a slot
             del held
@@ -102,7 +102,7 @@ def test_aio_cancelled_request_keeps_its_slot_until_the_server_is_done(server, p
                 if pool.running == 0:
                     break
             assert pool.running == 0 and pool.held == 0
-            out = await c.infer("slow_fp32", {"INPUT0": data + 1}, timeout=5)
+            out = await c.infer("slow_fp32", {"INPUT0": data + 1}, slot_timeout=5)
             assert np.array_equal(out["OUTPUT0"], data + 1)
 
     run(scenario())
@@ -123,7 +123,7 @@ def test_aio_cancelled_while_waiting_for_a_slot_leaves_counts_right(server):
             assert np.array_equal((await first)["OUTPUT0"], data)
             gc.collect()
             assert pool.running == 0 and pool.held == 0 and pool.nslots == 1
-            assert np.array_equal((await c.infer("slow_fp32", {"INPUT0": data}, timeout=5))["OUTPUT0"], data)
+            assert np.array_equal((await c.infer("slow_fp32", {"INPUT0": data}, slot_timeout=5))["OUTPUT0"], data)
 
     run(scenario())
 

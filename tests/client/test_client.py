@@ -208,18 +208,18 @@ def test_slot_returns_only_when_every_view_is_gone(server, protocol):
         derived = view[4:8]  # a view of the view also holds the slot
         del view
         with pytest.raises(tritonshm.PoolExhausted, match="byte cap.*1 slots held by live result views") as exc:
-            c.infer("identity_fp32", {"INPUT0": data}, timeout=0.2)
+            c.infer("identity_fp32", {"INPUT0": data}, slot_timeout=0.2)
         assert isinstance(exc.value, TimeoutError)
         assert np.array_equal(derived, data[4:8])
         del derived
         gc.collect()
-        assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data}, timeout=5)["OUTPUT0"], data)
+        assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data}, slot_timeout=5)["OUTPUT0"], data)
 
 
 def test_held_results_grow_the_pool_instead_of_blocking(server, protocol):
     """12 kept results from a 4-slot pool: no waiting (a timeout of 0 would
     raise), each result intact; once they are dropped the surplus goes back."""
-    with tritonshm.Client(client_url(server, protocol), slots=4, timeout=0) as c:
+    with tritonshm.Client(client_url(server, protocol), slots=4, slot_timeout=0) as c:
         inputs = [floats(64, seed=i) for i in range(12)]
         kept = [c.infer("identity_fp32", {"INPUT0": x}, copy=False)["OUTPUT0"] for x in inputs]
         pool = live_pool(c, "identity_fp32")
@@ -239,7 +239,7 @@ def test_held_results_grow_the_pool_instead_of_blocking(server, protocol):
 
 
 def test_exhaustion_by_requests_in_flight_says_so(server):
-    with tritonshm.Client(server.grpc_url, slots=1, timeout=0.1) as c:
+    with tritonshm.Client(server.grpc_url, slots=1, slot_timeout=0.1) as c:
         data = floats(8)
         slow = c.infer_async("slow_fp32", {"INPUT0": data})  # holds the only slot for 0.5 s
         time.sleep(0.2)
@@ -277,7 +277,7 @@ def test_waiting_request_gets_a_slot_when_views_go(server, protocol):
         held = c.infer("identity_fp32", {"INPUT0": data}, copy=False)
         released = threading.Timer(0.3, held.clear)  # drop the views from another thread
         released.start()
-        out = c.infer("identity_fp32", {"INPUT0": data}, timeout=30)
+        out = c.infer("identity_fp32", {"INPUT0": data}, slot_timeout=30)
         released.join()
         assert np.array_equal(out["OUTPUT0"], data)
 

@@ -19,6 +19,7 @@ import threading
 import time
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -105,7 +106,7 @@ def test_host_input_with_results_on_the_device(url):
 @pytest.mark.parametrize("dtype, model", [
     (np.float32, "identity_fp32"), (np.float16, "identity_fp16"), (np.int8, "identity_int8"),
     (np.uint8, "identity_uint8"), (np.int32, "identity_int32"), (np.int64, "identity_int64"),
-    (np.bool_, "identity_bool"),
+    (np.bool_, "identity_bool"), (ml_dtypes.bfloat16, "identity_bf16"),
 ])
 def test_every_dtype_round_trips(url, dtype, model):
     data = sample(dtype, 333)
@@ -133,7 +134,7 @@ def test_held_device_results_keep_their_slot_until_every_dlpack_tensor_is_gone(u
         assert pool_of(c, "identity_fp32").held == 1
         # the next request must not get (and overwrite) the held slot: the pool grows instead
         other = sample(np.float32, 64, seed=1)
-        out = c.infer("identity_fp32", {"INPUT0": device_array(other)}, copy=False, timeout=0)["OUTPUT0"]
+        out = c.infer("identity_fp32", {"INPUT0": device_array(other)}, copy=False, slot_timeout=0)["OUTPUT0"]
         np.testing.assert_array_equal(out.get(), other)
         assert len(pool_of(c, "identity_fp32").regions) == 2
         del out, capsule  # the capsule's deleter runs in C and wakes nobody: the pool looks again
@@ -344,7 +345,7 @@ def test_at_the_byte_cap_a_request_waits_for_a_dlpack_tensor_to_go(url):
         capsule = view.__dlpack__()
         del view
         with pytest.raises(tritonshm.PoolExhausted, match="byte cap"):
-            c.infer("identity_fp32", {"INPUT0": device_array(data)}, timeout=0.05)
+            c.infer("identity_fp32", {"INPUT0": device_array(data)}, slot_timeout=0.05)
         # Nothing wakes the waiter when a DLPack deleter runs (in C, on any thread):
         # the pool looks again every few milliseconds.
         holder = [capsule]
@@ -352,7 +353,7 @@ def test_at_the_byte_cap_a_request_waits_for_a_dlpack_tensor_to_go(url):
         timer = threading.Timer(0.2, holder.clear)
         timer.start()
         waited = time.monotonic()
-        out = c.infer("identity_fp32", {"INPUT0": device_array(data)}, timeout=60)["OUTPUT0"]
+        out = c.infer("identity_fp32", {"INPUT0": device_array(data)}, slot_timeout=60)["OUTPUT0"]
         waited = time.monotonic() - waited
         timer.join()
         assert waited < 30  # it was let in when the tensor went, not at its timeout
@@ -452,10 +453,10 @@ def test_aio_waits_for_a_dlpack_tensor_to_go_at_the_byte_cap(url):
             holder = [view.__dlpack__()]
             del view
             with pytest.raises(tritonshm.PoolExhausted, match="byte cap"):
-                await c.infer("identity_fp32", {"INPUT0": device_array(data)}, timeout=0.05)
+                await c.infer("identity_fp32", {"INPUT0": device_array(data)}, slot_timeout=0.05)
             asyncio.get_running_loop().call_later(0.2, holder.clear)  # the tensor goes; nobody is told
             started = time.monotonic()
-            out = (await c.infer("identity_fp32", {"INPUT0": device_array(data)}, timeout=60))["OUTPUT0"]
+            out = (await c.infer("identity_fp32", {"INPUT0": device_array(data)}, slot_timeout=60))["OUTPUT0"]
             assert time.monotonic() - started < 30  # let in when the tensor went, not at its timeout
             np.testing.assert_array_equal(out.get(), data)
 
@@ -522,7 +523,7 @@ def test_a_blocked_thread_is_let_in_when_a_held_cuda_slot_comes_free(url):
         del out
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(lambda: c.infer("identity_fp32", {"INPUT0": device_array(data)},
-                                                  timeout=60)["OUTPUT0"].get())
+                                                  slot_timeout=60)["OUTPUT0"].get())
             time.sleep(0.2)
             req.close()  # the request goes; the slot is now held by the DLPack tensor only
             del req
@@ -613,3 +614,26 @@ def test_aio_cancelled_during_registration_leaves_nothing_registered_behind(url,
     name = asyncio.run(scenario())
     with tritonshm.Client(fake_cuda_server.grpc_url) as probe:
         assert name not in tritonshm.status(probe.tritonclient, kind="cuda")
+
+
+# -- BF16: torch's bfloat16 through DLPack (kDLBfloat, 16) -----------------------------------------
+
+def test_a_torch_bfloat16_tensor_goes_through_cuda_slots_and_comes_back_bfloat16(url, torch_like):
+    """torch exports bfloat16 by DLPack only (its CUDA Array Interface refuses it): the client
+    takes it as ml_dtypes' bfloat16, Triton's BF16, and gives back a tensor of the same dtype."""
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    data = sample(bf16, 777)
+    with tritonshm.Client(url) as c:
+        tensor = torch_like.from_numpy(data, device=0)
+        assert cuda.describe(tensor) == (bf16, (777,), 0)
+        out = c.infer("identity_bf16", {"INPUT0": tensor})["OUTPUT0"]
+        assert isinstance(out, cuda.CudaArray) and out.dtype == bf16  # torch's own: test_client_cuda_gpu
+        np.testing.assert_array_equal(out.get(), data)
+        del out
+        assert [p.memory for p in c.pools()] == ["cuda:0"]
+        with c.request("identity_bf16", shapes={"INPUT0": (777,)}, device="cuda:0") as req:
+            torch_like.from_dlpack(req.inputs["INPUT0"]).copy_(data)
+            view = req.run()["OUTPUT0"]
+            assert isinstance(view, cuda.CudaArray) and view.dtype == bf16
+            np.testing.assert_array_equal(view.get(), data)
+            del view

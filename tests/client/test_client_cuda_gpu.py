@@ -11,6 +11,7 @@ import concurrent.futures
 import gc
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -22,9 +23,22 @@ from triton_fixtures import NUMERIC_IDENTITY_MODELS, client_url, sample, start_o
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu")]
 
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
 
 def _on_gpu(torch, data: np.ndarray):
+    if data.dtype == BFLOAT16:  # torch takes no ml_dtypes array: the same bits, as torch.bfloat16
+        return torch.from_numpy(np.ascontiguousarray(data).view(np.int16)).view(torch.bfloat16).to("cuda:0")
     return torch.from_numpy(np.ascontiguousarray(data)).to("cuda:0")
+
+
+def _on_host(tensor) -> np.ndarray:
+    """A torch tensor's values as numpy (bfloat16 as ml_dtypes', which torch's numpy() refuses)."""
+    import torch
+
+    if tensor.dtype == torch.bfloat16:
+        return tensor.cpu().view(torch.int16).numpy().view(BFLOAT16)
+    return tensor.cpu().numpy()
 
 
 @pytest.mark.parametrize("model, dtype", sorted(NUMERIC_IDENTITY_MODELS.items()))
@@ -33,7 +47,8 @@ def test_torch_round_trip_for_every_dtype(server, protocol, torch, model, dtype)
     with tritonshm.Client(client_url(server, protocol)) as c:
         out = c.infer(model, {"INPUT0": _on_gpu(torch, data)})["OUTPUT0"]
         assert isinstance(out, torch.Tensor) and out.is_cuda
-        np.testing.assert_array_equal(out.cpu().numpy(), data)
+        assert _on_host(out).dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(_on_host(out), data)
         assert [(p.model, p.memory) for p in c.pools()] == [(model, "cuda:0")]
 
 

@@ -105,7 +105,7 @@ def test_a_refused_unregistration_keeps_device_memory_for_the_server(url, fake_c
     from tritonshm.client._disposal import held_for_the_server
 
     data = sample(np.float32, 64)
-    c = tritonshm.Client(url, timeout=0.2)  # close() asks again for up to 0.2 s
+    c = tritonshm.Client(url, slot_timeout=0.2)  # close() asks again for up to 0.2 s
     c.infer("identity_fp32", {"INPUT0": device_array(data)})
     (name,) = c.pools()[0].regions
     real_unregister = triton.unregister
@@ -380,7 +380,7 @@ def test_device_memory_of_an_unreachable_server_is_parked_then_freed(url, fake_c
     from tritonshm.client import _disposal
     from tritonshm.errors import ServerUnavailable
 
-    c = tritonshm.Client(url, timeout=0.3)
+    c = tritonshm.Client(url, slot_timeout=0.3)
     c.infer("identity_fp32", {"INPUT0": device_array(sample(np.float32, 64))})
     (name,) = c.pools()[0].regions
     ptr = next(iter(live_pools(c).values())).extents[0].memory.region.ptr

@@ -233,7 +233,7 @@ def test_every_option_reaches_the_server(server, protocol):
     x = np.ones((1, 3), np.float32)
     with tritonshm.Client(url) as c:
         seen = echo(c.infer("echo_request", {"INPUT0": x}, parameters={"temperature": 0.5, "tag": "a"},
-                            priority=1, server_timeout=30_000_000, sequence_id=9, sequence_start=True))
+                            priority=1, timeout=30_000_000, sequence_id=9, sequence_start=True))
         assert seen["parameters"] == {"temperature": 0.5, "tag": "a"}
         assert seen["timeout"] == 30_000_000 and seen["correlation_id"] == 9 and seen["flags"] == 1
         plain = echo(c.infer("echo_request", {"INPUT0": x}))
@@ -247,13 +247,13 @@ def test_every_option_reaches_the_server(server, protocol):
 
 
 def test_a_server_timeout_that_passes_in_the_queue_is_the_servers_error(client):
-    """server_timeout is tritonclient's timeout (microseconds in the queue), not ours."""
+    """timeout is tritonclient's: the server's, in microseconds in the queue (not the wait for a slot)."""
     x = np.ones((1, 3), np.float32)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         busy = pool.submit(client.infer, "echo_request", {"INPUT0": x}, parameters={"delay_ms": 600})
         time.sleep(0.2)
         with pytest.raises(tritonshm.ServerError, match="(?i)timeout"):
-            client.infer("echo_request", {"INPUT0": x}, server_timeout=1000)
+            client.infer("echo_request", {"INPUT0": x}, timeout=1000)
         busy.result()
 
 

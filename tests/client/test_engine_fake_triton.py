@@ -131,7 +131,7 @@ def test_a_burst_of_cold_tasks_with_random_cancels_keeps_max_pool_bytes(fake_tri
 def test_kept_results_grow_the_pool_up_to_max_pool_bytes_then_pool_exhausted(fake_triton):
     fake = fake_triton
     extent = 2 * SLOT  # slots=2
-    with fake.client(slots=2, max_pool_bytes=3 * extent, timeout=0.2) as c:
+    with fake.client(slots=2, max_pool_bytes=3 * extent, slot_timeout=0.2) as c:
         kept = [c.infer("identity_fp32", {"INPUT0": data(i)}, copy=False)["OUTPUT0"] for i in range(6)]
         for i, view in enumerate(kept):
             np.testing.assert_array_equal(view, data(i))  # views of six slots of three extents
@@ -205,7 +205,7 @@ def test_a_burst_that_keeps_results_grows_within_max_pool_bytes(fake_triton):
         threading.Event().wait(holds[i])  # the caller keeps the view a moment
         np.testing.assert_array_equal(view, x)
 
-    with fake.client(max_pool_bytes=cap, timeout=10.0) as c, fake.sampling():
+    with fake.client(max_pool_bytes=cap, slot_timeout=10.0) as c, fake.sampling():
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
             for future in [pool.submit(one, i) for i in range(BURST)]:
                 future.result()
@@ -228,7 +228,7 @@ def test_aio_a_burst_that_keeps_results_grows_within_max_pool_bytes(fake_triton)
     cap = 4 * EXTENT
 
     async def main():
-        async with await fake.aio_client(max_pool_bytes=cap, timeout=10.0) as c:
+        async with await fake.aio_client(max_pool_bytes=cap, slot_timeout=10.0) as c:
             async def one(i):
                 x = data(i)
                 view = (await c.infer("identity_fp32", {"INPUT0": x}, copy=False))["OUTPUT0"]
@@ -249,7 +249,7 @@ def test_aio_a_burst_that_keeps_results_grows_within_max_pool_bytes(fake_triton)
 
 def test_two_models_share_the_cap(fake_triton):
     fake = fake_triton
-    with fake.client(max_pool_bytes=EXTENT, timeout=0.2) as c:
+    with fake.client(max_pool_bytes=EXTENT, slot_timeout=0.2) as c:
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(0)})["OUTPUT0"], data(0))
         two = {"INPUT0": np.ones(16, np.float32), "INPUT1": np.ones(16, np.float32)}
         with pytest.raises(PoolExhausted, match=rf"holds {EXTENT} of max_pool_bytes={EXTENT}.*'identity_fp32'"):
@@ -390,7 +390,7 @@ def test_aio_close_asks_again_while_the_server_says_in_use(fake_triton):
 
 def test_close_waits_for_requests_stalled_in_the_server(fake_triton):
     fake = fake_triton
-    c = fake.client(timeout=10.0)
+    c = fake.client(slot_timeout=10.0)
     c.infer("identity_fp32", {"INPUT0": data(0)})
     fake.stall()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -416,7 +416,7 @@ def test_aio_close_waits_for_tasks_stalled_in_the_server(fake_triton):
     fake = fake_triton
 
     async def main():
-        c = await fake.aio_client(timeout=10.0)
+        c = await fake.aio_client(slot_timeout=10.0)
         await c.infer("identity_fp32", {"INPUT0": data(0)})
         fake.stall()
         tasks = [asyncio.ensure_future(c.infer("identity_fp32", {"INPUT0": data(i)})) for i in range(4)]
@@ -452,7 +452,7 @@ def test_a_restart_in_the_middle_of_a_burst(fake_triton):
     """Requests stalled in the server when it restarts find their regions gone: they register
     them again (once: the others see "already") and every one is answered."""
     fake = fake_triton
-    with fake.client(max_pool_bytes=MAX_POOL_BYTES, timeout=10.0) as c:
+    with fake.client(max_pool_bytes=MAX_POOL_BYTES, slot_timeout=10.0) as c:
         c.infer("identity_fp32", {"INPUT0": data(0)})
         fake.stall()
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
@@ -543,7 +543,7 @@ def test_a_registration_that_fails_leaves_no_pool_and_the_next_request_makes_one
 def test_a_request_answered_after_close_gave_up_on_it_gets_a_tritonshm_error(monkeypatch):
     fake = FakeTriton.install(monkeypatch)  # not the fixture: closing under the server is the point
     try:
-        c = fake.client(timeout=0.1)
+        c = fake.client(slot_timeout=0.1)
         c.infer("identity_fp32", {"INPUT0": data(0)})
         fake.stall()
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -598,7 +598,7 @@ def test_aio_close_waits_for_cancelled_tasks_the_server_still_runs(fake_triton):
     fake = fake_triton
 
     async def main():
-        c = await fake.aio_client(timeout=10.0)
+        c = await fake.aio_client(slot_timeout=10.0)
         await c.infer("identity_fp32", {"INPUT0": data(0)})
         fake.stall()
         tasks = [asyncio.ensure_future(c.infer("identity_fp32", {"INPUT0": data(i)})) for i in range(4)]
@@ -643,7 +643,7 @@ def test_a_forgotten_aio_client_unregisters_at_garbage_collection(fake_triton):
 
 def test_a_larger_pool_blocked_by_kept_results_gets_pool_exhausted_in_time(fake_triton):
     fake = fake_triton
-    with fake.client(max_pool_bytes=2 * EXTENT, timeout=0.2) as c:
+    with fake.client(max_pool_bytes=2 * EXTENT, slot_timeout=0.2) as c:
         kept = [c.infer("identity_fp32", {"INPUT0": data(0)}, copy=False)["OUTPUT0"]]
         outcome = []
 
@@ -668,7 +668,7 @@ def test_aio_a_larger_pool_blocked_by_kept_results_gets_pool_exhausted_in_time(f
     fake = fake_triton
 
     async def main():
-        async with await fake.aio_client(max_pool_bytes=2 * EXTENT, timeout=0.2) as c:
+        async with await fake.aio_client(max_pool_bytes=2 * EXTENT, slot_timeout=0.2) as c:
             kept = [(await c.infer("identity_fp32", {"INPUT0": data(0)}, copy=False))["OUTPUT0"]]
             rescue = threading.Timer(1.0, kept.clear)  # a spinning loop blocks the event loop: drop them from a thread
             rescue.start()

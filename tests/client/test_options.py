@@ -239,8 +239,9 @@ def test_timeout():
     assert R(timeout=(1 << 63) - 1).timeout == (1 << 63) - 1
     refused(tritonshm.InvalidOption, "timeout must be >= 0 microseconds .*not -5", timeout=-5)
     refused(tritonshm.InvalidOption, "timeout must be >= 0 microseconds", timeout=1 << 63)
-    for bad in (False, 1.5, "10"):
-        refused(tritonshm.InvalidOptionType, r"timeout must be None or an int >= 0 \(microseconds\)", timeout=bad)
+    for bad in (False, 1.5, 0.5, 1e6, "10"):  # seconds (or anything but an int) name both meanings
+        refused(tritonshm.InvalidOptionType,
+                r"timeout is the server's timeout in microseconds .*None or an int >= 0.*slot_timeout=", timeout=bad)
 
 
 def test_client_timeout():

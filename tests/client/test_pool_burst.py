@@ -131,7 +131,7 @@ def test_a_larger_pool_waits_for_the_one_it_replaces_to_go(server, slot_memory_p
 def test_max_pool_bytes_is_for_the_whole_client(server, slot_memory_peak):
     """Two models, room for one pool: the second model's request waits for room, then gets
     PoolExhausted saying what holds the bytes -- never a second pool over the cap."""
-    with tritonshm.Client(server.grpc_url, max_pool_bytes=4 * 8192, timeout=0.2) as c:
+    with tritonshm.Client(server.grpc_url, max_pool_bytes=4 * 8192, slot_timeout=0.2) as c:
         a = sample(np.float32, ELEMENTS)
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": a})["OUTPUT0"], a)
         with pytest.raises(tritonshm.PoolExhausted, match=r"holds 32768 of max_pool_bytes=32768.*'identity_fp32'"):

@@ -18,6 +18,7 @@ import sys
 import threading
 import weakref
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -305,6 +306,18 @@ def test_dlpack_capsule_describes_the_view(fake_cuda):
         ptr, t, deleter = consume_dlpack(legacy, versioned=False)
         assert t.dl_tensor.data == c.ptr + 64
         deleter(ptr)
+        del v
+
+
+def test_a_bfloat16_view_exports_kdlbfloat_16(fake_cuda):
+    """ml_dtypes' bfloat16 (Triton's BF16) is DLPack's (kDLBfloat = 4, 16 bits), as torch's is."""
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    with tritonshm.CudaRegion.create(4096) as c:
+        v = c.view(bf16, (4,))
+        ptr, t, deleter = consume_dlpack(v.__dlpack__(max_version=(1, 0)))
+        assert (t.dl_tensor.code, t.dl_tensor.bits, t.dl_tensor.lanes) == (4, 16, 1)
+        deleter(ptr)
+        assert cuda.describe(v) == (bf16, (4,), 0)
         del v
 
 

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import pickle
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -24,7 +25,7 @@ from triton_fixtures import NUMERIC_IDENTITY_MODELS, make_client, sample, start_
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("gpu")]
 
 _TRITON_TYPES = {np.float32: "FP32", np.float16: "FP16", np.int8: "INT8", np.uint8: "UINT8",
-                 np.int32: "INT32", np.int64: "INT64", np.bool_: "BOOL"}
+                 np.int32: "INT32", np.int64: "INT64", np.bool_: "BOOL", ml_dtypes.bfloat16: "BF16"}
 
 
 def _free_bytes():
@@ -174,8 +175,8 @@ def test_describe_torch(torch):
     with pytest.raises(tritonshm.UnsupportedBuffer, match="C-contiguous"):
         cuda.describe(t.t())
     assert cuda.describe(torch.zeros(2, dtype=torch.bool, device="cuda"))[0] == np.dtype(np.bool_)
-    with pytest.raises(tritonshm.DTypeMismatch, match="numpy"):  # CAI refuses bfloat16; DLPack names it
-        cuda.describe(torch.zeros(2, dtype=torch.bfloat16, device="cuda"))
+    # torch's CAI refuses bfloat16; DLPack names it (kDLBfloat, 16): ml_dtypes' bfloat16
+    assert cuda.describe(torch.zeros(2, dtype=torch.bfloat16, device="cuda"))[:2] == (np.dtype(ml_dtypes.bfloat16), (2,))
 
 
 def test_describe_cupy(cupy):
@@ -384,7 +385,7 @@ def test_undersized_output_and_out_of_range_binds_are_refused_before_sending(ser
             tritonshm.bind_output(out, c, offset=0, nbytes=16)
             with pytest.raises(Exception) as raw:
                 client.infer("identity_fp32", [inp], outputs=[out])
-            assert isinstance(tritonshm.triton.translate_error(raw.value, "inferring"), tritonshm.OutputTooSmall)
+            assert isinstance(tritonshm.errors.translate_error(raw.value, "inferring"), tritonshm.OutputTooSmall)
         finally:
             tritonshm.unregister(client, name)
     client.close()

@@ -96,7 +96,7 @@ def test_undersized_output_region_gives_a_clear_error(triton_client, region):
         tritonshm.bind_output(out, region, PAGE, 8)  # the result needs 16
         with pytest.raises(InferenceServerException) as raw:
             client.infer("identity_fp32", [infer_input], outputs=[out])
-        err = triton.translate_error(raw.value, "inferring")
+        err = tritonshm.errors.translate_error(raw.value, "inferring")
         assert isinstance(err, tritonshm.OutputTooSmall)
         assert (err.output, err.needed) == ("OUTPUT0", 16)
         assert "needs 16 bytes" in str(err)
@@ -151,7 +151,7 @@ def test_infer_after_unregister_gives_a_clear_error(triton_client, region):
     tritonshm.unregister(client, name)
     with pytest.raises(InferenceServerException) as raw:
         client.infer("identity_fp32", [infer_input])
-    err = triton.translate_error(raw.value, "inferring")
+    err = tritonshm.errors.translate_error(raw.value, "inferring")
     assert isinstance(err, tritonshm.RegionNotRegistered)
     assert "register it again" in str(err)
     with pytest.raises(tritonshm.RegionNotRegistered):

@@ -32,6 +32,7 @@ from ._tshm cimport (
     DLManagedTensorVersioned,
     DLTensor,
     DLPACK_FLAG_BITMASK_READ_ONLY,
+    kDLBfloat,
     kDLBool,
     kDLComplex,
     kDLCPU,
@@ -50,6 +51,7 @@ from ._tshm cimport (
 
 import numpy as np
 
+from .._dtypes import BFLOAT16
 from ..errors import DLPackError, DTypeMismatch, Error, UnsupportedBuffer
 
 __all__ = ["Imported", "check_request", "dl_dtype", "numpy_dtype", "import_device", "KDL_CPU", "KDL_CUDA"]
@@ -81,6 +83,8 @@ def numpy_dtype(int code, int bits):
     """The numpy dtype of DLPack's ``(code, bits)`` (one lane), else DTypeMismatch."""
     if code == kDLBool and bits == 8:
         return np.dtype(np.bool_)
+    if code == kDLBfloat and bits == 16:
+        return BFLOAT16  # ml_dtypes.bfloat16: torch's bfloat16, Triton's BF16
     kind = _KINDS.get(code)
     if kind is not None and bits % 8 == 0:
         try:
@@ -88,15 +92,18 @@ def numpy_dtype(int code, int bits):
         except TypeError:
             pass
     raise DTypeMismatch(f"DLPack dtype (code {code}, {bits} bits) has no numpy equivalent "
-                        f"(bfloat16 and other formats numpy lacks)")
+                        f"(formats neither numpy nor ml_dtypes' bfloat16 has)")
 
 
 def dl_dtype(dtype):
     """``(code, bits)`` of a numpy dtype DLPack can describe, else DTypeMismatch."""
     dt = np.dtype(dtype)
+    if dt == BFLOAT16:
+        return kDLBfloat, 16
     code = _CODES.get(dt.kind)
     if code is None or not dt.isnative and dt.itemsize > 1:
-        raise DTypeMismatch(f"dtype {dt} has no DLPack equivalent (bool, int, uint, float, complex only)")
+        raise DTypeMismatch(f"dtype {dt} has no DLPack equivalent (bool, int, uint, float, bfloat16, "
+                            f"complex only)")
     return code, dt.itemsize * 8
 
 

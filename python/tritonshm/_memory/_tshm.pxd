@@ -124,6 +124,7 @@ cdef extern from "tshm_dlpack.h" nogil:
         kDLInt
         kDLUInt
         kDLFloat
+        kDLBfloat
         kDLComplex
         kDLBool
     enum: DLPACK_FLAG_BITMASK_READ_ONLY

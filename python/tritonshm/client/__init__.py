@@ -28,7 +28,7 @@ How it works:
   (within ``max_pool_bytes``, the whole client's memory at every instant) instead of
   waiting; idle surplus goes back.
 * **Backpressure.**  When requests in flight fill the pool, a request
-  waits up to its timeout, then raises :class:`~tritonshm.PoolExhausted`.
+  waits up to its slot_timeout, then raises :class:`~tritonshm.PoolExhausted`.
 * **GPU tensors.**  Device inputs (CUDA Array Interface or DLPack) go
   through pools of CUDA slots with one device-to-device copy; results land
   where the inputs were, or where ``output_device`` says.  Where the server

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import functools
 import weakref
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from .. import _http1, _transport, triton
 from ..errors import ServerTimeout
@@ -86,7 +86,7 @@ class AsyncDriver:
             step = advance(steps, *await self._carry_out(steps, step))
         return step.value
 
-    async def iterate(self, steps: Steps) -> AsyncIterator[Any]:
+    async def iterate(self, steps: Steps) -> AsyncGenerator[Any, None]:
         """Carry out *steps*, yielding the values they :class:`Emit`; closing the iterator (or
         cancelling the task that awaits it) closes the steps."""
         step = advance(steps)
@@ -228,7 +228,7 @@ class Client:
     transport = engine_setting("transport", '"auto", "shm", "wire" or "cuda", as given.')
     slots = engine_setting("slots", "The slots a pool starts with.")
     max_pool_bytes = engine_setting("max_pool_bytes", "The most slot memory this client holds at any instant.")
-    timeout = engine_setting("timeout", "How long a request waits for a slot (None: for ever).")
+    slot_timeout = engine_setting("slot_timeout", "How long a request waits for a slot, in seconds (None: for ever).")
     by_reference = engine_setting("by_reference", "Whether GPU tensors are sent where they are (lent).")
     max_lent_bytes = engine_setting("max_lent_bytes", "The most bytes of the caller's GPU allocations registered.")
 
@@ -277,7 +277,7 @@ class Client:
         return engine.cached_model(model, version) or await self._driver.drive(engine.model_steps(model, version))
 
     def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
-              version: str = "", copy: bool = True, timeout: float | None = None,
+              version: str = "", copy: bool = True, slot_timeout: float | None = None,
               output_device: str | int = "auto", out: Mapping[str, Any] | None = None,
               **options: Any) -> Awaitable[dict[str, Any]]:
         """Like :meth:`tritonshm.Client.infer`; chunks of a large batch run concurrently.
@@ -286,19 +286,19 @@ class Client:
         and request options checked, when this is called, on the calling
         thread (the order point of the contract), not when the result is awaited.
         """
-        return self._infer(model, _devices.capture_inputs(inputs), outputs, version, copy, timeout,
+        return self._infer(model, _devices.capture_inputs(inputs), outputs, version, copy, slot_timeout,
                            output_device, self._engine.request_options(options), _devices.capture_out(out))
 
     async def _infer(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
-                     copy: bool, timeout: float | None, output_device: str | int,
+                     copy: bool, slot_timeout: float | None, output_device: str | int,
                      options: RequestOptions | None, out: Mapping[str, Any] | None = None) -> dict[str, Any]:
         engine, drive = self._engine, self._driver.drive
         info = await self.model_info(model, version)
         signature, quick = (None, None) if out is not None else \
-            engine.quick_plan(info, inputs, outputs, copy, output_device, timeout, options)
+            engine.quick_plan(info, inputs, outputs, copy, output_device, slot_timeout, options)
         if quick is not None:  # seen before: checked then, planned then
             return await drive(engine.quick_steps(quick, inputs))
-        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout, options, out=out)
+        plan = engine.plan(info, inputs, outputs, copy, output_device, slot_timeout, options, out=out)
         if signature is not None:
             engine.remember_quick(signature, plan)
         if len(plan.chunks) == 1:
@@ -309,7 +309,7 @@ class Client:
         return _intake.join_chunks(parts, plan.names, plan.route.results, rows[0])
 
     def stream(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
-               version: str = "", timeout: float | None = None,
+               version: str = "", slot_timeout: float | None = None,
                output_device: str | int = "auto", **options: Any) -> AsyncIterator[dict[str, Any]]:
         """Like :meth:`tritonshm.Client.stream`: an async iterator of the responses' outputs.
 
@@ -318,35 +318,36 @@ class Client:
         ``async for`` early) drops the rest; the slot comes back once the
         server has finished the request.
         """
-        return self._stream(model, _devices.capture_inputs(inputs), outputs, version, timeout, output_device,
+        return self._stream(model, _devices.capture_inputs(inputs), outputs, version, slot_timeout, output_device,
                             self._engine.request_options(options))
 
     async def _stream(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
-                      timeout: float | None, output_device: str | int,
+                      slot_timeout: float | None, output_device: str | int,
                       options: RequestOptions | None) -> AsyncIterator[dict[str, Any]]:
         engine = self._engine
         info = await self.model_info(model, version)
-        plan = engine.stream_plan(info, inputs, outputs, output_device, timeout, options)
+        plan = engine.stream_plan(info, inputs, outputs, output_device, slot_timeout, options)
         async with contextlib.aclosing(self._driver.iterate(engine.stream_steps(plan))) as responses:
             async for outputs_of_one in responses:
                 yield outputs_of_one
 
     async def request(self, model: str, batch_size: int | None = None, *,
                       shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",
-                      timeout: float | None = None, device: str | int | None = None) -> Request:
+                      slot_timeout: float | None = None, device: str | int | None = None,
+                      **misplaced: Any) -> Request:
         """Like :meth:`tritonshm.Client.request`; the request's ``run()`` returns an awaitable."""
         engine = self._engine
+        engine.refuse_lease_options(misplaced)
         info = await self.model_info(model, version)
         full = engine.request_shapes(info, batch_size, shapes)
         kind = engine.routing.request_memory(info, device)
-        wait = engine.timeout if timeout is None else timeout
-        lease = await self._driver.drive(engine.request_steps(info, full, wait, kind))
+        lease = await self._driver.drive(engine.request_steps(info, full, engine.slot_wait(slot_timeout), kind))
         return Request(SlotRequest(engine, info, lease, full), self._driver)
 
     async def close(self) -> None:
         """Unregister and unlink this client's regions, close its connections; idempotent.
 
-        Requests in flight are waited for (up to the client's *timeout*), as
+        Requests in flight are waited for (up to the client's *slot_timeout*), as
         with :meth:`tritonshm.Client.close`.
         """
         engine = self._engine
@@ -354,9 +355,9 @@ class Client:
             return
         self._finalizer.detach()
         try:
-            await self._until_idle(engine.timeout)  # in-flight requests finish on the memory they use
+            await self._until_idle(engine.slot_timeout)  # in-flight requests finish on the memory they use
             await self._driver.close_wire()  # streams still open end with ClientClosed; their slots come back
-            settle = SETTLE_SECONDS if engine.timeout is None else min(engine.timeout, SETTLE_SECONDS)
+            settle = SETTLE_SECONDS if engine.slot_timeout is None else min(engine.slot_timeout, SETTLE_SECONDS)
             await self._driver.drive(engine.release_steps(settle))
             engine.hold_refused()  # device memory the server still refuses: never freed under it
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import queue
 import time
 import weakref
@@ -177,6 +178,11 @@ class BlockingDriver:
         self.connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0))
 
 
+def _unregister_now(tc: Any, name: str) -> Any:
+    """Unregister *name* on tritonclient *tc* at once: the steps themselves decide when to ask again."""
+    return triton.unregister(tc, name, patience=0.0)
+
+
 def release_everything(driver: BlockingDriver, engine: Engine, workers: dict[str, Workers], wait: bool,
                        settle: float = _SETTLE_AT_EXIT) -> None:
     """Stop the threads, unregister and close every pool, close the connections.
@@ -203,10 +209,10 @@ def _carry_out_unregisters(connector: Connector, steps: Steps) -> None:
     while not isinstance(step, Done):
         try:
             if isinstance(step, Pause):
-                outcome, failure = time.sleep(step.seconds), None
+                time.sleep(step.seconds)
+                outcome, failure = None, None
             else:
-                outcome, failure = connector.call(
-                    lambda tc, name=step.name: triton.unregister(tc, name, patience=0.0)), None
+                outcome, failure = connector.call(functools.partial(_unregister_now, name=step.name)), None
         except Exception as exc:
             outcome, failure = None, exc
         step = advance(steps, outcome, failure)
@@ -224,8 +230,10 @@ class Client:
     back) or ``"wire"`` (plain gRPC/HTTP).  *slots* is the number of slots a pool
     starts with; it grows past that only to make room for results the
     caller keeps, within *max_pool_bytes*: every pool of the client together (registered,
-    being registered, retired but not yet dropped), at every instant.  *timeout* is how long
-    a request waits for a slot before :class:`~tritonshm.PoolExhausted`.
+    being registered, retired but not yet dropped), at every instant.  *slot_timeout* is how
+    long a request waits for a slot, in seconds, before :class:`~tritonshm.PoolExhausted`
+    (None: for ever) -- not tritonclient's ``timeout``, which calls take: the server's, in
+    microseconds.
     *connect_options* go to tritonclient's client constructor as they are
     (e.g. ``root_certificates`` for gRPC over TLS).  *pinned* page-locks the
     slot pools for CUDA (``True``: with device 0's context; or a device
@@ -244,17 +252,17 @@ class Client:
     transport = engine_setting("transport", '"auto", "shm", "wire" or "cuda", as given.')
     slots = engine_setting("slots", "The slots a pool starts with.")
     max_pool_bytes = engine_setting("max_pool_bytes", "The most slot memory this client holds at any instant.")
-    timeout = engine_setting("timeout", "How long a request waits for a slot (None: for ever).")
+    slot_timeout = engine_setting("slot_timeout", "How long a request waits for a slot, in seconds (None: for ever).")
     by_reference = engine_setting("by_reference", "Whether GPU tensors are sent where they are (lent).")
     max_lent_bytes = engine_setting("max_lent_bytes", "The most bytes of the caller's GPU allocations registered.")
 
     def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
-                 max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0, verbose: bool = False,
+                 max_pool_bytes: int = 1 << 30, slot_timeout: float | None = 60.0, verbose: bool = False,
                  connect_options: Mapping[str, Any] | None = None, pinned: bool | int = False,
                  headers: Mapping[str, str] | None = None, by_reference: bool = True,
                  max_lent_bytes: int = 2 << 30):
         self._engine = engine = Engine(url, aio=False, transport=transport, slots=slots,
-                                       max_pool_bytes=max_pool_bytes, timeout=timeout, verbose=verbose,
+                                       max_pool_bytes=max_pool_bytes, slot_timeout=slot_timeout, verbose=verbose,
                                        connect_options=connect_options, pinned=pinned, headers=headers,
                                        by_reference=by_reference, max_lent_bytes=max_lent_bytes)
         connector = Connector(engine.connect, engine.wire.http, io_threads=slots)
@@ -320,7 +328,7 @@ class Client:
     # -- inference --------------------------------------------------------
 
     def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
-              version: str = "", copy: bool = True, timeout: float | None = None,
+              version: str = "", copy: bool = True, slot_timeout: float | None = None,
               output_device: str | int = "auto", out: Mapping[str, Any] | None = None,
               **options: Any) -> dict[str, Any]:
         """Run *model* on *inputs* (name -> array) and return its outputs.
@@ -345,28 +353,28 @@ class Client:
         results are wanted, they are copies all the same.  *out* names GPU
         tensors the caller allocated (output name -> tensor, of the output's
         dtype and shape, where the results go) for the server to write in
-        place; they are what is returned for those outputs.  *timeout* bounds
-        the wait for a slot (default: the client's).
+        place; they are what is returned for those outputs.  *slot_timeout*
+        bounds the wait for a slot, in seconds (default: the client's).
 
         Per-request options take tritonclient's names and meanings
-        (:class:`~tritonshm.RequestOptions`): ``parameters``, ``priority``,
-        ``client_timeout``, ``headers``, ``compression_algorithm`` (gRPC) or
-        ``request_compression_algorithm`` / ``response_compression_algorithm``
-        (HTTP), ``sequence_id``, ``sequence_start``, ``sequence_end``,
-        ``idempotent`` (tritonshm's own: False never sends the request twice) -- and
-        ``server_timeout`` for tritonclient's ``timeout`` (microseconds in the
-        server's queue), since *timeout* here is the wait for a slot; or
-        ``options=`` a prepared :class:`~tritonshm.RequestOptions`.  They are
+        (:class:`~tritonshm.RequestOptions`): ``timeout`` (the server's, in
+        microseconds: how long the request may wait in the model's queue),
+        ``parameters``, ``priority``, ``client_timeout``, ``headers``,
+        ``compression_algorithm`` (gRPC) or ``request_compression_algorithm``
+        / ``response_compression_algorithm`` (HTTP), ``sequence_id``,
+        ``sequence_start``, ``sequence_end``, ``idempotent`` (tritonshm's own:
+        False never sends the request twice); or ``options=`` a prepared
+        :class:`~tritonshm.RequestOptions`.  They are
         checked before anything is sent; the client's *headers* come first.
         """
         engine, drive = self._engine, self._driver.drive
         info = self.model_info(model, version)
         checked = engine.request_options(options)
         signature, quick = (None, None) if out is not None else \
-            engine.quick_plan(info, inputs, outputs, copy, output_device, timeout, checked)
+            engine.quick_plan(info, inputs, outputs, copy, output_device, slot_timeout, checked)
         if quick is not None:  # seen before: checked then, planned then
             return drive(engine.quick_steps(quick, inputs))
-        plan = engine.plan(info, inputs, outputs, copy, output_device, timeout, checked, out=out)
+        plan = engine.plan(info, inputs, outputs, copy, output_device, slot_timeout, checked, out=out)
         if signature is not None:
             engine.remember_quick(signature, plan)
         if len(plan.chunks) == 1:
@@ -378,7 +386,7 @@ class Client:
         return _intake.join_chunks([f.result() for f in futures], plan.names, plan.route.results, rows[0])
 
     def stream(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
-               version: str = "", timeout: float | None = None,
+               version: str = "", slot_timeout: float | None = None,
                output_device: str | int = "auto", **options: Any) -> Iterator[dict[str, Any]]:
         """Send one request on the client's gRPC stream; an iterator of its responses' outputs.
 
@@ -400,7 +408,8 @@ class Client:
         """
         engine = self._engine
         info = self.model_info(model, version)
-        plan = engine.stream_plan(info, inputs, outputs, output_device, timeout, engine.request_options(options))
+        plan = engine.stream_plan(info, inputs, outputs, output_device, slot_timeout,
+                                  engine.request_options(options))
         return self._driver.iterate(engine.stream_steps(plan))
 
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
@@ -417,21 +426,25 @@ class Client:
 
     def request(self, model: str, batch_size: int | None = None, *,
                 shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",
-                timeout: float | None = None, device: str | int | None = None) -> Request:
+                slot_timeout: float | None = None, device: str | int | None = None,
+                **misplaced: Any) -> Request:
         """Lease a slot for a zero-copy request (see :class:`Request`).
 
         *batch_size* is required for batching models; *shapes* gives the
-        full shape of inputs whose dims are variable.  *device* (``"cuda"``,
+        full shape of inputs whose dims are variable; *slot_timeout* bounds
+        the wait for the slot, in seconds (default: the client's).  Request
+        options (``timeout``, ``priority``, ...) go to :meth:`Request.run`,
+        which sends the request.  *device* (``"cuda"``,
         ``"cuda:N"``) puts the slot in GPU memory: the inputs and outputs are
         :class:`~tritonshm.CudaArray` views to fill and read in place (e.g.
         ``torch.from_dlpack(req.inputs["INPUT0"])``).
         """
         engine = self._engine
+        engine.refuse_lease_options(misplaced)
         info = self.model_info(model, version)
         full = engine.request_shapes(info, batch_size, shapes)
         kind = engine.routing.request_memory(info, device)
-        wait = engine.timeout if timeout is None else timeout
-        lease = self._driver.drive(engine.request_steps(info, full, wait, kind))
+        lease = self._driver.drive(engine.request_steps(info, full, engine.slot_wait(slot_timeout), kind))
         return Request(SlotRequest(engine, info, lease, full), self._driver)
 
     # -- lifetime ---------------------------------------------------------
@@ -440,7 +453,7 @@ class Client:
         """Unregister and unlink this client's regions and close its connections; idempotent.
 
         New requests are refused at once; requests already in flight (on any
-        thread) are waited for -- up to the client's *timeout* -- before the
+        thread) are waited for -- up to the client's *slot_timeout* -- before the
         memory they use is unregistered.  Device memory the server refuses
         to unregister (it may still be reading it) is never freed under it.
         Result views handed out earlier stay valid: they keep their memory.
@@ -450,12 +463,13 @@ class Client:
             return
         for group in list(self._workers.values()):
             group.shutdown()  # finish what was submitted, while the pools still exist
-        engine.wait_idle(engine.timeout)
+        engine.wait_idle(engine.slot_timeout)
         self._driver.close_wire()  # streams still open end with ClientClosed; their slots come back
         detached = self._finalizer.detach()
         if detached is not None:
-            _, release, args, _ = detached
-            release(*args, settle=SETTLE_SECONDS if engine.timeout is None else min(engine.timeout, SETTLE_SECONDS))
+            release: Callable[..., None] = detached[1]  # release_everything(driver, engine, workers, wait)
+            release(*detached[2], settle=SETTLE_SECONDS if engine.slot_timeout is None
+                    else min(engine.slot_timeout, SETTLE_SECONDS))
 
     def __enter__(self) -> "Client":
         return self

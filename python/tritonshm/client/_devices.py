@@ -27,6 +27,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from .. import _dtypes
 from .._memory._capture import capture, describe
 from .._memory._copy import copy
 from .._memory._cuda_array import empty as cuda_empty
@@ -203,6 +204,8 @@ def parse_device(device: Any, what: str) -> int | None:
 def _torch_dtype(dtype: np.dtype) -> Any:
     import torch
 
+    if dtype == _dtypes.BFLOAT16:  # ml_dtypes' bfloat16, which torch's numpy mapping does not know
+        return torch.bfloat16
     return torch.from_numpy(np.empty(0, dtype)).dtype  # torch's own numpy mapping
 
 
@@ -254,6 +257,7 @@ def current_stream_event(device: int, stream: Any = None) -> Any:
     """An event marking the work queued so far on *stream* (a Stream, a handle, or an object with
     ``cuda_stream`` / ``ptr``: torch's and cupy's streams) or, by default, on the calling thread's
     current stream for *device* (torch's or cupy's notion of it where they are loaded)."""
+    handle: Any
     if stream is None:
         handle = current_stream(device)
     elif isinstance(stream, int) and not isinstance(stream, bool):

@@ -26,6 +26,7 @@ from ..errors import (
     ClientClosed,
     DTypeMismatch,
     InvalidOption,
+    InvalidOptionType,
     OutputTooSmall,
     PoolExhausted,
     RegionNotRegistered,
@@ -37,7 +38,7 @@ from . import _bytes, _devices, _intake, _messages
 from ._devices import DeviceTensor, OutTensor, Placement
 from ._lent import Lent, LentAllocations, LentInfo, LentStats
 from ._model import ModelInfo, shape_fits
-from ._options import RequestOptions
+from ._options import RequestOptions, check_slot_timeout
 from ._plan import Plan, Routing
 from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool, register_again_steps
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
@@ -145,7 +146,7 @@ class Engine:
     """
 
     def __init__(self, url: str = "localhost:8001", *, aio: bool = False, transport: str = "auto",
-                 slots: int = 4, max_pool_bytes: int = 1 << 30, timeout: float | None = 60.0,
+                 slots: int = 4, max_pool_bytes: int = 1 << 30, slot_timeout: float | None = 60.0,
                  verbose: bool = False, connect_options: Mapping[str, Any] | None = None,
                  pinned: bool | int = False, headers: Mapping[str, str] | None = None,
                  by_reference: bool = True, max_lent_bytes: int = 2 << 30):
@@ -153,8 +154,7 @@ class Engine:
             raise InvalidOption(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise InvalidOption(f"slots must be an int >= 1, not {slots!r}")
-        if timeout is not None and not timeout >= 0:
-            raise InvalidOption(f"timeout must be None or >= 0 seconds, not {timeout!r}")
+        slot_timeout = check_slot_timeout(slot_timeout)
         if not isinstance(by_reference, bool):
             raise InvalidOption(f"by_reference must be True or False, not {by_reference!r}")
         if isinstance(max_lent_bytes, bool) or not isinstance(max_lent_bytes, int) or max_lent_bytes < 0:
@@ -172,7 +172,7 @@ class Engine:
         self.slots = slots
         self.max_pool_bytes = max_pool_bytes
         self.budget = ByteBudget(max_pool_bytes)  # every pool's extents together, at every instant
-        self.timeout = timeout
+        self.slot_timeout = slot_timeout
         self.wire, self._address, self._ssl = _transport.parse_url(url, aio=aio)
         self._verbose = verbose
         self._connect_options = dict(connect_options or {})
@@ -546,18 +546,34 @@ class Engine:
 
     # -- requests ---------------------------------------------------------
 
+    def slot_wait(self, slot_timeout: float | None) -> float | None:
+        """How long one call waits for a slot: its own *slot_timeout* (checked), else the client's."""
+        return self.slot_timeout if slot_timeout is None else check_slot_timeout(slot_timeout)
+
+    @staticmethod
+    def refuse_lease_options(given: Mapping[str, Any]) -> None:
+        """``request()`` leases a slot and sends nothing: request options (``timeout``, the
+        server's, included) belong to its ``run()``."""
+        if given:
+            raise InvalidOptionType(
+                f"request() takes no request options ({', '.join(sorted(given))}): give them to its run(), "
+                f"which sends the request (timeout= there is the server's, in microseconds); request()'s "
+                f"wait for a slot, in seconds, is slot_timeout=")
+
     def request_options(self, given: Mapping[str, Any]) -> RequestOptions | None:
         """The options of one call, checked for this client's protocol before anything is sent:
-        its keyword arguments (tritonclient's names -- but ``server_timeout`` for tritonclient's
-        ``timeout``, which on our calls is the wait for a slot) and ``options=`` (a
-        :class:`RequestOptions`), over the client's defaults.  None when there are none."""
+        its keyword arguments (tritonclient's names and meanings: ``timeout`` is the server's, in
+        microseconds) and ``options=`` (a :class:`RequestOptions`), over the client's defaults.
+        None when there are none."""
         defaults = self._default_options
         if not given:
             return defaults
         given = dict(given)
         base = given.pop("options", None)
         if "server_timeout" in given:
-            given["timeout"] = given.pop("server_timeout")
+            raise InvalidOptionType(f"server_timeout is now timeout={given['server_timeout']!r} (the server's "
+                                    f"timeout in microseconds, as in tritonclient); the wait for a slot, in "
+                                    f"seconds, is slot_timeout")
         options = RequestOptions.of(base, **given)
         if defaults is not None:
             options = defaults.merged(options)
@@ -571,12 +587,12 @@ class Engine:
         return options
 
     def plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
-             copy: bool, output_device: Any = "auto", timeout: float | None = None,
+             copy: bool, output_device: Any = "auto", slot_timeout: float | None = None,
              options: RequestOptions | None = None, streamed: bool = False,
              out: Mapping[str, Any] | None = None) -> Plan:
         """The request's :class:`Plan`: checked inputs split into chunks of at most
         ``max_batch_size``, the output names, the route of its tensors, the wait
-        for a slot (*timeout*, default the client's), and the results the caller
+        for a slot (*slot_timeout*, default the client's), and the results the caller
         allocated (*out*: output name -> GPU tensor, written in place)."""
         arrays, batch = _intake.check_inputs(info, inputs)
         names = _intake.output_names(info, outputs)
@@ -593,18 +609,18 @@ class Engine:
         given = _devices.capture_out(out)
         if given:
             _intake.check_out(info, given, names, chunks, route.results, copy)
-        return Plan(info, chunks, names, route, copy, self.timeout if timeout is None else timeout, options,
+        return Plan(info, chunks, names, route, copy, self.slot_wait(slot_timeout), options,
                     given or None)
 
     def stream_plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
-                    output_device: Any = "auto", timeout: float | None = None,
+                    output_device: Any = "auto", slot_timeout: float | None = None,
                     options: RequestOptions | None = None) -> Plan:
         """The :class:`Plan` of a streamed request: one request (never split: a decoupled model's
         responses belong to the request that asked), outputs copied out of each response."""
         if self.wire.http:
             raise InvalidOption(f"streaming needs gRPC (Triton streams only over ModelStreamInfer), "
                                 f"but this client's URL {self.url!r} is HTTP")
-        plan = self.plan(info, inputs, outputs, True, output_device, timeout, options, streamed=True)
+        plan = self.plan(info, inputs, outputs, True, output_device, slot_timeout, options, streamed=True)
         if len(plan.chunks) > 1:
             rows = sum(len(next(iter(chunk.values()))) for chunk in plan.chunks)
             raise ShapeMismatch(f"a streamed request is one request: model {info.name!r} takes at most "
@@ -628,7 +644,7 @@ class Engine:
                 yield from self._lend_steps(plan, arrays, lent)
             for attempt in range(_GROW_ATTEMPTS):
                 lease = None if self._wire_only else (
-                    yield from self._lease_steps(info, needs, plan.timeout, not plan.copy, route.memory))
+                    yield from self._lease_steps(info, needs, plan.slot_timeout, not plan.copy, route.memory))
                 if lease is None:
                     inputs, requested = _messages.wire_request(self.wire, info, arrays, names)
                     result = yield Send(info.name, info.version, inputs, requested, plan.options)
@@ -728,7 +744,7 @@ class Engine:
     # -- the quick path -----------------------------------------------------
 
     def quick_plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
-                   copy: bool, output_device: Any, timeout: float | None,
+                   copy: bool, output_device: Any, slot_timeout: float | None,
                    options: RequestOptions | None) -> tuple[Any, QuickPlan | None]:
         """A request seen before, when it may take :meth:`quick_steps`: ``(signature,
         QuickPlan)``; ``(signature, None)`` when it may but was not seen (then
@@ -738,7 +754,7 @@ class Engine:
         results where they were, no options: the common case, where checking and
         planning again cost as much as the rest of the call.
         """
-        if options is not None or not copy or output_device != "auto" or timeout is not None \
+        if options is not None or not copy or output_device != "auto" or slot_timeout is not None \
                 or self._wire_only or self.routing.transport == "cuda" or len(inputs) > 8:
             return None, None
         signature: list[Any] = [info.name, info.version, None if outputs is None else tuple(outputs)]
@@ -882,7 +898,7 @@ class Engine:
                 if plan.route.lent and not self._wire_only and not self._cuda_refused:
                     yield from self._lend_steps(plan, arrays, lent)
                 lease = None if self._wire_only else (
-                    yield from self._lease_steps(info, self._needs(info, shapes, bytes_sizes), plan.timeout, False,
+                    yield from self._lease_steps(info, self._needs(info, shapes, bytes_sizes), plan.slot_timeout, False,
                                                  plan.route.memory))
                 if lease is None:
                     inputs = _messages.wire_request(self.wire, info, arrays, [])[0]

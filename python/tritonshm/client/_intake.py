@@ -150,7 +150,7 @@ class Rows(NamedTuple):
 
     arrays: Mapping[str, Any]
     start: int
-    count: int
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count(), which nothing here calls
     ready: Any = None
 
 

@@ -146,6 +146,7 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, 
                              for kind, table in (("in", lent.inputs), ("out", lent.outputs))
                              for key, where in table.items())
     name = lease.extent.name
+    assert name is not None  # a leased slot's extent is registered
     inputs = []
     for spec in info.inputs:
         shape = list(shapes[spec.name])
@@ -222,6 +223,7 @@ def wire_results(info: ModelInfo, result: Any, names: Sequence[str], results: Pl
         array = result.as_numpy(name)
         into = rows_for(info, rows, name, array.shape)
         if into is not None and results.device is None:
+            assert rows is not None  # rows_for() found room in them
             np.copyto(into[0][rows.start:rows.start + rows.count], array)
         elif into is not None:
             _devices.copy_bytes(into[0], np.ascontiguousarray(array), into[2], into[1])

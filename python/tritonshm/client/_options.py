@@ -27,7 +27,8 @@ What each option means, and where it goes (tritonclient 2.40+, Triton 2.51):
                            model's default.  Only a model whose dynamic batcher has
                            ``priority_levels`` orders by it; a level above them counts as the
                            default.
-``timeout``                server-side, in microseconds (int >= 0): how long the request may
+``timeout``                server-side, in microseconds (int >= 0; tritonclient's meaning, on
+                           :class:`~tritonshm.Client`'s calls too): how long the request may
                            wait in the model's queue.  Only a dynamic or sequence batcher with
                            a queue policy acts on it (``REJECT``: the request fails with
                            "Request timeout expired"), and a request may only shorten the
@@ -87,7 +88,8 @@ import numpy as np
 
 from ..errors import InvalidOption, InvalidOptionType
 
-__all__ = ["RequestOptions", "ParameterValue", "RESERVED_PARAMETERS", "RESERVED_PARAMETER_PREFIX"]
+__all__ = ["RequestOptions", "ParameterValue", "RESERVED_PARAMETERS", "RESERVED_PARAMETER_PREFIX",
+           "check_slot_timeout"]
 
 #: The type of one request parameter's value.
 ParameterValue = Union[bool, int, float, str]
@@ -233,6 +235,18 @@ def _check_compression(option: str, value: Any) -> str | None:
     return value.lower()
 
 
+def check_slot_timeout(value: Any) -> float | None:
+    """*value* as a wait for a slot: None (for ever) or a finite number of seconds >= 0."""
+    if value is None:
+        return None
+    if not (_is_int(value) or _is_float(value)):
+        raise _wrong_type("slot_timeout", "None or a number of seconds >= 0", value)
+    if not (math.isfinite(value) and value >= 0):
+        raise InvalidOption(f"slot_timeout must be None or a finite number of seconds >= 0, not {value!r} "
+                            f"(the server's timeout, in microseconds, is timeout=)")
+    return float(value)
+
+
 def _check(name: str, value: Any) -> Any:
     """*value* of option *name*, checked and normalized."""
     if name == "parameters":
@@ -251,7 +265,11 @@ def _check(name: str, value: Any) -> Any:
         if value is None:
             return None
         if not _is_int(value):
-            raise _wrong_type(name, "None or an int >= 0 (microseconds)", value)
+            # 0.5 or 2.5 can only be seconds: the wait for a slot, which has a name of its own.
+            raise InvalidOptionType(
+                f"timeout is the server's timeout in microseconds (tritonclient's meaning): None or an "
+                f"int >= 0, not {_type_name(value)} ({value!r}); the client's wait for a slot, in seconds, "
+                f"is slot_timeout=")
         if not 0 <= int(value) < _INT64_END:
             raise InvalidOption(f"timeout must be >= 0 microseconds (and below 2**63), not {value}")
         return int(value)

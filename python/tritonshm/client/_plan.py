@@ -42,7 +42,7 @@ class Plan(NamedTuple):
     names: list[str]               # the outputs asked for
     route: Route
     copy: bool                     # results copied out (False: views of the slot)
-    timeout: float | None          # how long a chunk waits for a slot
+    slot_timeout: float | None     # how long a chunk waits for a slot, in seconds
     options: RequestOptions | None = None  # what the server is told besides the tensors (None: nothing)
     out: Mapping[str, OutTensor] | None = None  # results the caller allocated, by output name
 

@@ -414,7 +414,7 @@ class SlotPool:
                    f"or raise max_pool_bytes")
         else:
             why = (f"{running} requests in flight fill it: the server is slower than the "
-                   f"requests come; raise slots= or the timeout")
+                   f"requests come; raise slots= or slot_timeout=")
         return PoolExhausted(
             f"no slot of the pool for model {self.info.name!r} came free for {timeout} s "
             f"({self.nslots} slots: {running} running, {held} held): {why}"

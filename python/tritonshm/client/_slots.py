@@ -202,7 +202,7 @@ class SystemSlotMemory(SlotMemory):
         # One byte view of the whole region for the copies in and out: slicing
         # it costs a microsecond, a checked Window view ten.  Only views that
         # leave the request (view()) go through the slot's Window.
-        self._bytes: np.ndarray | None = np.frombuffer(self.region, np.uint8)
+        self._bytes: np.ndarray = np.frombuffer(self.region, np.uint8)  # deleted by close()
         # Touch every page now, once: a request must never wait for the
         # kernel to fault in fresh shared memory (the copy-in would pay it).
         self._bytes[::mmap.PAGESIZE] = 0
@@ -231,7 +231,7 @@ class SystemSlotMemory(SlotMemory):
         return np.frombuffer(handle, dtype, math.prod(shape), offset).reshape(shape)
 
     def bytes_at(self, offset: int, nbytes: int) -> memoryview:
-        return memoryview(self._bytes[offset:offset + nbytes])
+        return self._bytes[offset:offset + nbytes].data
 
     def copy_out(self, offset: int, dtype: np.dtype, shape: tuple[int, ...], stream: Any = None) -> np.ndarray:
         source = self.array_at(offset, dtype, shape)
@@ -249,12 +249,12 @@ class SystemSlotMemory(SlotMemory):
             copy_bytes(dst, self._bytes, nbytes, dst_offset, offset, stream)
 
     def close(self) -> None:
-        self._bytes = None
+        self.__dict__.pop("_bytes", None)  # the view goes: the mapping can go with the region
         self.region.close()
 
     @property
     def closed(self) -> bool:
-        return self._bytes is None
+        return "_bytes" not in self.__dict__
 
 
 class PinnedSlotMemory(SystemSlotMemory):

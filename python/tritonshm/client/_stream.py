@@ -35,8 +35,8 @@ import secrets
 import threading
 from typing import Any, Callable, NamedTuple
 
-from .. import triton
-from ..errors import ClientClosed, ServerUnavailable
+from .. import _tritonclient_compat
+from ..errors import ClientClosed, ServerUnavailable, translate_error
 
 __all__ = ["AsyncStream", "BlockingStream", "StreamResponse", "StreamTable", "Streamed", "open_kwargs",
            "request_message", "stream_key"]
@@ -118,7 +118,7 @@ class StreamTable:
                 del self._open[response.id]
                 callbacks = entry._end()
         if message.error_message:
-            error = triton.translate_error(Exception(message.error_message),
+            error = translate_error(Exception(message.error_message),
                                            f"streaming model {response.model_name!r}")
             entry._deliver(StreamResponse(None, final, error))
         else:
@@ -148,13 +148,11 @@ def stream_key(options: Any) -> Any:
 def request_message(model: str, version: str, inputs: list, outputs: list, request_id: str,
                     options: Any = None) -> Any:
     """The ``ModelInferRequest`` of one streamed request, asking for an empty final response."""
-    from tritonclient.grpc._utils import _get_inference_request
-
     kwargs = options.grpc_stream_infer_kwargs() if options is not None else {}
-    message = _get_inference_request(model_name=model, inputs=inputs, model_version=version,
-                                     request_id=request_id, outputs=outputs or None,
-                                     **{"sequence_id": 0, "sequence_start": False, "sequence_end": False,
-                                        "priority": 0, "timeout": None, "parameters": None, **kwargs})
+    message = _tritonclient_compat.grpc_request(
+        model_name=model, inputs=inputs, model_version=version, request_id=request_id, outputs=outputs or None,
+        **{"sequence_id": 0, "sequence_start": False, "sequence_end": False, "priority": 0, "timeout": None,
+           "parameters": None, **kwargs})
     message.parameters["triton_enable_empty_final_response"].bool_param = True
     return message
 
@@ -163,20 +161,18 @@ def _start(client: Any, options: Any, messages: Any) -> Any:
     """Open a ``ModelStreamInfer`` call on tritonclient *client* (blocking or aio) that sends
     *messages* (an iterator, or an async one), with the stream's headers and compression."""
     try:
-        return client._client_stub.ModelStreamInfer(messages, **open_kwargs(client, options))
+        return _tritonclient_compat.grpc_stub(client).ModelStreamInfer(messages, **open_kwargs(client, options))
     except Exception as exc:
-        raise triton.translate_error(exc, "opening an inference stream") from exc
+        raise translate_error(exc, "opening an inference stream") from exc
 
 
 def _stream_error(exc: BaseException) -> BaseException:
     """What a broken stream (a gRPC failure: the server gone, a deadline) is, in our terms."""
-    from tritonclient.grpc._utils import get_error_grpc
-
     import grpc
 
     if isinstance(exc, grpc.RpcError):
-        exc = get_error_grpc(exc)
-    return triton.translate_error(exc, "reading the inference stream")
+        exc = _tritonclient_compat.grpc_error(exc)
+    return translate_error(exc, "reading the inference stream")
 
 
 def _wrap_result(response: Any) -> Any:
@@ -188,11 +184,9 @@ def _wrap_result(response: Any) -> Any:
 def open_kwargs(client: Any, options: Any) -> dict[str, Any]:
     """How a stream is opened on tritonclient *client* for requests with *options*: the gRPC
     metadata (headers) and compression that belong to the stream, not to a request."""
-    from tritonclient.grpc._utils import _grpc_compression_type
-
     given = options.grpc_start_stream_kwargs() if options is not None else {}
-    return {"metadata": client._get_metadata(given.get("headers")),
-            "compression": _grpc_compression_type(given.get("compression_algorithm"))}
+    return {"metadata": _tritonclient_compat.grpc_metadata(client, given.get("headers")),
+            "compression": _tritonclient_compat.grpc_compression(given.get("compression_algorithm"))}
 
 
 class BlockingStream:
@@ -221,9 +215,11 @@ class BlockingStream:
                 raise ClientClosed("the client is closed")
             if self._table is None or self._table.broken is not None:
                 self._open()
-            entry = self._table.open(inbox, inbox.put)
+            table, requests = self._table, self._requests
+            assert table is not None and requests is not None  # _open() set both
+            entry = table.open(inbox, inbox.put)
             message.id = entry.id
-            self._requests.put(message)
+            requests.put(message)
         return entry
 
     def _open(self) -> None:
@@ -297,9 +293,11 @@ class AsyncStream:
         if self._table is None or self._table.broken is not None:
             self._open()
         inbox: asyncio.Queue = asyncio.Queue()
-        entry = self._table.open(inbox, inbox.put_nowait)
+        table, requests = self._table, self._requests
+        assert table is not None and requests is not None  # _open() set both
+        entry = table.open(inbox, inbox.put_nowait)
         message.id = entry.id
-        self._requests.put_nowait(message)
+        requests.put_nowait(message)
         return entry
 
     def _open(self) -> None:

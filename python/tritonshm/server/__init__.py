@@ -49,8 +49,9 @@ library, so importing it is cheap:
 
 from __future__ import annotations
 
-from ._install import (REQUIREMENTS, SERVER_PYTHON_VERSIONS, WHEELS_ENV, ServerInstallError, default_home,
-                       describe_install, download_command)
+from ..errors import ServerInstallError
+from ._install import (REQUIREMENTS, SERVER_PYTHON_VERSIONS, WHEELS_ENV, default_home, describe_install,
+                       download_command)
 from ._local import LocalServer, bundled_model_repository
 from ._process import group_members
 

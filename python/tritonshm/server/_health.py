@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+from typing import Any
 
 # Logged by every CPU-only start; not the reason anything failed.
 _HARMLESS_ERRORS = ("CudaDriverHelper has not been initialized",)
@@ -68,7 +69,7 @@ def _log_summary(text: str, lines: int) -> str:
     return tail
 
 
-def _open(request, timeout: float = 2.0):
+def _open(request: Any, timeout: float = 2.0) -> Any:
     """urlopen for our loopback server; urllib is imported here, not at import time (~15 ms)."""
     import urllib.request
 

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import IO, Callable, Mapping, Sequence
 
 from tritonshm.errors import ServerInstallError
 
@@ -189,6 +189,7 @@ class _PipOutput:
         if install:
             self.display.step(f"installing {install.group(1)}")
             return
+        assert fetch is not None  # one of the two matched
         verb, where, size = fetch.groups()
         name = where.rstrip("/").rsplit("/", 1)[-1]
         if name.endswith(".whl"):
@@ -231,7 +232,7 @@ def _log_tail(lines: Sequence[str]) -> str:
 _NOISE = re.compile(r"^WARNING: Location '.*' is ignored")
 
 
-def _run_step(cmd: Sequence[str], what: str, display: _Display, lock_fd: int, log,
+def _run_step(cmd: Sequence[str], what: str, display: _Display, lock_fd: int, log: IO[str],
               hint: Callable[[str], str] | str = "", tmpdir: Path | None = None) -> None:
     """Run an install step, its output parsed for *display* and kept in *log*; raise ServerInstallError if it fails.
 
@@ -259,6 +260,7 @@ def _run_step(cmd: Sequence[str], what: str, display: _Display, lock_fd: int, lo
         log.write(line + "\n")
         output.line(line)
 
+    assert proc.stdout is not None  # started with stdout=PIPE
     fd = proc.stdout.fileno()
     pending = b""
     try:
@@ -416,8 +418,7 @@ def _search_dirs() -> list[str]:
     uv = os.environ.get("UV_PYTHON_INSTALL_DIR") or os.path.join(data, "uv", "python")
     for pattern in (os.path.join(pyenv, "versions", "*", "bin"), os.path.join(uv, "*", "bin")):
         dirs += sorted(glob.glob(pattern), key=_version_key)
-    seen: set[str] = set()
-    return [d for d in dirs if d and not (d in seen or seen.add(d))]
+    return list(dict.fromkeys(d for d in dirs if d))  # each once, in order
 
 
 def _wanted() -> str:

@@ -15,14 +15,13 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
-from tritonshm.errors import InvalidOption, ServerUnavailable
+from tritonshm.errors import InvalidOption, ServerInstallError, ServerUnavailable
 
 from ._health import (_free_port, _http_ok, _listening, _loader_failed, _log_summary, _models_not_ready,
                       _port_in_use, _PortInUse)
-from ._install import (_LOG_TAIL_LINES, WHEELS_ENV, ServerInstallError, _clean_env, _ensure_installed,
-                       _existing_install, default_home)
+from ._install import _LOG_TAIL_LINES, WHEELS_ENV, _clean_env, _ensure_installed, _existing_install, default_home
 from ._process import _Process
 
 
@@ -151,7 +150,7 @@ class LocalServer:
         # hook covers both "collected" and "the program ends".
         self._finalizer = weakref.finalize(self, self._proc.cleanup)
 
-    def _setting(self, name: str, value, variable: str | None) -> str | None:
+    def _setting(self, name: str, value: Any, variable: str | None) -> str | None:
         """An existing-install setting: the argument, else the environment variable; its origin noted."""
         if value is not None:
             self._origin[name] = f"{name}="
@@ -303,7 +302,7 @@ class LocalServer:
     def __enter__(self) -> "LocalServer":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.stop()
 
     def __repr__(self) -> str:

@@ -19,10 +19,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Mapping, Sequence
+from typing import IO, Callable, Mapping, Sequence
 
 
-def _make_pdeathsig():
+def _make_pdeathsig() -> Callable[[], None] | None:
     """A preexec_fn that makes the kernel SIGKILL the server if we die (Linux only).
 
     Returns None where unsupported. libc and prctl are resolved here, before

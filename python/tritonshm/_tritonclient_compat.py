@@ -1,0 +1,104 @@
+"""Every private name of tritonclient that tritonshm uses, and nowhere else.
+
+tritonshm builds a request once and sends it many times, and reads a gRPC stream by request id:
+both need tritonclient's request builders, its gRPC error translation, and a gRPC client's stub
+and metadata, which tritonclient does not make public.  Every other module calls the functions
+here; :data:`CONTRACT` says what each one expects of tritonclient, and
+``tests/packaging/test_tritonclient_contract.py`` checks it against the installed release, so
+a release that renames or reshapes one fails that test by name (with the version), not a
+request at run time.  pyproject.toml bounds tritonclient to the releases checked.
+
+Imports happen on first use: importing tritonclient.grpc costs ~0.3 s.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple, NoReturn
+
+__all__ = ["CONTRACT", "Private", "grpc_request", "http_request", "grpc_error", "raise_grpc_error",
+           "grpc_compression", "grpc_stub", "grpc_metadata", "grpc_parts"]
+
+
+class Private(NamedTuple):
+    """One private name and how tritonshm calls it: ``module.qualname(*positional, **keywords)``."""
+
+    module: str
+    qualname: str                 #: "Class.method" for a method (called with the instance first)
+    positional: int               #: how many arguments are passed by position (self included)
+    keywords: tuple[str, ...]     #: the names passed by keyword
+
+
+_GRPC_REQUEST_KEYWORDS = ("model_name", "inputs", "model_version", "request_id", "outputs", "sequence_id",
+                          "sequence_start", "sequence_end", "priority", "timeout", "parameters")
+_HTTP_REQUEST_KEYWORDS = ("inputs", "request_id", "outputs", "sequence_id", "sequence_start", "sequence_end",
+                          "priority", "timeout", "custom_parameters")
+
+#: What tritonshm expects of tritonclient's private names.  A gRPC client's ``_client_stub``
+#: (an instance attribute, with ``ModelInfer`` and ``ModelStreamInfer``) is checked on a client.
+CONTRACT: tuple[Private, ...] = (
+    Private("tritonclient.grpc._utils", "_get_inference_request", 0, _GRPC_REQUEST_KEYWORDS),
+    Private("tritonclient.grpc._utils", "get_error_grpc", 1, ()),
+    Private("tritonclient.grpc._utils", "raise_error_grpc", 1, ()),
+    Private("tritonclient.grpc._utils", "_grpc_compression_type", 1, ()),
+    Private("tritonclient.http._utils", "_get_inference_request", 0, _HTTP_REQUEST_KEYWORDS),
+    Private("tritonclient.grpc", "InferenceServerClient._get_metadata", 2, ()),
+    Private("tritonclient.grpc.aio", "InferenceServerClient._get_metadata", 2, ()),
+)
+
+
+def grpc_request(**keywords: Any) -> Any:
+    """tritonclient.grpc's ``ModelInferRequest`` for these keywords (every one of
+    ``_GRPC_REQUEST_KEYWORDS``): what its ``infer`` sends."""
+    from tritonclient.grpc._utils import _get_inference_request
+
+    return _get_inference_request(**keywords)
+
+
+def http_request(**keywords: Any) -> tuple[bytes, int | None]:
+    """tritonclient.http's request body and JSON size for these keywords (every one of
+    ``_HTTP_REQUEST_KEYWORDS``): what its ``infer`` sends."""
+    from tritonclient.http._utils import _get_inference_request
+
+    return _get_inference_request(**keywords)
+
+
+def grpc_error(rpc_error: Any) -> Any:
+    """tritonclient's ``InferenceServerException`` for a ``grpc.RpcError`` (status, details)."""
+    from tritonclient.grpc._utils import get_error_grpc
+
+    return get_error_grpc(rpc_error)
+
+
+def raise_grpc_error(rpc_error: Any) -> NoReturn:
+    """Raise :func:`grpc_error` of *rpc_error*, as tritonclient's own calls do."""
+    grpc_parts()[2](rpc_error)
+    raise AssertionError("raise_error_grpc returned")  # pragma: no cover -- it always raises
+
+
+def grpc_compression(algorithm: str | None) -> Any:
+    """gRPC's ``Compression`` value for tritonclient's name of an algorithm (None: none)."""
+    from tritonclient.grpc._utils import _grpc_compression_type
+
+    return _grpc_compression_type(algorithm)
+
+
+def grpc_stub(client: Any) -> Any:
+    """The ``GRPCInferenceServiceStub`` of a tritonclient gRPC client, blocking or aio."""
+    return client._client_stub
+
+
+def grpc_metadata(client: Any, headers: Any) -> Any:
+    """The gRPC metadata a tritonclient gRPC client sends with *headers* (and its own)."""
+    return client._get_metadata(headers)
+
+
+@functools.cache
+def grpc_parts() -> tuple[Any, Any, Any]:
+    """grpc, tritonclient's InferResult and its ``raise_error_grpc``: imported once, on first use
+    (the per-request send path reads them from here)."""
+    import grpc
+    from tritonclient.grpc import InferResult
+    from tritonclient.grpc._utils import raise_error_grpc
+
+    return grpc, InferResult, raise_error_grpc

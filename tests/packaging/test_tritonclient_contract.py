@@ -1,0 +1,129 @@
+"""The tritonclient private names tritonshm uses (python/tritonshm/_tritonclient_compat.py, the
+only module that touches them) against the installed tritonclient: a release that renames or
+reshapes one fails here, by name and with the version, instead of a request at run time."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import importlib
+import inspect
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tritonshm
+from tritonshm import _tritonclient_compat as compat
+
+TRITONCLIENT = version("tritonclient")
+PACKAGE = Path(tritonshm.__file__).parent      # the installed package (a wheel's, under cibuildwheel)
+REPO = Path(__file__).resolve().parents[2]     # beside tests/: pyproject.toml, bench/ (if there)
+
+
+def _resolve(private: compat.Private):
+    target = importlib.import_module(private.module)
+    for part in private.qualname.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            pytest.fail(f"tritonclient {TRITONCLIENT} has no {private.module}.{private.qualname}: "
+                        f"tritonshm._tritonclient_compat needs it (see its CONTRACT)")
+    return target
+
+
+@pytest.mark.parametrize("private", compat.CONTRACT, ids=lambda p: f"{p.module}.{p.qualname}")
+def test_each_private_name_is_there_and_takes_our_arguments(private):
+    signature = inspect.signature(_resolve(private))
+    try:
+        signature.bind(*[None] * private.positional, **{name: None for name in private.keywords})
+    except TypeError as exc:
+        pytest.fail(f"tritonclient {TRITONCLIENT}: {private.module}.{private.qualname}{signature} no longer "
+                    f"takes what tritonshm._tritonclient_compat passes ({exc})")
+
+
+def test_the_builders_and_the_grpc_parts_still_do_what_we_use_them_for():
+    import grpc
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    x = np.arange(4, dtype=np.float32)
+    inp = grpcclient.InferInput("INPUT0", [4], "FP32")
+    inp.set_data_from_numpy(x)
+    message = compat.grpc_request(model_name="m", inputs=[inp], model_version="2", request_id="r",
+                                  outputs=None, sequence_id=7, sequence_start=True, sequence_end=False,
+                                  priority=1, timeout=1000, parameters={"k": "v"})
+    assert (message.model_name, message.model_version, message.id, message.inputs[0].name) == ("m", "2", "r", "INPUT0")
+    assert message.parameters["sequence_id"].int64_param == 7 and message.parameters["timeout"].int64_param == 1000
+    hinp = httpclient.InferInput("INPUT0", [4], "FP32")
+    hinp.set_data_from_numpy(x, binary_data=True)
+    body, json_size = compat.http_request(inputs=[hinp], request_id="", outputs=None, sequence_id=0,
+                                          sequence_start=False, sequence_end=False, priority=0, timeout=None,
+                                          custom_parameters=None)
+    assert isinstance(body, bytes) and json_size is not None and body[json_size:] == x.tobytes()
+    assert compat.grpc_compression("gzip") == grpc.Compression.Gzip
+    assert compat.grpc_compression(None) in (None, grpc.Compression.NoCompression)
+
+    class Refused(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return "connection refused"
+
+        def debug_error_string(self):
+            return "debug"
+
+    error = compat.grpc_error(Refused())
+    assert (error.message(), error.status(), error.debug_details()) == ("connection refused",
+                                                                       "StatusCode.UNAVAILABLE", "debug")
+    with pytest.raises(type(error)):
+        compat.raise_grpc_error(Refused())
+    assert compat.grpc_parts()[1] is grpcclient.InferResult
+
+
+def test_a_grpc_clients_stub_and_metadata_blocking_and_aio():
+    import tritonclient.grpc as grpcclient
+    import tritonclient.grpc.aio as aiogrpc
+
+    def check(client):
+        stub = compat.grpc_stub(client)
+        assert callable(getattr(stub, "ModelInfer", None)) and callable(getattr(stub, "ModelStreamInfer", None)), \
+            f"tritonclient {TRITONCLIENT}: a gRPC client's _client_stub lacks ModelInfer / ModelStreamInfer"
+        assert ("x-k", "v") in tuple(compat.grpc_metadata(client, {"x-k": "v"}) or ())
+
+    client = grpcclient.InferenceServerClient("localhost:1")  # never connects
+    check(client)
+    client.close()
+
+    async def aio():
+        client = aiogrpc.InferenceServerClient("localhost:1")
+        check(client)
+        await client.close()
+
+    asyncio.run(aio())
+
+
+def test_no_other_module_touches_a_private_name_of_tritonclient():
+    """Every import from a tritonclient module's private part, and every use of the names in
+    CONTRACT or of _client_stub, is in the compatibility module."""
+    names = {p.qualname.split(".")[-1] for p in compat.CONTRACT} | {"_client_stub"}
+    offenders = []
+    for path in [*PACKAGE.rglob("*.py"), *(REPO / "bench").glob("*.py")]:
+        if path.name == "_tritonclient_compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tritonclient") and (
+                    any(part.startswith("_") for part in node.module.split("."))
+                    or any(alias.name.startswith("_") for alias in node.names)):
+                offenders.append(f"{path.name}:{node.lineno} imports from {node.module}")
+            elif isinstance(node, ast.Attribute) and node.attr in names:
+                offenders.append(f"{path.name}:{node.lineno} uses .{node.attr}")
+    assert offenders == []
+
+
+def test_pyproject_bounds_tritonclient_to_the_releases_checked():
+    text = (REPO / "pyproject.toml").read_text()
+    assert '"tritonclient[grpc,http]>=2.70,<2.74"' in text
+    major, minor = (int(part) for part in TRITONCLIENT.split(".")[:2])
+    assert (2, 70) <= (major, minor) < (2, 74), f"tritonclient {TRITONCLIENT} is outside the bound"
