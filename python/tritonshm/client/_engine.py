@@ -213,9 +213,11 @@ class Engine:
         """Makes the memory of slots of *kind*."""
         if kind == SYSTEM:
             return self._make_memory
+        device = kind.device
+        assert device is not None, "pinned and CUDA slots are on a GPU"
         if kind.name == "pinned":
-            return functools.partial(PinnedSlotMemory, device=kind.device)
-        return functools.partial(CudaSlotMemory, device=kind.device)
+            return functools.partial(PinnedSlotMemory, device=device)
+        return functools.partial(CudaSlotMemory, device=device)
 
     @property
     def connect(self) -> Callable[[], Any]:
@@ -283,7 +285,7 @@ class Engine:
 
     def _memory_after_refusal(self, kind: SlotKind) -> SlotKind:
         """*kind*, or the host memory that replaces CUDA slots the server cannot open."""
-        if not (self._cuda_refused and kind.on_gpu):
+        if not (self._cuda_refused and kind.on_gpu) or kind.device is None:
             return kind
         return SYSTEM if self.routing.pinned else SlotKind.pinned(kind.device)
 
@@ -793,7 +795,7 @@ class Engine:
         if pool is not None and pool.layout.fits(quick.needs):
             lease = pool.try_acquire(False)
         if lease is None:
-            return (yield from self.chunk_steps(quick.plan._replace(chunks=[arrays]), arrays))
+            return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)]), arrays))
         info, names = quick.plan.info, quick.plan.names
         outputs: dict[str, Any] = {}
         with self._flight():
@@ -824,7 +826,7 @@ class Engine:
                 lease.pool.finished_and_back(lease)
                 del lease
         if result is None:  # refused before it ran: the full way heals and runs it
-            return (yield from self.chunk_steps(quick.plan._replace(chunks=[arrays]), arrays))
+            return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)]), arrays))
         if self._has_disposals():
             yield from self._dispose_steps()
         return outputs
