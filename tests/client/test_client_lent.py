@@ -324,3 +324,21 @@ def test_a_streamed_request_lends_its_input(fake_cuda_server, fake_cuda, torch_c
             np.testing.assert_array_equal(response["OUTPUT0"].get(), data + i)
         assert c.stats().inputs_lent == 2 and [e.in_use for e in c.lent()] == [0]
     del x, count
+
+
+def test_a_server_that_cannot_open_cuda_memory_gets_copies_and_says_so(server, fake_cuda, torch_caching):
+    """The session's plain server (no fake inside it) cannot open CUDA handles: the lent
+    registration is refused once, every GPU tensor is copied from then on (through pinned
+    host slots, with the usual one warning), and stats() says why."""
+    data = sample(np.float32, 64)
+    x = torch_caching.from_numpy(data)
+    with tritonshm.Client(server.grpc_url) as c:
+        with pytest.warns(RuntimeWarning, match="fall back to pinned"):
+            out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+        np.testing.assert_array_equal(out.get(), data)
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"].get(), data)
+        stats = c.stats()
+        assert stats.inputs_lent == 0 and stats.registrations == 0 and not c.lent()
+        assert stats.copied == {"the server cannot open CUDA memory": 2}
+        del out
+    del x

@@ -354,6 +354,7 @@ class Engine:
                         raise
                     if not self._cuda_refused:
                         self._cuda_refused = True  # before warning: warnings may be errors
+                        self._lent.refused = str(exc)  # nor the caller's own GPU memory, then
                         warnings.warn(f"tritonshm: GPU tensors fall back to pinned system shared memory: "
                                       f"{exc}", RuntimeWarning, stacklevel=2)
                     continue
@@ -642,7 +643,7 @@ class Engine:
         needs = self._needs(info, shapes, bytes_sizes)
         lent = _Lending()
         try:
-            if route.lent and not self._wire_only and not self._cuda_refused:
+            if route.lent and not self._wire_only:  # (a server that refused CUDA memory: the table says so)
                 yield from self._lend_steps(plan, arrays, lent)
             for attempt in range(_GROW_ATTEMPTS):
                 lease = None if self._wire_only else (
@@ -897,7 +898,7 @@ class Engine:
         lease = None
         with self._flight():
             try:
-                if plan.route.lent and not self._wire_only and not self._cuda_refused:
+                if plan.route.lent and not self._wire_only:
                     yield from self._lend_steps(plan, arrays, lent)
                 lease = None if self._wire_only else (
                     yield from self._lease_steps(info, self._needs(info, shapes, bytes_sizes), plan.slot_timeout, False,

@@ -189,6 +189,9 @@ class LentAllocations:
                 region.close()
                 return self._copied("lent allocations at their bounds")
             yield Pause(_REGISTER_POLL)  # another request is registering it: wait for its name
+            if self.refused is not None:  # ... and the server refused it
+                region.close()
+                return self._copied("the server cannot open CUDA memory")
         # What the table let go of (stale, evicted) goes before the new registration.
         yield from self.drop_steps(self.take_disposals())
         try:
