@@ -29,10 +29,14 @@ How it works:
   waiting; idle surplus goes back.
 * **Backpressure.**  When requests in flight fill the pool, a request
   waits up to its slot_timeout, then raises :class:`~tritonshm.PoolExhausted`.
-* **GPU tensors.**  Device inputs (CUDA Array Interface or DLPack) go
-  through pools of CUDA slots with one device-to-device copy; results land
-  where the inputs were, or where ``output_device`` says.  Where the server
-  cannot open our CUDA memory, pinned host slots serve instead.
+* **GPU tensors.**  Device inputs (CUDA Array Interface or DLPack) are
+  sent by reference: the allocation holding each (a torch segment, a cupy
+  chunk) is registered once and named in place, and held so that it is
+  never freed under the server (:mod:`._lent`).  What cannot be shared
+  goes through pools of CUDA slots with one device-to-device copy; results
+  land where the inputs were, or where ``output_device`` says, or in the
+  caller's own tensors (``out=``).  Where the server cannot open our CUDA
+  memory, pinned host slots serve instead.
 * **Chunking.**  A batch larger than ``max_batch_size`` is split, run on
   several slots at once and reassembled in order.
 * **Self-healing.**  If the server lost our registrations (it restarted),
@@ -55,6 +59,7 @@ The package, bottom up (each module imports only those above it):
 ``_steps``      the vocabulary of sans-I/O request steps
 ``_stream``     streamed requests: one gRPC stream per client, responses by request id
 ``_disposal``   letting go of slot memory: unregister, park what is refused, close
+``_lent``       the caller's GPU allocations lent to the server: a bounded table, held, let go
 ``_engine``     :class:`Engine`: what a client knows, and the steps of all it does
 ``_request``    the zero-copy request's core both clients' ``Request`` hold
 ``_threads``    worker threads and connections of the blocking client
@@ -65,7 +70,8 @@ The package, bottom up (each module imports only those above it):
 
 from ._client import Client, Request
 from ._model import ModelInfo, TensorSpec
+from ._lent import LentInfo, LentStats
 from ._options import RequestOptions
 from ._pool import PoolInfo
 
-__all__ = ["Client", "Request", "ModelInfo", "TensorSpec", "PoolInfo", "RequestOptions"]
+__all__ = ["Client", "Request", "ModelInfo", "TensorSpec", "PoolInfo", "LentInfo", "LentStats", "RequestOptions"]
