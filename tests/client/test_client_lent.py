@@ -286,7 +286,7 @@ def test_infer_async_and_aio_lend_too(url, fake_cuda, torch_caching):
         assert c.stats().inputs_lent == 1
         del out
 
-    async def main():
+    async def main(x):
         async with tritonshm.aio.Client(url) as ac:
             y = torch_caching.empty(64, np.float32)
             got = await ac.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
@@ -296,7 +296,7 @@ def test_infer_async_and_aio_lend_too(url, fake_cuda, torch_caching):
             await ac.forget()
             assert not ac.lent()
 
-    asyncio.run(main())
+    asyncio.run(main(x))
     del x
 
 
