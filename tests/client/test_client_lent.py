@@ -342,3 +342,20 @@ def test_a_server_that_cannot_open_cuda_memory_gets_copies_and_says_so(server, f
         assert stats.copied == {"the server cannot open CUDA memory": 2}
         del out
     del x
+
+
+def test_a_lent_input_is_read_after_the_work_queued_on_it(url, fake_cuda, torch_caching):
+    """The caller's kernel that fills the tensor is still queued on its stream when it calls: the
+    server reads the tensor in place, so the request waits for that work (the fake lands nothing
+    until something synchronizes it: a request sent too early would read the old bytes)."""
+    x = torch_caching.zeros(256, np.float32)
+    torch_caching.synchronize()
+    with tritonshm.Client(url) as c:
+        with torch_caching.stream():
+            x.fill_(7.0)  # queued, not landed
+            assert fake_cuda.pending() > 0
+            out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+        assert (out.get() == 7.0).all()
+        assert c.stats().inputs_lent == 1
+        del out
+    del x

@@ -722,10 +722,8 @@ class Engine:
         memory = lease.extent.memory
         stream = self._copy_stream(memory, device)
         queued = False
+        waits = lent.waits if lent else []
         try:
-            for event in lent.waits if lent else ():
-                stream.wait(event)
-                queued = True
             for spec in info.inputs:
                 offset = lease.offset(spec.name)
                 array = arrays[spec.name]
@@ -736,8 +734,13 @@ class Engine:
                 else:
                     queued |= stream is not None and (memory.kind == "cuda" or isinstance(array, DeviceTensor))
                     memory.write(offset, array, stream)
-            if queued:
+            if queued:  # one wait for the copies and the lent tensors' events alike
+                for event in waits:
+                    stream.wait(event)
                 yield WaitForDevice(stream.record())
+            else:  # nothing copied: wait for the lent tensors' events themselves (no GPU work queued)
+                for event in waits:
+                    yield WaitForDevice(event)
         except BaseException:
             if queued:
                 stream.synchronize()  # nothing of ours may still land in the slot once it is back
