@@ -359,3 +359,23 @@ def test_a_lent_input_is_read_after_the_work_queued_on_it(url, fake_cuda, torch_
         assert c.stats().inputs_lent == 1
         del out
     del x
+
+
+def test_a_view_of_our_own_slot_is_named_in_place_and_never_held(url, fake_cuda):
+    """A result kept with copy=False is a view of one of the client's CUDA slots: sent again, it is
+    named in the slot's own registration (nothing registered, nothing held by the lent table),
+    and the slot comes back once the view is gone."""
+    data = sample(np.float32, 128)
+    with tritonshm.Client(url) as c, tritonshm.CudaRegion.create(data.nbytes) as region:
+        region.write(data)
+        view = c.infer("identity_fp32", {"INPUT0": region.view(np.float32, 128)}, copy=False)["OUTPUT0"]
+        c.forget()  # the first input's allocation: out of the way
+        before = fake_cuda.stats()
+        out = c.infer("identity_fp32", {"INPUT0": view})["OUTPUT0"]
+        assert (fake_cuda.stats() - before).async_copies == 1  # the result out; the input named in place
+        np.testing.assert_array_equal(out.get(), data)
+        stats = c.stats()
+        assert stats.inputs_lent == 2 and stats.registrations == 1 and not c.lent()
+        del view, out
+        gc.collect()
+        assert all(pool.held == 0 for pool in c.pools())

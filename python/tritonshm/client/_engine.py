@@ -696,7 +696,9 @@ class Engine:
         where their memory can be (:mod:`._lent`); the rest is copied as before."""
         for name, array in arrays.items():
             if isinstance(array, DeviceTensor) and array.nbytes:  # (Triton refuses 0-byte bindings)
-                where = yield from self._lent.lend_steps(array)
+                where = self._in_own_slot(array)
+                if where is None:
+                    where = yield from self._lent.lend_steps(array)
                 if where is not None:
                     lent.inputs[name] = where
                     lent.waits.append(array.source.event)
@@ -707,6 +709,26 @@ class Engine:
             if where is not None:
                 lent.outputs[name] = where
                 lent.waits.append(given.tensor.source.event)
+
+    def _in_own_slot(self, tensor: DeviceTensor) -> Lent | None:
+        """Where *tensor* is when it is a view of one of this client's own CUDA slots (a result
+        kept with ``copy=False``, a zero-copy request's input): in an extent registered already,
+        kept alive by the view for as long as the request holds it -- never held by the lent
+        table, which would keep the slot out of its pool."""
+        if not self._pools and not self._retired:
+            return None
+        ptr = tensor.source.ptr + tensor.offset
+        with self._lock:
+            pools = [*self._pools.values(), *self._retired]
+        for pool in pools:
+            for extent in pool.extents:
+                memory = extent.memory
+                if memory.kind != "cuda" or memory.device != tensor.device or extent.name is None or memory.closed:
+                    continue
+                region = memory.region
+                if region.ptr <= ptr and ptr + tensor.nbytes <= region.ptr + region.nbytes:
+                    return Lent(extent, extent.name, ptr - region.ptr, tensor.nbytes)
+        return None
 
     def _fill_steps(self, info: ModelInfo, lease: Lease, arrays: Mapping[str, Any],
                     bytes_sizes: Mapping[str, int], device: int | None, lent: "_Lending | None" = None) -> Steps:
