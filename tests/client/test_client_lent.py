@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -379,3 +380,40 @@ def test_a_view_of_our_own_slot_is_named_in_place_and_never_held(url, fake_cuda)
         del view, out
         gc.collect()
         assert all(pool.held == 0 for pool in c.pools())
+
+
+def test_max_lent_bytes_holds_at_every_instant_under_a_burst(url, fake_cuda, torch_caching):
+    """Eight threads send tensors of six 4 MiB allocations, over and over, to a client allowed two
+    of them at once (and every idle one cold at once, so they churn): the bytes the table holds --
+    registered, being registered, let go of but not yet unregistered -- never pass the bound,
+    every output is right, and what does not fit is copied."""
+    limit = 9 << 20
+    tensors = []
+    for i in range(6):
+        t = torch_caching.empty(4 << 20, np.uint8)  # a segment of its own each
+        t.copy_(np.full(4 << 20, i, np.uint8))
+        tensors.append(t)
+    torch_caching.synchronize()
+    with tritonshm.Client(url, max_lent_bytes=limit, slots=2) as c:
+        table = lent_allocations(c)
+        table.cold_seconds = 0.0
+        peak, stop = [0], threading.Event()
+
+        def watch():
+            while not stop.is_set():
+                peak[0] = max(peak[0], table.budget.used)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                firsts = list(pool.map(lambda i: int(c.infer("identity_uint8", {"INPUT0": tensors[i % 6]})
+                                                     ["OUTPUT0"].get()[0]), range(48)))
+        finally:
+            stop.set()
+            watcher.join()
+        assert firsts == [i % 6 for i in range(48)]
+        assert 0 < peak[0] <= limit
+        stats = c.stats()
+        assert stats.inputs_lent + sum(stats.copied.values()) == 48 and stats.inputs_lent > 0
+    del tensors

@@ -48,7 +48,7 @@ from .._memory._cuda_region import CudaRegion
 from ..errors import NotShareable, RegistrationError, SharedMemoryRefused
 from ._devices import DeviceTensor
 from ._disposal import drop_extents_steps
-from ._pool import Extent
+from ._pool import ByteBudget, Extent
 from ._slots import RegisteredMemory
 from ._steps import Pause, Register, Steps
 
@@ -136,6 +136,9 @@ class LentAllocations:
         self.max_entries = max_entries
         self._creator_pid = creator_pid
         self._parked = parked
+        #: Bytes of every allocation the table holds -- registered, being registered, let go of
+        #: but not yet unregistered, parked -- never over *max_bytes*, at any instant.
+        self.budget = ByteBudget(max_bytes)
         self._lock = threading.Lock()
         self._entries: collections.OrderedDict[tuple[int, int], _Entry] = collections.OrderedDict()
         self._nbytes = 0                  # of the entries in the table
@@ -179,21 +182,28 @@ class LentAllocations:
                     region.close()  # the entry's own region holds the allocation
                     return Lent(entry.extent, entry.extent.name, offset, tensor.nbytes)
                 if entry is None:
-                    full = not self._make_room(region.nbytes)
-                    if not full:
-                        entry = _Entry(Extent(LentMemory(region), 0), handle)
-                        self._entries[key] = entry
-                        self._nbytes += region.nbytes
-                        break
+                    if not self._make_room(region.nbytes):
+                        full = True
+                    elif not self._disposals:  # what was let go of is gone: its bytes are back
+                        if self.budget.take(region.nbytes):
+                            entry = _Entry(Extent(LentMemory(region), 0, self.budget, region.nbytes), handle)
+                            self._entries[key] = entry
+                            self._nbytes += region.nbytes
+                            break
+                        full = True  # bytes still held by allocations on their way out (in use, parked)
             if full:
                 region.close()
                 return self._copied("lent allocations at their bounds")
+            if self.has_disposals():
+                # What the table let go of (stale, evicted) goes first: unregistered, then its
+                # bytes back -- the bound holds at every instant, and the server never maps a
+                # new allocation where it still maps an old one.
+                yield from self.drop_steps(self.take_disposals())
+                continue
             yield Pause(_REGISTER_POLL)  # another request is registering it: wait for its name
             if self.refused is not None:  # ... and the server refused it
                 region.close()
                 return self._copied("the server cannot open CUDA memory")
-        # What the table let go of (stale, evicted) goes before the new registration.
-        yield from self.drop_steps(self.take_disposals())
         try:
             name = entry.extent.name = yield Register(entry.extent.memory)
         except (SharedMemoryRefused, RegistrationError) as exc:
@@ -238,8 +248,9 @@ class LentAllocations:
     # -- the table -------------------------------------------------------
 
     def _make_room(self, nbytes: int) -> bool:
-        """Evict idle, cold entries (least recently used first) until *nbytes* more fit in the
-        bounds; False when they cannot.  Under the lock."""
+        """Evict idle, cold entries (least recently used first) until *nbytes* more fit beside
+        the table's; False when they cannot.  Under the lock.  (The evicted ones' bytes come
+        back once they are dropped: :attr:`budget` decides then.)"""
         if nbytes > self.max_bytes:
             return False
         cold_before = time.monotonic() - self.cold_seconds
