@@ -48,6 +48,7 @@ from ._tshm cimport (
     tshm_ipc_handle,
 )
 
+import errno
 import secrets
 import weakref
 
@@ -227,9 +228,12 @@ cdef class CudaRegion(Region):
         ptr = cap.ptr
         with nogil:
             rc = tshm_cuda_alloc_borrow(rt.rt, cap.device, <const void *>ptr, &a)
+        if rc == -errno.ENOMEM:
+            raise MemoryError("out of memory borrowing a CUDA allocation")
         if rc != 0:
-            why = ("this CUDA runtime hands out no cuMemGetAddressRange" if rc < 0
-                   else f"cuMemGetAddressRange answered {rc}")
+            why = ("this CUDA runtime hands out no cuMemGetAddressRange" if rc == -errno.ENOSYS
+                   else "the driver's answer does not hold the pointer" if rc < 0
+                   else f"cuMemGetAddressRange answered CUresult {rc}")
             raise NotShareable(f"cannot find the allocation holding {cap!r}: {why}")
         self = cls.__new__(cls)
         self._alloc = a
