@@ -34,8 +34,8 @@ from .._memory._cuda_array import empty as cuda_empty
 from .._memory._stream import Event, copy_stream as thread_copy_stream, current_stream
 from ..errors import CudaUnavailable, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
-__all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_out", "as_device_tensor", "capture_inputs", "empty", "to_host", "to_device",
-           "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
+__all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_out", "as_device_tensor", "capture_inputs", "empty",
+           "to_host", "to_device", "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
            "require_cuda", "library_of"]
 
 

@@ -652,7 +652,7 @@ class Engine:
                     inputs, requested = _messages.wire_request(self.wire, info, arrays, names)
                     result = yield Send(info.name, info.version, inputs, requested, plan.options)
                     outputs = _messages.wire_results(info, result, names, route.results, rows)
-                    return _intake.into_out(outputs, plan.out)
+                    return _intake.into_out(info, outputs, plan.out)
                 try:
                     stream = yield from self._fill_steps(info, lease, arrays, bytes_sizes, route.device, lent)
                     outputs = yield from self.slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,

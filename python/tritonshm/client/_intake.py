@@ -18,7 +18,7 @@ from . import _bytes, _devices
 from ._devices import HOST, Placement
 from ._model import ModelInfo, shape_fits
 
-__all__ = ["check_inputs", "check_out", "into_out", "output_names", "split_batch", "Rows", "result_rows",
+__all__ = ["check_inputs", "check_out", "check_answer_fits_out", "into_out", "output_names", "split_batch", "Rows", "result_rows",
            "join_chunks", "slot_needs"]
 
 # A BYTES output's first guess when nothing better is known; the server
@@ -102,6 +102,7 @@ def check_out(info: ModelInfo, out: Mapping[str, _devices.OutTensor], names: Seq
                             f"splits into {len(chunks)} (max_batch_size {info.max_batch_size})")
     if not copy:
         raise InvalidOption("out= and copy=False both say where results go: give one")
+    rows = len(next(iter(chunks[0].values()))) if info.batched and chunks[0] else 1
     for name, given in out.items():
         if name not in names:
             raise InvalidOption(f"out[{name!r}]: model {info.name!r} returns {list(names)} here")
@@ -116,20 +117,25 @@ def check_out(info: ModelInfo, out: Mapping[str, _devices.OutTensor], names: Seq
             where = "on the host" if results.device is None else f"on cuda:{results.device}"
             raise InvalidOption(f"out[{name!r}] is on cuda:{tensor.device}, but this request's results go "
                                 f"{where} (see output_device)")
-        rows = len(next(iter(chunks[0].values()))) if info.batched and chunks[0] else 1
         want = info.shape_of(spec, rows)
         if not shape_fits(want, tensor.shape):
             raise ShapeMismatch(f"out[{name!r}] has shape {list(tensor.shape)}, but output {name!r} of model "
                                 f"{info.name!r} has shape {list(want)} (-1 = any) for this request")
 
 
-def into_out(outputs: dict[str, Any], out: Mapping[str, _devices.OutTensor] | None) -> dict[str, Any]:
+def check_answer_fits_out(info: ModelInfo, name: str, shape: tuple[int, ...], given: _devices.OutTensor) -> None:
+    """The server's shape of output *name* is the shape of the tensor the caller allocated for it."""
+    if tuple(shape) != given.tensor.shape:
+        raise ShapeMismatch(f"model {info.name!r} returned output {name!r} of shape {list(shape)}, "
+                            f"but out[{name!r}] has shape {list(given.tensor.shape)}")
+
+
+def into_out(info: ModelInfo, outputs: dict[str, Any],
+             out: Mapping[str, _devices.OutTensor] | None) -> dict[str, Any]:
     """*outputs* of the plain gRPC/HTTP path copied into the results the caller allocated."""
     for name, given in (out or {}).items():
         made = outputs[name]
-        if tuple(made.shape) != given.tensor.shape:
-            raise ShapeMismatch(f"output {name!r} came back of shape {list(made.shape)}, but out[{name!r}] "
-                                f"has shape {list(given.tensor.shape)}")
+        check_answer_fits_out(info, name, made.shape, given)
         _devices.copy_bytes(given.tensor.source, made, given.tensor.nbytes, dst_offset=given.tensor.offset)
         outputs[name] = given.obj
     return outputs

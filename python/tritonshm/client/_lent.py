@@ -301,8 +301,7 @@ class LentAllocations:
         with self._lock:
             for key in list(self._entries):
                 self._remove(key)
-            taken, self._disposals = self._disposals, []
-        return taken
+        return self.take_disposals()
 
     def extents(self) -> list[Extent]:
         """The registered allocations' extents (to register again after a server restart)."""

@@ -59,9 +59,7 @@ def collect(info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
         into = rows_for(info, rows, name, shape)
         given = None if allocated is None else allocated.get(name)
         if given is not None:
-            if shape != given.tensor.shape:
-                raise ShapeMismatch(f"model {info.name!r} returned output {name!r} of shape {list(shape)}, "
-                                    f"but out[{name!r}] has shape {list(given.tensor.shape)}")
+            _intake.check_answer_fits_out(info, name, shape, given)
             if not (lent and name in lent.outputs):  # not lent: copied in from the slot
                 memory.read_into(given.tensor.source, lease.offset(name), given.tensor.nbytes,
                                  given.tensor.offset, stream)
