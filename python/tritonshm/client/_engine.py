@@ -183,8 +183,6 @@ class Engine:
         # Extents the server refused to unregister: kept open (device memory is never freed under it), retried.
         self._parked: list[Extent] = []
         self._parked_retry_at = 0.0
-        self.max_lent_bytes = max_lent_bytes
-        self.by_reference = by_reference
         self._creator_pid = os.getpid()  # a forked child must not unregister our names
         # The caller's GPU allocations registered to send its tensors by reference (beside the pools).
         self._lent = LentAllocations(max_lent_bytes, self._creator_pid, self._parked)
@@ -234,6 +232,16 @@ class Engine:
         if not self.wire.http or self._ssl or self._verbose:
             return None
         return _http1.Endpoint.parse(self._address, self._connect_options)
+
+    @property
+    def by_reference(self) -> bool:
+        """Whether GPU tensors are sent where they are (the routing's choice)."""
+        return self.routing.by_reference
+
+    @property
+    def max_lent_bytes(self) -> int:
+        """The bound on the caller's GPU allocations registered (the lent table's)."""
+        return self._lent.max_bytes
 
     @property
     def lock(self) -> threading.RLock:
