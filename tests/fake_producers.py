@@ -125,7 +125,8 @@ def _make_capsule(tensor: FakeDeviceTensor, versioned: bool):
     shape = (ctypes.c_int64 * max(len(tensor.shape), 1))(*tensor.shape)
     managed = DLManagedTensorVersioned() if versioned else DLManagedTensor()
     if versioned:
-        managed.major, managed.minor, managed.flags = 1, 0, 0
+        managed.major, managed.minor = 1, 0
+        managed.flags = 1 if tensor.read_only else 0  # DLPACK_FLAG_BITMASK_READ_ONLY
     dl = managed.dl_tensor
     dl.data = tensor.ptr
     dl.device_type, dl.device_id = KDL_CUDA, tensor.device
@@ -137,7 +138,9 @@ def _make_capsule(tensor: FakeDeviceTensor, versioned: bool):
     dl.byte_offset = 0
     managed.deleter = ctypes.cast(_DELETER, ctypes.c_void_p).value
     address = ctypes.addressof(managed)
-    _EXPORTS[address] = (managed, shape, tensor)
+    # Like torch's, the export keeps the tensor's *storage* (its memory), not the Python tensor:
+    # the caller's object may die while a consumer still holds the capsule.
+    _EXPORTS[address] = (managed, shape, tensor.storage if tensor.storage is not None else tensor)
     name = _NAME_VERSIONED if versioned else _NAME_LEGACY
     return _PyCapsule_New(address, ctypes.addressof(name), ctypes.cast(_CAPSULE_DESTRUCTOR, ctypes.c_void_p).value)
 
@@ -252,6 +255,11 @@ def _free_block(allocator: CachingAllocator, ptr: int) -> None:
     allocator.free(ptr)
 
 
+class _Storage:
+    """The owner of a tensor's memory (torch's ``UntypedStorage``): the memory is freed, or
+    its block given back, when the last tensor or export holding it is gone."""
+
+
 class FakeDeviceTensor:
     """A contiguous array in fake device memory, owned by its producer double.
 
@@ -268,6 +276,9 @@ class FakeDeviceTensor:
         self.device = device
         self.read_only = read_only
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        #: What owns the memory (freed when it dies), as torch's storage: set by the producer
+        #: that allocated it; None for a tensor made by from_dlpack (its capsule owns it).
+        self.storage: _Storage | None = None
 
     def data_ptr(self) -> int:
         return self.ptr
@@ -510,10 +521,11 @@ class _Producer:
             ptr = self.fake.malloc(max(nbytes, 1)) if self.allocator is None \
                 else self.allocator.malloc(max(nbytes, 1), device)
         t = self.tensor_type(self, ptr, shape, dtype, device)
+        t.storage = storage = _Storage()
         if self.allocator is None:
-            weakref.finalize(t, _free_device_memory, weakref.ref(self), self.fake, ptr, device)
+            weakref.finalize(storage, _free_device_memory, weakref.ref(self), self.fake, ptr, device)
         else:
-            weakref.finalize(t, _free_block, self.allocator, ptr)
+            weakref.finalize(storage, _free_block, self.allocator, ptr)
         return t
 
     def empty_cache(self) -> int:

@@ -473,7 +473,8 @@ def result_of(response: Response, doing: str) -> Any:
             message = f"HTTP {response.status}: {body[:200]!r}"
         from tritonclient.utils import InferenceServerException
 
-        raise translate_error(InferenceServerException(msg=message), doing)
+        # The status as tritonclient.http gives it: it tells the server's own answer from ours.
+        raise translate_error(InferenceServerException(msg=message, status=str(response.status)), doing)
     return Result(answer)
 
 

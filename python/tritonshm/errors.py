@@ -57,6 +57,7 @@ __all__ = [
     "SharedMemoryRefused",
     "OutputTooSmall",
     "PoolExhausted",
+    "TensorInUse",
     "ClientClosed",
     "InvalidOption",
     "InvalidOptionType",
@@ -211,6 +212,12 @@ class PoolExhausted(Error, TimeoutError):
     """No slot could be had: in-flight requests kept every slot busy for the
     whole timeout, or growing the pool would pass ``max_pool_bytes``; the
     message says which."""
+
+
+class TensorInUse(Error, TimeoutError):
+    """A tensor given to a request is memory that an earlier request may still read or write
+    -- one the client gave up on (``client_timeout``, cancelled, closed) while the server ran
+    it -- and the server was not done with it within the request's ``slot_timeout``."""
 
 
 class ClientClosed(Error, ValueError):

@@ -40,7 +40,7 @@ def test_responses_go_to_their_request_until_the_final_one():
     (a, inbox_a), (b, inbox_b) = opened(table), opened(table)
     assert a.id != b.id
     ended = []
-    a.when_final(lambda: ended.append("a"))
+    a.when_final(lambda answered: ended.append("a"))
     table.dispatch(response(b.id, final=False, output=[2.0]), wrap)
     table.dispatch(response(a.id, final=False, output=[1.0]), wrap)
     table.dispatch(response(a.id, final=True), wrap)    # an empty final response
@@ -83,13 +83,13 @@ def test_a_broken_stream_ends_every_open_request_and_refuses_new_ones():
     table = StreamTable()
     (a, inbox_a), (b, inbox_b) = opened(table), opened(table)
     ended = []
-    b.when_final(lambda: ended.append("b"))
+    b.when_final(lambda answered: ended.append("b"))
     gone = tritonshm.ServerUnavailable("gone")
     table.fail_all(gone)
     assert inbox_a.get_nowait().error is gone and inbox_b.get_nowait().error is gone
     assert ended == ["b"] and a.final and b.final
     later = []
-    a.when_final(lambda: later.append("now"))  # already over: runs at once
+    a.when_final(lambda answered: later.append("now"))  # already over: runs at once
     assert later == ["now"]
     with pytest.raises(tritonshm.ServerUnavailable):
         opened(table)

@@ -13,7 +13,7 @@ from typing import Any
 
 from tritonshm.client._slots import SYSTEM, SlotKind
 
-__all__ = ["budget_used", "lent_allocations", "live_pool", "live_pools", "parked"]
+__all__ = ["budget_used", "lent_allocations", "live_pool", "live_pools", "parked", "release_held_for_the_server"]
 
 
 def live_pools(client: Any) -> dict[tuple[str, str, SlotKind], Any]:
@@ -39,3 +39,17 @@ def budget_used(client: Any) -> int:
 def lent_allocations(client: Any) -> Any:
     """The client's table of lent GPU allocations (:class:`~tritonshm.client._lent.LentAllocations`)."""
     return client._engine._lent
+
+
+def release_held_for_the_server(tritonclient: Any) -> None:
+    """Unregister (through *tritonclient*) and let go of the device memory closed clients held
+    for the life of the process (the server refused to unregister it then): a test's clean-up,
+    once the test made the server let go."""
+    from tritonshm import triton
+    from tritonshm.client._disposal import held_for_the_server
+
+    held, held_for_the_server[:] = list(held_for_the_server), []
+    for extent in held:
+        if extent.name is not None:
+            triton.unregister(tritonclient, extent.name)
+        extent.release_memory()

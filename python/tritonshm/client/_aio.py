@@ -129,6 +129,8 @@ class AsyncDriver:
             self._http1.close()
 
     async def _stream_send(self, step: StreamSend) -> Any:
+        if step.claim is not None:
+            step.claim.unanswered = True
         key = stream_key(step.options)
         stream = self._streams.get(key)
         if stream is None:
@@ -153,11 +155,16 @@ class AsyncDriver:
         being freed while the server has it open.
         """
         def finish(done: asyncio.Future) -> None:
-            if not done.cancelled() and done.exception() is None and isinstance(step, Register):
-                try:
-                    advance(steps, done.result())
-                except Exception:
-                    pass  # what came next failed: closing below still runs the steps' clean-up
+            # A registration that went through, and a request's answer (or failure), are handed
+            # to the steps: the memory joins its pool, and the request's claim learns that the
+            # server is done with it (else it would hold the slot and lent tensors for the server).
+            if not done.cancelled() and isinstance(step, (Register, Send)):
+                failure = done.exception()
+                if failure is None or isinstance(step, Send):
+                    try:
+                        advance(steps, None if failure is not None else done.result(), failure)
+                    except Exception:
+                        pass  # what came next failed: closing below still runs the steps' clean-up
             steps.close()
 
         if task.done():
@@ -166,6 +173,8 @@ class AsyncDriver:
             task.add_done_callback(finish)
 
     async def _send(self, step: Send) -> Any:
+        if step.claim is not None:
+            step.claim.unanswered = True  # on its way: the server may run it from now on
         doing = f"inferring with model {step.model!r}"
         if self._http1 is not None:  # on the loop's own sockets: a message made ready once, or now
             return await self._http1.send(step.message or _messages.http_request(step))

@@ -131,6 +131,8 @@ class BlockingDriver:
             self._http1.close()
 
     def _stream_send(self, step: StreamSend) -> Any:
+        if step.claim is not None:
+            step.claim.unanswered = True
         key = stream_key(step.options)
         stream = self._streams.get(key)
         if stream is None:
@@ -145,6 +147,8 @@ class BlockingDriver:
             raise ServerTimeout(f"no response from the server within client_timeout={step.timeout} s") from None
 
     def _send(self, step: Send) -> Any:
+        if step.claim is not None:
+            step.claim.unanswered = True  # on its way: the server may run it from now on
         if self._http1 is not None:  # on this thread's socket: a message made ready once, or now
             return self._http1.send(step.message or _messages.http_request(step))
         if step.message is not None and not self._wire.http:  # gRPC, made ready once: sent as it is

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -45,18 +46,22 @@ class DeviceTensor:
     ``source[offset : offset + nbytes]`` (in bytes) is the tensor, *source*
     its :class:`~tritonshm.cuda.Capture` (which copies wait for); slicing
     along the first axis (what batch chunking does) moves ``offset``.
+    *origin* is a weak reference to the object the caller gave (None where it
+    takes none): whether the caller still has it tells the lent table whether
+    a tensor is used again (:mod:`._lent`).
     """
 
-    __slots__ = ("source", "dtype", "shape", "device", "offset", "library")
+    __slots__ = ("source", "dtype", "shape", "device", "offset", "library", "origin")
 
     def __init__(self, source: Any, dtype: np.dtype, shape: tuple[int, ...], device: int,
-                 offset: int = 0, library: str | None = None):
+                 offset: int = 0, library: str | None = None, origin: "weakref.ref[Any] | None" = None):
         self.source = source
         self.dtype = dtype
         self.shape = shape
         self.device = device
         self.offset = offset
         self.library = library_of(source) if library is None else library
+        self.origin = origin
 
     @property
     def nbytes(self) -> int:
@@ -76,7 +81,7 @@ class DeviceTensor:
         stop = max(start, stop)
         row = math.prod(self.shape[1:]) * self.dtype.itemsize
         return DeviceTensor(self.source, self.dtype, (stop - start,) + self.shape[1:], self.device,
-                            self.offset + start * row, self.library)
+                            self.offset + start * row, self.library, self.origin)
 
     def __repr__(self) -> str:
         return f"<DeviceTensor {self.library} {self.dtype} {self.shape} on cuda:{self.device}>"
@@ -121,7 +126,11 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
         return None
     dtype, shape, device = described
     captured = capture(value, device)  # a producer's refusal is UnsupportedBuffer there
-    return DeviceTensor(captured, np.dtype(dtype), tuple(shape), device, library=library_of(value))
+    try:
+        origin = weakref.ref(value)
+    except TypeError:  # an object that takes no weak references: never known to be dropped
+        origin = None
+    return DeviceTensor(captured, np.dtype(dtype), tuple(shape), device, library=library_of(value), origin=origin)
 
 
 def capture_inputs(inputs: Any) -> Any:

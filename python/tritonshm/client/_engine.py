@@ -11,6 +11,7 @@ growth, re-registration and the fallbacks exist once.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -30,11 +31,15 @@ from ..errors import (
     OutputTooSmall,
     PoolExhausted,
     RegionNotRegistered,
+    ServerError,
     ServerTimeout,
+    ServerUnavailable,
     ShapeMismatch,
     SharedMemoryRefused,
+    TensorInUse,
 )
 from . import _bytes, _devices, _intake, _messages
+from ._claim import Claim, Claims, Span, server_answered
 from ._devices import DeviceTensor, OutTensor, Placement
 from ._lent import Lent, LentAllocations, LentInfo, LentStats
 from ._model import ModelInfo, shape_fits
@@ -86,27 +91,6 @@ class _InFlight:
             engine._in_flight -= 1
             if engine._in_flight == 0 and engine._closed:
                 engine._idle.notify_all()
-
-
-class _Lending:
-    """One chunk's lent tensors (:mod:`._lent`): inputs the server reads in place and results
-    the caller allocated that it writes in place, by name; the events of the work the caller
-    had queued on them, which the request waits for before it is sent."""
-
-    __slots__ = ("inputs", "outputs", "waits")
-
-    def __init__(self) -> None:
-        self.inputs: dict[str, Lent] = {}
-        self.outputs: dict[str, Lent] = {}
-        self.waits: list[Any] = []
-
-    def __bool__(self) -> bool:
-        return bool(self.inputs or self.outputs)
-
-    def finished(self, allocations: LentAllocations) -> None:
-        """The request is over: the allocations may be let go of again."""
-        for where in (*self.inputs.values(), *self.outputs.values()):
-            allocations.finished(where)
 
 
 class _QuickSlot(NamedTuple):
@@ -186,6 +170,8 @@ class Engine:
         self._creator_pid = os.getpid()  # a forked child must not unregister our names
         # The caller's GPU allocations registered to send its tensors by reference (beside the pools).
         self._lent = LentAllocations(max_lent_bytes, self._creator_pid, self._parked)
+        # The caller's memory that unfinished requests name (a request that would clash waits).
+        self._claims = Claims()
         # Requests between their first step and their last: close() lets them finish first.
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
@@ -512,7 +498,9 @@ class Engine:
         What it still refuses then is for :meth:`hold_refused`."""
         with self._lock:
             drop = close_pools_steps(self._pools, self._retired, self._creator_pid, self._parked)
-        lent = self._lent.forget()  # no request is in flight any more: every lent allocation
+        # Every lent allocation, those of requests still in flight (close() stopped waiting for
+        # them) too: unregistering is refused while they run, so they are parked, held, meanwhile.
+        lent = self._lent.forget(in_use_too=True)
 
         def steps() -> Steps:
             yield from drop
@@ -531,8 +519,9 @@ class Engine:
         return self._lent.snapshot()
 
     def lent_stats(self) -> LentStats:
-        """How GPU tensors travelled: by reference or copied (and why). No I/O."""
-        return self._lent.stats()
+        """How GPU tensors travelled: by reference or copied (and why), and the requests given up
+        on whose memory is still held for the server. No I/O."""
+        return dataclasses.replace(self._lent.stats(), awaiting_server=self._claims.awaiting())
 
     def hold_refused(self) -> None:
         """After :meth:`release_steps`: close parked host memory, and hold device memory the
@@ -640,20 +629,49 @@ class Engine:
 
     def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None = None) -> Steps:
         """Steps of one chunk of *plan* (its *arrays* fit a slot): lease, copy in, run,
-        collect (fixed-size outputs into *rows* of a chunked batch's results, when given)."""
-        with self._flight():
-            return (yield from self._chunk_attempts(plan, arrays, rows))
+        collect (fixed-size outputs into *rows* of a chunked batch's results, when given).
 
-    def _chunk_attempts(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None) -> Steps:
+        What the server may touch -- the slot, the tensors lent -- is held by the chunk's
+        :class:`~._claim.Claim`, which lets go of it when the chunk ends: at once if the
+        server answered, else once the server lets go of it."""
+        with self._flight():
+            claim = Claim(self._claims, self._lent)
+            try:
+                outputs = yield from self._chunk_attempts(plan, arrays, rows, claim)
+            except GeneratorExit:  # closed (a cancelled aio call): no more steps may be taken
+                self._end_claim(claim)
+                raise
+            except BaseException:
+                self._end_claim(claim)
+                if self._closed:  # nobody else will: what the request left, unregistered now
+                    yield from self._dispose_steps()
+                raise
+            self._end_claim(claim)
+            if self._has_disposals():
+                yield from self._dispose_steps()  # what the finished request left idle
+            return outputs
+
+    def _end_claim(self, claim: Claim) -> None:
+        """The one place a request's claim ends (see :mod:`._claim`)."""
+        if claim.unanswered:
+            self._lent.count_abandoned()
+        claim.end()
+
+    def _chunk_attempts(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None,
+                        claim: Claim) -> Steps:
         info, names, route = plan.info, plan.names, plan.route
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays)
+        yield from self._wait_for_clashes(plan, arrays, claim)
+        if route.lent and not self._wire_only:  # (a server that refused CUDA memory: the table says so)
+            yield from self._lend_steps(plan, arrays, claim)
         needs = self._needs(info, shapes, bytes_sizes)
-        lent = _Lending()
-        try:
-            if route.lent and not self._wire_only:  # (a server that refused CUDA memory: the table says so)
-                yield from self._lend_steps(plan, arrays, lent)
-            for attempt in range(_GROW_ATTEMPTS):
+        if claim:  # lent tensors take no room in a slot
+            needs = {name: size for name, size in needs.items()
+                     if name not in claim.inputs and name not in claim.outputs}
+        for attempt in range(_GROW_ATTEMPTS):
+            lease = None
+            if needs or self._wire_only:
                 lease = None if self._wire_only else (
                     yield from self._lease_steps(info, needs, plan.slot_timeout, not plan.copy, route.memory))
                 if lease is None:
@@ -661,45 +679,56 @@ class Engine:
                     result = yield Send(info.name, info.version, inputs, requested, plan.options)
                     outputs = _messages.wire_results(info, result, names, route.results, rows)
                     return _intake.into_out(info, outputs, plan.out)
-                try:
-                    stream = yield from self._fill_steps(info, lease, arrays, bytes_sizes, route.device, lent)
-                    outputs = yield from self.slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,
-                                                         route.results, rows, stream, options=plan.options,
-                                                         lent=lent, out=plan.out)
-                except ServerTimeout:
-                    # The server may still run the request and write its outputs into the slot: it
-                    # never comes back to the pool (it goes with its extent, when the client closes).
-                    lease.pool.finished()
-                    lease = None
+            claim.lease = lease
+            try:
+                stream = yield from self._fill_steps(info, lease, arrays, bytes_sizes, route.device, claim)
+                outputs = yield from self.slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,
+                                                     route.results, rows, stream, options=plan.options,
+                                                     claim=claim, out=plan.out)
+            except OutputTooSmall as exc:
+                # A variable-size output outgrew its guess: grow to what the server asked for
+                # and run again on a slot of a larger pool -- unless running it again would do
+                # harm (Triton says so after the model ran; a sequence's state would advance
+                # twice) or cannot help (the caller's out= tensor is the room it had).
+                given = None if plan.out is None or exc.output is None else plan.out.get(exc.output)
+                if given is not None:
+                    raise _intake.out_too_small(info, exc, given) from None
+                if exc.output not in needs or exc.needed is None or attempt + 1 == _GROW_ATTEMPTS \
+                        or not (plan.options is None or plan.options.may_run_twice):
                     raise
-                except OutputTooSmall as exc:
-                    # A variable-size output outgrew its guess: grow to what the
-                    # server asked for and run again on a slot of a larger pool --
-                    # unless running it again would do harm: Triton says so after the
-                    # model ran, and a sequence's state would advance twice.
-                    if exc.output not in needs or exc.needed is None or attempt + 1 == _GROW_ATTEMPTS \
-                            or not (plan.options is None or plan.options.may_run_twice):
-                        raise
-                    needs = {**needs, exc.output: exc.needed}
-                    continue
-                finally:
-                    if lease is None:
-                        pass  # kept out of the pool (above)
-                    elif lease.handle is None:
-                        lease.pool.finished_and_back(lease)  # results were copied out: nothing holds the slot
-                    else:
-                        lease.pool.finished()
-                    # Drop the lease now, not when a traceback holding this frame dies.
-                    del lease
-                self._lent.count(len(lent.inputs), len(lent.outputs))
-                if self._has_disposals():
-                    yield from self._dispose_steps()  # what the finished request left idle
-                return outputs
-        finally:
-            lent.finished(self._lent)
+                needs = {**needs, exc.output: exc.needed}
+                claim.end_lease()
+                continue
+            finally:
+                del lease  # now, not when a traceback holding this frame dies
+            self._lent.count(len(claim.inputs), len(claim.outputs))
+            return outputs
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _lend_steps(self, plan: Plan, arrays: Mapping[str, Any], lent: "_Lending") -> Steps:
+    def _wait_for_clashes(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
+        """Wait until no unfinished request names the caller's GPU memory this one writes, or
+        writes what this one reads (a request the client gave up on, still running on the
+        server); :class:`TensorInUse` after the request's slot_timeout."""
+        if not self._claims.busy:
+            return
+        named = [(f"input {name!r}", Span.of(array, False)) for name, array in arrays.items()
+                 if isinstance(array, DeviceTensor) and array.nbytes]
+        named += [(f"out[{name!r}]", Span.of(given.tensor, True)) for name, given in (plan.out or {}).items()
+                  if given.tensor.nbytes]
+        deadline = None if plan.slot_timeout is None else time.monotonic() + plan.slot_timeout
+        for what, span in named:
+            while self._claims.conflict(span, claim):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TensorInUse(
+                        f"{what} of this request on model {plan.info.name!r} is memory an earlier request "
+                        f"still uses: one the client gave up on (client_timeout, cancelled, closed), which "
+                        f"the server may still be running; waited slot_timeout={plan.slot_timeout} s for the "
+                        f"server to be done with it. Wait longer (slot_timeout=), or give other tensors")
+                if self._has_disposals():  # among them, asking the server again to let go of it
+                    yield from self._dispose_steps()
+                yield Pause(_BUDGET_POLL)
+
+    def _lend_steps(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
         """Lend the server the GPU inputs of one chunk, and the results the caller allocated,
         where their memory can be (:mod:`._lent`); the rest is copied as before."""
         for name, array in arrays.items():
@@ -708,15 +737,13 @@ class Engine:
                 if where is None:
                     where = yield from self._lent.lend_steps(array)
                 if where is not None:
-                    lent.inputs[name] = where
-                    lent.waits.append(array.source.event)
+                    claim.lend(name, where, array, writes=False)
         for name, given in (plan.out or {}).items():
             if not given.tensor.nbytes:
                 continue
             where = yield from self._lent.lend_steps(given.tensor)
             if where is not None:
-                lent.outputs[name] = where
-                lent.waits.append(given.tensor.source.event)
+                claim.lend(name, where, given.tensor, writes=True)
 
     def _in_own_slot(self, tensor: DeviceTensor) -> Lent | None:
         """Where *tensor* is when it is a view of one of this client's own CUDA slots (a result
@@ -738,10 +765,11 @@ class Engine:
                     return Lent(extent, extent.name, ptr - region.ptr, tensor.nbytes)
         return None
 
-    def _fill_steps(self, info: ModelInfo, lease: Lease, arrays: Mapping[str, Any],
-                    bytes_sizes: Mapping[str, int], device: int | None, lent: "_Lending | None" = None) -> Steps:
-        """Copy *arrays* into the leased slot (BYTES serialized straight in) but those *lent*;
-        returns this thread's copy stream of the slot's (or *device*'s) GPU, None without one.
+    def _fill_steps(self, info: ModelInfo, lease: Lease | None, arrays: Mapping[str, Any],
+                    bytes_sizes: Mapping[str, int], device: int | None, claim: Claim | None = None) -> Steps:
+        """Copy *arrays* into the leased slot (BYTES serialized straight in) but those the
+        *claim* lends; returns this thread's copy stream of the slot's (or *device*'s) GPU, None
+        without one.  No lease: everything is lent.
 
         The copies run on that copy stream, after the event each captured input
         carries; the server reads the slot only once they have landed (one wait,
@@ -749,16 +777,17 @@ class Engine:
         (results the caller allocated) by the server in place: the same wait
         covers the work the caller had queued on them when it called.
         """
-        memory = lease.extent.memory
-        stream = self._copy_stream(memory, device)
+        memory = None if lease is None else lease.extent.memory
+        stream = _devices.copy_stream(device) if memory is None else self._copy_stream(memory, device)
         queued = False
-        waits = lent.waits if lent else []
+        waits = claim.waits if claim else []
         try:
             for spec in info.inputs:
+                if claim and spec.name in claim.inputs:
+                    continue
+                assert lease is not None and memory is not None, "an input not lent has room in a slot"
                 offset = lease.offset(spec.name)
                 array = arrays[spec.name]
-                if lent and spec.name in lent.inputs:
-                    continue
                 if spec.is_bytes:
                     _bytes.encode_into(array, memory.bytes_at(offset, bytes_sizes[spec.name]))
                 else:
@@ -923,78 +952,86 @@ class Engine:
 
     def _stream_send_steps(self, plan: Plan, arrays: Mapping[str, Any]) -> Steps:
         """Lease a slot, fill it and send the request on the stream: ``(entry, pool)`` (pool
-        None on the wire); the slot goes back when the server is done with the request."""
+        None on the wire).  Its :class:`~._claim.Claim` (slot, lent inputs) ends when the
+        server is done with the request: its final response -- or, the stream ended first,
+        once the server lets go of what it may still read."""
         info = plan.info
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays)
-        lent = _Lending()
-        lease = None
+        claim = Claim(self._claims, self._lent)
         with self._flight():
             try:
+                yield from self._wait_for_clashes(plan, arrays, claim)
                 if plan.route.lent and not self._wire_only:
-                    yield from self._lend_steps(plan, arrays, lent)
-                lease = None if self._wire_only else (
-                    yield from self._lease_steps(info, self._needs(info, shapes, bytes_sizes), plan.slot_timeout, False,
-                                                 plan.route.memory))
-                if lease is None:
+                    yield from self._lend_steps(plan, arrays, claim)
+                needs = {name: size for name, size in self._needs(info, shapes, bytes_sizes).items()
+                         if name not in claim.inputs}  # lent inputs take no room in a slot
+                lease = None if self._wire_only or not needs else (
+                    yield from self._lease_steps(info, needs, plan.slot_timeout, False, plan.route.memory))
+                claim.lease = lease
+                if self._wire_only or lease is None and not claim:
                     inputs = _messages.wire_request(self.wire, info, arrays, [])[0]
                 else:
-                    yield from self._fill_steps(info, lease, arrays, bytes_sizes, plan.route.device, lent)
-                    inputs = _messages.slot_request(self.wire, info, lease, shapes, (), bytes_sizes, lent=lent)[0]
+                    yield from self._fill_steps(info, lease, arrays, bytes_sizes, plan.route.device, claim)
+                    inputs = _messages.slot_request(self.wire, info, lease, shapes, (), bytes_sizes, lent=claim)[0]
                 outputs = [self.wire.requested_output(name) for name in plan.names]
-                entry = yield StreamSend(info.name, info.version, inputs, outputs, plan.options)
-            except BaseException:
-                if lease is not None:
-                    lease.pool.finished_and_back(lease)
-                lent.finished(self._lent)
+                # (the driver marks the claim unanswered as it sends, until the final response)
+                entry = yield StreamSend(info.name, info.version, inputs, outputs, plan.options, claim)
+            except GeneratorExit:  # whether the request went out is unknown: the claim waits for the server
+                self._end_claim(claim)
                 raise
-        self._lent.count(len(lent.inputs))
-        entry.when_final(functools.partial(self._stream_request_done, lease, lent))
-        return entry, None if lease is None else lease.pool
+            except BaseException:
+                claim.unanswered = False  # not sent: the stream refused it
+                self._end_claim(claim)
+                raise
+        self._lent.count(len(claim.inputs))
+        pool = None if claim.lease is None else claim.lease.pool
+        entry.when_final(functools.partial(self._stream_request_done, claim))
+        return entry, pool
 
-    def _stream_request_done(self, lease: Lease | None, lent: _Lending) -> None:
-        """A streamed request's final response came (or its stream ended): its slot goes back,
-        its lent allocations may be let go of."""
-        if lease is not None:
-            lease.pool.finished_and_back(lease)
-        lent.finished(self._lent)
+    def _stream_request_done(self, claim: Claim, answered: bool) -> None:
+        """A streamed request's final response came (*answered*), or its stream ended first
+        (the server may still run it): its claim ends."""
+        claim.unanswered = not answered
+        self._end_claim(claim)
 
-    def _register_again_steps(self, pool: SlotPool) -> Steps:
+    def _register_again_steps(self, pool: SlotPool | None) -> Steps:
         """Register every extent of *pool*, and every lent allocation, again under its name
         (the server restarted and forgot them all)."""
-        return register_again_steps([*pool.extents, *self._lent.extents()])
+        return register_again_steps([*(pool.extents if pool is not None else ()), *self._lent.extents()])
 
-    def slot_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
+    def slot_steps(self, info: ModelInfo, lease: Lease | None, shapes: Mapping[str, tuple[int, ...]],
                    names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
                    results: Placement, rows: _intake.Rows | None = None, stream: Any = None,
-                   ready: Any = None, options: RequestOptions | None = None, lent: _Lending | None = None,
+                   ready: Any = None, options: RequestOptions | None = None, claim: Claim | None = None,
                    out: Mapping[str, OutTensor] | None = None) -> Steps:
         """Steps of running the inputs already in a slot (after the event *ready*, when given);
         outputs (checked *names*) land there too, and are delivered where *results* says,
         copied on *stream* (this thread's copy stream of the slot's or the results' GPU) and
-        landed before they are returned.  Tensors *lent* are named where they are instead of
-        in the slot; results the caller allocated (*out*) are returned, filled."""
+        landed before they are returned.  Tensors the *claim* lends are named where they are
+        instead of in the slot (no lease: all of them); results the caller allocated (*out*)
+        are returned, filled.  The claim knows whether the server answered."""
         with self._flight():
             if ready is not None:
                 yield WaitForDevice(ready)
             inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, bytes_sizes,
-                                                                prepare=options is None, lent=lent)
-            send = Send(info.name, info.version, inputs, requested, options, message)
-            try:
-                result = yield send
-            except RegionNotRegistered:
-                # The server restarted and forgot our regions: register every
-                # extent of the pool (and every lent allocation) again under its name, then retry once.
-                yield from self._register_again_steps(lease.pool)
-                result = yield send
-            if lease.extent.memory.closed:  # close() gave up waiting for us and closed it
+                                                                prepare=options is None, lent=claim)
+            send = Send(info.name, info.version, inputs, requested, options, message, claim)
+            result = yield from self._send_claimed(send, claim)
+            if isinstance(result, RegionNotRegistered):
+                # The server restarted and forgot our regions: register every extent of the
+                # pool (and every lent allocation) again under its name, then retry once.
+                yield from self._register_again_steps(None if lease is None else lease.pool)
+                result = yield from self._send_claimed(send, claim, again=True)
+            if lease is not None and lease.extent.memory.closed:  # close() gave up waiting for us and closed it
                 raise ClientClosed(f"the client was closed while this request on model {info.name!r} "
                                    f"ran: its results are lost")
             if stream is None:
-                stream = self._copy_stream(lease.extent.memory, results.device)
+                stream = self._copy_stream(lease.extent.memory, results.device) if lease is not None \
+                    else _devices.copy_stream(results.device)
             try:
                 outputs, queued = _messages.collect(info, lease, result, names, copy, results, rows, stream,
-                                                    lent, out)
+                                                    claim, out)
                 if queued:
                     yield WaitForDevice(stream.record())
             except BaseException:
@@ -1005,6 +1042,28 @@ class Engine:
                     stream.synchronize()
                 raise
             return outputs
+
+    @staticmethod
+    def _send_claimed(send: Send, claim: Claim | None, again: bool = False) -> Steps:
+        """Send *send*; the result -- or, the first time, a :class:`RegionNotRegistered` to
+        heal -- with *claim* unanswered from the driver's sending (it marks it) until the
+        server's answer (a result, or an error the server sent; not a timeout, a cancellation or
+        a lost connection, after which it may still run the request: see :mod:`._claim`)."""
+        try:
+            result = yield send
+        except RegionNotRegistered as exc:
+            if claim is not None:
+                claim.unanswered = False  # refused before it ran
+            if again:
+                raise
+            return exc
+        except ServerError as exc:
+            if claim is not None and server_answered(exc):
+                claim.unanswered = False  # the server's own answer
+            raise
+        if claim is not None:
+            claim.unanswered = False
+        return result
 
     @staticmethod
     def _copy_stream(memory: SlotMemory, device: int | None) -> Any:

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import DTypeMismatch, InvalidOption, ShapeMismatch
+from ..errors import DTypeMismatch, InvalidOption, OutputTooSmall, ReadOnlyRegion, ShapeMismatch
 from . import _bytes, _devices
 from ._devices import HOST, Placement
 from ._model import ModelInfo, shape_fits
@@ -110,6 +110,9 @@ def check_out(info: ModelInfo, out: Mapping[str, _devices.OutTensor], names: Seq
         if spec.is_bytes:
             raise DTypeMismatch(f"out[{name!r}]: output {name!r} is BYTES, which comes back as numpy objects")
         tensor = given.tensor
+        if tensor.source.readonly:
+            raise ReadOnlyRegion(f"out[{name!r}] is read-only (its producer exported it so): the server cannot "
+                                 f"write output {name!r} of model {info.name!r} into it; give a writable tensor")
         if tensor.dtype != spec.dtype:
             raise DTypeMismatch(f"out[{name!r}] is {tensor.dtype}, but output {name!r} of model {info.name!r} "
                                 f"is {spec.datatype} ({spec.dtype})")
@@ -126,8 +129,18 @@ def check_out(info: ModelInfo, out: Mapping[str, _devices.OutTensor], names: Seq
 def check_answer_fits_out(info: ModelInfo, name: str, shape: tuple[int, ...], given: _devices.OutTensor) -> None:
     """The server's shape of output *name* is the shape of the tensor the caller allocated for it."""
     if tuple(shape) != given.tensor.shape:
-        raise ShapeMismatch(f"model {info.name!r} returned output {name!r} of shape {list(shape)}, "
-                            f"but out[{name!r}] has shape {list(given.tensor.shape)}")
+        nbytes = math.prod(shape) * given.tensor.dtype.itemsize
+        raise ShapeMismatch(f"model {info.name!r} returned output {name!r} of shape {list(shape)} ({nbytes} bytes), "
+                            f"but out[{name!r}] has shape {list(given.tensor.shape)} ({given.tensor.nbytes} bytes)")
+
+
+def out_too_small(info: ModelInfo, exc: OutputTooSmall, given: _devices.OutTensor) -> ShapeMismatch:
+    """The error of an ``out=`` tensor too small for what the server made of output ``exc.output``
+    (the server said so, before writing anything): no larger slot can help, so no second run."""
+    needed = f"{exc.needed} bytes" if exc.needed is not None else "more bytes"
+    return ShapeMismatch(f"model {info.name!r} made output {exc.output!r} of {needed}, but out[{exc.output!r}] "
+                         f"holds {given.tensor.nbytes} bytes (shape {list(given.tensor.shape)}): give a tensor "
+                         f"of the output's shape (the model ran once; nothing was written)")
 
 
 def into_out(info: ModelInfo, outputs: dict[str, Any],

@@ -30,10 +30,23 @@ over), on ``forget()`` (before a caller's ``empty_cache()``, to give the
 memory back), and when the client closes; the disposal steps
 (:mod:`._disposal`) do it as for slots, parking what the server still uses.
 
+Lend only what pays: registering an allocation costs 1-3 ms and holding it
+keeps its memory from the caller's allocator, while a device copy of 64 MiB
+takes tens of microseconds.  So a buffer the caller uses again is lent, and
+one made afresh for each request is copied ("used once"): once an allocation
+lent for one request only is found idle with its tensor dropped by the caller
+(it is let go of then, so torch can reuse its segment), new allocations are
+copied until the caller gives a tensor it gave before.
+
+A request the client gave up on (:mod:`._claim`) may still be run by the
+server: :meth:`~LentAllocations.abandon` takes its allocations out of the
+table, to be unregistered, and has their registrations hold the request's
+tensors until the server lets go of them.
+
 Memory CUDA IPC cannot export (``cudaMallocAsync`` pools, expandable
 segments, managed memory), a table with no room, or a server that cannot
 open CUDA memory: the tensor is copied through a CUDA slot as before, and
-:meth:`~LentAllocations.stats` says how many and why.
+:meth:`~LentAllocations.stats` says how many and why (:data:`COPIED_WHY`).
 """
 
 from __future__ import annotations
@@ -42,7 +55,8 @@ import collections
 import dataclasses
 import threading
 import time
-from typing import NamedTuple
+import weakref
+from typing import Any, NamedTuple
 
 from .._memory._cuda_region import CudaRegion
 from ..errors import NotShareable, RegistrationError, SharedMemoryRefused
@@ -52,10 +66,22 @@ from ._pool import ByteBudget, Extent
 from ._slots import RegisteredMemory
 from ._steps import Pause, Register, Steps
 
-__all__ = ["Lent", "LentAllocations", "LentInfo", "LentMemory", "LentStats"]
+__all__ = ["COPIED_WHY", "Lent", "LentAllocations", "LentInfo", "LentMemory", "LentStats"]
 
 _REGISTER_POLL = 0.0005  # how often a request waits for another's registration of the same allocation
 MAX_LENT_ENTRIES = 32    # allocations registered at most, whatever their size
+_RECENT = 8              # tensors copied as "used once" remembered, to see them given again
+
+#: Why a GPU tensor was copied rather than lent, as :attr:`LentStats.copied` counts them.
+COPIED_WHY = {
+    "used once": "a fresh allocation for one request: copying costs less than registering and holding it",
+    "not shareable": "memory CUDA IPC cannot export (cudaMallocAsync pools, expandable segments, managed)",
+    "bounds": "the lent allocations are at max_lent_bytes (or 32 of them), none idle and cold to make room",
+    "spans allocations": "a tensor that is not inside one allocation",
+    "server cannot open CUDA memory": "the server cannot open this process's CUDA memory",
+    "server refused": "the server refused to register the allocation",
+    "host route": "out= on a request whose results pass through host slots (numpy inputs or BYTES models)",
+}
 
 
 class LentMemory(RegisteredMemory):
@@ -63,9 +89,12 @@ class LentMemory(RegisteredMemory):
 
     kind = "cuda"
 
-    def __init__(self, region: CudaRegion):
+    def __init__(self, region: CudaRegion, origin: "weakref.ref[Any] | None" = None):
         self.region = region
         self.device = region.device
+        #: The caller's object of the first tensor lent from it (weakly): dropped, and lent for
+        #: one request only, the allocation was made for that request (see the module).
+        self.origin = origin
 
     @property
     def nbytes(self) -> int:
@@ -100,15 +129,22 @@ class LentStats:
 
     inputs_lent: int = 0       #: GPU inputs sent by reference
     outputs_lent: int = 0      #: outputs the server wrote straight into the caller's tensors (``out=``)
-    copied: dict[str, int] = dataclasses.field(default_factory=dict)  #: GPU tensors copied, by reason
+    #: GPU tensors copied, by reason (the keys of :data:`COPIED_WHY`)
+    copied: dict[str, int] = dataclasses.field(default_factory=dict)
     registrations: int = 0     #: allocations registered
-    evictions: int = 0         #: allocations let go to stay within the bounds
+    evictions: int = 0         #: allocations let go to stay within the bounds, or made for one request
     allocations: int = 0       #: allocations registered now
     nbytes: int = 0            #: their bytes
+    #: requests the client gave up on (client_timeout, cancelled, closed) before the server answered
+    abandoned: int = 0
+    #: of those, the ones whose memory (lent tensors) is still held now, until the server lets go
+    awaiting_server: int = 0
 
 
 class _Entry:
     __slots__ = ("extent", "handle", "users", "last_used", "lent")
+
+    extent: Extent[LentMemory]
 
     def __init__(self, extent: Extent, handle: bytes):
         self.extent = extent
@@ -146,6 +182,10 @@ class LentAllocations:
         self._doomed: list[_Entry] = []   # out of the table, still named by requests
         self._stats = LentStats()
         self.refused: str | None = None   # why the server cannot open lent memory (then: copies)
+        # Whether the caller makes a fresh allocation per request (then new ones are copied), and
+        # the tensors copied so since, to see one given again (then it is lent: see the module).
+        self._fresh_per_request = False
+        self._recent: collections.deque[weakref.ref[Any]] = collections.deque(maxlen=_RECENT)
 
     # -- lending ---------------------------------------------------------
 
@@ -153,12 +193,12 @@ class LentAllocations:
         """*tensor*'s allocation registered (now, or before): its :class:`Lent`, which the
         request hands back to :meth:`finished`; None where it must be copied instead."""
         if self.refused is not None:
-            return self._copied("the server cannot open CUDA memory")
+            return self._copied("server cannot open CUDA memory")
         source = tensor.source
         try:
             region = CudaRegion.borrow(source)
         except NotShareable:
-            return self._copied("not shareable (pool, virtual or managed memory)")
+            return self._copied("not shareable")
         offset = source.ptr + tensor.offset - region.ptr
         if offset + tensor.nbytes > region.nbytes:  # a tensor is one allocation; a malformed one is not
             region.close()
@@ -166,7 +206,7 @@ class LentAllocations:
         key = (region.device, region.ptr)
         handle = region.ipc_handle
         while True:
-            full = False
+            full = used_once = False
             with self._lock:
                 entry = self._entries.get(key)
                 if entry is not None and (entry.handle != handle or entry.extent.memory.nbytes != region.nbytes):
@@ -181,19 +221,22 @@ class LentAllocations:
                     self._entries.move_to_end(key)
                     region.close()  # the entry's own region holds the allocation
                     return Lent(entry.extent, entry.extent.name, offset, tensor.nbytes)
-                if entry is None:
+                if entry is None and self._used_once(tensor):
+                    used_once = True
+                elif entry is None:
                     if not self._make_room(region.nbytes):
                         full = True
                     elif not self._disposals:  # what was let go of is gone: its bytes are back
                         if self.budget.take(region.nbytes):
-                            entry = _Entry(Extent(LentMemory(region), 0, self.budget, region.nbytes), handle)
+                            memory = LentMemory(region, tensor.origin)
+                            entry = _Entry(Extent(memory, 0, self.budget, region.nbytes), handle)
                             self._entries[key] = entry
                             self._nbytes += region.nbytes
                             break
                         full = True  # bytes still held by allocations on their way out (in use, parked)
-            if full:
+            if full or used_once:
                 region.close()
-                return self._copied("lent allocations at their bounds")
+                return self._copied("used once" if used_once else "bounds")
             if self.has_disposals():
                 # What the table let go of (stale, evicted) goes first: unregistered, then its
                 # bytes back -- the bound holds at every instant, and the server never maps a
@@ -203,15 +246,15 @@ class LentAllocations:
             yield Pause(_REGISTER_POLL)  # another request is registering it: wait for its name
             if self.refused is not None:  # ... and the server refused it
                 region.close()
-                return self._copied("the server cannot open CUDA memory")
+                return self._copied("server cannot open CUDA memory")
         try:
             name = entry.extent.name = yield Register(entry.extent.memory)
         except (SharedMemoryRefused, RegistrationError) as exc:
             self._forget_failed(key, entry)
             if isinstance(exc, SharedMemoryRefused):
                 self.refused = str(exc)
-                return self._copied("the server cannot open CUDA memory")
-            return self._copied("the server refused the allocation")
+                return self._copied("server cannot open CUDA memory")
+            return self._copied("server refused")
         except BaseException:
             self._forget_failed(key, entry)
             raise
@@ -220,19 +263,41 @@ class LentAllocations:
         return Lent(entry.extent, name, offset, tensor.nbytes)
 
     def finished(self, lent: Lent) -> None:
-        """A request that named *lent* is over (answered, failed or cancelled)."""
+        """A request that named *lent* is over, answered: the server is done with it."""
         with self._lock:
-            for entry in self._doomed:
-                if entry.extent is lent.extent:
-                    entry.users -= 1
-                    if entry.users == 0:
-                        self._doomed.remove(entry)
-                        self._disposals.append(entry.extent)
-                    return
-            for entry in self._entries.values():
-                if entry.extent is lent.extent:
-                    entry.users -= 1
-                    return
+            self._one_user_less(lent.extent)
+
+    def abandon(self, lent: Lent, tensors: list[DeviceTensor]) -> Extent:
+        """The client gave up on a request that named *lent* (the server may still run it): the
+        allocation leaves the table -- to be unregistered once no other request names it, and
+        let go of once the server agrees (it refuses while the request runs) -- and its
+        registration holds *tensors*, the request's own, until then.  Returns that registration.
+
+        A view of one of the client's own slots (:meth:`Engine._in_own_slot`) is held by the
+        slot's extent likewise, until the pool lets go of it."""
+        extent = lent.extent
+        with self._lock:
+            extent.kept_for_server.extend(tensors)
+            for key, entry in self._entries.items():
+                if entry.extent is extent:
+                    self._remove(key)  # named by this request still: doomed, until the last one ends
+                    break
+            self._one_user_less(extent)
+        return extent
+
+    def _one_user_less(self, extent: Extent) -> None:
+        # Under the lock.  A request naming *extent* is over.
+        for entry in self._doomed:
+            if entry.extent is extent:
+                entry.users -= 1
+                if entry.users == 0:
+                    self._doomed.remove(entry)
+                    self._disposals.append(entry.extent)
+                return
+        for entry in self._entries.values():
+            if entry.extent is extent:
+                entry.users -= 1
+                return
 
     def count(self, inputs: int = 0, outputs: int = 0) -> None:
         """Count tensors a request sent by reference."""
@@ -240,10 +305,36 @@ class LentAllocations:
             self._stats.inputs_lent += inputs
             self._stats.outputs_lent += outputs
 
+    def copied(self, why: str) -> None:
+        """Count a GPU tensor copied rather than lent, and why (a key of :data:`COPIED_WHY`)."""
+        self._copied(why)
+
     def _copied(self, why: str) -> None:
         with self._lock:
             self._stats.copied[why] = self._stats.copied.get(why, 0) + 1
         return None
+
+    def _used_once(self, tensor: DeviceTensor) -> bool:
+        """Whether *tensor*, in an allocation the table does not hold, is better copied: the
+        caller makes fresh allocations per request (see the module).  Under the lock."""
+        for key, entry in list(self._entries.items()):
+            origin = entry.extent.memory.origin
+            if entry.users == 0 and entry.lent == 1 and entry.extent.name is not None \
+                    and origin is not None and origin() is None:
+                # Lent for one request, and its tensor dropped: it was made for that request,
+                # and holding it keeps its memory from the caller's allocator.  Let go of it.
+                self._remove(key)
+                self._stats.evictions += 1
+                self._fresh_per_request = True
+        if not self._fresh_per_request:
+            return False
+        given = None if tensor.origin is None else tensor.origin()
+        if given is not None and any(ref() is given for ref in self._recent):
+            self._fresh_per_request = False  # a tensor given again: the caller reuses its buffers
+            return False
+        if tensor.origin is not None:
+            self._recent.append(tensor.origin)
+        return True
 
     # -- the table -------------------------------------------------------
 
@@ -295,12 +386,17 @@ class LentAllocations:
             taken, self._disposals = self._disposals, []
         return taken
 
-    def forget(self) -> list[Extent]:
+    def forget(self, in_use_too: bool = False) -> list[Extent]:
         """Every allocation out of the table: the idle ones to drop now (returned), the ones
-        requests still name once they finish."""
+        requests still name once they finish -- or, *in_use_too* (a closing client that stopped
+        waiting for its requests), now as well: the server refuses to unregister what a request
+        still uses, so those are parked, held, until it lets go of them."""
         with self._lock:
             for key in list(self._entries):
                 self._remove(key)
+            if in_use_too:
+                self._disposals.extend(entry.extent for entry in self._doomed)
+                self._doomed.clear()
         return self.take_disposals()
 
     def extents(self) -> list[Extent]:
@@ -321,3 +417,8 @@ class LentAllocations:
         with self._lock:
             return dataclasses.replace(self._stats, copied=dict(self._stats.copied),
                                        allocations=len(self._entries), nbytes=self._nbytes)
+
+    def count_abandoned(self) -> None:
+        """Count a request the client gave up on before the server answered."""
+        with self._lock:
+            self._stats.abandoned += 1

@@ -37,7 +37,7 @@ def make_room(cache: dict[Any, Any]) -> None:
             del cache[key]
 
 
-def collect(info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
+def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[str],
             copy: bool, results: Placement, rows: _intake.Rows | None = None,
             stream: Any = None, lent: Any = None,
             allocated: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
@@ -48,6 +48,12 @@ def collect(info: ModelInfo, lease: Lease, result: Any, names: Sequence[str],
     caller *allocated* (``out=``) are those objects, written by the server where
     *lent*, else copied in.  Copies touching a GPU are queued on *stream*;
     also returns whether any was."""
+    if lease is None:  # everything lent: the server wrote each result where the caller wanted it
+        assert allocated is not None and lent and all(n in lent.outputs for n in names), \
+            "a result not lent has room in a slot"
+        for name in names:
+            _intake.check_answer_fits_out(info, name, output_shape(result, name), allocated[name])
+        return {name: allocated[name].obj for name in names}, False
     memory, layout = lease.extent.memory, lease.pool.layout
     on_gpu = stream is not None and (memory.kind == "cuda" or results.device is not None)
     outputs, queued = {}, False
@@ -112,7 +118,7 @@ def rows_for(info: ModelInfo, rows: _intake.Rows | None, name: str,
     return rows.arrays[name], rows.start * row_bytes, rows.count * row_bytes
 
 
-def slot_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
+def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mapping[str, tuple[int, ...]],
                  names: Sequence[str], bytes_sizes: Mapping[str, int],
                  prepare: bool = False, lent: Any = None) -> tuple[list, list, Any]:
     """InferInputs and InferRequestedOutputs naming the slot's offsets, and with *prepare*
@@ -126,11 +132,13 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, 
     building is skipped on every later call (over HTTP, tritonclient
     itself too: see :mod:`tritonshm._http1`).
 
-    Tensors *lent* (a chunk's ``_Lending``: the caller's own GPU memory,
-    registered) are named where they are, in request objects of their own
-    (the slot's stay bound to the slot); a message is kept for them too,
-    keyed by where they were.
+    Tensors *lent* (a request's :class:`~._claim.Claim`: the caller's own GPU
+    memory, registered) are named where they are, in request objects of their
+    own (the slot's stay bound to the slot); a message is kept for them too,
+    keyed by where they were.  No *lease*: every tensor is lent (nothing is kept).
     """
+    if lease is None:
+        return _lent_request(wire, info, shapes, names, lent)
     memory, layout = lease.extent.memory, lease.pool.layout
     cache = lease.extent.requests.get(lease.index)
     if cache is None:
@@ -192,6 +200,24 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, 
         make_room(cache)
         message = cache[message_key] = wire.request_message(info.name, info.version, inputs, requested)
     return inputs, requested, message
+
+
+def _lent_request(wire: Any, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]], names: Sequence[str],
+                  lent: Any) -> tuple[list, list, Any]:
+    """The request objects of a request whose every tensor is lent: each named where it is."""
+    inputs = []
+    for spec in info.inputs:
+        where = lent.inputs[spec.name]
+        infer_input = wire.infer_input(spec.name, list(shapes[spec.name]), spec.datatype)
+        where.extent.memory.bind_input(infer_input, where.name, where.offset, where.nbytes)
+        inputs.append(infer_input)
+    requested = []
+    for output in names:
+        where = lent.outputs[output]
+        requested_output = wire.requested_output(output)
+        where.extent.memory.bind_output(requested_output, where.name, where.offset, where.nbytes)
+        requested.append(requested_output)
+    return inputs, requested, None
 
 
 def wire_request(wire: Any, info: ModelInfo, arrays: Mapping[str, np.ndarray],

@@ -90,10 +90,12 @@ class Routing:
                                     f"cannot carry; use transport='auto'")
             device = home if home is not None else self.default_device
             return Route(SlotKind.cuda(device), results, device, self.by_reference)
+        # Lent (by_reference) on every route: GPU inputs and out= results are named where they
+        # are whatever the slots are made of (a request may name regions of both kinds).
         if source is None:
-            return Route(SYSTEM, results, home)
+            return Route(SYSTEM, results, home, self.by_reference)
         if info.has_bytes:
-            return Route(SYSTEM if self.pinned else SlotKind.pinned(source), results, home)
+            return Route(SYSTEM if self.pinned else SlotKind.pinned(source), results, home, self.by_reference)
         return Route(SlotKind.cuda(source), results, home, self.by_reference)
 
     def request_memory(self, info: ModelInfo, device: Any) -> SlotKind:

@@ -152,13 +152,19 @@ class Extent(Generic[_Memory]):
         # Per slot index: the request objects naming its offsets, made once and reused (they die
         # with the extent, so a later extent can never inherit another's bindings).
         self.requests: dict[int, dict[Any, Any]] = {}
+        # What requests the client gave up on named in this memory, which the server may still
+        # read or write (the caller's tensors, a slot's lease): held until the memory is let go
+        # of -- after the server agreed to unregister it, or for good (see ._claim).
+        self.kept_for_server: list[Any] = []
 
     def release_memory(self) -> None:
-        """Close the memory (views keep what they use) and give its bytes back; idempotent."""
+        """Close the memory (views keep what they use), give its bytes back and let go of what
+        was kept for the server; idempotent."""
         budget, self._budget = self._budget, None
         try:
             self.memory.close()
         finally:
+            self.kept_for_server = []
             if budget is not None:
                 budget.give_back(self._nbytes)
 

@@ -71,6 +71,9 @@ class Send(NamedTuple):
     outputs: list
     options: Any = None
     message: Any = None     # the same request, made ready to send (gRPC; see Transport.request_message)
+    #: The request's :class:`~._claim.Claim`: the driver marks it unanswered as it sends (so a
+    #: request given up on is known to be on the server, and one never sent is not).
+    claim: Any = None
 
 
 class StreamSend(NamedTuple):
@@ -82,6 +85,7 @@ class StreamSend(NamedTuple):
     inputs: list
     outputs: list
     options: Any = None
+    claim: Any = None       # as Send's
 
 
 class NextResponse(NamedTuple):

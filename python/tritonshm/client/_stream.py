@@ -57,25 +57,29 @@ class StreamResponse(NamedTuple):
 class Streamed:
     """One request on the stream: its id, where its responses go, and what runs at its end."""
 
-    __slots__ = ("id", "inbox", "final", "_deliver", "_at_final")
+    __slots__ = ("id", "inbox", "final", "answered", "_deliver", "_at_final")
 
     def __init__(self, request_id: str, inbox: Any, deliver: Callable[[StreamResponse], None]):
         self.id = request_id
         self.inbox = inbox          # the driver's queue of StreamResponses
         self.final = False          # its last response arrived (or the stream broke)
+        self.answered = False       # final because the server said so (not because the stream ended)
         self._deliver = deliver
-        self._at_final: list[Callable[[], None]] = []
+        self._at_final: list[Callable[[bool], None]] = []
 
-    def when_final(self, callback: Callable[[], None]) -> None:
-        """Run *callback* once the server is done with this request (now, if it is)."""
+    def when_final(self, callback: Callable[[bool], None]) -> None:
+        """Run *callback* once this request is over for the client (now, if it is), telling it
+        whether the server answered it to the end (True) or the stream ended first (False:
+        the server may still be running it)."""
         with _table_lock:
             if not self.final:
                 self._at_final.append(callback)
                 return
-        callback()
+        callback(self.answered)
 
-    def _end(self) -> list[Callable[[], None]]:
+    def _end(self, answered: bool) -> list[Callable[[bool], None]]:
         self.final = True
+        self.answered = answered
         callbacks, self._at_final = self._at_final, []
         return callbacks
 
@@ -116,7 +120,7 @@ class StreamTable:
             callbacks = []
             if final:
                 del self._open[response.id]
-                callbacks = entry._end()
+                callbacks = entry._end(answered=True)
         if message.error_message:
             error = translate_error(Exception(message.error_message),
                                            f"streaming model {response.model_name!r}")
@@ -124,7 +128,7 @@ class StreamTable:
         else:
             entry._deliver(StreamResponse(wrap(response) if response.outputs or not final else None, final))
         for callback in callbacks:
-            callback()
+            callback(True)
 
     def fail_all(self, error: BaseException) -> None:
         """The stream is over (broken, or the client closed it): every open request ends with *error*."""
@@ -132,11 +136,11 @@ class StreamTable:
             if self.broken is None:
                 self.broken = error
             entries, self._open = list(self._open.values()), {}
-            ended = [(entry, entry._end()) for entry in entries]
+            ended = [(entry, entry._end(answered=False)) for entry in entries]
         for entry, callbacks in ended:
             entry._deliver(StreamResponse(None, True, error))
             for callback in callbacks:
-                callback()
+                callback(False)
 
 
 def stream_key(options: Any) -> Any:

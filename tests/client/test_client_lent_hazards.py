@@ -1,0 +1,266 @@
+"""Lending without hazards: memory the server may still touch is held until it is done (FAKE runtime).
+
+Each test here is one of the paths a review of the lending path found where
+the caller's GPU memory went back to it (to torch's caching allocator, which
+hands a freed block to the next tensor at once) while the server could still
+read or write it: a request the client gave up on (``client_timeout``, a
+cancelled aio call, a stream closed early, ``close()`` that stopped waiting),
+and the smaller ones beside them (slot room for lent tensors, read-only and
+undersized ``out=``, ``out=`` on host routes, allocations used once).
+
+The server is a real Triton with the fake CUDA runtime LD_PRELOADed (see
+test_client_lent.py); ``slow_fp32`` answers 500 ms after it is asked, so a
+request given up on at 0.1 s is still running on the server when the call
+returns -- and writes its output 0.4 s later, into whatever the caller's
+``out=`` block is by then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tritonshm
+import tritonshm.aio
+
+from support.insides import release_held_for_the_server
+from triton_fixtures import client_url
+
+N = 16384  # floats: 64 KiB, a block of a 2 MiB segment of the caching double
+SLOW = 0.5  # slow_fp32's delay
+
+
+@pytest.fixture(autouse=True)
+def never_freed_under_the_server(fake_cuda):
+    before = fake_cuda.stats().freed_while_open
+    yield
+    assert fake_cuda.stats().freed_while_open == before
+
+
+def grpc_url(server):
+    return client_url(server, "grpc")
+
+
+def wait_until(predicate, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+# -- 1. a request the client gave up on -------------------------------------------------------------
+
+def test_a_timed_out_request_keeps_its_out_block_until_the_server_is_done(fake_cuda_server, fake_cuda,
+                                                                          torch_caching):
+    """The caller drops its out= tensor right after the timeout: its block must not go to the next
+    tensor while the server may still write OUTPUT0 there."""
+    x = torch_caching.from_numpy(np.full(N, 7, np.float32))
+    y = torch_caching.zeros(N)
+    with tritonshm.Client(grpc_url(fake_cuda_server)) as c:
+        c.model_info("slow_fp32")
+        with pytest.raises(tritonshm.ServerTimeout):
+            c.infer("slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y}, client_timeout=0.1)
+        y_ptr, x_ptr = y.ptr, x.ptr
+        del y, x
+        gc.collect()
+        # the next tensors of that size: never the blocks the server may still write or read
+        z = torch_caching.zeros(N)
+        w = torch_caching.zeros(N)
+        assert {z.ptr, w.ptr}.isdisjoint({y_ptr, x_ptr})
+        assert c.stats().abandoned == 1 and c.stats().awaiting_server >= 1
+        time.sleep(SLOW + 0.5)  # the abandoned request has written its output by now
+        assert not z.numpy().any() and not w.numpy().any()
+        # the client found out that the server let go (an unregistration it no longer refuses)
+        # at its next request, and let go of the blocks then
+        c.infer("identity_fp32", {"INPUT0": np.ones(4, np.float32)})
+        wait_until(lambda: c.stats().awaiting_server == 0)
+        del z, w
+
+
+def test_a_retry_into_the_same_out_waits_for_the_request_it_replaces(fake_cuda_server, fake_cuda, torch_caching):
+    x = torch_caching.from_numpy(np.full(N, 7, np.float32))
+    x2 = torch_caching.from_numpy(np.full(N, 9, np.float32))
+    y = torch_caching.zeros(N)
+    with tritonshm.Client(grpc_url(fake_cuda_server)) as c:
+        c.model_info("slow_fp32")
+        with pytest.raises(tritonshm.ServerTimeout):
+            c.infer("slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y}, client_timeout=0.1)
+        # the same out= tensor again, for another input, on a model that answers at once: the call
+        # waits until the old request is over, so the old request's late write cannot land on it
+        assert c.infer("identity_fp32", {"INPUT0": x2}, out={"OUTPUT0": y})["OUTPUT0"] is y
+        assert (y.numpy() == 9).all()
+        time.sleep(SLOW + 0.3)
+        assert (y.numpy() == 9).all()
+        # and it says so within slot_timeout, naming the output
+        with pytest.raises(tritonshm.ServerTimeout):
+            c.infer("slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y}, client_timeout=0.1)
+        with pytest.raises(tritonshm.TensorInUse, match="OUTPUT0"):
+            c.infer("identity_fp32", {"INPUT0": x2}, out={"OUTPUT0": y}, slot_timeout=0.05)
+        time.sleep(SLOW)
+    del x, x2, y
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_cancelled_aio_call_keeps_its_tensors_until_the_server_is_done(fake_cuda_server, fake_cuda,
+                                                                         torch_caching, protocol):
+    x = torch_caching.from_numpy(np.full(N, 7, np.float32))
+    y = torch_caching.zeros(N)
+    url = client_url(fake_cuda_server, protocol)
+
+    async def main(x, y):
+        async with tritonshm.aio.Client(url) as ac:
+            await ac.model_info("slow_fp32")
+            task = asyncio.ensure_future(ac.infer("slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y}))
+            await asyncio.sleep(0.15)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            y_ptr = y.ptr
+            del y, task
+            gc.collect()
+            z = torch_caching.zeros(N)
+            assert z.ptr != y_ptr
+            await asyncio.sleep(SLOW + 0.3)
+            assert not z.numpy().any()
+            # the cancelled call's steps waited for the server's answer (its I/O is shielded):
+            # the claim ended with it, answered -- nothing is held for the server now
+            stats = ac.stats()
+            assert (stats.abandoned, stats.awaiting_server, stats.outputs_lent) == (0, 0, 1)
+            del z
+
+    asyncio.run(main(x, y))
+    del x, y
+
+
+@pytest.mark.parametrize("slot_timeout", [0.3, 0.05])
+def test_close_that_stops_waiting_holds_what_the_server_still_uses(fake_cuda_server, fake_cuda, torch_caching,
+                                                                  slot_timeout):
+    """close() waits slot_timeout for requests in flight, then asks the server to let go of their
+    lent allocations for as long again: one that lets go meanwhile (0.3 s: the request ends at
+    0.5 s) is unregistered and let go of; one that does not (0.05 s) stays held, registered, for
+    the life of the process -- never given back to the caller's allocator under the server."""
+    x = torch_caching.from_numpy(np.full(N, 7, np.float32))
+    c = tritonshm.Client(grpc_url(fake_cuda_server), slot_timeout=slot_timeout)
+    probe = tritonshm.Client(grpc_url(fake_cuda_server))
+    c.model_info("slow_fp32")
+
+    def call():
+        try:
+            c.infer("slow_fp32", {"INPUT0": x})
+        except tritonshm.Error:  # the closed channel, or the closed slot: its results are lost
+            pass
+
+    running = threading.Thread(target=call)  # (infer_async's workers are waited for by close())
+    running.start()
+    time.sleep(0.1)
+    c.close()
+    running.join()
+    lent = {n for n in tritonshm.status(probe.tritonclient, kind="cuda") if n.startswith("tritonshm-lent-")}
+    del x, running
+    gc.collect()
+    if slot_timeout == 0.3:
+        assert not lent and torch_caching.empty_cache() == 1  # nothing holds the segment any more
+    else:
+        assert lent and torch_caching.empty_cache() == 0  # held: the server has it open
+        time.sleep(SLOW)  # (this test's own clean-up, once the server let go)
+        release_held_for_the_server(probe.tritonclient)
+    probe.close()
+
+
+# -- 3. lent tensors take no slot room ---------------------------------------------------------------
+
+def test_lent_tensors_take_no_room_in_a_slot(fake_cuda_server, fake_cuda, torch_caching):
+    count = (160 << 20) // 4
+    x = torch_caching.empty(count, np.float32)
+    y = torch_caching.empty(count, np.float32)
+    x.fill_(3.0)
+    with tritonshm.Client(grpc_url(fake_cuda_server)) as c:  # the defaults: 4 slots, 1 GiB
+        assert c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})["OUTPUT0"] is y
+        assert (y.numpy()[:: 1 << 20] == 3).all()
+        assert (c.stats().inputs_lent, c.stats().outputs_lent) == (1, 1)
+        assert not c.pools()  # everything lent: no slot leased, none made
+    del x, y
+
+
+# -- 5, 7, 8. out= ------------------------------------------------------------------------------------
+
+def test_a_read_only_out_is_refused_before_anything_is_sent(fake_cuda_server, fake_cuda, torch_caching):
+    x = torch_caching.from_numpy(np.ones(8, np.float32))
+    y = torch_caching.zeros(8)
+    y.read_only = True  # exported with DLPack's read-only flag
+    with tritonshm.Client(grpc_url(fake_cuda_server)) as c:
+        with pytest.raises(tritonshm.ReadOnlyRegion, match="OUTPUT0"):
+            c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+        assert c.stats().outputs_lent == 0 and not c.pools()
+    del x, y
+
+
+def test_out_on_a_host_route_is_copied_and_says_why(fake_cuda_server, fake_cuda, torch_caching):
+    with tritonshm.Client(grpc_url(fake_cuda_server)) as c:
+        y = torch_caching.zeros(8)
+        got = c.infer("identity_fp32", {"INPUT0": np.full(8, 5, np.float32)}, output_device="cuda",
+                      out={"OUTPUT0": y})
+        assert got["OUTPUT0"] is y and (y.numpy() == 5).all()
+        stats = c.stats()
+        assert stats.outputs_lent + sum(stats.copied.values()) == 1
+        if not stats.outputs_lent:
+            assert stats.copied == {"host route": 1}
+    del y
+
+
+def _executions(client, model):
+    stats = client.tritonclient.get_inference_statistics(model, as_json=True)
+    return int(stats["model_stats"][0].get("execution_count", 0))
+
+
+@pytest.mark.parametrize("lend", [True, False])
+def test_an_undersized_out_fails_once_naming_the_bytes(fake_cuda_server, fake_cuda, torch_caching, lend):
+    x = torch_caching.from_numpy(np.ones(1000, np.float32))
+    y = torch_caching.empty(1000, np.float32)  # tile_fp32 returns 2000 values
+    with tritonshm.Client(grpc_url(fake_cuda_server), by_reference=lend) as c:
+        c.model_info("tile_fp32")
+        before = _executions(c, "tile_fp32")
+        with pytest.raises(tritonshm.ShapeMismatch, match=r"OUTPUT0.*8000 bytes"):
+            c.infer("tile_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+        assert _executions(c, "tile_fp32") - before == 1
+    del x, y
+
+
+# -- 4. lend only what pays ------------------------------------------------------------------------------
+
+def test_fresh_large_tensors_per_request_are_copied_not_pinned(fake_cuda_server, fake_cuda, torch_caching):
+    """The everyday loop ``x = batch.cuda(); c.infer(m, {"x": x}); del x`` with 64 MiB batches:
+    the client must not hold each one (torch would make a new segment per request)."""
+    nbytes = 64 << 20
+    with tritonshm.Client(grpc_url(fake_cuda_server)) as c:
+        for i in range(12):
+            x = torch_caching.empty(nbytes, np.uint8)
+            x.fill_(i)
+            out = c.infer("identity_uint8", {"INPUT0": x})["OUTPUT0"]
+            assert int(out.get()[-1]) == i
+            del x, out
+            gc.collect()
+        reserved = sum(size for _, size in torch_caching.allocator.segments())
+        assert reserved <= 4 * nbytes
+        assert len(c.lent()) <= 2
+        assert c.stats().copied.get("used once", 0) >= 10
+
+
+def test_reused_buffers_are_lent_every_time_and_registered_once(fake_cuda_server, fake_cuda, torch_caching):
+    nbytes = 64 << 20
+    x = torch_caching.empty(nbytes, np.uint8)
+    y = torch_caching.empty(nbytes, np.uint8)
+    with tritonshm.Client(grpc_url(fake_cuda_server)) as c:
+        for i in range(30):
+            x.fill_(i)
+            c.infer("identity_uint8", {"INPUT0": x}, out={"OUTPUT0": y})
+            assert int(y.numpy()[-1]) == i
+        stats = c.stats()
+        assert stats.registrations <= 2 and (stats.inputs_lent, stats.outputs_lent) == (30, 30)
+        assert stats.copied == {}
+    del x, y
