@@ -60,6 +60,7 @@ The package, bottom up (each module imports only those above it):
 ``_stream``     streamed requests: one gRPC stream per client, responses by request id
 ``_disposal``   letting go of slot memory: unregister, park what is refused, close
 ``_lent``       the caller's GPU allocations lent to the server: a bounded table, held, let go
+``_claim``      what one request holds while the server may touch it, and the one place it ends
 ``_engine``     :class:`Engine`: what a client knows, and the steps of all it does
 ``_request``    the zero-copy request's core both clients' ``Request`` hold
 ``_threads``    worker threads and connections of the blocking client
@@ -70,8 +71,9 @@ The package, bottom up (each module imports only those above it):
 
 from ._client import Client, Request
 from ._model import ModelInfo, TensorSpec
-from ._lent import LentInfo, LentStats
+from ._lent import COPIED_WHY, LentInfo, LentStats
 from ._options import RequestOptions
 from ._pool import PoolInfo
 
-__all__ = ["Client", "Request", "ModelInfo", "TensorSpec", "PoolInfo", "LentInfo", "LentStats", "RequestOptions"]
+__all__ = ["Client", "Request", "ModelInfo", "TensorSpec", "PoolInfo", "LentInfo", "LentStats", "COPIED_WHY",
+           "RequestOptions"]
