@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import gc
+import time
 import warnings
 
 import ml_dtypes
@@ -309,3 +310,67 @@ def test_torch_cuda_malloc_async_is_copied_and_said(server, torch):
         np.testing.assert_array_equal(cupy.asnumpy(out), data)
         stats = c.stats()
         assert stats.inputs_lent == 0 and sum(stats.copied.values()) == 1
+
+
+# -- lending without hazards (issue 30) ------------------------------------------------------------
+
+def test_a_timed_out_request_keeps_its_tensors_until_the_server_is_done(server, torch):
+    """slow_fp32 answers after 500 ms; the client gives up at 0.1 s and the caller drops its out=
+    tensor: torch must not hand that block to the next tensor while the request may still write
+    it, and the retry into a kept out= waits for the old request instead of racing its write."""
+    n = 1 << 14
+    x = torch.full((n,), 7.0, device="cuda")
+    y = torch.zeros(n, device="cuda")
+    with tritonshm.Client(server.grpc_url) as c:
+        c.model_info("slow_fp32")
+        with pytest.raises(tritonshm.ServerTimeout):
+            c.infer("slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y}, client_timeout=0.1)
+        y_ptr = y.data_ptr()
+        del y
+        z = torch.zeros(n, device="cuda")
+        assert z.data_ptr() != y_ptr  # still held for the server
+        torch.cuda.synchronize()
+        time.sleep(0.7)
+        assert not bool(z.any())  # the late write went where it was meant to, not into z
+        y2 = torch.zeros(n, device="cuda")
+        with pytest.raises(tritonshm.ServerTimeout):
+            c.infer("slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y2}, client_timeout=0.1)
+        x2 = torch.full((n,), 9.0, device="cuda")
+        c.infer("identity_fp32", {"INPUT0": x2}, out={"OUTPUT0": y2})  # waits for the old request
+        time.sleep(0.6)
+        assert bool((y2 == 9).all())
+        assert c.stats().abandoned == 2
+
+
+def test_fresh_large_tensors_per_request_are_copied_not_pinned(server, torch):
+    """The everyday loop with 64 MiB batches made afresh for each request: torch's reserved memory
+    grows by a few tensors at most, and at most two allocations stay registered."""
+    nbytes = 64 << 20
+    with tritonshm.Client(server.grpc_url) as c:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_reserved()
+        for i in range(12):
+            x = torch.full((nbytes // 4,), float(i), device="cuda")
+            out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+            assert float(out[-1]) == i
+            del x, out
+        grown = torch.cuda.memory_reserved() - before
+        assert grown <= 4 * nbytes, grown
+        assert len(c.lent()) <= 2
+        assert c.stats().copied.get("used once", 0) >= 10
+        c.forget()
+
+
+def test_reused_buffers_are_lent_every_time_and_registered_once(server, torch):
+    nbytes = 64 << 20
+    x = torch.empty(nbytes // 4, device="cuda")
+    y = torch.empty_like(x)
+    with tritonshm.Client(server.grpc_url) as c:
+        for i in range(30):
+            x.fill_(float(i))
+            c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+            assert float(y[-1]) == i
+        stats = c.stats()
+        assert stats.registrations <= 2 and (stats.inputs_lent, stats.outputs_lent) == (30, 30)
+        assert stats.copied == {}
+        c.forget()

@@ -137,6 +137,28 @@ def test_a_cancelled_aio_call_keeps_its_tensors_until_the_server_is_done(fake_cu
     del x, y
 
 
+def test_a_streamed_request_whose_answer_is_not_waited_for_keeps_its_input(fake_cuda_server, fake_cuda,
+                                                                          torch_caching):
+    """A streamed request's wait for its response times out (client_timeout): the request stays
+    on the stream, and its lent input -- which the caller drops -- is held until its final
+    response, not handed to the next tensor while the server may still read it."""
+    x = torch_caching.from_numpy(np.full(N, 7, np.float32))
+    with tritonshm.Client(grpc_url(fake_cuda_server)) as c:
+        c.model_info("slow_fp32")
+        responses = c.stream("slow_fp32", {"INPUT0": x}, client_timeout=0.1)
+        with pytest.raises(tritonshm.ServerTimeout):
+            next(responses)
+        responses.close()
+        x_ptr = x.ptr
+        del x
+        gc.collect()
+        z = torch_caching.zeros(N)
+        assert z.ptr != x_ptr
+        time.sleep(SLOW + 0.2)  # the final response came meanwhile: the server is done with it
+        assert c.stats().awaiting_server == 0 and c.stats().abandoned == 0
+        del z
+
+
 @pytest.mark.parametrize("slot_timeout", [0.3, 0.05])
 def test_close_that_stops_waiting_holds_what_the_server_still_uses(fake_cuda_server, fake_cuda, torch_caching,
                                                                   slot_timeout):

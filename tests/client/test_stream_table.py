@@ -40,14 +40,14 @@ def test_responses_go_to_their_request_until_the_final_one():
     (a, inbox_a), (b, inbox_b) = opened(table), opened(table)
     assert a.id != b.id
     ended = []
-    a.when_final(lambda answered: ended.append("a"))
+    a.when_final(lambda answered: ended.append(("a", answered)))
     table.dispatch(response(b.id, final=False, output=[2.0]), wrap)
     table.dispatch(response(a.id, final=False, output=[1.0]), wrap)
     table.dispatch(response(a.id, final=True), wrap)    # an empty final response
     first, last = inbox_a.get_nowait(), inbox_a.get_nowait()
     np.testing.assert_array_equal(first.result.as_numpy("OUTPUT0"), [1.0])
     assert not first.final and last.final and last.result is None and last.error is None
-    assert ended == ["a"] and a.final and not b.final
+    assert ended == [("a", True)] and a.final and not b.final  # the server answered it to the end
     assert inbox_b.get_nowait().result.as_numpy("OUTPUT0")[0] == 2.0
     table.dispatch(response(a.id, final=True), wrap)    # an id no longer open: dropped
     assert inbox_a.empty()
@@ -83,14 +83,15 @@ def test_a_broken_stream_ends_every_open_request_and_refuses_new_ones():
     table = StreamTable()
     (a, inbox_a), (b, inbox_b) = opened(table), opened(table)
     ended = []
-    b.when_final(lambda answered: ended.append("b"))
+    b.when_final(lambda answered: ended.append(("b", answered)))
     gone = tritonshm.ServerUnavailable("gone")
     table.fail_all(gone)
     assert inbox_a.get_nowait().error is gone and inbox_b.get_nowait().error is gone
-    assert ended == ["b"] and a.final and b.final
+    # not answered: the server may still be running them (their claims hold what they name)
+    assert ended == [("b", False)] and a.final and b.final
     later = []
-    a.when_final(lambda answered: later.append("now"))  # already over: runs at once
-    assert later == ["now"]
+    a.when_final(lambda answered: later.append(("now", answered)))  # already over: runs at once
+    assert later == [("now", False)]
     with pytest.raises(tritonshm.ServerUnavailable):
         opened(table)
 
