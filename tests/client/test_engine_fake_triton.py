@@ -22,6 +22,7 @@ import concurrent.futures
 import gc
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -30,7 +31,7 @@ import tritonshm
 from tritonshm.errors import ClientClosed, PoolExhausted, ServerError, ServerUnavailable, SharedMemoryRefused
 
 from support.fake_triton import FakeTriton
-from support.insides import budget_used
+from support.insides import budget_used, live_pool
 
 BURST = 300
 ELEMENTS = 1024                  # 4 KiB in, 4 KiB out: 8 KiB slots, 32 KiB extents of 4 slots
@@ -820,3 +821,33 @@ def test_a_pool_over_max_pool_bytes_names_the_setting_that_would_fit_it(fake_tri
         with pytest.raises(tritonshm.InvalidOption, match=f"a slot of model 'identity_fp32' .*{advice}"):
             c.infer("identity_fp32", {"INPUT0": x})
     assert_nothing_registered(fake_triton)
+
+
+def test_a_slot_the_client_gave_up_on_is_never_handed_to_another_request(fake_triton):
+    """The client stops waiting for a request (client_timeout) while the server goes on: its slot
+    stays out of the pool -- the next requests get other slots, and the late write of the old
+    request never lands in their inputs or results."""
+    fake = fake_triton
+    with fake.client(slots=2, max_pool_bytes=MAX_POOL_BYTES) as c:
+        c.infer("identity_fp32", {"INPUT0": data(0)})
+        fake.stall()
+        fake.client_gives_up_after = 0.05
+        with pytest.raises(tritonshm.ServerTimeout):
+            c.infer("identity_fp32", {"INPUT0": data(1)})
+        assert c.stats().abandoned == 1
+        pool = live_pool(c, "identity_fp32")
+        free = len(pool._free)
+        fake.client_gives_up_after = None
+        fake.release()  # the late request runs now and writes into its slot
+        wait_for(lambda: fake.late_writes == 1)
+        for i in range(2, 12):
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(i)})["OUTPUT0"], data(i))
+        assert len(pool._free) == free == pool.nslots - 1  # the abandoned slot stays out, for good
+    fake.check()
+
+
+def wait_for(predicate, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.005)

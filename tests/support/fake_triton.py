@@ -42,7 +42,11 @@ What it is
   :meth:`come_back` / :meth:`restart` (every registration forgotten),
   :meth:`stall` / :meth:`release` (Send waits on a ``threading.Event``;
   :meth:`wait_stalled` tells when requests are parked there), :attr:`delay`
-  (seconds before every call; :attr:`delays` per kind of call).
+  (seconds before every call; :attr:`delays` per kind of call),
+  :attr:`client_gives_up_after` (the client stops waiting for a Send after
+  that many seconds -- ServerTimeout, as with ``client_timeout`` -- while the
+  server goes on running it, holding its regions "in use", and writes its
+  outputs when it is done: :attr:`late_writes`).
 * **Metering**: the bytes of host slot memory alive in the process (made,
   registered or not, and not yet closed): :attr:`memory_bytes`,
   :attr:`memory_peak`, :attr:`memory_made` (``SystemSlotMemory`` hooked by
@@ -89,6 +93,7 @@ from tritonshm.errors import (
     RegionNotRegistered,
     RegistrationError,
     ServerError,
+    ServerTimeout,
     ServerUnavailable,
     SharedMemoryRefused,
 )
@@ -263,6 +268,10 @@ class FakeTriton:
         self._gate.set()
         self._stalled = 0
         self._stalled_changed = threading.Condition(self._lock)
+        #: Seconds after which the client gives up on a Send (as with client_timeout) while the
+        #: server goes on running it (None: it waits for the answer); late_writes counts those.
+        self.client_gives_up_after: float | None = None
+        self.late_writes = 0
         self._budgets: list[Any] = []
         self.budget_peak = 0
         # Host slot memory alive in this process (made, not yet closed), whether registered or
@@ -481,16 +490,52 @@ class FakeTriton:
     def send(self, step: Send) -> FakeResult:
         self._pause('send')
         names = self._begin_send(step)
+        if step.claim is not None:
+            step.claim.unanswered = True  # as the drivers' own send handlers do
+        if self.client_gives_up_after is not None:
+            return self._send_given_up_on(step, names, self.client_gives_up_after)
         try:
-            if not self._gate.is_set():
-                self._count_stalled(+1)
-                try:
-                    self._gate.wait()
-                finally:
-                    self._count_stalled(-1)
+            self._wait_at_gate()
             return self._execute(step)
         finally:
             self._end_send(names)
+
+    def _wait_at_gate(self) -> None:
+        if not self._gate.is_set():
+            self._count_stalled(+1)
+            try:
+                self._gate.wait()
+            finally:
+                self._count_stalled(-1)
+
+    def _send_given_up_on(self, step: Send, names: list[str], seconds: float) -> FakeResult:
+        """The request runs on a "server" thread; the client stops waiting after *seconds*
+        (ServerTimeout) and the server goes on: it writes the outputs when it is done (the gate
+        opened), and its regions stay in use until then."""
+        done: list[Any] = []
+
+        def run() -> None:
+            try:
+                self._wait_at_gate()
+                done.append(self._execute(step))
+            except BaseException as exc:
+                done.append(exc)
+            finally:
+                self._end_send(names)
+                with self._lock:
+                    self.late_writes += 1
+
+        server = threading.Thread(target=run, daemon=True)
+        server.start()
+        server.join(seconds)
+        if server.is_alive() or not done:
+            raise ServerTimeout(f"inferring with model {step.model!r}: the client gave up after "
+                                f"{seconds} s (client_timeout); the server goes on running it")
+        with self._lock:
+            self.late_writes -= 1  # answered in time after all
+        if isinstance(done[0], BaseException):
+            raise done[0]
+        return done[0]
 
     # -- the steps (asyncio driver): the same, never blocking the loop ------------
 
@@ -509,6 +554,8 @@ class FakeTriton:
     async def send_async(self, step: Send) -> FakeResult:
         await self._pause_async('send')
         names = self._begin_send(step)
+        if step.claim is not None:
+            step.claim.unanswered = True  # as the drivers' own send handlers do
         try:
             if not self._gate.is_set():
                 self._count_stalled(+1)

@@ -861,6 +861,8 @@ class Engine:
             return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)]), arrays))
         info, names = quick.plan.info, quick.plan.names
         outputs: dict[str, Any] = {}
+        claim = Claim(self._claims, self._lent)  # its slot: kept out of the pool if given up on
+        claim.lease = lease
         with self._flight():
             try:
                 self.check_open()
@@ -874,9 +876,14 @@ class Engine:
                 inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, {},
                                                                     prepare=True)
                 try:
-                    result = yield Send(info.name, info.version, inputs, requested, None, message)
+                    result = yield Send(info.name, info.version, inputs, requested, None, message, claim)
                 except (RegionNotRegistered, OutputTooSmall):
                     result = None  # the full way registers again / grows; the server ran nothing
+                except ServerError as exc:
+                    if server_answered(exc):
+                        claim.unanswered = False
+                    raise
+                claim.unanswered = False
                 if result is not None:
                     if memory.closed:  # close() gave up waiting for us and closed it
                         raise ClientClosed(f"the client was closed while this request on model "
@@ -886,8 +893,8 @@ class Engine:
                         size = math.prod(shape) * spec.dtype.itemsize
                         outputs[name] = view[:size].view(spec.dtype).reshape(shape).copy()
             finally:
-                lease.pool.finished_and_back(lease)
                 del lease
+                self._end_claim(claim)
         if result is None:  # refused before it ran: the full way heals and runs it
             return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)]), arrays))
         if self._has_disposals():
