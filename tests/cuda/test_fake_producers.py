@@ -260,6 +260,22 @@ def test_cuda_array_interface(cupy):
     cupy.synchronize()
 
 
+def test_torch_kernels_check_the_last_error_as_torch_does(torch, cupy, fake):
+    """C10_CUDA_KERNEL_LAUNCH_CHECK: a kernel launch reads (and clears) the thread's last error and
+    raises if one is set -- whoever left it there.  cupy launches through the driver: no check."""
+    fake.get_last_error()
+    t = torch.zeros(4, "float32")
+    assert fake.lib.cudaSetDevice(99) == fake_cuda.ERROR_INVALID_DEVICE  # another library's failure
+    cupy.asarray(np.ones(4, np.float32))
+    with pytest.raises(fake_producers.FakeAcceleratorError, match="CUDA error: invalid device ordinal"):
+        t.fill_(1.0)
+    assert fake.peek_last_error() == 0  # read and cleared, as cudaGetLastError does
+    t.fill_(2.0)
+    np.testing.assert_array_equal(t.numpy(), np.full(4, 2.0, np.float32))
+    torch.synchronize()
+    cupy.synchronize()
+
+
 def test_unconsumed_and_legacy_capsules(producer, fake):
     t = producer.empty((2, 3), "float32")
     capsule = t.__dlpack__(stream=1)
