@@ -22,6 +22,10 @@ consumer of their memory is correct:
   0 (AssertionError).  ``CupyLike`` works under a guard of the array's device.
 * **CUDA Array Interface v3** (``CupyLike``): ``"stream"`` is the current
   stream of the array's device (1 for the legacy default stream).
+  ``TorchLike``'s tensors have torch 2.11's: version 2, no ``"stream"``,
+  ``"strides"`` None (compact), the typestr of the dtype -- ``"<V2"`` for
+  bfloat16, a void type the interface cannot name (DLPack can: kDLBfloat).
+  Consumers that prefer DLPack (``capture()``) still take DLPack.
 * **torch's launch check.**  Every ``TorchLike`` "kernel" (``copy_``, and so
   ``fill_``, ``zeros``, ``from_numpy``, ``tensor``) reads the runtime's
   last error after its launch and raises :class:`FakeAcceleratorError`
@@ -375,14 +379,26 @@ class FakeDeviceTensor:
 
 
 class FakeTorchTensor(FakeDeviceTensor):
-    """torch.Tensor's behaviour as a DLPack producer (torch/_tensor.py ``__dlpack__``, 2.5+) and its
-    kernel launch check."""
+    """torch.Tensor's behaviour as a DLPack producer (torch/_tensor.py ``__dlpack__``, 2.5+), its
+    CUDA Array Interface (2.11) and its kernel launch check."""
 
     def _launch_check(self) -> None:
         """C10_CUDA_KERNEL_LAUNCH_CHECK: ``cudaGetLastError()`` (which clears it); an error raises."""
         code = self.producer.fake.get_last_error()
         if code != fake_cuda.SUCCESS:
             raise FakeAcceleratorError(code, self.producer.fake.error_string(code))
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """torch 2.11's (torch/_tensor.py): version 2, no stream, the dtype's typestr ('<V2' for
+        bfloat16), strides None for a compact tensor, data pointer 0 when empty."""
+        return {
+            "typestr": self.dtype.str,
+            "shape": self.shape,
+            "strides": None,
+            "data": (self.ptr if self.nbytes else 0, False),
+            "version": 2,
+        }
 
     def _export_checks(self) -> None:
         current = self.producer.fake.get_device()

@@ -256,8 +256,18 @@ def test_cuda_array_interface(cupy):
     cai = a.__cuda_array_interface__
     assert cai == {"shape": (2, 3), "typestr": "<f2", "descr": [("", "<f2")], "data": (a.ptr, False),
                    "strides": None, "version": 3, "stream": 1}
-    assert not hasattr(TorchLike(cupy.fake).empty(1), "__cuda_array_interface__")
     cupy.synchronize()
+
+
+def test_torch_cuda_array_interface_is_torch_2_11s(torch):
+    """Version 2, no stream, strides None; bfloat16 as a void type of its size ('<V2'), which is
+    what torch 2.11 exported on an H200."""
+    t = torch.empty((2, 3), "float32")
+    assert t.__cuda_array_interface__ == {"typestr": "<f4", "shape": (2, 3), "strides": None,
+                                          "data": (t.ptr, False), "version": 2}
+    bf16 = torch.empty(2, fake_producers.BFLOAT16)
+    assert bf16.__cuda_array_interface__["typestr"] == "<V2"
+    assert torch.empty(0, "int8").__cuda_array_interface__["data"] == (0, False)
 
 
 def test_torch_kernels_check_the_last_error_as_torch_does(torch, cupy, fake):
