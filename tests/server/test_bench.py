@@ -469,6 +469,19 @@ def test_gpu_client_infer_runs_on_cuda_slots_only(monkeypatch):
     copies = object.__new__(_gpu.GpuClientInferCopies)  # copies are its point: only the pools count
     copies.client = SimpleNamespace(pools=lambda: [pool("cuda:0")], stats=LentStats)
     assert copies.memory_problem() is None
+    # zero-copy writes its input into the request's own device slot: nothing is lent by design,
+    # so only its pools count (it refused its own row on an H200: "nothing lent")
+    zero = object.__new__(_gpu.GpuZeroCopy)
+    zero.setting = method.setting
+    for memories, refused in [(["cuda:0"], False), (["pinned:0"], True), (["system"], True), ([], True)]:
+        zero.client = SimpleNamespace(pools=lambda memories=memories: [pool(m) for m in memories], stats=LentStats)
+        problem = zero.memory_problem()
+        assert (problem is not None) == refused, memories
+        if refused:
+            assert "refusing to report" in problem and "CUDA" in problem
+    made.clear()
+    zero.open()
+    assert made["transport"] == "cuda"  # still CUDA slots only, never a silent fallback
 
 
 # -- bench --stream: the decoupled stream_fp32, tritonclient's streaming against Client.stream ----------

@@ -325,6 +325,9 @@ class GpuZeroCopy(GpuClientInfer):
     group = "tritonshm"
     description = ("tritonshm.Client.request(model, device='cuda:0'): the input written into the device "
                    "slot untimed, req.run() timed, the output a view of the slot (no copy)")
+    # Its input is written into the request's own CUDA slot: nothing is lent, by design, so the
+    # row's check is only that its pools are CUDA slots (the lending rows keep theirs).
+    by_reference = False
 
     def open(self) -> None:
         self.request = None
