@@ -434,7 +434,8 @@ def test_gpu_bench_command(gpu, tmp_path):
 
 def test_gpu_client_infer_runs_on_cuda_slots_only(monkeypatch):
     """bench --gpu's Client.infer asks for transport='cuda' (a refused registration raises, never a
-    silent fallback) and its rows are refused unless every pool it used is cuda:N memory."""
+    silent fallback) and its rows are refused unless every pool it used is cuda:N memory (and, for
+    the lending rows, unless they lent)."""
     from types import SimpleNamespace
 
     from tritonshm.client import PoolInfo
@@ -482,6 +483,20 @@ def test_gpu_client_infer_runs_on_cuda_slots_only(monkeypatch):
     made.clear()
     zero.open()
     assert made["transport"] == "cuda"  # still CUDA slots only, never a silent fallback
+    # out= lends both ends: no pool at all (refused as "ran through no pool" on an H200); what it
+    # must show is the lending, in and out, and any pool it made must still be CUDA slots
+    out = object.__new__(_gpu.GpuClientInferOut)
+    out.setting = method.setting
+    both = LentStats(inputs_lent=3, outputs_lent=3)
+    for memories, stats, refused in [([], both, False), (["cuda:0"], both, False), (["pinned:0"], both, True),
+                                     ([], LentStats(inputs_lent=3), True), ([], LentStats(outputs_lent=3), True),
+                                     ([], LentStats(), True)]:
+        out.client = SimpleNamespace(pools=lambda memories=memories: [pool(m) for m in memories],
+                                     stats=lambda stats=stats: stats)
+        problem = out.memory_problem()
+        assert (problem is not None) == refused, (memories, stats)
+        if refused:
+            assert "refusing to report" in problem
 
 
 # -- bench --stream: the decoupled stream_fp32, tritonclient's streaming against Client.stream ----------
