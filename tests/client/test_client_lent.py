@@ -147,47 +147,18 @@ def test_a_stale_registration_at_an_old_base_is_dropped_first(url, fake_cuda):
 
 
 @pytest.mark.parametrize("kind", ["expandable", "cudaMallocAsync", "cudaMallocManaged"])
-def test_memory_cuda_ipc_cannot_share_is_copied_and_counted(url, fake_cuda, torch_expandable, kind):
-    data = sample(np.float32, 512)
-    ptr = None
-    if kind == "expandable":
-        x = torch_expandable.from_numpy(data)
-    else:
-        ptr = fake_cuda.malloc_unshareable(data.nbytes, kind)
-        fake_cuda.lib.cudaMemcpy(ptr, data.ctypes.data, data.nbytes, 1)
-
-        class Cai:
-            __cuda_array_interface__ = {"shape": data.shape, "typestr": "<f4", "data": (ptr, False),
-                                        "version": 3, "strides": None, "stream": None}
-        x = Cai()
-    try:
-        with tritonshm.Client(url) as c:
-            out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
-            np.testing.assert_array_equal(out.get(), data)
-            stats = c.stats()
-            assert stats.inputs_lent == 0 and stats.copied == {"not shareable (pool, virtual or managed memory)": 1}
-            assert not c.lent()
-            del out
-    finally:
-        del x
-        if ptr is not None:
-            fake_cuda.free(ptr)
-
-
-@pytest.mark.parametrize("kind", ["expandable", "cudaMallocAsync"])
-def test_a_tensor_copied_because_cuda_ipc_refused_it_leaves_torch_usable(url, fake_cuda, torch_like,
-                                                                          torch_expandable, kind):
-    """On an H200 the refused export of such memory left the CUDA runtime's last error set on the
-    caller's thread, and its next torch op raised "CUDA error: invalid argument" (torch checks
-    cudaGetLastError() after every kernel; the torch-like double does too).  The request is
-    copied, nothing is left for torch to find, and the second request of the same allocation
+def test_memory_cuda_ipc_cannot_share_is_copied_and_counted(url, fake_cuda, torch_like, torch_expandable, kind):
+    """Copied, and counted.  On an H200 the refused export of such memory also left the CUDA
+    runtime's last error set on the caller's thread, and its next torch op raised "CUDA error:
+    invalid argument" (torch checks cudaGetLastError() after every kernel; the torch-like double
+    does too): nothing is left for torch to find, and the second request of the same allocation
     asks CUDA nothing (its refusal is remembered)."""
     data = sample(np.float32, 512)
     ptr = None
     if kind == "expandable":
         x = torch_expandable.from_numpy(data)
     else:
-        ptr = fake_cuda.malloc_unshareable(data.nbytes)
+        ptr = fake_cuda.malloc_unshareable(data.nbytes, kind)
         fake_cuda.lib.cudaMemcpy(ptr, data.ctypes.data, data.nbytes, 1)
 
         class Cai:
@@ -204,7 +175,9 @@ def test_a_tensor_copied_because_cuda_ipc_refused_it_leaves_torch_usable(url, fa
                 np.testing.assert_array_equal(y.numpy(), np.zeros((8, 4), np.float32))
                 del out, y
             assert (fake_cuda.stats() - before).ipc_get_refusals == 1
-            assert c.stats().copied == {"not shareable (pool, virtual or managed memory)": 2}
+            stats = c.stats()
+            assert stats.inputs_lent == 0 and stats.copied == {"not shareable (pool, virtual or managed memory)": 2}
+            assert not c.lent()
     finally:
         del x
         if ptr is not None:

@@ -57,6 +57,7 @@ def clean_fake(fake, monkeypatch):
     for var in ENV_VARS:
         os.environ.pop(var, None)
     fake.set_device(0)
+    fake.get_last_error()  # the failures these tests provoke are no later test's (torch-like doubles check it)
     assert fake.pending() == 0, "the test left queued work (sync what you queue)"
     assert fake.stats().live == before.live, "the test left fake allocations, opens or registrations"
     assert fake.stats().live_host_allocs == before.live_host_allocs, "the test left cudaHostAlloc'ed memory"

@@ -28,10 +28,11 @@ def fake(fake_cudart_path) -> FakeCudart:
 
 @pytest.fixture(autouse=True)
 def clean(fake, monkeypatch):
-    """Default environment, device 0; everything given back, nothing queued, no capsule left."""
+    """Default environment, device 0, no last error; everything given back, nothing queued, no capsule left."""
     for var in (fake_cuda.ENV_DEVICES, fake_cuda.ENV_SYNC, fake_cuda.ENV_FAIL):
         monkeypatch.delenv(var, raising=False)
     fake.set_device(0)
+    fake.get_last_error()  # an earlier test's failure would fail the torch-like double's launch check
     before = fake.stats()
     exports = fake_producers.live_exports()
     yield
