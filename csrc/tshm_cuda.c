@@ -48,6 +48,7 @@ static const struct symbol symbols[] = {
     SYM(EventQuery, "cudaEventQuery"),
     SYM(EventSynchronize, "cudaEventSynchronize"),
     SYM(EventDestroy, "cudaEventDestroy"),
+    SYM(GetLastError, "cudaGetLastError"),
     SYM(IpcGetMemHandle, "cudaIpcGetMemHandle"),
     SYM(IpcOpenMemHandle, "cudaIpcOpenMemHandle"),
     SYM(IpcCloseMemHandle, "cudaIpcCloseMemHandle"),
@@ -61,21 +62,59 @@ typedef int (*entry_by_version_fn)(const char *symbol, void **fn, unsigned int v
                                    unsigned long long flags, int *status);
 typedef int (*entry_fn)(const char *symbol, void **fn, unsigned long long flags, int *status);
 
+/* --- the thread's last error ---------------------------------------------- */
+
+/*
+ * Every runtime call below that fails goes through settle(): its error is
+ * taken off the calling thread's last error.  The runtime instance is the
+ * one torch or cupy loaded, and torch reads cudaGetLastError after every
+ * kernel launch (C10_CUDA_KERNEL_LAUNCH_CHECK): an error we left there
+ * would fail the caller's next torch op ("CUDA error: invalid argument",
+ * seen on an H200 after a refused export).  cupy's check_status clears
+ * the same way.  Failures that are expected and handled, never reported:
+ *   - cudaIpcGetMemHandle refusing pool, virtual or managed memory
+ *     (tshm_cuda_ipc_handle: borrow() turns it into NotShareable, the
+ *     client copies the tensor);
+ *   - the driver entry point probes of tshm_cudart_open (a symbol this
+ *     runtime or driver lacks);
+ *   - tshm_cuda_reader_release's event record on a consumer's stream that
+ *     is gone (it synchronizes the device instead), run in a DLPack
+ *     deleter on the consumer's thread;
+ *   - the releases whose failure nothing can act on (cudaFree,
+ *     cudaIpcCloseMemHandle, cudaHostUnregister, cudaEventDestroy, the
+ *     device guard's restore).
+ * The rest are returned, and reported by the caller as its own error.
+ * cudaErrorNotReady from a query is an answer: CUDA records nothing for it.
+ */
+static int settle(const tshm_cudart *rt, int rc)
+{
+    if (rc > 0 && rc != TSHM_CUDA_ERROR_NOT_READY)
+        rt->GetLastError();
+    return rc;
+}
+
+int tshm_cuda_settle(const tshm_cudart *rt, int rc)
+{
+    return rt != NULL ? settle(rt, rc) : rc;
+}
+
 /* A driver entry point through the runtime (which found the driver), or
  * NULL.  ByVersion is the only one left in 13.x; 11.x's plain one takes no
  * status argument, which the x86-64 and aarch64 conventions let us pass
- * regardless.  Flags 0: cudaEnableDefault. */
-static void *driver_entry_point(void *lib, const char *symbol)
+ * regardless.  Flags 0: cudaEnableDefault.  A refusal (a symbol this
+ * runtime does not know) is expected: settled. */
+static void *driver_entry_point(const tshm_cudart *rt, const char *symbol)
 {
     void *fn = NULL;
     int status = 0;
-    entry_by_version_fn by_version = (entry_by_version_fn)dlsym(lib, "cudaGetDriverEntryPointByVersion");
-    if (by_version != NULL && by_version(symbol, &fn, 12000, 0, &status) == 0 && status == 0 && fn != NULL)
+    entry_by_version_fn by_version = (entry_by_version_fn)dlsym(rt->lib, "cudaGetDriverEntryPointByVersion");
+    if (by_version != NULL && settle(rt, by_version(symbol, &fn, 12000, 0, &status)) == 0 && status == 0
+        && fn != NULL)
         return fn;
     fn = NULL;
     status = 0;
-    entry_fn plain = (entry_fn)dlsym(lib, "cudaGetDriverEntryPoint");
-    if (plain != NULL && plain(symbol, &fn, 0, &status) == 0 && status == 0)
+    entry_fn plain = (entry_fn)dlsym(rt->lib, "cudaGetDriverEntryPoint");
+    if (plain != NULL && settle(rt, plain(symbol, &fn, 0, &status)) == 0 && status == 0)
         return fn;
     return NULL;
 }
@@ -114,12 +153,14 @@ int tshm_cudart_open(const char *path, tshm_cudart **out, char *why, size_t why_
     /* Before CUDA 12, cudaSetDevice created no context: putting the
      * previous device back is then harmless, and always done (no query). */
     int version = 0;
-    if (rt->RuntimeGetVersion(&version) == 0 && version >= 12000) {
-        void *state = driver_entry_point(lib, "cuDevicePrimaryCtxGetState");
+    if (settle(rt, rt->RuntimeGetVersion(&version)) == 0 && version >= 12000) {
+        void *state = driver_entry_point(rt, "cuDevicePrimaryCtxGetState");
         memcpy(&rt->PrimaryCtxGetState, &state, sizeof state);
     }
-    void *range = driver_entry_point(lib, "cuMemGetAddressRange");
+    void *range = driver_entry_point(rt, "cuMemGetAddressRange");
     memcpy(&rt->MemGetAddressRange, &range, sizeof range);
+    void *attribute = driver_entry_point(rt, "cuPointerGetAttribute");
+    memcpy(&rt->PointerGetAttribute, &attribute, sizeof attribute);
     *out = rt;
     return 0;
 }
@@ -163,7 +204,7 @@ int tshm_cuda_device_enter(const tshm_cudart *rt, int device, int *previous)
 {
     if (rt == NULL || previous == NULL || device < 0)
         return -EINVAL;
-    int rc = rt->GetDevice(previous);
+    int rc = settle(rt, rt->GetDevice(previous));
     if (rc != 0)
         return rc;
     if (*previous == device)
@@ -172,13 +213,13 @@ int tshm_cuda_device_enter(const tshm_cudart *rt, int device, int *previous)
      * previous device, so its state now is its state at leave. */
     if (tshm_cuda_device_has_context(rt, *previous) == 0)
         *previous = device;
-    return rt->SetDevice(device);
+    return settle(rt, rt->SetDevice(device));
 }
 
 void tshm_cuda_device_leave(const tshm_cudart *rt, int device, int previous)
 {
     if (rt != NULL && previous != device && previous >= 0)
-        rt->SetDevice(previous);
+        settle(rt, rt->SetDevice(previous));
 }
 
 static int device_enter(const tshm_cudart *rt, int device, int *previous)
@@ -204,7 +245,7 @@ static void device_leave(const tshm_cudart *rt, int device, int previous)
         int rc_ = device_enter((rt), (device), &previous_);         \
         if (rc_ != 0)                                               \
             return rc_;                                             \
-        rc_ = (call);                                               \
+        rc_ = settle((rt), (call));                                 \
         device_leave((rt), (device), previous_);                    \
         return rc_;                                                 \
     } while (0)
@@ -301,11 +342,11 @@ int tshm_cuda_alloc_new(const tshm_cudart *rt, int device, size_t nbytes, tshm_c
     if (rc != 0)
         return rc;
     void *ptr = NULL;
-    rc = rt->Malloc(&ptr, nbytes);
+    rc = settle(rt, rt->Malloc(&ptr, nbytes));
     if (rc == 0) {
         rc = alloc_wrap(rt, device, ptr, nbytes, 0, out);
         if (rc != 0)
-            rt->Free(ptr);
+            settle(rt, rt->Free(ptr));
     }
     device_leave(rt, device, previous);
     return rc;
@@ -321,11 +362,11 @@ int tshm_cuda_alloc_open(const tshm_cudart *rt, int device, const tshm_ipc_handl
     if (rc != 0)
         return rc;
     void *ptr = NULL;
-    rc = rt->IpcOpenMemHandle(&ptr, *handle, TSHM_CUDA_IPC_LAZY_ENABLE_PEER_ACCESS);
+    rc = settle(rt, rt->IpcOpenMemHandle(&ptr, *handle, TSHM_CUDA_IPC_LAZY_ENABLE_PEER_ACCESS));
     if (rc == 0) {
         rc = alloc_wrap(rt, device, ptr, nbytes, 1, out);
         if (rc != 0)
-            rt->IpcCloseMemHandle(ptr);
+            settle(rt, rt->IpcCloseMemHandle(ptr));
     }
     device_leave(rt, device, previous);
     return rc;
@@ -341,17 +382,23 @@ int tshm_cuda_alloc_borrow(const tshm_cudart *rt, int device, const void *ptr, t
     int rc = device_enter(rt, device, &previous);
     if (rc != 0)
         return rc;
-    unsigned long long base = 0;
+    unsigned long long base = 0, id = 0, at = (unsigned long long)(uintptr_t)ptr;
     size_t nbytes = 0;
-    rc = rt->MemGetAddressRange(&base, &nbytes, (unsigned long long)(uintptr_t)ptr);
+    /* Driver calls: the driver API keeps no last error to settle. */
+    rc = rt->MemGetAddressRange(&base, &nbytes, at);
+    if (rc == 0 && rt->PointerGetAttribute != NULL
+        && rt->PointerGetAttribute(&id, TSHM_CU_POINTER_ATTRIBUTE_BUFFER_ID, at) != 0)
+        id = 0;  /* unknown: the caller tells allocations apart by base and size */
     device_leave(rt, device, previous);
     if (rc != 0)
         return rc;
     if (base == 0 || nbytes == 0 || (uintptr_t)ptr < base || (uintptr_t)ptr - base >= nbytes)
         return -EFAULT;  /* a driver answer that does not hold the pointer */
     rc = alloc_wrap(rt, device, (void *)(uintptr_t)base, nbytes, 0, out);
-    if (rc == 0)
+    if (rc == 0) {
         (*out)->borrowed = 1;
+        (*out)->buffer_id = id;
+    }
     return rc;
 }
 
@@ -371,9 +418,9 @@ void tshm_cuda_alloc_decref(tshm_cuda_alloc *a)
         int previous;
         if (device_enter(rt, a->device, &previous) == 0) {
             if (a->imported)
-                rt->IpcCloseMemHandle(a->ptr);
+                settle(rt, rt->IpcCloseMemHandle(a->ptr));
             else
-                rt->Free(a->ptr);
+                settle(rt, rt->Free(a->ptr));
             device_leave(rt, a->device, previous);
         }
     }
@@ -404,7 +451,8 @@ int tshm_cuda_ipc_handle(const tshm_cuda_alloc *a, tshm_ipc_handle *out)
     int rc = device_enter(a->rt, a->device, &previous);
     if (rc != 0)
         return rc;
-    rc = a->rt->IpcGetMemHandle(out, a->ptr);
+    /* Refused for memory CUDA IPC cannot export: expected, the caller copies instead. */
+    rc = settle(a->rt, a->rt->IpcGetMemHandle(out, a->ptr));
     device_leave(a->rt, a->device, previous);
     return rc;
 }
@@ -427,11 +475,11 @@ static int enqueue_copy(const tshm_cudart *rt, void *stream, void *dst, const vo
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < nwaits; i++)
         if (waits[i] != NULL)
-            rc = rt->StreamWaitEvent(stream, waits[i], 0);
+            rc = settle(rt, rt->StreamWaitEvent(stream, waits[i], 0));
     if (rc == 0 && dst != src)
-        rc = rt->MemcpyAsync(dst, src, len, TSHM_CUDA_MEMCPY_DEFAULT, stream);
+        rc = settle(rt, rt->MemcpyAsync(dst, src, len, TSHM_CUDA_MEMCPY_DEFAULT, stream));
     if (rc == 0 && sync)
-        rc = rt->StreamSynchronize(stream);
+        rc = settle(rt, rt->StreamSynchronize(stream));
     return rc;
 }
 
@@ -541,7 +589,7 @@ void tshm_cuda_hold_decref(tshm_cuda_hold *h)
         int previous;
         if (device_enter(a->rt, a->device, &previous) == 0) {
             for (size_t i = 0; i < h->nreaders; i++)
-                a->rt->EventDestroy(h->readers[i]);
+                settle(a->rt, a->rt->EventDestroy(h->readers[i]));
             device_leave(a->rt, a->device, previous);
         }
     }
@@ -614,17 +662,19 @@ void tshm_cuda_reader_release(void *ctx)
     int previous;
     if (a->pid == getpid() && device_enter(rt, a->device, &previous) == 0) {
         int parked = 0;
-        if (rt->EventRecord(r->event, r->stream) == 0) {
+        /* This runs in the consumer's DLPack deleter, on its thread: nothing
+         * may be left on that thread's last error. */
+        if (settle(rt, rt->EventRecord(r->event, r->stream)) == 0) {
             parked = park(h, r->event) == 0;
             if (!parked)  /* no memory to park it: wait for the reader here */
-                rt->EventSynchronize(r->event);
+                settle(rt, rt->EventSynchronize(r->event));
         } else {
             /* The consumer's stream is gone (or foreign to the device): its
              * work can only be known finished by waiting for the device. */
-            rt->DeviceSynchronize();
+            settle(rt, rt->DeviceSynchronize());
         }
         if (!parked)
-            rt->EventDestroy(r->event);
+            settle(rt, rt->EventDestroy(r->event));
         device_leave(rt, a->device, previous);
     }
     free(r);
@@ -645,9 +695,9 @@ int tshm_cuda_hold_readers_pending(tshm_cuda_hold *h, int *pending)
         if (rc == 0) {
             size_t kept = 0;
             for (size_t i = 0; i < h->nreaders; i++) {
-                int q = rc == 0 ? a->rt->EventQuery(h->readers[i]) : TSHM_CUDA_ERROR_NOT_READY;
+                int q = rc == 0 ? settle(a->rt, a->rt->EventQuery(h->readers[i])) : TSHM_CUDA_ERROR_NOT_READY;
                 if (q == 0) {
-                    a->rt->EventDestroy(h->readers[i]);
+                    settle(a->rt, a->rt->EventDestroy(h->readers[i]));
                     continue;
                 }
                 if (q != TSHM_CUDA_ERROR_NOT_READY)
@@ -676,7 +726,7 @@ static void unpin(tshm_mapping *m, void *ctx)
     struct pin *pin = ctx;
     int previous;
     if (pin->pid == getpid() && device_enter(pin->rt, pin->device, &previous) == 0) {
-        pin->rt->HostUnregister(m->addr);
+        settle(pin->rt, pin->rt->HostUnregister(m->addr));
         device_leave(pin->rt, pin->device, previous);
     }
     free(pin);
@@ -693,7 +743,8 @@ int tshm_cuda_pin_mapping(const tshm_cudart *rt, int device, tshm_mapping *m)
         /* Without the attribute the ReadOnly flag is refused, and a
          * read-only mapping cannot be registered without it. */
         int supported = 0;
-        int rc = rt->DeviceGetAttribute(&supported, TSHM_CUDA_ATTR_HOST_REGISTER_READ_ONLY_SUPPORTED, device);
+        int attr = TSHM_CUDA_ATTR_HOST_REGISTER_READ_ONLY_SUPPORTED;
+        int rc = settle(rt, rt->DeviceGetAttribute(&supported, attr, device));
         if (rc != 0)
             return rc;
         if (!supported)
@@ -712,11 +763,11 @@ int tshm_cuda_pin_mapping(const tshm_cudart *rt, int device, tshm_mapping *m)
         free(pin);
         return rc;
     }
-    rc = rt->HostRegister(m->addr, m->nbytes, flags);
+    rc = settle(rt, rt->HostRegister(m->addr, m->nbytes, flags));
     if (rc == 0) {
         rc = tshm_mapping_set_unmap_hook(m, unpin, pin);
         if (rc != 0)  /* another thread pinned it between our check and now */
-            rt->HostUnregister(m->addr);
+            settle(rt, rt->HostUnregister(m->addr));
     }
     device_leave(rt, device, previous);
     if (rc != 0)

@@ -11,6 +11,13 @@
  * Return convention, as in tshm.h but with a third case: 0 on success, a
  * negative errno value for our own failures (bad arguments, out of range,
  * out of memory), a positive cudaError_t when the runtime refused.
+ *
+ * The runtime is shared: dlopen() of the libcudart torch (or cupy) loaded
+ * returns their instance, whose per-thread *last error* they read --
+ * torch calls cudaGetLastError after every kernel launch.  So every
+ * runtime failure these functions meet, returned or handled, is taken off
+ * the calling thread's last error (tshm_cuda_settle) before they return:
+ * it is ours to report, not the caller's next torch op's.
  */
 #ifndef TSHM_CUDA_H
 #define TSHM_CUDA_H
@@ -103,6 +110,7 @@ typedef struct tshm_cudart {
     int (*EventQuery)(void *event);
     int (*EventSynchronize)(void *event);
     int (*EventDestroy)(void *event);
+    int (*GetLastError)(void);                   /* returns and clears the thread's last error */
     int (*IpcGetMemHandle)(tshm_ipc_handle *handle, void *ptr);
     int (*IpcOpenMemHandle)(void **ptr, tshm_ipc_handle handle, unsigned int flags);
     int (*IpcCloseMemHandle)(void *ptr);
@@ -117,7 +125,15 @@ typedef struct tshm_cudart {
     /* Optional likewise: the driver's cuMemGetAddressRange (v2: size_t
      * sizes), the allocation that holds a device pointer. */
     int (*MemGetAddressRange)(unsigned long long *base, size_t *nbytes, unsigned long long ptr);
+    /* Optional likewise: the driver's cuPointerGetAttribute, for
+     * CU_POINTER_ATTRIBUTE_BUFFER_ID (an allocation's id, never reused). */
+    int (*PointerGetAttribute)(void *data, int attribute, unsigned long long ptr);
 } tshm_cudart;
+
+/* CU_POINTER_ATTRIBUTE_BUFFER_ID: an unsigned long long unique to an
+ * allocation over the process's life (a new allocation at a freed one's
+ * address has a new id). */
+#define TSHM_CU_POINTER_ATTRIBUTE_BUFFER_ID 7
 
 /* dlopen() `path` (a file path or a soname for the loader's search) and
  * resolve every entry point above.  On failure returns -ENOENT (cannot load)
@@ -127,6 +143,13 @@ int tshm_cudart_open(const char *path, tshm_cudart **out, char *why, size_t why_
 
 /* The file the table's library was loaded from (dladdr), or NULL. */
 const char *tshm_cudart_path(const tshm_cudart *rt);
+
+/* Returns `rc`; a runtime failure (positive, not cudaErrorNotReady, which
+ * is an answer and sets nothing) is first taken off the calling thread's
+ * last error with cudaGetLastError.  For the runtime calls made outside
+ * this file (the Cython modules' direct calls).  A sticky error (a faulted
+ * context) stays whatever is done. */
+int tshm_cuda_settle(const tshm_cudart *rt, int rc);
 
 /* cudaGetErrorName / cudaGetErrorString, never NULL. */
 const char *tshm_cuda_error_name(const tshm_cudart *rt, int error);
@@ -194,6 +217,8 @@ typedef struct tshm_cuda_alloc {
     int device;
     int imported;       /* opened from an IPC handle */
     int borrowed;       /* another library's allocation: never freed by us */
+    unsigned long long buffer_id;  /* borrowed: the driver's id of the allocation
+                                    * (CU_POINTER_ATTRIBUTE_BUFFER_ID), 0 when unknown */
     pid_t pid;          /* the process that allocated or opened it */
     size_t refs;        /* holders of the memory; accessed atomically only */
     size_t observers;   /* holders of this struct, +1 for all `refs` together */
@@ -214,6 +239,7 @@ int tshm_cuda_alloc_open(const tshm_cudart *rt, int device, const tshm_ipc_handl
  * (and every registration of it with a server) is in use.  Returns -ENOSYS
  * where the runtime cannot hand out cuMemGetAddressRange, a positive
  * CUresult where the driver refuses (e.g. a pointer it does not know).
+ * `buffer_id` is the allocation's id where the driver tells it (else 0).
  */
 int tshm_cuda_alloc_borrow(const tshm_cudart *rt, int device, const void *ptr, tshm_cuda_alloc **out);
 
@@ -228,7 +254,9 @@ size_t tshm_cuda_alloc_refs(const tshm_cuda_alloc *a);
 void tshm_cuda_alloc_observe(tshm_cuda_alloc *a);
 void tshm_cuda_alloc_unobserve(tshm_cuda_alloc *a);
 
-/* cudaIpcGetMemHandle of the allocation's base. */
+/* cudaIpcGetMemHandle of the allocation's base.  Memory CUDA IPC cannot
+ * export (pools, virtual or managed memory) is refused with
+ * TSHM_CUDA_ERROR_INVALID_VALUE, taken off the thread's last error. */
 int tshm_cuda_ipc_handle(const tshm_cuda_alloc *a, tshm_ipc_handle *out);
 
 /*

@@ -43,15 +43,18 @@ def fake_cuda(fake_cudart_path, monkeypatch):
 
     ``TRITONSHM_CUDART`` points at it too, so child processes (attach,
     pickling) load the same fake.  At the end: work still queued fails the
-    test (and is dropped, never landed in a later test), the thread goes back
-    to device 0, and the test fails if it leaked allocations, IPC opens or
-    host registrations, or if queued work found its memory unmapped
+    test (and is dropped, never landed in a later test), so does an error
+    left on the thread's CUDA last error (torch's next kernel launch would
+    raise it; the test starts with none), the thread goes back to device 0,
+    and the test fails if it leaked allocations, IPC opens or host
+    registrations, or if queued work found its memory unmapped
     (``lost_ops``).
     """
     from tritonshm._memory import _runtime
 
     monkeypatch.setenv("TRITONSHM_CUDART", str(fake_cudart_path))
     fake = FakeCudart(fake_cudart_path)
+    fake.get_last_error()  # a failure an earlier test provoked on this thread is not this test's
     before = fake.stats()
     previous = _runtime.use(str(fake_cudart_path))
     try:
@@ -63,6 +66,7 @@ def fake_cuda(fake_cudart_path, monkeypatch):
         # never landed in a later test (its destination may be freed memory by then).
         left_queued = fake.pending()
         fake.discard_pending()
+        left_error = fake.get_last_error()
         # The current device is per thread and outlives the test (a guard may
         # leave this thread on the device it entered): the next test starts on 0.
         device = ctypes.c_int(0)
@@ -74,6 +78,9 @@ def fake_cuda(fake_cudart_path, monkeypatch):
         pytest.fail(f"fake CUDA: {left_queued} operations were still queued at the end of the test "
                     f"(work nobody waited for: a copy out of a slot that went back, a result "
                     f"handed out unfinished)", pytrace=False)
+    if left_error:
+        pytest.fail(f"fake CUDA: the thread's last error was {fake.error_name(left_error)} at the end of the "
+                    f"test (torch's next kernel launch would raise it)", pytrace=False)
     if after.live != before.live:
         pytest.fail(f"fake CUDA leak check: (allocations, IPC opens, host registrations) went "
                     f"from {before.live} to {after.live}", pytrace=False)
@@ -148,6 +155,15 @@ def cupy_like(fake_cuda):
     from fake_producers import CupyLike
 
     yield from _producer_double(CupyLike, fake_cuda)
+
+
+@pytest.fixture
+def cupy_async_pool(fake_cuda):
+    """A cupy-like double allocating from a stream-ordered pool (cupy's ``MemoryAsyncPool``:
+    the fake's cudaMallocAsync), memory CUDA IPC cannot export."""
+    from fake_producers import CupyLike
+
+    yield from _producer_double(CupyLike, fake_cuda, expandable_segments=True)
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,11 @@ This module needs neither a GPU nor tritonshm: only a C compiler and ctypes.
   something synchronizes it, so :meth:`FakeCudart.read` shows the old bytes
   until then; :meth:`FakeCudart.pending` counts what is queued.  Streams and
   events are plain ints (``None``/``LEGACY_STREAM``: the legacy default stream).
+* The fake keeps CUDA's per-thread *last error* (set by every failing
+  runtime call): :meth:`FakeCudart.peek_last_error` reads it,
+  :meth:`FakeCudart.get_last_error` reads and clears it, as torch's launch
+  check does; :meth:`FakeCudart.buffer_id` is the driver's per-allocation id
+  (``cuPointerGetAttribute``, ``CU_POINTER_ATTRIBUTE_BUFFER_ID``).
 * :func:`server_env` is the environment that makes a real tritonserver
   (2.51) open fake handles: ``LocalServer(env=server_env(lib))``; it sets
   ``TSHM_FAKE_CUDA_SYNC=1`` (the server is a stand-in: its copies land at once).
@@ -63,6 +68,7 @@ ENV_FAIL = "TSHM_FAKE_CUDA_FAIL"  # "cudaMemcpy=700,cudaMalloc=2": fail those ca
 ENV_TRACE = "TSHM_FAKE_CUDA_TRACE"  # a file: "<pid> <function>" appended per call
 ENV_SYNC = "TSHM_FAKE_CUDA_SYNC"  # "1": every queued op lands on return (the old, kind behaviour)
 ENV_NO_READONLY_REGISTER = "TSHM_FAKE_CUDA_NO_READONLY_REGISTER"  # "1": attribute 113 is 0
+ENV_NO_BUFFER_ID = "TSHM_FAKE_CUDA_NO_BUFFER_ID"  # "1": cuPointerGetAttribute(BUFFER_ID) is not supported
 
 SHM_DIR = "/dev/shm"
 #: "tshm-fakecuda-<pid>-<hex>": the fake's segments (never "tritonshm-").
@@ -84,6 +90,8 @@ ERROR_HOST_MEMORY_NOT_REGISTERED = 713
 ERROR_NOT_READY = 600  # cudaEventQuery / cudaStreamQuery: work still queued
 ERROR_NOT_SUPPORTED = 801
 CU_ERROR_NOT_FOUND = 500  # driver API (the fake cuMemGetAddressRange)
+CU_ERROR_NOT_SUPPORTED = 801  # driver API (the fake cuPointerGetAttribute with TSHM_FAKE_CUDA_NO_BUFFER_ID=1)
+CU_POINTER_ATTRIBUTE_BUFFER_ID = 7
 
 # tshm_fake_cuda_pointer_kind() results.
 KIND_UNKNOWN, KIND_ALLOC, KIND_OPENED, KIND_HOST_REGISTERED, KIND_HOST_ALLOC = 0, 1, 2, 3, 4
@@ -166,6 +174,9 @@ STAT_NAMES = (
     "async_copy_bytes",  # bytes of the async_copies
     "pageable_async_copies",  # async_copies with an end in pageable (not pinned) host memory
     "lost_ops",  # queued ops that found their memory unmapped when they landed (dropped)
+    # appended for the last error and refused exports
+    "ipc_get_refusals",  # cudaIpcGetMemHandle of memory it cannot export (pool, managed, not a base)
+    "last_error_clears",  # cudaGetLastError calls that found (and cleared) an error
 )
 
 
@@ -202,6 +213,8 @@ class FakeCudaStats:
     async_copy_bytes: int = 0
     pageable_async_copies: int = 0
     lost_ops: int = 0
+    ipc_get_refusals: int = 0
+    last_error_clears: int = 0
 
     def __sub__(self, other: FakeCudaStats) -> FakeCudaStats:
         return FakeCudaStats(
@@ -265,6 +278,9 @@ _PROTOTYPES = {
     "cudaEventSynchronize": (ctypes.c_int, [ctypes.c_void_p]),
     "cudaEventDestroy": (ctypes.c_int, [ctypes.c_void_p]),
     "cudaDeviceSynchronize": (ctypes.c_int, []),
+    # the thread's last error: tritonshm clears what it handled; torch (and its double) checks it
+    "cudaGetLastError": (ctypes.c_int, []),
+    "cudaPeekAtLastError": (ctypes.c_int, []),
     "cudaHostAlloc": (ctypes.c_int, [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]),
     "cudaFreeHost": (ctypes.c_int, [ctypes.c_void_p]),
     # server support: what a real tritonserver calls besides the above
@@ -296,12 +312,15 @@ CUDART_SYMBOLS = tuple(n for n in _PROTOTYPES if n.startswith("cuda") and not n.
                        and n not in UNSHAREABLE_ALLOCATORS)
 
 #: Driver entry points handed out by the fake's cudaGetDriverEntryPoint(ByVersion).
-DRIVER_SYMBOLS = ("cuMemGetAddressRange", "cuMemGetAddressRange_v2", "cuGetErrorString", "cuDevicePrimaryCtxGetState")
+DRIVER_SYMBOLS = ("cuMemGetAddressRange", "cuMemGetAddressRange_v2", "cuGetErrorString", "cuDevicePrimaryCtxGetState",
+                  "cuPointerGetAttribute")
 
 # cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr ptr), cuGetErrorString
 _CU_MEM_GET_ADDRESS_RANGE = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_size_t), ctypes.c_ulonglong)
 _CU_GET_ERROR_STRING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))
+# cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+_CU_POINTER_GET_ATTRIBUTE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_ulonglong)
 # cuDevicePrimaryCtxGetState(CUdevice dev, unsigned *flags, int *active)
 _CU_DEVICE_PRIMARY_CTX_GET_STATE = ctypes.CFUNCTYPE(
     ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_int))
@@ -447,6 +466,14 @@ class FakeCudart:
     def device_synchronize(self) -> None:
         self.check("cudaDeviceSynchronize", self.lib.cudaDeviceSynchronize())
 
+    def get_last_error(self) -> int:
+        """cudaGetLastError: this thread's last error, cleared (0 when none)."""
+        return self.lib.cudaGetLastError()
+
+    def peek_last_error(self) -> int:
+        """cudaPeekAtLastError: this thread's last error, left set (0 when none)."""
+        return self.lib.cudaPeekAtLastError()
+
     # streams and events: handles are ints (None / LEGACY_STREAM: the legacy default stream)
 
     def stream_create(self, flags: int = STREAM_NON_BLOCKING) -> int:
@@ -521,6 +548,14 @@ class FakeCudart:
         base, size = ctypes.c_ulonglong(), ctypes.c_size_t()
         rc = fn(ctypes.byref(base), ctypes.byref(size), ptr)
         return rc, base.value, size.value
+
+    def buffer_id(self, ptr: int) -> tuple[int, int]:
+        """(CUresult, id) of the fake cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_BUFFER_ID, *ptr*):
+        the allocation's id, new for every allocation (0 when refused)."""
+        fn = _CU_POINTER_GET_ATTRIBUTE(self.driver_entry_point("cuPointerGetAttribute"))
+        value = ctypes.c_ulonglong(0)
+        rc = fn(ctypes.byref(value), CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr)
+        return rc, value.value
 
     def cu_error_string(self, result: int) -> str:
         fn = _CU_GET_ERROR_STRING(self.driver_entry_point("cuGetErrorString"))

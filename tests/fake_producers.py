@@ -22,6 +22,18 @@ consumer of their memory is correct:
   0 (AssertionError).  ``CupyLike`` works under a guard of the array's device.
 * **CUDA Array Interface v3** (``CupyLike``): ``"stream"`` is the current
   stream of the array's device (1 for the legacy default stream).
+  ``TorchLike``'s tensors have torch 2.11's: version 2, no ``"stream"``,
+  ``"strides"`` None (compact), the typestr of the dtype -- ``"<V2"`` for
+  bfloat16, a void type the interface cannot name (DLPack can: kDLBfloat).
+  Consumers that prefer DLPack (``capture()``) still take DLPack.
+* **torch's launch check.**  Every ``TorchLike`` "kernel" (``copy_``, and so
+  ``fill_``, ``zeros``, ``from_numpy``, ``tensor``) reads the runtime's
+  last error after its launch and raises :class:`FakeAcceleratorError`
+  ("CUDA error: invalid argument") when one is set, clearing it, as torch's
+  ``C10_CUDA_KERNEL_LAUNCH_CHECK`` (``cudaGetLastError()``) does: a failure
+  another library left on the thread's last error fails the caller's next
+  torch op, as it did on an H200.  (The last error is the fake runtime's,
+  the same instance tritonshm loads.)
 * **A consumer.**  ``producer.from_dlpack(obj)`` does what ``torch.from_dlpack``
   does: passes its current stream for the object's device (1 for legacy),
   asks for a versioned capsule first, and holds the capsule until the
@@ -60,6 +72,16 @@ from fake_cuda import DLManagedTensor, DLManagedTensorVersioned, FakeCudart
 
 KDL_CUDA = 2
 DEVICE_INDEX_ERROR = "Can't export tensors on a different CUDA device index"
+
+
+class FakeAcceleratorError(RuntimeError):
+    """torch.AcceleratorError's double (a RuntimeError): a kernel launch found the thread's
+    CUDA last error set."""
+
+    def __init__(self, code: int, text: str):
+        super().__init__(f"CUDA error: {text}")
+        self.code = code
+
 
 # --------------------------------------------------------------------------
 # DLPack capsules made through the C API (ctypes): what torch's C++ does
@@ -303,7 +325,11 @@ class FakeDeviceTensor:
             else:
                 data = np.ascontiguousarray(np.broadcast_to(np.asarray(src, dtype=self.dtype), self.shape))
                 p.fake.kernel_write(stream, self.ptr, data.tobytes())
+            self._launch_check()
         return self
+
+    def _launch_check(self) -> None:
+        """After a "kernel" launch: nothing for a cupy-like array (cupy launches through the driver)."""
 
     def fill_(self, value) -> FakeDeviceTensor:
         return self.copy_(np.full(self.shape, value, dtype=self.dtype))
@@ -364,7 +390,26 @@ class FakeDeviceTensor:
 
 
 class FakeTorchTensor(FakeDeviceTensor):
-    """torch.Tensor's behaviour as a DLPack producer (torch/_tensor.py ``__dlpack__``, 2.5+)."""
+    """torch.Tensor's behaviour as a DLPack producer (torch/_tensor.py ``__dlpack__``, 2.5+), its
+    CUDA Array Interface (2.11) and its kernel launch check."""
+
+    def _launch_check(self) -> None:
+        """C10_CUDA_KERNEL_LAUNCH_CHECK: ``cudaGetLastError()`` (which clears it); an error raises."""
+        code = self.producer.fake.get_last_error()
+        if code != fake_cuda.SUCCESS:
+            raise FakeAcceleratorError(code, self.producer.fake.error_string(code))
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """torch 2.11's (torch/_tensor.py): version 2, no stream, the dtype's typestr ('<V2' for
+        bfloat16), strides None for a compact tensor, data pointer 0 when empty."""
+        return {
+            "typestr": self.dtype.str,
+            "shape": self.shape,
+            "strides": None,
+            "data": (self.ptr if self.nbytes else 0, False),
+            "version": 2,
+        }
 
     def _export_checks(self) -> None:
         current = self.producer.fake.get_device()

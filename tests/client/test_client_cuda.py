@@ -618,9 +618,27 @@ def test_aio_cancelled_during_registration_leaves_nothing_registered_behind(url,
 
 # -- BF16: torch's bfloat16 through DLPack (kDLBfloat, 16) -----------------------------------------
 
+@pytest.mark.parametrize("by_reference", [True, False])
+def test_a_torch_2_11_bfloat16_tensor_is_sent_to_a_bf16_model(url, torch_like, by_reference):
+    """torch 2.11 exports bfloat16 through its CUDA Array Interface as a void type ('<V2'; the
+    torch-like double's too): on an H200 the client took that for the tensor's dtype and refused
+    it for a BF16 model ("got |V2").  DLPack names it: the request goes, and the output is right."""
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    data = sample(bf16, 300)
+    tensor = torch_like.from_numpy(data, device=0)
+    with tritonshm.Client(url, by_reference=by_reference) as c:
+        out = c.infer("identity_bf16", {"INPUT0": tensor})["OUTPUT0"]
+        assert out.dtype == bf16
+        np.testing.assert_array_equal(out.get(), data)
+        assert c.stats().inputs_lent == (1 if by_reference else 0)
+        del out
+    del tensor
+
+
 def test_a_torch_bfloat16_tensor_goes_through_cuda_slots_and_comes_back_bfloat16(url, torch_like):
-    """torch exports bfloat16 by DLPack only (its CUDA Array Interface refuses it): the client
-    takes it as ml_dtypes' bfloat16, Triton's BF16, and gives back a tensor of the same dtype."""
+    """torch names bfloat16 by DLPack only (its CUDA Array Interface refused it before 2.11 and
+    gives a void type, '<V2', since): the client takes it as ml_dtypes' bfloat16, Triton's BF16,
+    and gives back a tensor of the same dtype."""
     bf16 = np.dtype(ml_dtypes.bfloat16)
     data = sample(bf16, 777)
     with tritonshm.Client(url) as c:

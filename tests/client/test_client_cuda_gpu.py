@@ -312,6 +312,37 @@ def test_torch_cuda_malloc_async_is_copied_and_said(server, torch):
         assert stats.inputs_lent == 0 and sum(stats.copied.values()) == 1
 
 
+def test_a_refused_export_leaves_torch_usable_and_is_asked_once(server, torch):
+    """On an H200 the refused export of a cupy MemoryAsyncPool array (cudaIpcGetMemHandle: invalid
+    value) stayed on the CUDA runtime's last error -- torch's instance, which tritonshm's dlopen
+    returns -- and the caller's next torch kernel raised "CUDA error: invalid argument".  Nothing
+    is left now, and the second request of the same allocation asks CUDA nothing."""
+    import ctypes
+
+    from tritonshm._memory import _cuda_region
+
+    cupy = pytest.importorskip("cupy")
+    pool = cupy.cuda.MemoryAsyncPool()
+    data = sample(np.float32, 1 << 12)
+    with cupy.cuda.using_allocator(pool.malloc):
+        x = cupy.asarray(data)
+    cudart = ctypes.CDLL(_runtime.current().library)  # the loaded instance: its last error is ours
+    with tritonshm.Client(server.grpc_url) as c:
+        refusals = _cuda_region.export_refusals()
+        for _ in range(2):
+            out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+            np.testing.assert_array_equal(cupy.asnumpy(out), data)
+            assert cudart.cudaPeekAtLastError() == 0
+            y = torch.rand(8, 4, device="cuda")  # raised torch.AcceleratorError on the H200
+            assert y.shape == (8, 4) and bool(((y >= 0) & (y < 1)).all())
+        torch.cuda.synchronize()
+        assert torch.ones(3, device="cuda").mul(2).sum().item() == 6.0  # torch.cuda stays usable
+        assert _cuda_region.export_refusals() == refusals + 1  # asked once: the refusal is remembered
+        stats = c.stats()
+        assert stats.inputs_lent == 0 and sum(stats.copied.values()) == 2
+        del out
+
+
 # -- lending without hazards (issue 30) ------------------------------------------------------------
 
 def test_a_timed_out_request_keeps_its_tensors_until_the_server_is_done(server, torch):

@@ -147,7 +147,12 @@ def test_a_stale_registration_at_an_old_base_is_dropped_first(url, fake_cuda):
 
 
 @pytest.mark.parametrize("kind", ["expandable", "cudaMallocAsync", "cudaMallocManaged"])
-def test_memory_cuda_ipc_cannot_share_is_copied_and_counted(url, fake_cuda, torch_expandable, kind):
+def test_memory_cuda_ipc_cannot_share_is_copied_and_counted(url, fake_cuda, torch_like, torch_expandable, kind):
+    """Copied, and counted.  On an H200 the refused export of such memory also left the CUDA
+    runtime's last error set on the caller's thread, and its next torch op raised "CUDA error:
+    invalid argument" (torch checks cudaGetLastError() after every kernel; the torch-like double
+    does too): nothing is left for torch to find, and the second request of the same allocation
+    asks CUDA nothing (its refusal is remembered)."""
     data = sample(np.float32, 512)
     ptr = None
     if kind == "expandable":
@@ -162,12 +167,17 @@ def test_memory_cuda_ipc_cannot_share_is_copied_and_counted(url, fake_cuda, torc
         x = Cai()
     try:
         with tritonshm.Client(url) as c:
-            out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
-            np.testing.assert_array_equal(out.get(), data)
+            before = fake_cuda.stats()
+            for _ in range(2):
+                out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+                np.testing.assert_array_equal(out.get(), data)
+                y = torch_like.zeros((8, 4), np.float32)  # raised FakeAcceleratorError before
+                np.testing.assert_array_equal(y.numpy(), np.zeros((8, 4), np.float32))
+                del out, y
+            assert (fake_cuda.stats() - before).ipc_get_refusals == 1
             stats = c.stats()
-            assert stats.inputs_lent == 0 and stats.copied == {"not shareable": 1}
+            assert stats.inputs_lent == 0 and stats.copied == {"not shareable": 2}
             assert not c.lent()
-            del out
     finally:
         del x
         if ptr is not None:

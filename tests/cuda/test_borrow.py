@@ -106,3 +106,110 @@ def test_host_memory_cannot_be_borrowed(fake_cuda):
     with pytest.raises(tritonshm.UnsupportedBuffer):
         tritonshm.CudaRegion.borrow(np.ones(4, np.float32))
     assert cuda.CudaRegion is tritonshm.CudaRegion
+
+
+# -- a refused export: nothing left on the thread's last error, asked once per allocation ----------
+
+class PoolCai:
+    """Raw pool memory (the fake's cudaMallocAsync) seen through the CUDA Array Interface only."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3, "strides": None, "stream": None}
+
+
+@pytest.mark.parametrize("memory", ["torch expandable segments", "cupy async pool", "cudaMallocAsync"])
+def test_a_refused_export_leaves_no_last_error_for_torch_to_find(request, fake_cuda, torch_like, memory):
+    """cudaIpcGetMemHandle refuses the memory (invalid value), which sets the runtime's last error
+    on this thread -- the runtime torch loaded too, and torch checks cudaGetLastError() after every
+    kernel: on an H200 the caller's next torch op raised "CUDA error: invalid argument".  The
+    borrow clears what it expected; the torch-like double's next "kernel" checks as torch does."""
+    ptr = None
+    if memory == "cudaMallocAsync":
+        ptr = fake_cuda.malloc_unshareable(4096)
+        array = PoolCai(ptr, 4096)
+    else:
+        producer = request.getfixturevalue("torch_expandable" if memory.startswith("torch") else "cupy_async_pool")
+        array = producer.from_numpy(np.ones(64, np.float32))
+    try:
+        before = fake_cuda.stats()
+        with pytest.raises(tritonshm.NotShareable):
+            tritonshm.CudaRegion.borrow(array)
+        assert (fake_cuda.stats() - before).ipc_get_refusals == 1  # CUDA was asked, and refused
+        assert fake_cuda.peek_last_error() == 0
+        x = torch_like.zeros(8, np.float32)  # a kernel launch and its check: must not raise
+        np.testing.assert_array_equal(x.numpy(), np.zeros(8, np.float32))
+    finally:
+        del array
+        if ptr is not None:
+            fake_cuda.free(ptr)
+
+
+def test_a_refusal_is_remembered_and_a_new_allocation_at_its_base_is_lent(fake_cuda):
+    """The second borrow of a refused allocation asks CUDA nothing (the allocation is known by
+    the driver's buffer id); an exportable allocation made later at the same address is a new
+    allocation, lent."""
+    from tritonshm._memory import _cuda_region
+
+    pool = fake_cuda.malloc_unshareable(4096)
+    try:
+        before, refusals = fake_cuda.stats(), _cuda_region.export_refusals()
+        for _ in range(3):
+            with pytest.raises(tritonshm.NotShareable, match="expandable segments"):
+                tritonshm.CudaRegion.borrow(PoolCai(pool, 4096))
+        assert (fake_cuda.stats() - before).ipc_get_refusals == 1
+        assert _cuda_region.export_refusals() == refusals + 1
+    finally:
+        fake_cuda.free(pool)
+    plain = fake_cuda.malloc(4096)
+    try:
+        assert plain == pool  # the fake, like CUDA, hands the address out again
+        with tritonshm.CudaRegion.borrow(PoolCai(plain, 4096)) as region:
+            assert region.ptr == plain and region.ipc_handle == fake_cuda.ipc_get_handle(plain)
+    finally:
+        fake_cuda.free(plain)
+    assert fake_cuda.peek_last_error() == 0
+
+
+def test_without_buffer_ids_a_refusal_is_known_by_base_and_size(fake_cuda, monkeypatch):
+    """A driver that gives no CU_POINTER_ATTRIBUTE_BUFFER_ID: the refused allocation is told from a
+    later one at its base by its size."""
+    monkeypatch.setenv("TSHM_FAKE_CUDA_NO_BUFFER_ID", "1")
+    pool = fake_cuda.malloc_unshareable(4096)
+    try:
+        before = fake_cuda.stats()
+        for _ in range(2):
+            with pytest.raises(tritonshm.NotShareable):
+                tritonshm.CudaRegion.borrow(PoolCai(pool, 4096))
+        assert (fake_cuda.stats() - before).ipc_get_refusals == 1
+    finally:
+        fake_cuda.free(pool)
+    plain = fake_cuda.malloc(3000)  # the same pages, another size
+    try:
+        assert plain == pool
+        with tritonshm.CudaRegion.borrow(PoolCai(plain, 3000)) as region:
+            assert (region.ptr, region.nbytes) == (plain, 3000)
+    finally:
+        fake_cuda.free(plain)
+
+
+def test_the_memory_of_refusals_is_bounded(fake_cuda, monkeypatch):
+    """The least recently seen refusal is dropped first: asked again when seen again."""
+    from tritonshm._memory import _cuda_region
+
+    monkeypatch.setattr(_cuda_region, "_MAX_REFUSED", 2)
+    pools = [fake_cuda.malloc_unshareable(4096) for _ in range(3)]
+    try:
+        def refusals_of(ptr):
+            before = fake_cuda.stats()
+            with pytest.raises(tritonshm.NotShareable):
+                tritonshm.CudaRegion.borrow(PoolCai(ptr, 4096))
+            return (fake_cuda.stats() - before).ipc_get_refusals
+
+        assert [refusals_of(p) for p in pools] == [1, 1, 1]  # the first one is dropped
+        assert [refusals_of(p) for p in pools[1:]] == [0, 0]
+        assert refusals_of(pools[0]) == 1  # asked again (and pools[1] dropped in its place)
+        assert refusals_of(pools[2]) == 0
+    finally:
+        for p in pools:
+            fake_cuda.free(p)

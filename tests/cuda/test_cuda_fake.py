@@ -321,6 +321,25 @@ def test_a_bfloat16_view_exports_kdlbfloat_16(fake_cuda):
         del v
 
 
+def test_describe_asks_dlpack_what_a_void_cuda_array_interface_type_is(fake_cuda, torch_like):
+    """torch 2.11 exports bfloat16 through __cuda_array_interface__ as typestr '<V2' (seen on an
+    H200): a void type is the interface saying it cannot name the type, and describe() must not
+    answer dtype('V2') -- the client then refused a bf16 tensor for a BF16 model.  DLPack names it
+    (kDLBfloat, 16).  capture() takes DLPack as before (its stream handshake)."""
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    t = torch_like.from_numpy(sample(bf16, 12).reshape(3, 4))
+    assert t.__cuda_array_interface__["typestr"] == "<V2"
+    assert cuda.describe(t) == (bf16, (3, 4), 0)
+    f = torch_like.from_numpy(sample(np.float32, 5))
+    assert cuda.describe(f) == (np.dtype(np.float32), (5,), 0)  # a type the interface names: as it says
+    handshakes = torch_like.handshakes
+    with cuda.capture(t) as cap:
+        assert cap.dtype == bf16 and cap.shape == (3, 4)
+    assert torch_like.handshakes == handshakes + 1  # DLPack's handshake, not the interface's
+    torch_like.synchronize()
+    del t, f
+
+
 def test_unconsumed_capsule_releases_its_reference(fake_cuda):
     with tritonshm.CudaRegion.create(64) as c:
         v = c.view(np.uint8, 64)

@@ -42,7 +42,7 @@ def build_dir(request, tmp_path_factory) -> Path:
 
 
 ENV_VARS = (fake_cuda.ENV_DEVICES, fake_cuda.ENV_DRIVER, fake_cuda.ENV_TOTAL_MEM, fake_cuda.ENV_FAIL,
-            fake_cuda.ENV_SYNC, fake_cuda.ENV_NO_READONLY_REGISTER)
+            fake_cuda.ENV_SYNC, fake_cuda.ENV_NO_READONLY_REGISTER, fake_cuda.ENV_NO_BUFFER_ID)
 
 
 @pytest.fixture(autouse=True)
@@ -57,6 +57,7 @@ def clean_fake(fake, monkeypatch):
     for var in ENV_VARS:
         os.environ.pop(var, None)
     fake.set_device(0)
+    fake.get_last_error()  # the failures these tests provoke are no later test's (torch-like doubles check it)
     assert fake.pending() == 0, "the test left queued work (sync what you queue)"
     assert fake.stats().live == before.live, "the test left fake allocations, opens or registrations"
     assert fake.stats().live_host_allocs == before.live_host_allocs, "the test left cudaHostAlloc'ed memory"
@@ -595,6 +596,85 @@ def test_trace(fake, monkeypatch, tmp_path):
     monkeypatch.delenv(fake_cuda.ENV_TRACE)
     fake.device_count()
     assert fake_cuda.read_trace(trace) == {os.getpid(): ["cudaGetDeviceCount", "cudaMalloc", "cudaFree"]}
+
+
+# --- the thread's last error and allocation ids ----------------------------------
+
+
+def test_a_failing_call_sets_the_threads_last_error_until_get_clears_it(fake):
+    """As CUDA: the last failure of a runtime call, per thread; Peek leaves it, Get returns and
+    clears it; a successful call does not clear it."""
+    fake.get_last_error()
+    assert fake.peek_last_error() == 0
+    assert fake.lib.cudaSetDevice(99) == fake_cuda.ERROR_INVALID_DEVICE
+    fake.free(fake.malloc(16))  # succeeds, and leaves the error
+    assert fake.peek_last_error() == fake.peek_last_error() == fake_cuda.ERROR_INVALID_DEVICE
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(fake.peek_last_error()))
+    thread.start()
+    thread.join()
+    assert seen == [0]  # another thread's is its own
+    before = fake.stats()
+    assert fake.get_last_error() == fake_cuda.ERROR_INVALID_DEVICE
+    assert fake.get_last_error() == 0 and fake.peek_last_error() == 0
+    assert (fake.stats() - before).last_error_clears == 1
+    ptr = fake.malloc_unshareable(4096)
+    try:
+        with pytest.raises(FakeCudaError):
+            fake.ipc_get_handle(ptr)  # what a refused export leaves
+        assert fake.get_last_error() == fake_cuda.ERROR_INVALID_VALUE
+    finally:
+        fake.free(ptr)
+
+
+def test_not_ready_and_driver_calls_set_no_last_error(fake, dev_buffers, streams, events):
+    """cudaErrorNotReady is a query's answer, not an error; the driver API keeps no last error."""
+    fake.get_last_error()
+    s, e = streams(), events()
+    fake.kernel_write(s, dev_buffers[0], b"x")
+    fake.event_record(e, s)
+    assert not fake.event_query(e) and not fake.stream_query(s)  # 600 from both
+    assert fake.peek_last_error() == 0
+    host = ctypes.create_string_buffer(8)
+    assert fake.mem_get_address_range(ctypes.addressof(host))[0] == fake_cuda.CU_ERROR_NOT_FOUND
+    assert fake.buffer_id(ctypes.addressof(host))[0] != 0
+    assert fake.peek_last_error() == 0
+    fake.stream_synchronize(s)
+
+
+def test_every_allocation_has_an_id_of_its_own(fake, monkeypatch):
+    """cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_BUFFER_ID): the same id anywhere in an
+    allocation, a new one for a new allocation at a freed one's base."""
+    a, b = fake.malloc(8192), fake.malloc_unshareable(4096)
+    try:
+        (rc_a, id_a), (rc_b, id_b) = fake.buffer_id(a), fake.buffer_id(b)
+        assert rc_a == rc_b == 0 and 0 < id_a != id_b > 0
+        assert fake.buffer_id(a + 8191) == (0, id_a)
+        monkeypatch.setenv(fake_cuda.ENV_NO_BUFFER_ID, "1")
+        assert fake.buffer_id(a)[0] == fake_cuda.CU_ERROR_NOT_SUPPORTED
+        monkeypatch.delenv(fake_cuda.ENV_NO_BUFFER_ID)
+    finally:
+        fake.free(b)
+    again = fake.malloc(4096)
+    try:
+        assert again == b and fake.buffer_id(again) == (0, fake.buffer_id(again)[1])
+        assert fake.buffer_id(again)[1] not in (id_a, id_b)
+    finally:
+        fake.free(again)
+        fake.free(a)
+
+
+def test_refused_exports_are_counted(fake):
+    ptr = fake.malloc_unshareable(4096, "cudaMallocManaged")
+    before = fake.stats()
+    try:
+        with pytest.raises(FakeCudaError):
+            fake.ipc_get_handle(ptr)
+        used = fake.stats() - before
+        assert (used.ipc_get_refusals, used.ipc_get_calls) == (1, 0)
+    finally:
+        fake.get_last_error()
+        fake.free(ptr)
 
 
 # --- asynchrony: streams, events, waits ------------------------------------------

@@ -28,10 +28,11 @@ def fake(fake_cudart_path) -> FakeCudart:
 
 @pytest.fixture(autouse=True)
 def clean(fake, monkeypatch):
-    """Default environment, device 0; everything given back, nothing queued, no capsule left."""
+    """Default environment, device 0, no last error; everything given back, nothing queued, no capsule left."""
     for var in (fake_cuda.ENV_DEVICES, fake_cuda.ENV_SYNC, fake_cuda.ENV_FAIL):
         monkeypatch.delenv(var, raising=False)
     fake.set_device(0)
+    fake.get_last_error()  # an earlier test's failure would fail the torch-like double's launch check
     before = fake.stats()
     exports = fake_producers.live_exports()
     yield
@@ -256,7 +257,33 @@ def test_cuda_array_interface(cupy):
     cai = a.__cuda_array_interface__
     assert cai == {"shape": (2, 3), "typestr": "<f2", "descr": [("", "<f2")], "data": (a.ptr, False),
                    "strides": None, "version": 3, "stream": 1}
-    assert not hasattr(TorchLike(cupy.fake).empty(1), "__cuda_array_interface__")
+    cupy.synchronize()
+
+
+def test_torch_cuda_array_interface_is_torch_2_11s(torch):
+    """Version 2, no stream, strides None; bfloat16 as a void type of its size ('<V2'), which is
+    what torch 2.11 exported on an H200."""
+    t = torch.empty((2, 3), "float32")
+    assert t.__cuda_array_interface__ == {"typestr": "<f4", "shape": (2, 3), "strides": None,
+                                          "data": (t.ptr, False), "version": 2}
+    bf16 = torch.empty(2, fake_producers.BFLOAT16)
+    assert bf16.__cuda_array_interface__["typestr"] == "<V2"
+    assert torch.empty(0, "int8").__cuda_array_interface__["data"] == (0, False)
+
+
+def test_torch_kernels_check_the_last_error_as_torch_does(torch, cupy, fake):
+    """C10_CUDA_KERNEL_LAUNCH_CHECK: a kernel launch reads (and clears) the thread's last error and
+    raises if one is set -- whoever left it there.  cupy launches through the driver: no check."""
+    fake.get_last_error()
+    t = torch.zeros(4, "float32")
+    assert fake.lib.cudaSetDevice(99) == fake_cuda.ERROR_INVALID_DEVICE  # another library's failure
+    cupy.asarray(np.ones(4, np.float32))
+    with pytest.raises(fake_producers.FakeAcceleratorError, match="CUDA error: invalid device ordinal"):
+        t.fill_(1.0)
+    assert fake.peek_last_error() == 0  # read and cleared, as cudaGetLastError does
+    t.fill_(2.0)
+    np.testing.assert_array_equal(t.numpy(), np.full(4, 2.0, np.float32))
+    torch.synchronize()
     cupy.synchronize()
 
 

@@ -93,6 +93,24 @@
  *   - Fork: the first process to use the fake owns it; calls from a forked
  *     child return cudaErrorInitializationError (3), as real CUDA does after
  *     the parent initialized it.
+ *   - The last error: every runtime call that fails records its error as
+ *     the calling thread's last error (per thread, as in CUDA), until
+ *     cudaGetLastError returns and clears it (cudaPeekAtLastError returns
+ *     it and leaves it).  cudaErrorNotReady (600) from a query is not an
+ *     error and records nothing; the driver entry points handed out below
+ *     (cuMemGetAddressRange, cuPointerGetAttribute, ...) never touch it, as
+ *     the driver API has no last error.  This is what a library sharing the
+ *     process's runtime sees: torch calls cudaGetLastError after every
+ *     kernel launch (C10_CUDA_KERNEL_LAUNCH_CHECK), so a failure tritonshm
+ *     expected and handled but left recorded surfaces as the caller's next
+ *     torch op failing ("CUDA error: invalid argument"); the torch-like
+ *     double (tests/fake_producers.py) checks it the same way.
+ *   - Allocation ids: every device allocation (cudaMalloc, pool, managed)
+ *     and every IPC-opened mapping gets a new id from one counter, never
+ *     reused in the process's life; the fake cuPointerGetAttribute answers
+ *     it for CU_POINTER_ATTRIBUTE_BUFFER_ID (7), as the driver does (a new
+ *     allocation at a freed one's base has a new id).
+ *     TSHM_FAKE_CUDA_NO_BUFFER_ID=1: it answers CUDA_ERROR_NOT_SUPPORTED.
  *   - Fault injection: TSHM_FAKE_CUDA_FAIL="cudaMemcpy=700,cudaMalloc=2"
  *     makes every call of the named functions fail with that code while set.
  *   - TSHM_FAKE_CUDA_TRACE=<file> appends "<pid> <function>" per call.
@@ -113,7 +131,8 @@
  *     refuses an oversized byte_size and runs inferences through them: for
  *     that, cudaMemcpyAsync and cudaGetDriverEntryPoint(ByVersion), which
  *     hands out fake cuMemGetAddressRange / cuGetErrorString (the section
- *     "server support" at the end).  The server reaches every entry point
+ *     "server support" at the end; cuPointerGetAttribute and
+ *     cuDevicePrimaryCtxGetState there are tritonshm's).  The server reaches every entry point
  *     above too (it syncs streams, allocates its pinned pool with
  *     cudaHostAlloc: fake_cuda.server_env makes that fail, as it did before
  *     the fake had it); every other runtime call it makes reaches its own
@@ -124,7 +143,8 @@
  *     streams (ops land in an order the dependencies allow, when a sync asks
  *     for them), no timing (cudaEventElapsedTime is not exported), no graph
  *     capture, no stream priorities or callbacks (cudaLaunchHostFunc).
- *   - Errors from the device (sticky errors, illegal addresses): an op whose
+ *   - Errors from the device (sticky errors that no cudaGetLastError
+ *     clears, illegal addresses, errors of asynchronous launches): an op whose
  *     memory is unmapped by the time it lands is dropped and counted
  *     (lost_ops); memory that was freed but is still mapped (a pageable
  *     buffer back in malloc's pool) is written anyway, as a GPU would.
@@ -215,6 +235,7 @@ typedef struct entry {
     long refs;            /* opened mappings: open count in this process */
     int32_t *open_slot;   /* opened mappings: our pid's slot in the open table */
     int no_ipc;           /* pool or managed memory: cudaIpcGetMemHandle refuses it */
+    unsigned long long buffer_id;  /* CU_POINTER_ATTRIBUTE_BUFFER_ID: unique over the process's life */
     char name[48];        /* shm name, with the leading '/' */
 } entry;
 
@@ -222,6 +243,8 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *entries;
 static pid_t owner_pid;   /* the process that first used the fake */
 static __thread int current_device;
+static __thread int last_error;      /* cudaGetLastError's: the thread's last failure */
+static unsigned long long last_buffer_id;  /* ids handed out so far (under the lock) */
 static unsigned long long contexts;  /* bit d: device d has a primary context */
 
 enum {
@@ -233,6 +256,8 @@ enum {
     ST_STREAM_CREATES, ST_EVENT_RECORDS, ST_EVENT_SYNCS, ST_EVENT_QUERIES, ST_STREAM_WAITS,
     ST_ASYNC_COPIES, ST_LEGACY_SYNCS, ST_DEVICE_SYNCS, ST_FREED_WHILE_OPEN, ST_HOST_ALLOCS,
     ST_LIVE_HOST_ALLOCS, ST_ASYNC_COPY_BYTES, ST_PAGEABLE_ASYNC_COPIES, ST_LOST_OPS,
+    /* appended for the last error and refused exports */
+    ST_IPC_GET_REFUSALS, ST_LAST_ERROR_CLEARS,
     ST_COUNT
 };
 static long long stats[ST_COUNT];
@@ -305,32 +330,56 @@ static void trace(const char *fn)
     close(fd);
 }
 
-static int fail(int rc)
+/* Count an error (any entry point, driver ones too). */
+static int counted(int rc)
 {
     if (rc != OK)
         __atomic_add_fetch(&stats[ST_ERRORS], 1, __ATOMIC_RELAXED);
     return rc;
 }
 
+/* Every runtime entry point's errors go through here: counted, and
+ * recorded as the thread's last error -- except 600 from a query, which
+ * is an answer, not an error (CUDA records nothing for it either). */
+static int fail(int rc)
+{
+    if (rc != OK && rc != NOT_READY)
+        last_error = rc;
+    return rc == NOT_READY ? rc : counted(rc);
+}
+
 /* The checks every "real" entry point starts with: driver, fork, devices,
- * injected failures.  Returns 0 to go on. */
-static int checks(const char *fn, int need_device)
+ * injected failures.  Returns 0 to go on; nothing recorded or counted. */
+static int check_state(const char *fn, int need_device)
 {
     if (driver_missing())
-        return fail(INSUFFICIENT_DRIVER);
+        return INSUFFICIENT_DRIVER;
     pid_t me = getpid(), expected = 0;
     if (!__atomic_compare_exchange_n(&owner_pid, &expected, me, 0, __ATOMIC_SEQ_CST,
                                      __ATOMIC_SEQ_CST) && expected != me)
-        return fail(INITIALIZATION);
+        return INITIALIZATION;
     if (need_device && device_count() == 0)
-        return fail(NO_DEVICE);
-    return fail(injected_failure(fn));
+        return NO_DEVICE;
+    return injected_failure(fn);
+}
+
+/* For runtime entry points: a failed check is the thread's last error. */
+static int checks(const char *fn, int need_device)
+{
+    return fail(check_state(fn, need_device));
 }
 
 static int enter(const char *fn, int need_device)
 {
     trace(fn);
     return checks(fn, need_device);
+}
+
+/* For the driver entry points: the driver API has no last error. */
+static int driver_enter(const char *fn, int need_device)
+{
+    trace(fn);
+    return counted(check_state(fn, need_device));
 }
 
 static void create_context(int device)
@@ -830,6 +879,26 @@ API const char *cudaGetErrorString(int error)
     return "unknown error";
 }
 
+/* ------------------------------------------------------------- last error */
+
+/* The thread's last error, cleared (what torch calls after every launch). */
+API int cudaGetLastError(void)
+{
+    trace("cudaGetLastError");
+    int rc = last_error;
+    last_error = OK;
+    if (rc != OK)
+        __atomic_add_fetch(&stats[ST_LAST_ERROR_CLEARS], 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
+/* The thread's last error, left as it is. */
+API int cudaPeekAtLastError(void)
+{
+    trace("cudaPeekAtLastError");
+    return last_error;
+}
+
 /* ----------------------------------------------------------- device calls */
 
 API int cudaDriverGetVersion(int *version)
@@ -1035,6 +1104,7 @@ static int device_alloc(void **ptr, size_t nbytes, int no_ipc)
         return fail(MEMORY_ALLOCATION);
     }
     e->base = p;
+    e->buffer_id = ++last_buffer_id;
     e->next = entries;
     entries = e;
     stats[ST_LIVE_ALLOCS]++;
@@ -1424,6 +1494,8 @@ API int cudaIpcGetMemHandle(fake_ipc_handle *handle, void *ptr)
         body.size = e->size;
         snprintf(body.name, sizeof body.name, "%s", e->name + 1);
         stats[ST_IPC_GET_CALLS]++;
+    } else {
+        stats[ST_IPC_GET_REFUSALS]++;
     }
     pthread_mutex_unlock(&lock);
     if (e == NULL)
@@ -1502,6 +1574,7 @@ API int cudaIpcOpenMemHandle(void **ptr, fake_ipc_handle handle, unsigned int fl
         *ptr = twin->base;
     } else {
         e->open_slot = claim_open_slot(e);  /* the exporter's cudaFree sees us now */
+        e->buffer_id = ++last_buffer_id;
         e->next = entries;
         entries = e;
         *ptr = p;
@@ -1802,13 +1875,14 @@ API long long tshm_fake_cuda_discard_pending(void)
 
 /* Driver API (reached through cudaGetDriverEntryPoint, never linked):
  * CUresult values and CUdeviceptr as unsigned long long. */
-enum { CU_SUCCESS = 0, CU_INVALID_VALUE = 1, CU_INVALID_DEVICE = 101, CU_NOT_FOUND = 500 };
+enum { CU_SUCCESS = 0, CU_INVALID_VALUE = 1, CU_INVALID_DEVICE = 101, CU_NOT_FOUND = 500, CU_NOT_SUPPORTED = 801 };
+#define CU_POINTER_ATTRIBUTE_BUFFER_ID 7
 
 /* cuMemGetAddressRange(_v2): the allocation or opened mapping containing
  * dptr; the server passes pbase == NULL. */
 static int fake_cuMemGetAddressRange(unsigned long long *pbase, size_t *psize, unsigned long long dptr)
 {
-    if (enter("cuMemGetAddressRange", 1) != OK)
+    if (driver_enter("cuMemGetAddressRange", 1) != OK)
         return CU_INVALID_VALUE;
     pthread_mutex_lock(&lock);
     entry *e = find_containing((const void *)(uintptr_t)dptr);
@@ -1820,6 +1894,30 @@ static int fake_cuMemGetAddressRange(unsigned long long *pbase, size_t *psize, u
     }
     pthread_mutex_unlock(&lock);
     return e != NULL ? CU_SUCCESS : CU_NOT_FOUND;
+}
+
+/* cuPointerGetAttribute(data, attribute, ptr): CU_POINTER_ATTRIBUTE_BUFFER_ID
+ * (7, an unsigned long long) of the allocation or opened mapping holding
+ * ptr, the only attribute the fake knows (others: CUDA_ERROR_INVALID_VALUE,
+ * as for a pointer it does not know).  TSHM_FAKE_CUDA_NO_BUFFER_ID=1 makes
+ * it refuse (a driver without the attribute). */
+static int fake_cuPointerGetAttribute(void *data, int attribute, unsigned long long ptr)
+{
+    int rc = driver_enter("cuPointerGetAttribute", 1);
+    if (rc != OK)
+        return rc;
+    if (env_flag("TSHM_FAKE_CUDA_NO_BUFFER_ID"))
+        return counted(CU_NOT_SUPPORTED);
+    if (data == NULL || attribute != CU_POINTER_ATTRIBUTE_BUFFER_ID)
+        return counted(CU_INVALID_VALUE);
+    pthread_mutex_lock(&lock);
+    entry *e = find_containing((const void *)(uintptr_t)ptr);
+    unsigned long long id = e != NULL ? e->buffer_id : 0;
+    pthread_mutex_unlock(&lock);
+    if (e == NULL)
+        return counted(CU_INVALID_VALUE);
+    memcpy(data, &id, sizeof id);
+    return CU_SUCCESS;
 }
 
 static int fake_cuGetErrorString(int result, const char **text)
@@ -1834,7 +1932,7 @@ static int fake_cuGetErrorString(int result, const char **text)
  * primary context yet?  Creates none. */
 static int fake_cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active)
 {
-    int rc = enter("cuDevicePrimaryCtxGetState", 1);
+    int rc = driver_enter("cuDevicePrimaryCtxGetState", 1);
     if (rc != OK)
         return rc;
     if (flags == NULL || active == NULL)
@@ -1859,6 +1957,8 @@ static int driver_entry_point(const char *fn, const char *symbol, void **func, i
     *func = NULL;
     if (strcmp(symbol, "cuMemGetAddressRange") == 0 || strcmp(symbol, "cuMemGetAddressRange_v2") == 0)
         *func = (void *)fake_cuMemGetAddressRange;
+    else if (strcmp(symbol, "cuPointerGetAttribute") == 0)
+        *func = (void *)fake_cuPointerGetAttribute;
     else if (strcmp(symbol, "cuGetErrorString") == 0)
         *func = (void *)fake_cuGetErrorString;
     else if (strcmp(symbol, "cuDevicePrimaryCtxGetState") == 0)

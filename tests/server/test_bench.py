@@ -434,7 +434,8 @@ def test_gpu_bench_command(gpu, tmp_path):
 
 def test_gpu_client_infer_runs_on_cuda_slots_only(monkeypatch):
     """bench --gpu's Client.infer asks for transport='cuda' (a refused registration raises, never a
-    silent fallback) and its rows are refused unless every pool it used is cuda:N memory."""
+    silent fallback) and its rows are refused unless every pool it used is cuda:N memory (and, for
+    the lending rows, unless they lent)."""
     from types import SimpleNamespace
 
     from tritonshm.client import PoolInfo
@@ -455,20 +456,39 @@ def test_gpu_client_infer_runs_on_cuda_slots_only(monkeypatch):
     def pool(memory):
         return PoolInfo("m", "", memory, 4, 0, 0, 4096, 16384, ("r",))
 
+    def check_rows(row, cases):
+        """*row*'s verdict for each (pools' memories, stats, refused) case."""
+        row.setting = method.setting
+        for memories, stats, refused in cases:
+            row.client = SimpleNamespace(pools=lambda memories=memories: [pool(m) for m in memories],
+                                         stats=lambda stats=stats: stats)
+            problem = row.memory_problem()
+            assert (problem is not None) == refused, (type(row).__name__, memories, stats)
+            if refused:
+                assert "refusing to report" in problem
+
     lent = LentStats(inputs_lent=3)
-    for memories, stats, refused in [(["cuda:0"], lent, False), (["pinned:0"], lent, True), (["system"], lent, True),
-                                     (["cuda:0", "pinned:0"], lent, True), ([], lent, True),
-                                     (["cuda:0"], LentStats(inputs_lent=2, copied={"not shareable": 1}), True),
-                                     (["cuda:0"], LentStats(), True)]:
-        method.client = SimpleNamespace(pools=lambda memories=memories: [pool(m) for m in memories],
-                                        stats=lambda stats=stats: stats)
-        problem = method.memory_problem()
-        assert (problem is not None) == refused, (memories, stats)
-        if refused:
-            assert "refusing to report" in problem
+    check_rows(method, [(["cuda:0"], lent, False), (["pinned:0"], lent, True), (["system"], lent, True),
+                        (["cuda:0", "pinned:0"], lent, True), ([], lent, True),
+                        (["cuda:0"], LentStats(inputs_lent=2, copied={"not shareable": 1}), True),
+                        (["cuda:0"], LentStats(), True)])
     copies = object.__new__(_gpu.GpuClientInferCopies)  # copies are its point: only the pools count
     copies.client = SimpleNamespace(pools=lambda: [pool("cuda:0")], stats=LentStats)
     assert copies.memory_problem() is None
+    # zero-copy writes its input into the request's own device slot: nothing is lent by design,
+    # so only its pools count (it refused its own row on an H200: "nothing lent")
+    zero = object.__new__(_gpu.GpuZeroCopy)
+    check_rows(zero, [(["cuda:0"], LentStats(), False), (["pinned:0"], LentStats(), True),
+                      (["system"], LentStats(), True), ([], LentStats(), True)])
+    made.clear()
+    zero.open()
+    assert made["transport"] == "cuda"  # still CUDA slots only, never a silent fallback
+    # out= lends both ends: no pool at all (refused as "ran through no pool" on an H200); what it
+    # must show is the lending, in and out, and any pool it made must still be CUDA slots
+    both = LentStats(inputs_lent=3, outputs_lent=3)
+    check_rows(object.__new__(_gpu.GpuClientInferOut),
+               [([], both, False), (["cuda:0"], both, False), (["pinned:0"], both, True),
+                ([], LentStats(inputs_lent=3), True), ([], LentStats(outputs_lent=3), True), ([], LentStats(), True)])
 
 
 # -- bench --stream: the decoupled stream_fp32, tritonclient's streaming against Client.stream ----------

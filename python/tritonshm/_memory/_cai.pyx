@@ -10,7 +10,11 @@ takes it from ``__dlpack_device__`` when the object has one.  A producer's
 records an event there for our copy stream to wait for.
 
 Used by :meth:`CudaRegion.write`, :func:`~._copy.copy`,
-:func:`~._capture.capture` and :func:`~._capture.describe`.
+:func:`~._capture.capture` and :func:`~._capture.describe`.  A typestr
+of the void kind (``'<V2'``: how torch 2.11 exports bfloat16) gives only
+the item size: the copies need no more, and all but :func:`describe`
+take DLPack first where an object speaks both; :func:`describe`, which
+reads the interface first, asks DLPack what such a type is.
 """
 
 from ._runtime cimport Runtime, current

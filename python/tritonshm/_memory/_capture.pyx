@@ -200,6 +200,9 @@ def describe(obj):
     The CUDA Array Interface carries no device: it is taken from the
     object's ``__dlpack_device__`` when it has one, else assumed to be 0
     (finding it from the pointer would need ``cudaPointerGetAttributes``).
+    An interface whose typestr is a void type (``'<V2'``: torch 2.11's
+    bfloat16) names no type: DLPack is asked instead where the object
+    speaks it (kDLBfloat is ``ml_dtypes.bfloat16``).
     DLPack producers are imported without stream synchronisation, under
     their device's guard, and released at once.
 
@@ -229,10 +232,13 @@ def describe(obj):
     parsed = parse_cai(obj, cai) if cai is not None else None
     if parsed is not None:
         _, dt, shape, _, _ = parsed
-        return dt, shape, cai_device(obj, 0)
+        # A void typestr is the interface unable to name the type (torch 2.11 says '<V2' for
+        # bfloat16): DLPack can, where the object speaks it.
+        if dt.kind != "V" or not hasattr(obj, "__dlpack__"):
+            return dt, shape, cai_device(obj, 0)
     imp = _dlpack.import_device(obj, -1, _dlpack.DEVICE_MEMORY_TYPES)
     if imp is None:
-        return None
+        return None if parsed is None else (dt, shape, cai_device(obj, 0))
     try:
         return imp.dtype, imp.shape, imp.device_id
     finally:

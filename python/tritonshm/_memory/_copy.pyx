@@ -34,6 +34,7 @@ from ._tshm cimport (
     tshm_cuda_alloc_decref,
     tshm_cuda_alloc_incref,
     tshm_cuda_memcpy,
+    tshm_cuda_settle,
 )
 
 import numpy as np
@@ -282,7 +283,7 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None):
             if device < 0:
                 device = _device_hint(src)
             if device < 0:
-                rt.check(rt.rt.GetDevice(&device), "reading the current CUDA device")
+                rt.check(tshm_cuda_settle(rt.rt, rt.rt.GetDevice(&device)), "reading the current CUDA device")
             cs = thread_copy_stream(rt, device)
         dl_stream = _dlpack.dlpack_stream(<size_t>cs._live())
         d = _resolve(dst, True, "destination", rt, device, dl_stream)

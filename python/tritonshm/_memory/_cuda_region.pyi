@@ -10,7 +10,9 @@ from ._cuda_array import CudaArray
 from ._cuda_window import CudaWindow
 from ._region import Region
 
-__all__ = ["CudaRegion"]
+__all__ = ["CudaRegion", "export_refusals"]
+
+def export_refusals() -> int: ...
 
 class CudaRegion(Region):
     """Device memory from ``cudaMalloc``, exportable to another process by IPC handle."""

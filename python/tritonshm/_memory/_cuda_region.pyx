@@ -31,6 +31,7 @@ from ._dlpack cimport Imported
 from ._runtime cimport Runtime, current
 from ._stream cimport Event, Stream, thread_copy_stream
 from ._tshm cimport (
+    TSHM_CUDA_ERROR_INVALID_VALUE,
     TSHM_IPC_HANDLE_BYTES,
     tshm_cuda_alloc,
     tshm_cuda_alloc_decref,
@@ -48,8 +49,10 @@ from ._tshm cimport (
     tshm_ipc_handle,
 )
 
+import collections
 import errno
 import secrets
+import threading
 import weakref
 
 import numpy as np
@@ -59,11 +62,55 @@ from . import _dlpack
 from ._args import device_of as _device_of, index as _index, layout as _layout
 from ._cai import cai_device, cuda_array_interface
 
-__all__ = ["CudaRegion"]
+__all__ = ["CudaRegion", "export_refusals"]
 
 # The handles of this process's live regions: opening one of them here is
 # CUDA's error 201; say what is going on instead.
 _own_handles = weakref.WeakValueDictionary()
+
+# Allocations CUDA IPC refused to export (pool, virtual, managed memory), so that borrowing one
+# again -- every request of a tensor living there -- asks cudaIpcGetMemHandle no second time.
+# Keyed by (runtime, device, base); the value tells the refused allocation from a later one at
+# the same address: the driver's buffer id (never reused), or its size where the driver gives
+# none.  Another allocation found at a remembered base means the refused one is gone: forgotten
+# then.  Bounded, least recently seen dropped first.
+_MAX_REFUSED = 256
+_refused = collections.OrderedDict()
+_refused_lock = threading.Lock()
+_export_refusals = 0
+
+
+def export_refusals():
+    """How many times ``cudaIpcGetMemHandle`` refused an allocation in this process.
+
+    :meth:`CudaRegion.borrow` asks once per allocation: a later borrow of
+    an allocation refused before (and still there) is refused without
+    asking.
+    """
+    return _export_refusals
+
+
+cdef bint _refused_before(tuple key, object identity):
+    with _refused_lock:
+        seen = _refused.get(key)
+        if seen is None:
+            return False
+        if seen != identity:  # a new allocation at the refused one's base: that one is gone
+            del _refused[key]
+            return False
+        _refused.move_to_end(key)
+        return True
+
+
+cdef int _remember_refusal(tuple key, object identity) except -1:
+    global _export_refusals
+    with _refused_lock:
+        _export_refusals += 1
+        _refused[key] = identity
+        _refused.move_to_end(key)
+        while len(_refused) > _MAX_REFUSED:
+            _refused.popitem(last=False)
+    return 0
 
 
 def _unpickle(bytes handle, nbytes, int device, str key):
@@ -213,7 +260,11 @@ cdef class CudaRegion(Region):
 
         Memory CUDA IPC cannot export (``cudaMallocAsync`` pools, virtual
         memory such as torch's expandable segments, managed memory) is
-        refused with :class:`~tritonshm.NotShareable`.  A borrowed region
+        refused with :class:`~tritonshm.NotShareable`, leaving nothing on
+        the thread's CUDA last error (torch's next kernel launch checks
+        it); the refusal is remembered for as long as that allocation is
+        seen, so borrowing it again asks CUDA nothing more (see
+        :func:`export_refusals`).  A borrowed region
         hands out no views or windows (the array itself is the view) and
         never frees anything.
         """
@@ -239,7 +290,14 @@ cdef class CudaRegion(Region):
         self._alloc = a
         self._runtime = rt
         self._lender = cap
-        rc = tshm_cuda_ipc_handle(a, &handle)
+        key = (<size_t>rt.rt, a.device, <size_t>a.ptr)
+        identity = a.buffer_id if a.buffer_id != 0 else ("nbytes", a.nbytes)
+        if _refused_before(key, identity):
+            rc = TSHM_CUDA_ERROR_INVALID_VALUE
+        else:
+            rc = tshm_cuda_ipc_handle(a, &handle)
+            if rc == TSHM_CUDA_ERROR_INVALID_VALUE:  # what CUDA IPC says of memory it cannot export
+                _remember_refusal(key, identity)
         if rc != 0:
             self._alloc = NULL
             self._lender = None

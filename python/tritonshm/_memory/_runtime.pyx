@@ -25,6 +25,7 @@ from ._tshm cimport (
     tshm_cuda_device_leave,
     tshm_cuda_error_name,
     tshm_cuda_error_string,
+    tshm_cuda_settle,
     tshm_cudart_open,
     tshm_cudart_path,
 )
@@ -74,14 +75,14 @@ cdef class Runtime:
     def versions(self):
         """``(runtime, driver)`` versions as ints (e.g. 12060, 13000); the driver's is 0 without one."""
         cdef int runtime = 0, driver = 0
-        self.rt.RuntimeGetVersion(&runtime)
-        self.rt.DriverGetVersion(&driver)
+        tshm_cuda_settle(self.rt, self.rt.RuntimeGetVersion(&runtime))
+        tshm_cuda_settle(self.rt, self.rt.DriverGetVersion(&driver))
         return runtime, driver
 
     def device_count(self):
         """The number of visible devices; raises CudaUnavailable when there are none."""
         cdef int count = 0
-        self.check(self.rt.GetDeviceCount(&count), "counting CUDA devices")
+        self.check(tshm_cuda_settle(self.rt, self.rt.GetDeviceCount(&count)), "counting CUDA devices")
         if count == 0:
             self.check(TSHM_CUDA_ERROR_NO_DEVICE, "counting CUDA devices")
         return count
@@ -92,7 +93,8 @@ cdef class Runtime:
         cdef int value = 0
         memset(props, 0, sizeof(props))
         info = {"index": device}
-        if self.rt.GetDeviceProperties(<void *>props, device) == 0:
+        # Probes: a refusal leaves the key out (and off the thread's last error).
+        if tshm_cuda_settle(self.rt, self.rt.GetDeviceProperties(<void *>props, device)) == 0:
             props[255] = 0
             info["name"] = props[:255].split(b"\0", 1)[0].decode(errors="replace")
         for key, attr in (("multiprocessors", TSHM_CUDA_ATTR_MULTIPROCESSOR_COUNT),
@@ -100,7 +102,7 @@ cdef class Runtime:
                           ("cc_major", TSHM_CUDA_ATTR_COMPUTE_CAPABILITY_MAJOR),
                           ("cc_minor", TSHM_CUDA_ATTR_COMPUTE_CAPABILITY_MINOR),
                           ("host_register_supported", TSHM_CUDA_ATTR_HOST_REGISTER_SUPPORTED)):
-            if self.rt.DeviceGetAttribute(&value, attr, device) == 0:
+            if tshm_cuda_settle(self.rt, self.rt.DeviceGetAttribute(&value, attr, device)) == 0:
                 info[key] = value
         if "cc_major" in info and "cc_minor" in info:
             info["compute_capability"] = f"{info.pop('cc_major')}.{info.pop('cc_minor')}"
@@ -115,7 +117,8 @@ cdef class Runtime:
         cdef int dev = self.valid_device(device)
         self.check(tshm_cuda_device_enter(self.rt, dev, &previous), f"selecting CUDA device {dev}")
         try:
-            self.check(self.rt.MemGetInfo(&free_bytes, &total_bytes), "reading device memory")
+            self.check(tshm_cuda_settle(self.rt, self.rt.MemGetInfo(&free_bytes, &total_bytes)),
+                       "reading device memory")
         finally:
             tshm_cuda_device_leave(self.rt, dev, previous)
         return free_bytes, total_bytes
@@ -129,7 +132,7 @@ cdef class Runtime:
         """
         cdef int count = 0
         dev = _device_of(device)
-        self.check(self.rt.GetDeviceCount(&count), "counting CUDA devices")
+        self.check(tshm_cuda_settle(self.rt, self.rt.GetDeviceCount(&count)), "counting CUDA devices")
         if dev >= count:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             raise OutOfBounds(
@@ -227,7 +230,7 @@ def _locate():
         if rt.versions()[1] == 0:
             raise CudaUnavailable(f"no NVIDIA driver is installed (libcuda.so.1 not found; "
                                   f"the CUDA runtime {rt.library} is)")
-        rc = rt.rt.GetDeviceCount(&count)
+        rc = tshm_cuda_settle(rt.rt, rt.rt.GetDeviceCount(&count))
         if rc == TSHM_CUDA_ERROR_NO_DEVICE or (rc == 0 and count == 0):
             rt.device_count()  # raises the explanation
         try:

@@ -25,6 +25,7 @@ cdef extern from "tshm.h" nogil:
 cdef extern from "tshm_cuda.h" nogil:
     enum: TSHM_IPC_HANDLE_BYTES
     enum:
+        TSHM_CUDA_ERROR_INVALID_VALUE
         TSHM_CUDA_ERROR_MEMORY_ALLOCATION
         TSHM_CUDA_ERROR_INITIALIZATION
         TSHM_CUDA_ERROR_INSUFFICIENT_DRIVER
@@ -56,6 +57,7 @@ cdef extern from "tshm_cuda.h" nogil:
 
     int tshm_cudart_open(const char *path, tshm_cudart **out, char *why, size_t why_cap)
     const char *tshm_cudart_path(const tshm_cudart *rt)
+    int tshm_cuda_settle(const tshm_cudart *rt, int rc)
     const char *tshm_cuda_error_name(const tshm_cudart *rt, int error)
     const char *tshm_cuda_error_string(const tshm_cudart *rt, int error)
 
@@ -79,6 +81,7 @@ cdef extern from "tshm_cuda.h" nogil:
         int device
         int imported
         int borrowed
+        unsigned long long buffer_id
 
     int tshm_cuda_alloc_new(const tshm_cudart *rt, int device, size_t nbytes, tshm_cuda_alloc **out)
     int tshm_cuda_alloc_open(const tshm_cudart *rt, int device, const tshm_ipc_handle *handle,

@@ -263,6 +263,8 @@ class GpuClientInfer(GpuMethod, ClientInfer):
                    "(copy=True, output_device='auto')")
     #: Whether the client sends GPU tensors by reference (a row of a lending method that copied is refused).
     by_reference = True
+    #: Whether a request always goes through a slot pool (an output copied out of one, say).
+    uses_pools = True
 
     def open(self) -> None:
         from ..client import Client
@@ -278,7 +280,7 @@ class GpuClientInfer(GpuMethod, ClientInfer):
         """Why this method's timings must not be reported (its pools not in GPU memory, or inputs
         meant to be lent that were copied), or None."""
         memories = sorted({pool.memory for pool in self.client.pools()})
-        if not memories or any(not m.startswith("cuda:") for m in memories):
+        if (self.uses_pools and not memories) or any(not m.startswith("cuda:") for m in memories):
             return (f"{self.name} ({self.setting.model}) ran through {memories or 'no pool'}, not CUDA "
                     f"slots (cuda:N): refusing to report it")
         stats = self.client.stats()
@@ -292,6 +294,9 @@ class GpuClientInferOut(GpuClientInfer):
     name = "Client.infer out="
     description = ("tritonshm.Client(url, transport='cuda').infer(model, {name: x}, out={output: y}): the torch "
                    "tensor sent by reference, the output written by the server into y (allocated once)")
+    # Input and output both lent: no slot pool at all (refused as "ran through no pool" on an
+    # H200); the lending itself is what its checks ask for, and any pool must still be CUDA slots.
+    uses_pools = False
 
     def open(self) -> None:
         self.out: Any = None
@@ -325,6 +330,9 @@ class GpuZeroCopy(GpuClientInfer):
     group = "tritonshm"
     description = ("tritonshm.Client.request(model, device='cuda:0'): the input written into the device "
                    "slot untimed, req.run() timed, the output a view of the slot (no copy)")
+    # Its input is written into the request's own CUDA slot: nothing is lent, by design, so the
+    # row's check is only that its pools are CUDA slots (the lending rows keep theirs).
+    by_reference = False
 
     def open(self) -> None:
         self.request = None
