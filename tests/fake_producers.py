@@ -160,9 +160,11 @@ def _make_capsule(tensor: FakeDeviceTensor, versioned: bool):
     dl.byte_offset = 0
     managed.deleter = ctypes.cast(_DELETER, ctypes.c_void_p).value
     address = ctypes.addressof(managed)
-    # Like torch's, the export keeps the tensor's *storage* (its memory), not the Python tensor:
-    # the caller's object may die while a consumer still holds the capsule.
-    _EXPORTS[address] = (managed, shape, tensor.storage if tensor.storage is not None else tensor)
+    # The export keeps the tensor object itself alive, as torch's and cupy's do in effect: cupy's
+    # capsule holds the array, and torch keeps a tensor's Python object alive while its storage
+    # has another owner (PyObject preservation; seen on an H200: a dropped tensor's weak reference
+    # stayed alive while a capture held it).  So nobody can tell that the caller dropped it.
+    _EXPORTS[address] = (managed, shape, tensor)
     name = _NAME_VERSIONED if versioned else _NAME_LEGACY
     return _PyCapsule_New(address, ctypes.addressof(name), ctypes.cast(_CAPSULE_DESTRUCTOR, ctypes.c_void_p).value)
 

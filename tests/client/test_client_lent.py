@@ -195,8 +195,10 @@ def test_by_reference_false_copies(url, torch_caching):
 def test_the_bounds_hold_and_only_cold_allocations_make_room(url, fake_cuda, torch_caching):
     with tritonshm.Client(url, max_lent_bytes=5 << 20) as c:
         table = lent_allocations(c)
-        a = torch_caching.empty(4 << 20, np.uint8)  # each a 4 MiB segment of its own
-        b = torch_caching.empty(4 << 20, np.uint8)
+        # each a segment of its own, of different sizes (an idle one of the same size, lent once,
+        # would be taken for the fresh allocation per request that "used once" copies)
+        a = torch_caching.empty(4 << 20, np.uint8)
+        b = torch_caching.empty(2 << 20, np.uint8)
         c.infer("identity_uint8", {"INPUT0": a})
         assert len(c.lent()) == 1
         # b does not fit beside a, and a was used just now: b is copied, a stays

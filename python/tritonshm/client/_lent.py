@@ -33,10 +33,10 @@ memory back), and when the client closes; the disposal steps
 Lend only what pays: registering an allocation costs 1-3 ms and holding it
 keeps its memory from the caller's allocator, while a device copy of 64 MiB
 takes tens of microseconds.  So a buffer the caller uses again is lent, and
-one made afresh for each request is copied ("used once"): once an allocation
-lent for one request only is found idle with its tensor dropped by the caller
-(it is let go of then, so torch can reuse its segment), new allocations are
-copied until the caller gives a tensor it gave before.
+one made afresh for each request is copied ("used once"): once an idle
+allocation lent for one request only is found when a new one of its size
+appears (it is let go of then, so torch can reuse its segment), new
+allocations are copied until the caller gives a tensor it gave before.
 
 A request the client gave up on (:mod:`._claim`) may still be run by the
 server: :meth:`~LentAllocations.abandon` takes its allocations out of the
@@ -89,12 +89,9 @@ class LentMemory(RegisteredMemory):
 
     kind = "cuda"
 
-    def __init__(self, region: CudaRegion, origin: "weakref.ref[Any] | None" = None):
+    def __init__(self, region: CudaRegion):
         self.region = region
         self.device = region.device
-        #: The caller's object of the first tensor lent from it (weakly): dropped, and lent for
-        #: one request only, the allocation was made for that request (see the module).
-        self.origin = origin
 
     @property
     def nbytes(self) -> int:
@@ -142,7 +139,7 @@ class LentStats:
 
 
 class _Entry:
-    __slots__ = ("extent", "handle", "users", "last_used", "lent")
+    __slots__ = ("extent", "handle", "users", "last_used", "lent", "reused")
 
     extent: Extent[LentMemory]
 
@@ -152,6 +149,7 @@ class _Entry:
         self.users = 1
         self.last_used = time.monotonic()
         self.lent = 1
+        self.reused = False  # registered for a tensor the caller gave again: never taken for "used once"
 
 
 class LentAllocations:
@@ -206,7 +204,7 @@ class LentAllocations:
         key = (region.device, region.ptr)
         handle = region.ipc_handle
         while True:
-            full = used_once = False
+            full = used_once = given_again = False
             with self._lock:
                 entry = self._entries.get(key)
                 if entry is not None and (entry.handle != handle or entry.extent.memory.nbytes != region.nbytes):
@@ -221,19 +219,20 @@ class LentAllocations:
                     self._entries.move_to_end(key)
                     region.close()  # the entry's own region holds the allocation
                     return Lent(entry.extent, entry.extent.name, offset, tensor.nbytes)
-                if entry is None and self._used_once(tensor):
-                    used_once = True
-                elif entry is None:
-                    if not self._make_room(region.nbytes):
-                        full = True
-                    elif not self._disposals:  # what was let go of is gone: its bytes are back
-                        if self.budget.take(region.nbytes):
-                            memory = LentMemory(region, tensor.origin)
-                            entry = _Entry(Extent(memory, 0, self.budget, region.nbytes), handle)
-                            self._entries[key] = entry
-                            self._nbytes += region.nbytes
-                            break
-                        full = True  # bytes still held by allocations on their way out (in use, parked)
+                if entry is None:
+                    used_once, given_again = self._used_once(tensor, region.nbytes)
+                if entry is not None or used_once:
+                    pass
+                elif not self._make_room(region.nbytes):
+                    full = True
+                elif not self._disposals:  # what was let go of is gone: its bytes are back
+                    if self.budget.take(region.nbytes):
+                        entry = _Entry(Extent(LentMemory(region), 0, self.budget, region.nbytes), handle)
+                        entry.reused = given_again
+                        self._entries[key] = entry
+                        self._nbytes += region.nbytes
+                        break
+                    full = True  # bytes still held by allocations on their way out (in use, parked)
             if full or used_once:
                 region.close()
                 return self._copied("used once" if used_once else "bounds")
@@ -314,27 +313,33 @@ class LentAllocations:
             self._stats.copied[why] = self._stats.copied.get(why, 0) + 1
         return None
 
-    def _used_once(self, tensor: DeviceTensor) -> bool:
-        """Whether *tensor*, in an allocation the table does not hold, is better copied: the
-        caller makes fresh allocations per request (see the module).  Under the lock."""
+    def _used_once(self, tensor: DeviceTensor, nbytes: int) -> tuple[bool, bool]:
+        """``(copy, given_again)`` for *tensor*, in an allocation of *nbytes* the table does not
+        hold: whether it is better copied (the caller makes a fresh allocation per request: see
+        the module), and whether the caller gave this very tensor before.  Under the lock.
+
+        Whether the caller still has a tensor cannot be seen: torch keeps a tensor's Python
+        object alive while its storage has another owner (our capture holds one), and cupy's
+        export holds the array.  So the sign is the allocation pattern: an idle allocation of
+        the same size, lent for one request only (and never given again), when a new one
+        appears."""
+        given = None if tensor.origin is None else tensor.origin()
+        if given is not None and any(ref() is given for ref in self._recent):
+            self._fresh_per_request = False  # a tensor given again: the caller reuses its buffers
+            return False, True
         for key, entry in list(self._entries.items()):
-            origin = entry.extent.memory.origin
-            if entry.users == 0 and entry.lent == 1 and entry.extent.name is not None \
-                    and origin is not None and origin() is None:
-                # Lent for one request, and its tensor dropped: it was made for that request,
-                # and holding it keeps its memory from the caller's allocator.  Let go of it.
+            if entry.users == 0 and entry.lent == 1 and not entry.reused and entry.extent.name is not None \
+                    and entry.extent.memory.nbytes == nbytes:
+                # Holding it keeps its memory from the caller's allocator, which then makes a
+                # new segment for each request: let go of it, and copy such tensors from now on.
                 self._remove(key)
                 self._stats.evictions += 1
                 self._fresh_per_request = True
         if not self._fresh_per_request:
-            return False
-        given = None if tensor.origin is None else tensor.origin()
-        if given is not None and any(ref() is given for ref in self._recent):
-            self._fresh_per_request = False  # a tensor given again: the caller reuses its buffers
-            return False
+            return False, False
         if tensor.origin is not None:
             self._recent.append(tensor.origin)
-        return True
+        return True, False
 
     # -- the table -------------------------------------------------------
 
