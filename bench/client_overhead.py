@@ -10,6 +10,7 @@ copies in and out, building the request, reading the response.
 
     python bench/client_overhead.py              # starts a LocalServer, ~20 s
     python bench/client_overhead.py --size 65536 --reps 3000
+    python bench/client_overhead.py --lend       # the lend hit path, on the FAKE CUDA runtime
 
 Methods, interleaved in rounds (median us per call, and the ratio to
 tritonclient's own infer with the same recorded answer):
@@ -22,13 +23,24 @@ tritonclient's own infer with the same recorded answer):
   with the server's ``http://`` URL, its socket's ``send`` answered by the
   recorded result (so, like the gRPC stub's recording, what is left out is
   the transport: writing the request, reading and parsing the answer).
+
+``--lend`` measures instead what sending one GPU tensor by reference adds to
+a request once its allocation is registered (no server, no GPU: the fake CUDA
+runtime of tests/fake_cudart, built on the spot): the lent table's hit path
+(``cuMemGetAddressRange`` and ``cudaIpcGetMemHandle``, then bookkeeping) alone,
+and with the request's :class:`~tritonshm.client._claim.Claim` made, lent and
+ended around it (what issue 30 added).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -69,6 +81,60 @@ def _recorded_http(client) -> None:
     connections.send = send
 
 
+def lend_hit_path(reps: int, rounds: int) -> int:
+    """``--lend``: microseconds per lent tensor on a registered allocation (see the module)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from fake_cuda import build_fake_cudart  # the FAKE runtime: test code, never shipped
+
+    path = build_fake_cudart(tempfile.mkdtemp(prefix="tshm-fake-cudart-"))
+    os.environ["TRITONSHM_CUDART"] = str(path)
+    from tritonshm._memory import _runtime
+    from tritonshm.client._claim import Claim, Claims
+    from tritonshm.client._devices import as_device_tensor
+    from tritonshm.client._lent import LentAllocations
+    from tritonshm.cuda import CudaRegion
+
+    _runtime.use(str(path))
+    region = CudaRegion.create(1 << 20)
+    tensor = as_device_tensor(region.view(np.float32, (1024,), offset=4096))
+    table, claims = LentAllocations(1 << 30, os.getpid(), []), Claims()
+
+    def drive(steps):  # a Register (the first time only) answered with a name
+        try:
+            next(steps)
+            while True:
+                steps.send("tritonshm-lent-bench")
+        except StopIteration as stop:
+            return stop.value
+
+    table.finished(drive(table.lend_steps(tensor)))
+
+    def table_alone():
+        table.finished(drive(table.lend_steps(tensor)))
+
+    def with_claim():
+        claim = Claim(claims, table)
+        claim.lend("INPUT0", drive(table.lend_steps(tensor)), tensor, writes=False)
+        claim.end()
+
+    methods = {"lent table hit": table_alone, "hit + request claim": with_claim}
+    samples: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(rounds):
+        for name, fn in methods.items():
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / reps * 1e6)
+    print(f"lending one GPU tensor of a registered allocation, FAKE CUDA runtime ({rounds} rounds x {reps}, "
+          f"interleaved)")
+    for name, values in samples.items():
+        print(f"  {name:21s} {statistics.median(values):8.2f} us/tensor")
+    for extent in table.forget():
+        extent.release_memory()
+    region.close()
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4096, help="input bytes (FP32 identity)")
@@ -76,7 +142,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--url", help="a running server's gRPC address (default: start a LocalServer)")
     parser.add_argument("--http-url", help="with --url: its HTTP address, for the HTTP rows (left out without)")
+    parser.add_argument("--lend", action="store_true",
+                        help="measure the lend hit path instead, on the fake CUDA runtime (no server, no GPU)")
     args = parser.parse_args()
+    if args.lend:
+        return lend_hit_path(args.reps, args.rounds)
 
     import tritonclient.grpc as grpcclient
 

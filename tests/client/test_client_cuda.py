@@ -126,7 +126,8 @@ def test_wrong_device_dtype_is_refused_before_sending(url):
 
 def test_held_device_results_keep_their_slot_until_every_dlpack_tensor_is_gone(url):
     data = sample(np.float32, 64)
-    with tritonshm.Client(url, slots=1) as c:
+    # (inputs copied into the slot, as lent ones take no room there: the pool's layout stays one)
+    with tritonshm.Client(url, slots=1, by_reference=False) as c:
         held = c.infer("identity_fp32", {"INPUT0": device_array(data)}, copy=False)["OUTPUT0"]
         capsule = held.__dlpack__()  # what torch.from_dlpack would hold: no Python object of ours
         del held
@@ -340,7 +341,9 @@ def test_device_inputs_that_cannot_be_shared_get_a_clear_error(url):
 
 def test_at_the_byte_cap_a_request_waits_for_a_dlpack_tensor_to_go(url):
     data = sample(np.float32, 64)
-    with tritonshm.Client(url, slots=1, max_pool_bytes=4096) as c:
+    # (inputs copied: these fresh allocations would be lent, then copied as "used once", and
+    # the pool's layout grow past the cap meanwhile; slots are what this test is about)
+    with tritonshm.Client(url, slots=1, max_pool_bytes=4096, by_reference=False) as c:
         view = c.infer("identity_fp32", {"INPUT0": device_array(data)}, copy=False)["OUTPUT0"]
         capsule = view.__dlpack__()
         del view
@@ -448,7 +451,7 @@ def test_aio_waits_for_a_dlpack_tensor_to_go_at_the_byte_cap(url):
     data = sample(np.float32, 64)
 
     async def scenario():
-        async with tritonshm.aio.Client(url, slots=1, max_pool_bytes=4096) as c:
+        async with tritonshm.aio.Client(url, slots=1, max_pool_bytes=4096, by_reference=False) as c:
             view = (await c.infer("identity_fp32", {"INPUT0": device_array(data)}, copy=False))["OUTPUT0"]
             holder = [view.__dlpack__()]
             del view
@@ -472,7 +475,7 @@ def test_cuda_pools_are_registered_again_after_a_real_server_restart(fake_cudart
 
     data = sample(np.float32, 256)
     with start_or_skip(LocalServer(env=server_env(fake_cudart_path))) as srv:
-        with tritonshm.Client(srv.grpc_url) as c:
+        with tritonshm.Client(srv.grpc_url, by_reference=False) as c:  # (the slots' path; lent: test_client_lent)
             np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"].get(), data)
             (before,) = pool_of(c, "identity_fp32").regions
             srv.restart()  # the new server knows none of our regions
@@ -515,7 +518,9 @@ def test_a_blocked_thread_is_let_in_when_a_held_cuda_slot_comes_free(url):
     """The slot is held by a request, then only by a DLPack tensor, then by nothing:
     a thread waiting at the byte cap must get it then, not at its timeout (60 s)."""
     data = sample(np.float32, 64)
-    with tritonshm.Client(url, slots=1, max_pool_bytes=4096) as c:
+    # (inputs copied: these fresh allocations would be lent, then copied as "used once", and
+    # the pool's layout grow past the cap meanwhile; slots are what this test is about)
+    with tritonshm.Client(url, slots=1, max_pool_bytes=4096, by_reference=False) as c:
         req = c.request("identity_fp32", shapes={"INPUT0": (64,)}, device="cuda:0")
         cuda.copy(req.inputs["INPUT0"], data)
         out = req.run()["OUTPUT0"]
