@@ -91,7 +91,8 @@ class Claim:
         self.inputs: dict[str, Lent] = {}     # inputs read where they are
         self.outputs: dict[str, Lent] = {}    # out= results written where they are
         self.waits: list[Any] = []
-        self.tensors: list[DeviceTensor] = []  # the lent tensors: their captures hold their memory
+        # The lent tensors (their captures hold their memory), each with whether it is written.
+        self.tensors: list[tuple[DeviceTensor, bool]] = []
         self.unanswered = False  # sent, and neither answered nor refused by the server yet
 
     def __bool__(self) -> bool:
@@ -101,9 +102,14 @@ class Claim:
     def lend(self, name: str, where: Lent, tensor: DeviceTensor, writes: bool) -> None:
         """*tensor* is named where it is (*where*) as input (or, *writes*, result) *name*."""
         (self.outputs if writes else self.inputs)[name] = where
-        self.tensors.append(tensor)
+        if not self.tensors:
+            self._claims.add(self)
+        self.tensors.append((tensor, writes))
         self.waits.append(tensor.source.event)
-        self._claims.add(self, Span.of(tensor, writes))
+
+    def spans(self) -> list[Span]:
+        """Where the lent tensors are."""
+        return [Span.of(tensor, writes) for tensor, writes in self.tensors]
 
     def end_lease(self) -> None:
         """Let go of the slot (the rest stays claimed): back to its pool if the server answered
@@ -126,30 +132,32 @@ class Claim:
     def end(self) -> None:
         """The request is over for the client: let go of what the server is done with, and hand
         what it may still touch to the registrations that hold it until it lets go (idempotent)."""
-        self.end_lease()
-        lent, self.inputs, self.outputs = [*self.inputs.values(), *self.outputs.values()], {}, {}
-        tensors, self.tensors = self.tensors, []
-        self.waits = []
+        if self.lease is not None:
+            self.end_lease()
+        if not self.tensors:  # nothing lent (the quick path's claim: a slot only)
+            return
+        lent = [*self.inputs.values(), *self.outputs.values()]
         if not self.unanswered:
             for where in lent:
                 self._allocations.finished(where)
             self._claims.settle(self)
-            return
-        extents = [self._allocations.abandon(where, tensors) for where in lent]
-        self._claims.abandon(self, extents)
+        else:
+            extents = [self._allocations.abandon(where, [t for t, _ in self.tensors]) for where in lent]
+            self._claims.abandon(self, extents)
+        self.inputs, self.outputs, self.tensors, self.waits = {}, {}, [], []
 
 
 class Claims:
-    """The spans of the caller's memory that unfinished requests name (see the module).
+    """The caller's memory that unfinished requests name (see the module).
 
-    A request's spans are here from its lending until it ends answered, or -- the client
-    gave up on it -- until every registration that holds them is let go of (the server let
-    go of it: see :meth:`Claim.end`).
+    A request is here from its first lending until it ends answered, or -- the client gave
+    up on it -- until every registration that holds its tensors is let go of (the server
+    let go of it: see :meth:`Claim.end`).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._running: dict[Claim, list[Span]] = {}
+        self._running: set[Claim] = set()
         self._abandoned: list[tuple[list[Span], list[Extent]]] = []
 
     @property
@@ -157,30 +165,31 @@ class Claims:
         """Whether any unfinished request names the caller's memory (cheap: no lock)."""
         return bool(self._running or self._abandoned)
 
-    def add(self, claim: Claim, span: Span) -> None:
-        """*claim* names *span* from now on (:meth:`Claim.lend`)."""
+    def add(self, claim: Claim) -> None:
+        """*claim* names the caller's memory from now on (:meth:`Claim.lend`)."""
         with self._lock:
-            self._running.setdefault(claim, []).append(span)
+            self._running.add(claim)
 
     def conflict(self, span: Span, claim: Claim) -> bool:
         """Whether another unfinished request names memory that clashes with *span*."""
         with self._lock:
             self._forget_released()
-            return any(span.clashes(other) for owner, spans in self._running.items() if owner is not claim
-                       for other in spans) \
-                or any(span.clashes(other) for spans, _ in self._abandoned for other in spans)
+            running = [other for other in self._running if other is not claim]
+            abandoned = [spans for spans, _ in self._abandoned]
+        return any(span.clashes(other) for owner in running for other in owner.spans()) \
+            or any(span.clashes(other) for spans in abandoned for other in spans)
 
     def settle(self, claim: Claim) -> None:
-        """*claim*'s request was answered: its spans are free."""
-        if claim in self._running:
-            with self._lock:
-                self._running.pop(claim, None)
+        """*claim*'s request was answered: its memory is free."""
+        with self._lock:
+            self._running.discard(claim)
 
     def abandon(self, claim: Claim, extents: list[Extent]) -> None:
-        """The client gave up on *claim*'s request: its spans stay until *extents* (the
-        registrations holding them) are let go of."""
+        """The client gave up on *claim*'s request: its memory stays named until *extents* (the
+        registrations holding it) are let go of."""
+        spans = claim.spans()
         with self._lock:
-            spans = self._running.pop(claim, [])
+            self._running.discard(claim)
             if spans and extents:
                 self._abandoned.append((spans, extents))
 
