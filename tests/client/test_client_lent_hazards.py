@@ -222,16 +222,14 @@ def test_a_read_only_out_is_refused_before_anything_is_sent(fake_cuda_server, fa
     del x, y
 
 
-def test_out_on_a_host_route_is_copied_and_says_why(fake_cuda_server, fake_cuda, torch_caching):
+def test_out_on_a_host_route_is_lent_too(fake_cuda_server, fake_cuda, torch_caching):
     with tritonshm.Client(grpc_url(fake_cuda_server)) as c:
         y = torch_caching.zeros(8)
         got = c.infer("identity_fp32", {"INPUT0": np.full(8, 5, np.float32)}, output_device="cuda",
                       out={"OUTPUT0": y})
         assert got["OUTPUT0"] is y and (y.numpy() == 5).all()
-        stats = c.stats()
-        assert stats.outputs_lent + sum(stats.copied.values()) == 1
-        if not stats.outputs_lent:
-            assert stats.copied == {"host route": 1}
+        stats = c.stats()  # (numpy inputs: host slots; the result written where the caller wants it)
+        assert (stats.outputs_lent, stats.copied) == (1, {})
     del y
 
 

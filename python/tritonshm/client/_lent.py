@@ -80,7 +80,6 @@ COPIED_WHY = {
     "spans allocations": "a tensor that is not inside one allocation",
     "server cannot open CUDA memory": "the server cannot open this process's CUDA memory",
     "server refused": "the server refused to register the allocation",
-    "host route": "out= on a request whose results pass through host slots (numpy inputs or BYTES models)",
 }
 
 
@@ -303,10 +302,6 @@ class LentAllocations:
         with self._lock:
             self._stats.inputs_lent += inputs
             self._stats.outputs_lent += outputs
-
-    def copied(self, why: str) -> None:
-        """Count a GPU tensor copied rather than lent, and why (a key of :data:`COPIED_WHY`)."""
-        self._copied(why)
 
     def _copied(self, why: str) -> None:
         with self._lock:
