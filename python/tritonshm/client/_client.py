@@ -300,7 +300,9 @@ class Client:
 
     def stats(self) -> LentStats:
         """How this client's GPU tensors travelled: inputs sent by reference, results written in
-        place (``out=``), tensors copied and why, registrations and evictions.  No I/O."""
+        place (``out=``), tensors copied and why (:data:`tritonshm.client.COPIED_WHY`),
+        registrations and evictions; requests given up on before the server answered, and those
+        whose memory is still held for the server.  No I/O."""
         return self._engine.lent_stats()
 
     def forget(self) -> None:
@@ -355,10 +357,18 @@ class Client:
         which stays out of the pool until every view -- and every DLPack
         tensor made from one -- is gone; where the slot is not where the
         results are wanted, they are copies all the same.  *out* names GPU
-        tensors the caller allocated (output name -> tensor, of the output's
-        dtype and shape, where the results go) for the server to write in
-        place; they are what is returned for those outputs.  *slot_timeout*
-        bounds the wait for a slot, in seconds (default: the client's).
+        tensors the caller allocated (output name -> writable tensor, of the
+        output's dtype and shape, where the results go) for the server to write
+        in place -- on every route, host slots included; copied into only where
+        its memory cannot be lent (``stats().copied`` says why) -- and they are
+        what is returned for those outputs.  *slot_timeout* bounds the wait for
+        a slot, in seconds (default: the client's), and for tensors an earlier
+        request the client gave up on may still touch (:class:`TensorInUse`).
+
+        Memory the server may touch -- the slot, the tensors sent by reference,
+        *out* -- is held until the server is done with the request, also when
+        the client stops waiting for it (``client_timeout``): see README's
+        "GPU tensors by reference".
 
         Per-request options take tritonclient's names and meanings
         (:class:`~tritonshm.RequestOptions`): ``timeout`` (the server's, in
