@@ -115,7 +115,9 @@ class SlotRoute:
         wanted = list(info.output_names) if names is _ALL else names
         outputs_made = client.infer(model_name, arrays, outputs=wanted, version=model_version, options=checked)
         version = model_version or self._version_run(facade, model_name)
-        return self._result_type(model_name, version, [info.output(n) for n in wanted], outputs_made)
+        # In the response as the server orders them: the model's order, not the request's.
+        specs = [spec for spec in info.outputs if spec.name in outputs_made]
+        return self._result_type(model_name, version, specs, outputs_made)
 
     def _arrays(self, inputs: Sequence[Any]) -> dict[str, np.ndarray] | None:
         """Each input's data as an array (views of the bytes tritonclient keeps, no copy), or
