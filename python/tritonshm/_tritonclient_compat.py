@@ -17,7 +17,8 @@ import functools
 from typing import Any, NamedTuple, NoReturn
 
 __all__ = ["CONTRACT", "Private", "grpc_request", "http_request", "grpc_error", "raise_grpc_error",
-           "grpc_compression", "grpc_stub", "grpc_metadata", "grpc_parts"]
+           "grpc_compression", "grpc_stub", "grpc_metadata", "grpc_parts", "tensor_of", "input_content",
+           "result_class"]
 
 
 class Private(NamedTuple):
@@ -44,6 +45,14 @@ CONTRACT: tuple[Private, ...] = (
     Private("tritonclient.http._utils", "_get_inference_request", 0, _HTTP_REQUEST_KEYWORDS),
     Private("tritonclient.grpc", "InferenceServerClient._get_metadata", 2, ()),
     Private("tritonclient.grpc.aio", "InferenceServerClient._get_metadata", 2, ()),
+    # The facades (tritonshm.grpc / .http) read what a user's request objects say, without
+    # changing them: their tensor description (a protobuf / a dict) and their data.
+    Private("tritonclient.grpc", "InferInput._get_tensor", 1, ()),
+    Private("tritonclient.grpc", "InferInput._get_content", 1, ()),
+    Private("tritonclient.grpc", "InferRequestedOutput._get_tensor", 1, ()),
+    Private("tritonclient.http", "InferInput._get_tensor", 1, ()),
+    Private("tritonclient.http", "InferInput._get_binary_data", 1, ()),
+    Private("tritonclient.http", "InferRequestedOutput._get_tensor", 1, ()),
 )
 
 
@@ -102,3 +111,34 @@ def grpc_parts() -> tuple[Any, Any, Any]:
     from tritonclient.grpc._utils import raise_error_grpc
 
     return grpc, InferResult, raise_error_grpc
+
+
+def tensor_of(request_object: Any) -> Any:
+    """What a tritonclient ``InferInput`` or ``InferRequestedOutput`` (gRPC or HTTP) says of its
+    tensor: gRPC's protobuf message (``.parameters`` a map of ``InferParameter``), HTTP's dict
+    (``"parameters"``, and ``"data"`` for JSON inputs) -- what its client's ``infer`` sends."""
+    return request_object._get_tensor()
+
+
+def input_content(infer_input: Any, http: bool) -> bytes | None:
+    """The raw bytes ``set_data_from_numpy`` left on a tritonclient ``InferInput`` (serialized as
+    tritonclient sends them: BYTES length-prefixed, BF16 as 2-byte words), or None (no data, JSON
+    data over HTTP, or bound to shared memory)."""
+    return infer_input._get_binary_data() if http else infer_input._get_content()
+
+
+def result_class(mixin: type, base: type) -> type:
+    """A class of *mixin* over tritonclient's ``InferResult`` *base* (its name, module and doc
+    are the mixin's), whose inherited ``get_output`` and ``get_response`` read the response the
+    mixin's ``_make_response()`` builds, on first use: tritonclient keeps the server's response
+    as ``_result``, and this class makes that a property."""
+
+    def response(self: Any) -> Any:
+        made = self.__dict__.get("_made_response")
+        if made is None:
+            made = self.__dict__["_made_response"] = self._make_response()
+        return made
+
+    return type(mixin.__name__, (mixin, base), {"__doc__": mixin.__doc__, "__module__": mixin.__module__,
+                                                "__qualname__": mixin.__qualname__,
+                                                "_result": property(response)})

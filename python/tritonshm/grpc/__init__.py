@@ -1,0 +1,103 @@
+"""``tritonclient.grpc`` with the tensors in shared memory: change the import line, keep the code.
+
+    import tritonshm.grpc as grpcclient      # was: import tritonclient.grpc as grpcclient
+
+Every public name of ``tritonclient.grpc`` is here, the very same object (``InferInput``,
+``InferRequestedOutput``, ``InferResult``, ``InferenceServerException``, ``KeepAliveOptions``,
+``service_pb2``, ...), except :class:`InferenceServerClient`: tritonclient's class, subclassed.
+
+Why a subclass rather than a wrapper holding one: every method it does not change -- health,
+metadata, config, repository and model control, statistics, trace and log settings, the
+shared-memory calls, ``async_infer``, streams -- is tritonclient's own, with its signature,
+defaults and behaviour, without a line here to keep in step with each release; and the client
+still is a ``tritonclient.grpc.InferenceServerClient`` to the caller's type checks.  What it
+adds -- the slot pools -- it *holds*: a :class:`tritonshm.Client` for the same server, made on the
+first call that uses it.
+
+What goes through shared memory (this release): :meth:`InferenceServerClient.infer`.
+``async_infer``, ``start_stream`` / ``async_stream_infer`` and ``tritonshm.grpc.aio`` are still
+tritonclient's own and send their tensors over the wire.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import tritonclient.grpc as _tritonclient_grpc
+
+from .. import _facade, _tritonclient_compat
+
+__all__ = _facade.reexport(_tritonclient_grpc, globals())
+
+_CONSTRUCTOR = inspect.signature(_tritonclient_grpc.InferenceServerClient.__init__)
+
+#: The result of a call the slots carried: a ``tritonclient.grpc.InferResult``.
+_SlotResult = _tritonclient_compat.result_class(_facade.GrpcSlotResult, _tritonclient_grpc.InferResult)
+
+
+class InferenceServerClient(_tritonclient_grpc.InferenceServerClient):  # type: ignore[misc]
+    """tritonclient.grpc's client, whose :meth:`infer` moves the tensors through shared memory.
+
+    Takes what tritonclient's takes (``url`` as ``"host:port"``, ``ssl``, ``creds``,
+    ``keepalive_options``, ``channel_args``, ...); every method but :meth:`infer` and
+    :meth:`close` is tritonclient's own.  ``unregister_system_shared_memory()`` with no name
+    unregisters every region on the server, ours included, as tritonclient's does; the next
+    :meth:`infer` finds its slots gone and registers them again before it runs.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        url, ssl, options = _facade.constructor_arguments(_CONSTRUCTOR, args, kwargs)
+        self._tritonshm_slots = _facade.SlotRoute("grpc", url, ssl, options, _tritonclient_grpc, _SlotResult)
+
+    __init__.__signature__ = _CONSTRUCTOR  # type: ignore[attr-defined]
+
+    @property
+    def tritonshm(self) -> Any:
+        """The :class:`tritonshm.Client` holding this client's slot pools (``pools()``,
+        ``stats()``), or None before the first :meth:`infer` that used them and after :meth:`close`."""
+        return self._tritonshm_slots.client
+
+    def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
+              request_id: str = "", sequence_id: Any = 0, sequence_start: bool = False,
+              sequence_end: bool = False, priority: int = 0, timeout: Any = None,
+              client_timeout: Any = None, headers: Any = None, compression_algorithm: Any = None,
+              parameters: Any = None) -> Any:
+        """tritonclient.grpc's ``infer``, its inputs and outputs in shared memory.
+
+        Inputs given data with ``set_data_from_numpy`` are copied into one of this client's slots
+        (the ``InferInput`` objects are left as they were), the server writes the outputs into
+        the slot, and the result -- a ``tritonclient.grpc.InferResult`` -- answers
+        ``as_numpy``, ``get_output`` and ``get_response`` as tritonclient's would.  A call the
+        slots cannot carry exactly as tritonclient sends it (an input or output bound to shared
+        memory by hand, no data, a name, datatype or shape the model does not take, a batch
+        beyond ``max_batch_size``, a ``request_id``, classification) is tritonclient's own call:
+        the tensors go on the wire, a mistake gets the server's own error.  Where the server
+        cannot open our memory (another machine), every call goes on the wire, after one warning.
+        """
+        options = {name: value for name, value in (
+            ("sequence_id", sequence_id), ("sequence_start", sequence_start), ("sequence_end", sequence_end),
+            ("priority", priority), ("timeout", timeout), ("client_timeout", client_timeout),
+            ("headers", headers), ("compression_algorithm", compression_algorithm),
+            ("parameters", parameters)) if value is not _DEFAULTS[name]}
+        result = self._tritonshm_slots.infer(self, model_name, inputs, model_version, outputs, request_id,
+                                             options)
+        if result is not None:
+            return result
+        return super().infer(model_name, inputs, model_version=model_version, outputs=outputs,
+                             request_id=request_id, sequence_id=sequence_id, sequence_start=sequence_start,
+                             sequence_end=sequence_end, priority=priority, timeout=timeout,
+                             client_timeout=client_timeout, headers=headers,
+                             compression_algorithm=compression_algorithm, parameters=parameters)
+
+    def close(self) -> None:
+        """Unregister and unlink this client's slots, then close it as tritonclient does."""
+        slots = getattr(self, "_tritonshm_slots", None)  # None: the constructor failed
+        if slots is not None:
+            slots.close()
+        super().close()
+
+
+_DEFAULTS = {name: parameter.default
+             for name, parameter in inspect.signature(_tritonclient_grpc.InferenceServerClient.infer).parameters.items()}

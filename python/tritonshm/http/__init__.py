@@ -1,0 +1,107 @@
+"""``tritonclient.http`` with the tensors in shared memory: change the import line, keep the code.
+
+    import tritonshm.http as httpclient      # was: import tritonclient.http as httpclient
+
+Every public name of ``tritonclient.http`` is here, the very same object (``InferInput``,
+``InferRequestedOutput``, ``InferResult``, ``InferAsyncRequest``, ``InferenceServerException``,
+...), except :class:`InferenceServerClient`: tritonclient's class, subclassed.
+
+Why a subclass rather than a wrapper holding one: every method it does not change -- health,
+metadata, config, repository and model control, statistics, trace and log settings, the
+shared-memory calls, ``async_infer`` -- is tritonclient's own, with its signature,
+defaults and behaviour, without a line here to keep in step with each release; and the client
+still is a ``tritonclient.http.InferenceServerClient`` to the caller's type checks.  What it
+adds -- the slot pools -- it *holds*: a :class:`tritonshm.Client` for the same server, made on the
+first call that uses it.
+
+What goes through shared memory (this release): :meth:`InferenceServerClient.infer`.
+``async_infer`` (``InferAsyncRequest.get_result()``) and ``tritonshm.http.aio`` are still
+tritonclient's own and send their tensors over the wire.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import tritonclient.http as _tritonclient_http
+
+from .. import _facade, _tritonclient_compat
+
+__all__ = _facade.reexport(_tritonclient_http, globals())
+
+_CONSTRUCTOR = inspect.signature(_tritonclient_http.InferenceServerClient.__init__)
+
+#: The result of a call the slots carried: a ``tritonclient.http.InferResult``.
+_SlotResult = _tritonclient_compat.result_class(_facade.HttpSlotResult, _tritonclient_http.InferResult)
+
+
+class InferenceServerClient(_tritonclient_http.InferenceServerClient):  # type: ignore[misc]
+    """tritonclient.http's client, whose :meth:`infer` moves the tensors through shared memory.
+
+    Takes what tritonclient's takes (``url`` as ``"host:port"``, ``concurrency``,
+    ``connection_timeout``, ``network_timeout``, ``ssl``, ...); every method but :meth:`infer` and
+    :meth:`close` is tritonclient's own.  ``unregister_system_shared_memory()`` with no name
+    unregisters every region on the server, ours included, as tritonclient's does; the next
+    :meth:`infer` finds its slots gone and registers them again before it runs.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        url, ssl, options = _facade.constructor_arguments(_CONSTRUCTOR, args, kwargs)
+        self._tritonshm_slots = _facade.SlotRoute("http", url, ssl, options, _tritonclient_http, _SlotResult)
+
+    __init__.__signature__ = _CONSTRUCTOR  # type: ignore[attr-defined]
+
+    @property
+    def tritonshm(self) -> Any:
+        """The :class:`tritonshm.Client` holding this client's slot pools (``pools()``,
+        ``stats()``), or None before the first :meth:`infer` that used them and after :meth:`close`."""
+        return self._tritonshm_slots.client
+
+    def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
+              request_id: str = "", sequence_id: Any = 0, sequence_start: bool = False,
+              sequence_end: bool = False, priority: int = 0, timeout: Any = None, headers: Any = None,
+              query_params: Any = None, request_compression_algorithm: Any = None,
+              response_compression_algorithm: Any = None, parameters: Any = None) -> Any:
+        """tritonclient.http's ``infer``, its inputs and outputs in shared memory.
+
+        Inputs given data with ``set_data_from_numpy`` (binary or JSON) are copied into one of
+        this client's slots (the ``InferInput`` objects are left as they were), the server
+        writes the outputs into the slot, and the result -- a ``tritonclient.http.InferResult``
+        -- answers ``as_numpy``, ``get_output`` and ``get_response`` as tritonclient's would
+        (each output as if sent in binary, its ``binary_data_size`` what it would have taken).
+        A call the slots cannot carry exactly as tritonclient sends it (an input or output bound
+        to shared memory by hand, no data, a name, datatype or shape the model does not take, a
+        batch beyond ``max_batch_size``, a ``request_id``, ``query_params``, an output asked for
+        as JSON (``binary_data=False``) or for classification) is tritonclient's own call: the
+        tensors go on the wire, a mistake gets the server's own error.  Where the server cannot
+        open our memory (another machine), every call goes on the wire, after one warning.
+        """
+        options = {name: value for name, value in (
+            ("sequence_id", sequence_id), ("sequence_start", sequence_start), ("sequence_end", sequence_end),
+            ("priority", priority), ("timeout", timeout), ("headers", headers),
+            ("request_compression_algorithm", request_compression_algorithm),
+            ("response_compression_algorithm", response_compression_algorithm),
+            ("parameters", parameters)) if value is not _DEFAULTS[name]}
+        result = None if query_params is not None else self._tritonshm_slots.infer(
+            self, model_name, inputs, model_version, outputs, request_id, options)
+        if result is not None:
+            return result
+        return super().infer(model_name, inputs, model_version=model_version, outputs=outputs,
+                             request_id=request_id, sequence_id=sequence_id, sequence_start=sequence_start,
+                             sequence_end=sequence_end, priority=priority, timeout=timeout, headers=headers,
+                             query_params=query_params, request_compression_algorithm=request_compression_algorithm,
+                             response_compression_algorithm=response_compression_algorithm,
+                             parameters=parameters)
+
+    def close(self) -> None:
+        """Unregister and unlink this client's slots, then close it as tritonclient does."""
+        slots = getattr(self, "_tritonshm_slots", None)  # None: the constructor failed
+        if slots is not None:
+            slots.close()
+        super().close()
+
+
+_DEFAULTS = {name: parameter.default
+             for name, parameter in inspect.signature(_tritonclient_http.InferenceServerClient.infer).parameters.items()}

@@ -1,0 +1,202 @@
+"""tritonshm.grpc / tritonshm.http: a tritonclient script with its import line changed does what it
+did, its tensors through the facade's slots.
+
+Each test runs the same script with tritonclient's module and with the facade's against the one
+session server and compares what came back (arrays, dtypes, shapes, ``get_output``,
+``get_response``, errors and their ``status()``); the facade's calls are checked to have used its
+slot pools, not the wire.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tritonshm
+from tritonshm.errors import InferenceServerException
+
+pytestmark = pytest.mark.server
+
+
+def modules(protocol):
+    """(tritonclient's module, the facade's) for *protocol*."""
+    return importlib.import_module(f"tritonclient.{protocol}"), importlib.import_module(f"tritonshm.{protocol}")
+
+
+def connect(module, server, protocol):
+    return module.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.http_url)
+
+
+def script(module, client, model, arrays, datatypes, outputs, **options):
+    """What a tritonclient user writes: InferInputs with set_data_from_numpy, infer, as_numpy."""
+    inputs = []
+    for (name, array), datatype in zip(arrays.items(), datatypes):
+        inp = module.InferInput(name, list(array.shape), datatype)
+        inp.set_data_from_numpy(array)
+        inputs.append(inp)
+    requested = None if outputs is None else [module.InferRequestedOutput(name) for name in outputs]
+    return client.infer(model, inputs, outputs=requested, **options)
+
+
+def response_of(result):
+    """The response as comparable data (gRPC: the protobuf message itself)."""
+    return result.get_response()
+
+
+CASES = {
+    "identity_fp32": ({"INPUT0": np.arange(1000, dtype=np.float32)}, ["FP32"], ["OUTPUT0"]),
+    "identity_bytes": ({"INPUT0": np.array([b"a", b"", "h\u00e9".encode(), b"\x00\xff" * 50], dtype=object)},
+                       ["BYTES"], ["OUTPUT0"]),
+    "identity_bf16": ({"INPUT0": np.array([1.5, -2.25, 3.0, 1e3], dtype=ml_dtypes.bfloat16)}, ["BF16"], ["OUTPUT0"]),
+    "add_sub": ({"INPUT0": np.arange(16, dtype=np.float32), "INPUT1": np.full(16, 2, np.float32)},
+                ["FP32", "FP32"], ["OUTPUT0", "OUTPUT1"]),
+    "simple": ({"INPUT0": np.arange(32, dtype=np.int32).reshape(2, 16),
+                "INPUT1": np.ones((2, 16), np.int32)}, ["INT32", "INT32"], ["OUTPUT1", "OUTPUT0"]),
+}
+
+
+@pytest.fixture
+def both(server, protocol):
+    """(tritonclient's module and client, the facade's module and client)."""
+    plain_module, facade_module = modules(protocol)
+    plain, facade = connect(plain_module, server, protocol), connect(facade_module, server, protocol)
+    yield plain_module, plain, facade_module, facade
+    plain.close()
+    facade.close()
+
+
+def slot_result(result, facade_module):
+    """The facade answered through its slots: not tritonclient's own result of a wire call."""
+    assert isinstance(result, facade_module.InferResult)
+    return type(result) is not facade_module.InferResult
+
+
+@pytest.mark.parametrize("model", sorted(CASES))
+@pytest.mark.parametrize("given_outputs", [True, False], ids=["outputs", "no-outputs"])
+def test_the_same_script_gives_the_same_results(both, model, given_outputs):
+    plain_module, plain, facade_module, facade = both
+    arrays, datatypes, outputs = CASES[model]
+    outputs = outputs if given_outputs else None
+    expected = script(plain_module, plain, model, arrays, datatypes, outputs)
+    got = script(facade_module, facade, model, arrays, datatypes, outputs)
+    assert slot_result(got, facade_module)
+    assert facade.tritonshm.pools(), "the facade sent its tensors over the wire"
+    for name in CASES[model][2]:
+        want, have = expected.as_numpy(name), got.as_numpy(name)
+        assert have.dtype == want.dtype and have.shape == want.shape
+        assert have.tolist() == want.tolist()
+        assert got.get_output(name) == expected.get_output(name)
+    assert got.as_numpy("NO_SUCH_OUTPUT") is None and got.get_output("NO_SUCH_OUTPUT") is None
+    assert response_of(got) == response_of(expected)
+
+
+def test_inputs_are_left_as_they_were(both):
+    _, _, facade_module, facade = both
+    x = np.arange(8, dtype=np.float32)
+    inp = facade_module.InferInput("INPUT0", [8], "FP32")
+    inp.set_data_from_numpy(x)
+    before = (inp.name(), inp.datatype(), inp.shape())
+    result = facade.infer("identity_fp32", [inp])
+    assert (inp.name(), inp.datatype(), inp.shape()) == before
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+    x[:] = -1  # the call copied it: the result is not a view of the caller's array
+    assert result.as_numpy("OUTPUT0")[0] == 0
+    again = facade.infer("identity_fp32", [inp])  # the same objects, sent once more
+    np.testing.assert_array_equal(again.as_numpy("OUTPUT0"), np.arange(8, dtype=np.float32))
+
+
+def test_an_input_bound_by_hand_passes_through(both, protocol):
+    _, _, facade_module, facade = both
+    x = np.arange(64, dtype=np.float32)
+    with tritonshm.SystemRegion.create(1 << 16) as region:
+        name = tritonshm.register(facade, region)
+        try:
+            region.write(x)
+            inp = facade_module.InferInput("INPUT0", [64], "FP32")
+            tritonshm.bind_input(inp, region)
+            result = facade.infer("identity_fp32", [inp], outputs=[facade_module.InferRequestedOutput("OUTPUT0")])
+        finally:
+            tritonshm.unregister(facade, name)
+    assert not slot_result(result, facade_module)  # tritonclient's own call
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+
+
+@pytest.mark.parametrize("mistake", ["name", "dtype", "batch"])
+def test_a_mistake_gets_tritonclients_error(both, mistake):
+    plain_module, plain, facade_module, facade = both
+    model, arrays, datatypes = "identity_fp32", {"INPUT0": np.zeros(4, np.float32)}, ["FP32"]
+    if mistake == "name":
+        arrays = {"NOT_AN_INPUT": arrays["INPUT0"]}
+    elif mistake == "dtype":
+        arrays, datatypes = {"INPUT0": np.zeros(4, np.int32)}, ["INT32"]
+    else:  # beyond max_batch_size 8: the server's error, not a silent split
+        model, arrays, datatypes = "simple", {"INPUT0": np.zeros((9, 16), np.int32),
+                                              "INPUT1": np.zeros((9, 16), np.int32)}, ["INT32", "INT32"]
+    errors = []
+    for module, client in ((plain_module, plain), (facade_module, facade)):
+        with pytest.raises(InferenceServerException) as caught:
+            script(module, client, model, arrays, datatypes, None)
+        errors.append((caught.value.status(), caught.value.message()))
+    assert errors[1] == errors[0]
+
+
+def test_sequence_options_go_with_the_request(both):
+    plain_module, plain, facade_module, facade = both
+    sums = []
+    for module, client, sequence_id in ((plain_module, plain, 4101), (facade_module, facade, 4102)):
+        seen = []
+        for step, value in enumerate([1.0, 2.0, 4.0]):
+            result = script(module, client, "accumulate_fp32", {"INPUT0": np.full((1, 3), value, np.float32)},
+                            ["FP32"], ["OUTPUT0"], sequence_id=sequence_id, sequence_start=step == 0,
+                            sequence_end=step == 2)
+            seen.append(result.as_numpy("OUTPUT0").tolist())
+        sums.append(seen)
+    assert sums[1] == sums[0] and sums[0][-1] == [[7.0, 7.0, 7.0]]
+    assert facade.tritonshm.pools()
+
+
+def test_unregister_everything_then_infer_registers_the_slots_again(both):
+    _, _, facade_module, facade = both
+    x = np.arange(16, dtype=np.float32)
+    arrays = {"INPUT0": x}
+    first = script(facade_module, facade, "identity_fp32", arrays, ["FP32"], None)
+    assert slot_result(first, facade_module)
+    facade.unregister_system_shared_memory()  # every region on the server, as tritonclient's
+    assert tritonshm.status(facade) == {}
+    result = script(facade_module, facade, "identity_fp32", arrays, ["FP32"], None)
+    assert slot_result(result, facade_module)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+    names = set(tritonshm.status(facade))
+    assert names and names == {n for pool in facade.tritonshm.pools() for n in pool.regions}
+
+
+def test_close_releases_the_slots(server, protocol):
+    _, facade_module = modules(protocol)
+    with connect(facade_module, server, protocol) as facade:
+        script(facade_module, facade, "identity_fp32", {"INPUT0": np.ones(4, np.float32)}, ["FP32"], None)
+        names = {n for pool in facade.tritonshm.pools() for n in pool.regions}
+        assert names <= set(tritonshm.status(facade))
+    assert facade.tritonshm is None
+    with connect(facade_module, server, protocol) as other:
+        assert not names & set(tritonshm.status(other))
+
+
+def test_the_facade_exports_every_public_name_of_tritonclients_module(protocol):
+    plain_module, facade_module = modules(protocol)
+    public = [name for name in dir(plain_module) if not name.startswith("_")]
+    for name in public:
+        if name != "InferenceServerClient":
+            assert getattr(facade_module, name) is getattr(plain_module, name), name
+    assert facade_module.__all__ == plain_module.__all__
+    client_class = facade_module.InferenceServerClient
+    assert issubclass(client_class, plain_module.InferenceServerClient)
+    assert inspect.signature(client_class) == inspect.signature(plain_module.InferenceServerClient)
+
+    def shape(function):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
+
+    assert shape(client_class.infer) == shape(plain_module.InferenceServerClient.infer)
