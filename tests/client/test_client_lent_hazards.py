@@ -284,3 +284,39 @@ def test_reused_buffers_are_lent_every_time_and_registered_once(fake_cuda_server
         assert stats.registrations <= 2 and (stats.inputs_lent, stats.outputs_lent) == (30, 30)
         assert stats.copied == {}
     del x, y
+
+
+def test_threads_giving_up_and_retrying_never_see_a_late_write(fake_cuda_server, fake_cuda, torch_caching):
+    """Three threads, each with its own out= tensor, alternate a request they give up on (slow_fp32,
+    client_timeout) with one that must be answered (identity_fp32 into the same out=), dropping and
+    making tensors as they go: every answered call leaves exactly its own values in its out= --
+    none overwritten later by a request given up on -- and nothing is freed under the server."""
+    import concurrent.futures
+
+    with tritonshm.Client(grpc_url(fake_cuda_server)) as c:
+        c.model_info("slow_fp32")
+        c.model_info("identity_fp32")
+
+        def worker(k):
+            y = torch_caching.zeros(N)
+            for i in range(2):
+                stale = torch_caching.from_numpy(np.full(N, -1.0 - k, np.float32))
+                with pytest.raises(tritonshm.ServerTimeout):
+                    c.infer("slow_fp32", {"INPUT0": stale}, out={"OUTPUT0": y}, client_timeout=0.05)
+                del stale
+                fresh = torch_caching.from_numpy(np.full(N, 100.0 * k + i, np.float32))
+                c.infer("identity_fp32", {"INPUT0": fresh}, out={"OUTPUT0": y})
+                assert (y.numpy() == 100.0 * k + i).all(), (k, i)
+                del fresh
+            return y
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            ys = list(pool.map(worker, range(3)))
+        time.sleep(SLOW + 0.3)  # every request given up on is over by now
+        for k, y in enumerate(ys):
+            assert (y.numpy() == 100.0 * k + 1).all(), k
+        stats = c.stats()
+        assert stats.abandoned == 6
+        c.infer("identity_fp32", {"INPUT0": np.ones(4, np.float32)})  # asks the server to let go again
+        wait_until(lambda: c.stats().awaiting_server == 0)
+        del ys
