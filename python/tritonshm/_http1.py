@@ -46,7 +46,7 @@ from urllib.parse import quote
 
 from .errors import ClientClosed, Error, ServerError, ServerTimeout, ServerUnavailable
 from . import _tritonclient_compat
-from .errors import translate_error
+from .errors import no_server_hint, translate_error
 
 __all__ = ["Endpoint", "Prepared", "Response", "ResponseReader", "Result", "prepare", "result_of",
            "Connections", "AsyncConnections"]
@@ -569,7 +569,9 @@ class _ConnectionsBase:
                                  f"{self.endpoint.network_timeout} s")
         if isinstance(exc, ValueError):
             return ServerError(f"{doing}: the server's answer is not HTTP/1.1 as expected: {exc}")
-        return ServerUnavailable(f"{doing}: cannot reach the Triton server at {self.host.decode()} ({exc})")
+        address = self.host.decode()
+        return ServerUnavailable(f"{doing}: cannot reach the Triton server at {address} ({exc})"
+                                 f"{no_server_hint(address)}")
 
 
 class Connections(_ConnectionsBase):

@@ -292,9 +292,19 @@ _GRPC_ADDRESS = _re.compile(r"ipv[46]:(?P<address>\[[^\]]*\]:\d+|[^\s:]+:\d+): s
 _NOT_HTTP = "expected http/"
 
 
+# Every client's words for a server it could not reach: gRPC's, tritonclient.http's (gevent: an
+# OSError's), aiohttp's (the aio HTTP client), name resolution's; and answers in the wrong protocol.
+_UNREACHABLE = ("failed to connect|connection refused|socket closed|expected http/|cannot connect to host"
+                "|connect call failed|name or service not known|temporary failure in name resolution"
+                "|nodename nor servname|no route to host|connection reset|network is unreachable")
+# Where the client looked, as the messages above name it (gRPC: "ipv4:host:port"; aiohttp: "host h:p").
+_ADDRESS_SAID = _re.compile(r"(?:ipv[46]:|connect to host )(?P<address>\[[^\]]*\]:\d+|[^\s:\[]+:\d+)", _re.I)
+
+
 def _wrong_port_hint(message: str) -> str:
-    """A hint for the usual cause of *message*, a connection failure, where it looks like one
-    protocol's client was given the server's port of the other: "" where it does not."""
+    """A hint for the usual cause of *message*, a connection failure: one protocol's client given
+    the server's port of the other, else no server there (with the address, where the message
+    names it)."""
     grpc_at_http = _GRPC_ADDRESS.search(message)
     if grpc_at_http is not None:
         address = grpc_at_http["address"]
@@ -303,7 +313,15 @@ def _wrong_port_hint(message: str) -> str:
     if _NOT_HTTP in message.lower():
         return ("; the address does not answer HTTP/1.1: is it the server's gRPC port? For gRPC, give the "
                 "address as host:port, without http://")
-    return ""
+    said = _ADDRESS_SAID.search(message)
+    return no_server_hint(said["address"] if said is not None else None)
+
+
+def no_server_hint(address: str | None) -> str:
+    """What to say after "cannot reach the Triton server" (at *address*, where known)."""
+    where = f"at {address}" if address else "at that address"
+    return (f"; is a Triton server running {where}? `tritonshm server` starts one here (gRPC on 8001, "
+            f"HTTP on 8000)")
 
 
 #: The server's errors that mean something we can say more about, first match wins.  Anything
@@ -326,8 +344,8 @@ SERVER_ERRORS: tuple[ServerErrorRule, ...] = (
           status="deadline_exceeded"),
     _rule("request timeout expired", ServerTimeout,
           "the request waited in the model's queue longer than its timeout (microseconds, the server's)"),
-    _rule("failed to connect|connection refused|socket closed|expected http/", ServerUnavailable,
-          "cannot reach the Triton server", status="unavailable", more=_wrong_port_hint),
+    _rule(_UNREACHABLE, ServerUnavailable, "cannot reach the Triton server", status="unavailable",
+          more=_wrong_port_hint),
 )
 
 # A CUDA registration's refusals all read "invalid args" (the cause is only in the server's log),

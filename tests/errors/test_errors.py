@@ -9,6 +9,7 @@ import inspect
 import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tritonclient.utils import InferenceServerException
 
@@ -111,3 +112,32 @@ def test_errors_is_the_lowest_layer_and_the_wire_no_longer_imports_triton():
     wire = ast.parse((PACKAGE / "_http1.py").read_text())
     sources = {node.module for node in ast.walk(wire) if isinstance(node, ast.ImportFrom) and node.level}
     assert "triton" not in sources and "errors" in sources
+
+
+@pytest.mark.parametrize("scheme", ["", "http://"])
+def test_a_closed_port_is_server_unavailable_on_every_client_naming_where_and_what_to_do(scheme):
+    """No server there: sync and aio clients, gRPC and HTTP, all raise ServerUnavailable (aio over
+    HTTP raised a plain ServerError from aiohttp's words), saying to start one."""
+    import asyncio
+    import socket
+
+    import tritonshm.aio
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there now
+    url = f"{scheme}127.0.0.1:{port}"
+    x = np.ones(2, np.float32)
+    with pytest.raises(tritonshm.ServerUnavailable, match="tritonshm server"):
+        with tritonshm.Client(url) as c:
+            c.infer("identity_fp32", {"INPUT0": x})
+
+    async def main():
+        async with tritonshm.aio.Client(url) as c:
+            await c.infer("identity_fp32", {"INPUT0": x})
+
+    with pytest.raises(tritonshm.ServerUnavailable, match="tritonshm server") as caught:
+        asyncio.run(main())
+    if scheme == "http://":
+        assert f"127.0.0.1:{port}" in str(caught.value)  # where it looked
