@@ -40,6 +40,7 @@ __all__ = [
     "OutOfBounds",
     "DTypeMismatch",
     "ShapeMismatch",
+    "NameMismatch",
     "ReadOnlyRegion",
     "UnsupportedBuffer",
     "InvalidKey",
@@ -110,6 +111,12 @@ class DTypeMismatch(Error, TypeError):
 
 class ShapeMismatch(Error, ValueError):
     """A shape is invalid, or does not match what the model expects."""
+
+
+class NameMismatch(ShapeMismatch):
+    """An input or output name the model does not have, or an input the model needs and the
+    request lacks; the message lists what the model takes.  (A :class:`ShapeMismatch`, as these
+    were before they had a class of their own.)"""
 
 
 class ReadOnlyRegion(Error, BufferError):

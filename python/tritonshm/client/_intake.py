@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import DTypeMismatch, InvalidOption, OutputTooSmall, ReadOnlyRegion, ShapeMismatch
+from ..errors import DTypeMismatch, InvalidOption, NameMismatch, OutputTooSmall, ReadOnlyRegion, ShapeMismatch
 from . import _bytes, _devices
 from ._devices import HOST, Placement
 from ._model import ModelInfo, shape_fits
@@ -35,7 +35,7 @@ def check_inputs(info: ModelInfo, inputs: Mapping[str, Any]) -> tuple[dict[str, 
     if inputs.keys() != expected:
         missing = expected - set(inputs)
         unknown = set(inputs) - expected
-        raise ShapeMismatch(
+        raise NameMismatch(
             f"model {info.name!r} takes inputs {sorted(expected)}; "
             + (f"missing {sorted(missing)}" if missing else "")
             + ("; " if missing and unknown else "")
@@ -88,7 +88,7 @@ def output_names(info: ModelInfo, outputs: Sequence[str] | None) -> list[str]:
         raise InvalidOption(f"outputs must be a sequence of names, not the str {outputs!r}")
     unknown = [name for name in outputs if name not in known]
     if unknown:
-        raise ShapeMismatch(f"model {info.name!r} has outputs {list(known)}; unknown {unknown}")
+        raise NameMismatch(f"model {info.name!r} has outputs {list(known)}; unknown {unknown}")
     return list(outputs)
 
 
