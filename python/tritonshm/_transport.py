@@ -66,6 +66,12 @@ class Transport:
         """Keyword arguments that make status and config calls answer JSON-like dicts."""
         return {} if self.http else {"as_json": True}
 
+    def model_names(self, reply: Any) -> list[str]:
+        """The model names in a ``get_model_repository_index`` reply, sorted (gRPC nests the
+        list under "models"; HTTP answers the list)."""
+        models = reply if self.http else reply.get("models", [])
+        return sorted({str(model["name"]) for model in models if "name" in model})
+
     def model_config(self, reply: Mapping[str, Any]) -> Mapping[str, Any]:
         """The model config inside a ``get_model_config`` reply (gRPC nests it under "config")."""
         return reply if self.http else reply.get("config", reply)

@@ -52,6 +52,7 @@ __all__ = [
     "ServerError",
     "ServerUnavailable",
     "ServerTimeout",
+    "UnknownModel",
     "ServerInstallError",
     "RegistrationError",
     "RegionNotRegistered",
@@ -173,6 +174,25 @@ class ServerUnavailable(ServerError, ConnectionError):
 
 class ServerTimeout(ServerError, TimeoutError):
     """The server did not answer within the request's ``client_timeout``."""
+
+
+class UnknownModel(ServerError, LookupError):
+    """The server has no model of that name (or version); the message lists the ones it has."""
+
+
+def unknown_model(exc: ServerError, model: str, names: list[str], shown: int = 12) -> "UnknownModel":
+    """*exc*, the server's "unknown model" for *model*, saying which models it has (*names*)."""
+    doing, _, said = str(exc).partition(": ")
+    listed = ", ".join(repr(n) for n in names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown
+                                                          else "")
+    hint = (f"the server has no model {model!r}; it has {listed}" if names
+            else f"the server has no model {model!r}, nor any other: its repository is empty or unread")
+    return UnknownModel(f"{doing}: {hint}. Server said: {said}", status=exc.status(),
+                        debug_details=exc.debug_details())
+
+
+#: The server's words for a model it does not have (metadata, config, inference).
+UNKNOWN_MODEL = _re.compile(r"unknown model", _re.IGNORECASE)
 
 
 class ServerInstallError(ServerUnavailable):

@@ -469,3 +469,26 @@ def test_a_port_of_the_other_protocol_is_named_as_the_likely_mistake(server):
             with pytest.raises(tritonshm.ServerUnavailable) as refused:
                 c.infer("identity_fp32", x)
             assert "port?" not in str(refused.value)
+
+
+def test_an_unknown_model_lists_the_models_the_server_has(server, protocol):
+    """A misspelt model name: UnknownModel (a ServerError, a LookupError), in the
+    "<what>: <hint>. Server said: ..." form, naming the models the server does have."""
+    import asyncio
+
+    import tritonshm.aio
+
+    url = client_url(server, protocol)
+    with tritonshm.Client(url) as c:
+        with pytest.raises(tritonshm.UnknownModel, match=r"no model 'batched_fp33'; it has .*'batched_fp32'.*"
+                                                         r"Server said: .*unknown model") as caught:
+            c.infer("batched_fp33", {"INPUT0": np.ones((1, 4), np.float32)})
+    assert isinstance(caught.value, tritonshm.ServerError) and isinstance(caught.value, LookupError)
+    assert caught.value.status() is not None
+
+    async def main():
+        async with tritonshm.aio.Client(url) as ac:
+            await ac.model_info("identity_fp33")
+
+    with pytest.raises(tritonshm.UnknownModel, match="'identity_fp32'"):
+        asyncio.run(main())

@@ -87,7 +87,7 @@ import tritonshm.aio
 from tritonshm import triton
 from tritonshm.client import _client as _client_module
 from tritonshm.client import _slots
-from tritonshm.client._steps import FetchModel, Pause, Register, Send, Unregister, WaitForSlot
+from tritonshm.client._steps import FetchModel, FetchModelNames, Pause, Register, Send, Unregister, WaitForSlot
 from tritonshm.errors import (
     OutputTooSmall,
     RegionNotRegistered,
@@ -344,10 +344,12 @@ class FakeTriton:
         driver = client._driver
         handlers = driver.handlers
         if aio:
-            handlers.update({FetchModel: self.fetch_model_async, Register: self.register_async,
+            handlers.update({FetchModel: self.fetch_model_async, FetchModelNames: self.fetch_model_names_async,
+                             Register: self.register_async,
                              Unregister: self.unregister_async, Send: self.send_async})
         else:
-            handlers.update({FetchModel: self.fetch_model, Register: self.register,
+            handlers.update({FetchModel: self.fetch_model, FetchModelNames: self.fetch_model_names,
+                             Register: self.register,
                              Unregister: self.unregister, Send: self.send})
             driver.connector = _FakeConnector(self)
         for step in (WaitForSlot, Pause):  # sample the byte budget while requests wait, too
@@ -479,6 +481,11 @@ class FakeTriton:
         self._pause('fetch')
         return self._fetch_model(step)
 
+    def fetch_model_names(self, step: FetchModelNames) -> list[str]:
+        self._pause('fetch')
+        self._begin("fetch", "reading the server's model repository index")
+        return sorted(self.models)
+
     def register(self, step: Register) -> str:
         self._pause('register')
         return self._register(step)
@@ -542,6 +549,11 @@ class FakeTriton:
     async def fetch_model_async(self, step: FetchModel) -> tuple[dict, dict]:
         await self._pause_async('fetch')
         return self._fetch_model(step)
+
+    async def fetch_model_names_async(self, step: FetchModelNames) -> list[str]:
+        await self._pause_async('fetch')
+        self._begin("fetch", "reading the server's model repository index")
+        return sorted(self.models)
 
     async def register_async(self, step: Register) -> str:
         await self._pause_async('register')

@@ -29,7 +29,7 @@ from ._model import ModelInfo
 from ._options import RequestOptions
 from ._pool import PoolInfo
 from ._request import RequestFace, SlotRequest
-from ._steps import (Done, Emit, FetchModel, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
+from ._steps import (Done, Emit, FetchModel, FetchModelNames, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
                      WaitForDevice, WaitForSlot, advance)
 from ._stream import AsyncStream, request_message, stream_key
 from ._threads import Connector
@@ -72,6 +72,7 @@ class AsyncDriver:
             NextResponse: self._next_response,
             Send: self._send,
             FetchModel: self._fetch_model,
+            FetchModelNames: self._fetch_model_names,
             Register: self._register,
             Unregister: lambda step: triton.unregister(self.aio_client, step.name, patience=0.0),
             WaitForSlot: self._wait_for_slot,
@@ -193,6 +194,11 @@ class AsyncDriver:
         config = await triton.call_translated(tc, doing, "get_model_config", step.model, step.version,
                                               **wire.json)
         return metadata, wire.model_config(config)
+
+    async def _fetch_model_names(self, step: FetchModelNames) -> list[str]:
+        reply = await triton.call_translated(self.aio_client, "reading the server's model repository index",
+                                             "get_model_repository_index", **self._wire.json)
+        return self._wire.model_names(reply)
 
     async def _register(self, step: Register) -> str:
         if step.name is None:

@@ -18,7 +18,7 @@ from ._lent import LentInfo, LentStats
 from ._model import ModelInfo
 from ._pool import PoolInfo
 from ._request import RequestFace, SlotRequest
-from ._steps import (Done, Emit, FetchModel, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
+from ._steps import (Done, Emit, FetchModel, FetchModelNames, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
                      WaitForDevice, WaitForSlot, advance)
 from ._stream import BlockingStream, request_message, stream_key
 from ._threads import Connector, Workers
@@ -76,6 +76,7 @@ class BlockingDriver:
             NextResponse: self._next_response,
             Send: self._send,
             FetchModel: self._fetch_model,
+            FetchModelNames: self._fetch_model_names,
             Register: self._register,
             Unregister: self._unregister,
             WaitForSlot: lambda step: step.pool.wait(step.timeout),
@@ -171,6 +172,11 @@ class BlockingDriver:
             return metadata, wire.model_config(config)
 
         return self.connector.call(fetch)
+
+    def _fetch_model_names(self, step: FetchModelNames) -> list[str]:
+        wire = self._wire
+        return self.connector.call(lambda tc: wire.model_names(triton.call_translated(
+            tc, "reading the server's model repository index", "get_model_repository_index", **wire.json)))
 
     def _register(self, step: Register) -> str:
         if step.name is None:

@@ -37,6 +37,8 @@ from ..errors import (
     ShapeMismatch,
     SharedMemoryRefused,
     TensorInUse,
+    UNKNOWN_MODEL,
+    unknown_model,
 )
 from . import _bytes, _devices, _intake, _messages
 from ._claim import Claim, Claims, Span, server_answered
@@ -49,7 +51,7 @@ from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool, regist
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
 from ._disposal import (close_pools_steps, drop_extent_steps, drop_extents_steps, give_up_parked, held_for_the_server,
                         retry_parked_steps, settle_parked_steps)
-from ._steps import Emit, FetchModel, NextResponse, Pause, Register, Send, Steps, StreamSend, WaitForDevice, WaitForSlot
+from ._steps import Emit, FetchModel, FetchModelNames, NextResponse, Pause, Register, Send, Steps, StreamSend, WaitForDevice, WaitForSlot
 
 __all__ = ["Engine", "TRANSPORTS", "engine_setting"]
 
@@ -269,7 +271,16 @@ class Engine:
         if info is None:
             if not isinstance(model, str) or not model:
                 raise InvalidOption(f"a model name must be a non-empty str, not {model!r}")
-            metadata, config = yield FetchModel(model, version)
+            try:
+                metadata, config = yield FetchModel(model, version)
+            except ServerError as exc:
+                if not UNKNOWN_MODEL.search(str(exc)):
+                    raise
+                try:  # say which models the server has
+                    names = yield FetchModelNames()
+                except ServerError:
+                    raise exc from None
+                raise unknown_model(exc, model, names) from exc
             info = ModelInfo.from_server(metadata, config, version)
             with self._lock:
                 self._models[key] = info

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Generator, NamedTuple
 
-__all__ = ["FetchModel", "Register", "Unregister", "WaitForSlot", "WaitForDevice", "Pause", "Send", "StreamSend",
+__all__ = ["FetchModel", "FetchModelNames", "Register", "Unregister", "WaitForSlot", "WaitForDevice", "Pause", "Send", "StreamSend",
            "NextResponse", "Emit", "Done", "advance", "Steps"]
 
 
@@ -25,6 +25,11 @@ class FetchModel(NamedTuple):
 
     model: str
     version: str
+
+
+class FetchModelNames(NamedTuple):
+    """Read the names of the models in the server's repository: outcome a sorted list of str
+    (to say which it has when a model is not among them)."""
 
 
 class Register(NamedTuple):
