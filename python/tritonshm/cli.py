@@ -9,7 +9,7 @@ import argparse
 import re
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from . import _segments
 
@@ -36,8 +36,46 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     return 0 if args.url is None else _ls_server(args.url)
 
 
-# Names tritonshm registers: a segment's key, or a CUDA region's "tritonshm-cuda-<pid>-<hex>".
-_OUR_NAME = re.compile(r"^tritonshm-(?:cuda-)?(\d+)-[0-9a-f]+$")
+# Names tritonshm registers: a segment's key, a CUDA region's "tritonshm-cuda-<pid>-<hex>", a
+# lent allocation's "tritonshm-lent-<pid>-<hex>".
+_OUR_NAME = re.compile(r"^tritonshm-(?:cuda-|lent-)?(\d+)-[0-9a-f]+$")
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]", "ip6-localhost"}
+
+
+def _registrations(url: str, command: str) -> tuple[Any, list[tuple[str, str, str, int]], str | None] | None:
+    """A tritonclient connected to *url* and the regions its server has registered (name, kind,
+    device, bytes), system and CUDA, with a note where the CUDA list could not be read; None
+    (after saying why, as *command*) where the server cannot be asked.  The caller closes it."""
+    from . import _transport, triton
+    from .errors import Error
+
+    wire, address, ssl = _transport.parse_url(url)
+    try:
+        client = wire.connect(address, ssl=ssl)
+    except Exception as exc:  # noqa: BLE001 - tritonclient raises its own types
+        print(f"tritonshm {command}: cannot connect to {url}: {exc}", file=sys.stderr)
+        return None
+    cuda_note = None
+    try:
+        regions = [(name, "system", "", entry["byte_size"]) for name, entry in triton.status(client).items()]
+        try:
+            regions += [(name, "cuda", f"cuda:{entry['device_id']}", entry["byte_size"])
+                        for name, entry in triton.status(client, kind="cuda").items()]
+        except Error as exc:  # a CPU-only server may have no CUDA shared memory at all
+            cuda_note = f"(no CUDA shared-memory list from the server: {exc})"
+    except Error as exc:
+        client.close()
+        print(f"tritonshm {command}: {exc}", file=sys.stderr)
+        return None
+    return client, regions, cuda_note
+
+
+def _owner(name: str) -> tuple[str, str]:
+    """(pid, state) of a registration's name: ours ("live" or "gone" here) or another's."""
+    ours = _OUR_NAME.match(name)
+    if ours is None:
+        return "-", "other"
+    return ours[1], "live" if _segments.pid_alive(int(ours[1])) else "gone"
 
 
 def _ls_server(url: str) -> int:
@@ -46,36 +84,21 @@ def _ls_server(url: str) -> int:
     CUDA pools live in device memory, not /dev/shm: the server's list is where they show.
     The state column says whether that pid runs here: it means nothing for a remote server.
     """
-    from . import _transport, triton
-    from .errors import Error
-
-    wire, address, ssl = _transport.parse_url(url)
-    try:
-        client = wire.connect(address, ssl=ssl)
-    except Exception as exc:  # noqa: BLE001 - tritonclient raises its own types
-        print(f"tritonshm ls: cannot connect to {url}: {exc}", file=sys.stderr)
+    asked = _registrations(url, "ls")
+    if asked is None:
         return 1
-    cuda_note = None
-    try:
-        regions = [(name, "system", "", entry["byte_size"])
-                   for name, entry in triton.status(client).items()]
-        try:
-            regions += [(name, "cuda", f"cuda:{entry['device_id']}", entry["byte_size"])
-                        for name, entry in triton.status(client, kind="cuda").items()]
-        except Error as exc:  # a CPU-only server may have no CUDA shared memory at all
-            cuda_note = f"(no CUDA shared-memory list from the server: {exc})"
-    except Error as exc:
-        print(f"tritonshm ls: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
+    client, regions, cuda_note = asked
+    client.close()
     print(f"\nregistered with the server at {url}:" if regions else f"\nnothing registered with the server at {url}")
     if regions:
         print(f"{'name':<45} {'kind':<6} {'device':<7} {'pid':>8} {'state':<6} {'size':>12}")
+    gone = 0
     for name, kind, device, nbytes in sorted(regions):
-        ours = _OUR_NAME.match(name)
-        pid, state = (ours[1], "live" if _segments.pid_alive(int(ours[1])) else "gone") if ours else ("-", "other")
+        pid, state = _owner(name)
+        gone += state == "gone"
         print(f"{name:<45} {kind:<6} {device or '-':<7} {pid:>8} {state:<6} {_human(nbytes):>12}")
+    if gone:
+        print(f"{gone} registration(s) of processes gone: `tritonshm gc --url {url}` unregisters them")
     if cuda_note is not None:
         print(cuda_note)
     return 0
@@ -87,7 +110,49 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     for seg in removed:
         print(f"{verb} {seg.key} (unlocked, pid {seg.pid} is gone, {_human(seg.nbytes)})")
     print(f"{verb} {len(removed)} segment(s)")
-    return 0
+    return 0 if args.url is None else _gc_server(args.url, args.dry_run)
+
+
+def _gc_server(url: str, dry_run: bool) -> int:
+    """Unregister, on the server at *url*, the registrations of ours whose process is gone (only
+    names tritonshm makes, never another program's).  Only for a server on this machine: the
+    pid in a name is one of this machine's processes."""
+    from . import _transport, triton
+    from .errors import Error
+
+    host = _transport.parse_url(url)[1].rpartition(":")[0]
+    if host not in _LOOPBACK:
+        print(f"tritonshm gc: --url {url}: the pids in our names are this machine's processes, so only a "
+              f"server reached on this machine (localhost, 127.0.0.1, ::1) can be cleaned from here; run "
+              f"`tritonshm gc --url` where the clients ran", file=sys.stderr)
+        return 2
+    asked = _registrations(url, "gc")
+    if asked is None:
+        return 1
+    client, regions, _ = asked
+    verb = "would unregister" if dry_run else "unregistered"
+    count, failed = 0, 0
+    try:
+        for name, kind, _, nbytes in sorted(regions):
+            pid, state = _owner(name)
+            if state != "gone":
+                continue
+            if not dry_run:
+                # Not triton.unregister(), which takes only this process's own names: these are
+                # names of ours (the pattern) left by processes gone -- a name, never "all".
+                method = "unregister_cuda_shared_memory" if kind == "cuda" else "unregister_system_shared_memory"
+                try:
+                    triton.call_translated(client, f"unregistering {name!r}", method, name)
+                except Error as exc:
+                    print(f"tritonshm gc: {name}: {exc}", file=sys.stderr)
+                    failed += 1
+                    continue
+            count += 1
+            print(f"{verb} {name} on {url} ({kind}, pid {pid} is gone, {_human(nbytes)})")
+    finally:
+        client.close()
+    print(f"{verb} {count} registration(s) on {url}")
+    return 1 if failed else 0
 
 
 def _server_options(args: argparse.Namespace, command: str) -> dict | None:
@@ -232,6 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     gc = sub.add_parser("gc", help="remove segments whose creating process is dead (no process holds their lock)")
     gc.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    gc.add_argument("--url", default=None,
+                    help="also unregister, on the Triton server at this URL (on this machine), the "
+                         "registrations of ours whose process is gone -- never another program's")
     gc.set_defaults(func=_cmd_gc)
 
     doctor = sub.add_parser("doctor", help="diagnose /dev/shm, permissions and server co-location")

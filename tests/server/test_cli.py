@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as tritonclient_grpc
 
 import tritonshm
 from tritonshm import _segments
@@ -117,6 +118,25 @@ def test_gc_removes_segments_of_a_client_killed_with_sigkill(server):
     done = tritonshm_cmd("gc")
     assert done.returncode == 0 and theirs[0].key in done.stdout
     assert not [s for s in _segments.list_segments() if s.pid == child.pid]
+    # its registration is still on the server: ls --url says so and names the command that
+    # removes it; gc --url unregisters ours of processes gone, and nothing of another program's
+    name = theirs[0].key.lstrip("/")
+    listed = tritonshm_cmd("ls", "--url", server.grpc_url)
+    line = next(l for l in listed.stdout.splitlines() if name in l)
+    assert "gone" in line and f"tritonshm gc --url {server.grpc_url}" in listed.stdout
+    with tritonshm.SystemRegion.create(4096) as other:
+        probe = tritonclient_grpc.InferenceServerClient(server.grpc_url)
+        probe.register_system_shared_memory("someone-elses-region", other.key, 4096)
+        try:
+            done = tritonshm_cmd("gc", "--url", server.grpc_url)
+            assert done.returncode == 0 and f"unregistered {name}" in done.stdout, done.stdout + done.stderr
+            names = set(tritonshm.status(probe))
+            assert name not in names and "someone-elses-region" in names
+        finally:
+            probe.unregister_system_shared_memory("someone-elses-region")
+            probe.close()
+    refused = tritonshm_cmd("gc", "--url", "example.com:8001")
+    assert refused.returncode == 2 and "this machine" in refused.stderr
 
 
 def test_gc_never_touches_live_segments():
