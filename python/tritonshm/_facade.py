@@ -1,6 +1,8 @@
-"""What :mod:`tritonshm.grpc` and :mod:`tritonshm.http` share: a tritonclient ``infer`` call
-carried through a :class:`tritonshm.Client`'s slot pools, and its result answered as
-tritonclient's.
+"""What :mod:`tritonshm.grpc` and :mod:`tritonshm.http` (and their ``.aio``) share: a tritonclient
+``infer`` / ``async_infer`` call carried through a held :class:`tritonshm.Client`'s slot pools
+(a :class:`tritonshm.aio.Client`'s for the aio facades), and its result answered as
+tritonclient's.  One decision for all of them (:meth:`SlotRoute._plan`); only the last step --
+run, submit, or await -- differs.
 
 A call is taken by the slots only when they can carry it exactly as tritonclient would send it:
 every input given data with ``set_data_from_numpy``, the model's inputs each once with its
