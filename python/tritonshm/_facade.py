@@ -1,6 +1,8 @@
-"""What :mod:`tritonshm.grpc` and :mod:`tritonshm.http` share: a tritonclient ``infer`` call
-carried through a :class:`tritonshm.Client`'s slot pools, and its result answered as
-tritonclient's.
+"""What :mod:`tritonshm.grpc` and :mod:`tritonshm.http` (and their ``.aio``) share: a tritonclient
+``infer`` / ``async_infer`` call carried through a held :class:`tritonshm.Client`'s slot pools
+(a :class:`tritonshm.aio.Client`'s for the aio facades), and its result answered as
+tritonclient's.  One decision for all of them (:meth:`SlotRoute._plan`); only the last step --
+run, submit, or await -- differs.
 
 A call is taken by the slots only when they can carry it exactly as tritonclient would send it:
 every input given data with ``set_data_from_numpy``, the model's inputs each once with its
@@ -15,9 +17,11 @@ copied into a slot once.
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import math
 import threading
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Generator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -25,7 +29,7 @@ from . import _tritonclient_compat as compat
 from .client import RequestOptions
 from .errors import InferenceServerException
 
-__all__ = ["SlotRoute", "SlotResult", "SHM_URL_SCHEMES"]
+__all__ = ["SlotRoute", "SlotResult", "SlotCallContext", "SlotAsyncRequest", "SHM_URL_SCHEMES"]
 
 #: The tritonshm URL scheme of each protocol, plain and over TLS.
 SHM_URL_SCHEMES = {("grpc", False): "", ("grpc", True): "grpcs://",
@@ -45,12 +49,14 @@ class SlotRoute:
     *protocol* is ``"grpc"`` or ``"http"``; *url* and *ssl* are what the facade's constructor
     took; *connect_options* its other arguments that differ from tritonclient's defaults, passed
     on to the tritonclient client the slots' client holds.  *result_type* is the facade's result
-    class (see :func:`~tritonshm._tritonclient_compat.result_class`).
+    class (see :func:`~tritonshm._tritonclient_compat.result_class`).  With *aio* the slots are
+    a :class:`tritonshm.aio.Client` (for :meth:`infer_aio`; closed with :meth:`aclose`).
     """
 
     def __init__(self, protocol: str, url: str, ssl: bool, connect_options: Mapping[str, Any],
-                 module: Any, result_type: type):
+                 module: Any, result_type: type, aio: bool = False):
         self.http = protocol == "http"
+        self._aio = aio
         self.url = SHM_URL_SCHEMES[(protocol, bool(ssl))] + url
         self._connect_options = dict(connect_options)
         self._module = module
@@ -69,10 +75,15 @@ class SlotRoute:
     def _shm_client(self) -> Any:
         with self._lock:
             if self._client is None and not self._closed:
-                from .client import Client
+                if self._aio:
+                    from .client._aio import Client as AioClient
 
-                # The slots' own connection: tritonclient's HTTP client is the caller's thread's.
-                self._client = Client(self.url, connect_options=self._connect_options or None)
+                    self._client = AioClient(self.url, connect_options=self._connect_options or None)
+                else:
+                    from .client import Client
+
+                    # The slots' own connection: tritonclient's HTTP client is the caller's thread's.
+                    self._client = Client(self.url, connect_options=self._connect_options or None)
             return self._client
 
     def close(self) -> None:
@@ -83,7 +94,20 @@ class SlotRoute:
         if client is not None:
             client.close()
 
+    async def aclose(self) -> None:
+        """:meth:`close` of a route whose slots are a :class:`tritonshm.aio.Client`."""
+        with self._lock:
+            self._closed, client, self._client = True, self._client, None
+        if client is not None:
+            await client.close()
+
     # -- a call ---------------------------------------------------------------
+    #
+    # One plan for every entry point: :meth:`_plan` is a generator that yields each call it makes
+    # (the held client's ``model_info``, the facade's ``get_model_metadata``) and is sent back its
+    # answer -- the value itself from a blocking client, the awaited value from an aio one -- so
+    # the blocking and the asyncio facades decide alike what the slots take, and only the last
+    # step (``infer``, ``infer_async`` or awaiting ``infer``) differs.
 
     def infer(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
               outputs: Sequence[Any] | None, request_id: str, options: Mapping[str, Any]) -> Any:
@@ -93,28 +117,79 @@ class SlotRoute:
         *options* are tritonclient's keyword arguments of the call other than those named here,
         only those not at their defaults.
         """
-        if self._closed or request_id:
+        planned = _drive(self._plan(facade, model_name, inputs, model_version, outputs, request_id, options))
+        if planned is None:
             return None
+        return planned.result(planned.client.infer(model_name, planned.arrays, outputs=planned.wanted,
+                                                   version=model_version, options=planned.options))
+
+    def infer_async(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
+                    outputs: Sequence[Any] | None, request_id: str,
+                    options: Mapping[str, Any]) -> concurrent.futures.Future | None:
+        """:meth:`infer` without waiting: a ``concurrent.futures.Future`` of the result (or of the
+        ``InferenceServerException`` that ended it), or None as for :meth:`infer`.
+
+        What the slots take is decided, and the inputs copied from, on the calling thread, now
+        (as tritonclient serialises them in ``async_infer``); the request runs on the held
+        client's worker threads.  Cancelling the future before it ran cancels the request.
+        """
+        planned = _drive(self._plan(facade, model_name, inputs, model_version, outputs, request_id, options))
+        if planned is None:
+            return None
+        # No copy here: the arrays are views of the immutable bytes tritonclient keeps on the
+        # caller's InferInputs (set_data_from_numpy again puts new bytes there), copied into a
+        # slot once, on the worker thread.
+        pending = planned.client.infer_async(model_name, planned.arrays, outputs=planned.wanted,
+                                             version=model_version,
+                                             options=planned.options)
+        return _then(pending, planned.result)
+
+    async def infer_aio(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
+                        outputs: Sequence[Any] | None, request_id: str, options: Mapping[str, Any]) -> Any:
+        """:meth:`infer` of an asyncio facade: its held client a :class:`tritonshm.aio.Client`
+        (``aio=True``), *facade* tritonclient's aio client."""
+        planned = await _drive_aio(self._plan(facade, model_name, inputs, model_version, outputs, request_id,
+                                              options))
+        if planned is None:
+            return None
+        # The aio client captures the inputs when infer() is called, before the first await.
+        made = await planned.client.infer(model_name, planned.arrays, outputs=planned.wanted,
+                                          version=model_version, options=planned.options)
+        return planned.result(made)
+
+    def _plan(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
+              outputs: Sequence[Any] | None, request_id: str,
+              options: Mapping[str, Any]) -> Generator[Any, Any, _Planned | None]:
+        """Whether the slots take the call, and how: a :class:`_Planned`, or None.  Yields the
+        calls it makes (see above) and is sent their answers."""
+        if self._closed or request_id or not isinstance(model_version, str):
+            return None  # a version that is no string: tritonclient's own error
         arrays = self._arrays(inputs)
         names = self._output_names(outputs)
         if arrays is None or names is None:
+            return None
+        try:
+            checked = RequestOptions.of(options)
+            checked.infer_kwargs(self.http)  # an option of the other protocol: refused here
+        except InferenceServerException:
+            return None  # tritonclient's call says what is wrong, its way
+        if self.http and checked.client_timeout is not None:
             return None
         client = self._shm_client()
         if client is None:
             return None
         try:
-            checked = RequestOptions.of(options)
-            checked.infer_kwargs(self.http)  # an option of the other protocol: refused here
-            if self.http and checked.client_timeout is not None:
-                return None
-            info = client.model_info(model_name, model_version)
+            info = yield client.model_info(model_name, model_version)
         except InferenceServerException:
-            return None  # the server or the options say no: tritonclient's call says how, its way
+            return None  # the server says no: tritonclient's call says how, its way
         if not self._fits(info, inputs, arrays, names):
             return None
+        version = model_version or (yield from self._version_run(facade, model_name))
         wanted = list(info.output_names) if names is _ALL else names
-        outputs_made = client.infer(model_name, arrays, outputs=wanted, version=model_version, options=checked)
-        version = model_version or self._version_run(facade, model_name)
+        return _Planned(client, arrays, wanted, checked, functools.partial(self._made, model_name, version, info))
+
+    def _made(self, model_name: str, version: str, info: Any, outputs_made: Mapping[str, np.ndarray]) -> Any:
+        """The tritonclient result of the outputs the held client returned."""
         # In the response as the server orders them: the model's order, not the request's.
         specs = [spec for spec in info.outputs if spec.name in outputs_made]
         return self._result_type(model_name, version, specs, outputs_made)
@@ -212,17 +287,79 @@ class SlotRoute:
                 batch = rows
         return names is _ALL or all(name in info.output_names for name in names)
 
-    def _version_run(self, facade: Any, model: str) -> str:
+    def _version_run(self, facade: Any, model: str) -> Generator[Any, Any, str]:
         """The version the server runs when none is named: the highest it serves (Triton's
-        choice), read once per model from its metadata."""
+        choice), read once per model from its metadata (a :meth:`_plan` step)."""
         version = self._versions.get((model, ""))
         if version is None:
-            metadata = facade.get_model_metadata(model)
+            metadata = yield facade.get_model_metadata(model)
             versions = list(metadata["versions"] if self.http else metadata.versions)
             numeric = [v for v in versions if str(v).isdigit()]
             version = max(numeric, key=int) if numeric else (versions[-1] if versions else "")
             self._versions[(model, "")] = version
         return str(version)
+
+
+class _Planned(NamedTuple):
+    """A call the slots take: the held client, what it is asked, and how its answer becomes
+    tritonclient's result."""
+
+    client: Any
+    arrays: dict[str, np.ndarray]
+    wanted: list[str]
+    options: RequestOptions
+    result: Callable[[Mapping[str, np.ndarray]], Any]
+
+
+def _drive(plan: Generator[Any, Any, _Planned | None]) -> _Planned | None:
+    """Run a :meth:`SlotRoute._plan` of a blocking client: each yielded value is already the
+    answer (the call ran, or raised inside the plan, where it was made)."""
+    try:
+        answer = next(plan)
+        while True:
+            answer = plan.send(answer)
+    except StopIteration as done:
+        return done.value
+
+
+async def _drive_aio(plan: Generator[Any, Any, _Planned | None]) -> _Planned | None:
+    """Run a :meth:`SlotRoute._plan` of an aio client: each yielded value is awaited, and its
+    answer (or its failure) handed back to the plan."""
+    try:
+        pending = next(plan)
+        while True:
+            try:
+                answer = await pending
+            except Exception as failure:
+                pending = plan.throw(failure)
+            else:
+                pending = plan.send(answer)
+    except StopIteration as done:
+        return done.value
+
+
+def _then(pending: concurrent.futures.Future, make: Callable[[Any], Any]) -> concurrent.futures.Future:
+    """A future of ``make(pending's value)``; *pending*'s failure or cancellation as its own.
+    Cancelling it cancels *pending* (a request not yet started is never sent)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def settle(done: concurrent.futures.Future) -> None:
+        if future.cancelled():
+            return  # cancelled while it ran: the caller was told so already
+        if done.cancelled():
+            future.cancel()
+            future.set_running_or_notify_cancel()
+            return
+        try:
+            value = make(done.result())
+        except BaseException as failure:
+            future.set_exception(failure)
+        else:
+            future.set_result(value)
+
+    pending.add_done_callback(settle)
+    future.add_done_callback(lambda f: pending.cancel() if f.cancelled() else None)
+    return future
 
 
 class _All:
@@ -292,6 +429,61 @@ class HttpSlotResult(SlotResult):
         return {"model_name": self._model, "model_version": self._version, "outputs": outputs}
 
 
+class SlotCallContext:
+    """What gRPC's ``async_infer`` returns for a call the slots carry, as tritonclient's
+    ``CallContext``: :meth:`cancel`."""
+
+    def __init__(self, future: concurrent.futures.Future):
+        self._future = future
+
+    def cancel(self) -> None:
+        """Cancel the request: the callback is told so (``StatusCode.CANCELLED``), as tritonclient's
+        is, unless it was answered already.  A request the server is running keeps its slot until
+        the server is done with it."""
+        self._future.cancel()
+
+
+def answer_callback(callback: Callable[..., Any], done: concurrent.futures.Future) -> None:
+    """Call gRPC's ``async_infer`` *callback* as tritonclient does, ``callback(result=, error=)``,
+    for the finished future *done* of :meth:`SlotRoute.infer_async`."""
+    result = error = None
+    if done.cancelled():
+        # tritonclient's get_cancelled_error(), made here: that one is private.
+        error = InferenceServerException(msg="Locally cancelled by application!", status="StatusCode.CANCELLED")
+    else:
+        failure = done.exception()
+        if failure is None:
+            result = done.result()
+        elif isinstance(failure, InferenceServerException):
+            error = failure
+        else:  # not an error tritonclient would name: still the callback's to hear, not a lost thread's
+            error = InferenceServerException(msg=f"{type(failure).__name__}: {failure}")
+    callback(result=result, error=error)
+
+
+class SlotAsyncRequest:
+    """The mixin of HTTP's ``async_infer`` answer for a call the slots carry (made a
+    ``tritonclient.http.InferAsyncRequest`` by each facade): :meth:`get_result`."""
+
+    def __init__(self, future: concurrent.futures.Future):
+        self._future = future
+
+    def get_result(self, block: bool = True, timeout: float | None = None) -> Any:
+        """The result, as tritonclient's ``InferAsyncRequest.get_result``: waits for it (at most
+        *timeout* seconds; not at all unless *block*), else raises ``InferenceServerException``
+        "failed to obtain inference response"; the request's own error if it failed."""
+        try:
+            return self._future.result(timeout=timeout if block else 0)
+        except concurrent.futures.TimeoutError:
+            raise InferenceServerException(msg="failed to obtain inference response") from None
+
+
+def changed(defaults: Mapping[str, Any], **given: Any) -> dict[str, Any]:
+    """The keyword arguments of a tritonclient call in *given* that are not at their *defaults*
+    (what :meth:`SlotRoute.infer` takes as *options*)."""
+    return {name: value for name, value in given.items() if value is not defaults[name]}
+
+
 def constructor_arguments(signature: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, bool, dict]:
     """``(url, ssl, connect options)`` of a call of tritonclient's constructor with *signature*
     (``self`` first): the options are the arguments other than ``url``, ``verbose`` and ``ssl``
@@ -304,10 +496,12 @@ def constructor_arguments(signature: Any, args: Sequence[Any], kwargs: Mapping[s
     return str(given["url"]), bool(given.get("ssl", False)), options
 
 
-def reexport(module: Any, namespace: dict[str, Any]) -> list[str]:
+def reexport(module: Any, namespace: dict[str, Any], own: Sequence[str] = ()) -> list[str]:
     """Put every public name of tritonclient's *module* into *namespace* (a facade module's
-    globals), unchanged; its ``__all__``."""
+    globals), unchanged, but those in *own* (the facade's submodules, e.g. ``aio``: tritonclient's
+    is in ``dir()`` once imported, and ``from tritonshm.grpc import aio`` must find ours); its
+    ``__all__``."""
     for name in dir(module):
-        if not name.startswith("_"):
+        if not name.startswith("_") and name not in own:
             namespace[name] = getattr(module, name)
     return list(getattr(module, "__all__", [n for n in dir(module) if not n.startswith("_")]))

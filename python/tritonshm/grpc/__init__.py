@@ -14,13 +14,16 @@ still is a ``tritonclient.grpc.InferenceServerClient`` to the caller's type chec
 adds -- the slot pools -- it *holds*: a :class:`tritonshm.Client` for the same server, made on the
 first call that uses it.
 
-What goes through shared memory (this release): :meth:`InferenceServerClient.infer`.
-``async_infer``, ``start_stream`` / ``async_stream_infer`` and ``tritonshm.grpc.aio`` are still
-tritonclient's own and send their tensors over the wire.
+What goes through shared memory (this release): :meth:`InferenceServerClient.infer` and
+:meth:`InferenceServerClient.async_infer`, and ``infer`` of :mod:`tritonshm.grpc.aio`'s client.
+Streams (``start_stream`` / ``async_stream_infer`` / ``stop_stream``) are still tritonclient's
+own and send their tensors over the wire.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 from typing import Any
 
@@ -28,7 +31,7 @@ import tritonclient.grpc as _tritonclient_grpc
 
 from .. import _facade, _tritonclient_compat
 
-__all__ = _facade.reexport(_tritonclient_grpc, globals())
+__all__ = _facade.reexport(_tritonclient_grpc, globals(), own=("aio",))
 
 _CONSTRUCTOR = inspect.signature(_tritonclient_grpc.InferenceServerClient.__init__)
 
@@ -40,8 +43,9 @@ class InferenceServerClient(_tritonclient_grpc.InferenceServerClient):  # type: 
     """tritonclient.grpc's client, whose :meth:`infer` moves the tensors through shared memory.
 
     Takes what tritonclient's takes (``url`` as ``"host:port"``, ``ssl``, ``creds``,
-    ``keepalive_options``, ``channel_args``, ...); every method but :meth:`infer` and
-    :meth:`close` is tritonclient's own.  ``unregister_system_shared_memory()`` with no name
+    ``keepalive_options``, ``channel_args``, ...); every method but :meth:`infer`,
+    :meth:`async_infer` and
+    :meth:`close` is tritonclient's own (streams too: over the wire).  ``unregister_system_shared_memory()`` with no name
     unregisters every region on the server, ours included, as tritonclient's does; the next
     :meth:`infer` finds its slots gone and registers them again before it runs.
     """
@@ -76,11 +80,10 @@ class InferenceServerClient(_tritonclient_grpc.InferenceServerClient):  # type: 
         the tensors go on the wire, a mistake gets the server's own error.  Where the server
         cannot open our memory (another machine), every call goes on the wire, after one warning.
         """
-        options = {name: value for name, value in (
-            ("sequence_id", sequence_id), ("sequence_start", sequence_start), ("sequence_end", sequence_end),
-            ("priority", priority), ("timeout", timeout), ("client_timeout", client_timeout),
-            ("headers", headers), ("compression_algorithm", compression_algorithm),
-            ("parameters", parameters)) if value is not _DEFAULTS[name]}
+        options = _facade.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                  sequence_end=sequence_end, priority=priority, timeout=timeout,
+                                  client_timeout=client_timeout, headers=headers,
+                                  compression_algorithm=compression_algorithm, parameters=parameters)
         result = self._tritonshm_slots.infer(self, model_name, inputs, model_version, outputs, request_id,
                                              options)
         if result is not None:
@@ -90,6 +93,38 @@ class InferenceServerClient(_tritonclient_grpc.InferenceServerClient):  # type: 
                              sequence_end=sequence_end, priority=priority, timeout=timeout,
                              client_timeout=client_timeout, headers=headers,
                              compression_algorithm=compression_algorithm, parameters=parameters)
+
+    def async_infer(self, model_name: str, inputs: Any, callback: Any, model_version: str = "",
+                    outputs: Any = None, request_id: str = "", sequence_id: Any = 0,
+                    sequence_start: bool = False, sequence_end: bool = False, priority: int = 0,
+                    timeout: Any = None, client_timeout: Any = None, headers: Any = None,
+                    compression_algorithm: Any = None, parameters: Any = None) -> Any:
+        """tritonclient.grpc's ``async_infer``, its inputs and outputs in shared memory.
+
+        Returns at once; ``callback(result=..., error=...)`` is called once the request is done,
+        on another thread, as tritonclient calls it: *result* a ``tritonclient.grpc.InferResult``
+        (as :meth:`infer`'s) and *error* None, or *result* None and *error* the
+        ``InferenceServerException``.  The returned context's ``cancel()`` cancels the request
+        (the callback hears ``StatusCode.CANCELLED``).  The slots take the calls :meth:`infer`'s
+        take, decided and their inputs read now, on the calling thread; the rest is
+        tritonclient's own ``async_infer`` (tensors on the wire).  Requests run on the held
+        client's worker threads, as many at once as it has slots.
+        """
+        options = _facade.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                  sequence_end=sequence_end, priority=priority, timeout=timeout,
+                                  client_timeout=client_timeout, headers=headers,
+                                  compression_algorithm=compression_algorithm, parameters=parameters)
+        pending = self._tritonshm_slots.infer_async(self, model_name, inputs, model_version, outputs, request_id,
+                                                    options)
+        if pending is None:
+            return super().async_infer(model_name, inputs, callback, model_version=model_version, outputs=outputs,
+                                       request_id=request_id, sequence_id=sequence_id,
+                                       sequence_start=sequence_start, sequence_end=sequence_end,
+                                       priority=priority, timeout=timeout, client_timeout=client_timeout,
+                                       headers=headers, compression_algorithm=compression_algorithm,
+                                       parameters=parameters)
+        pending.add_done_callback(functools.partial(_facade.answer_callback, callback))
+        return _facade.SlotCallContext(pending)
 
     def close(self) -> None:
         """Unregister and unlink this client's slots, then close it as tritonclient does."""
@@ -101,3 +136,11 @@ class InferenceServerClient(_tritonclient_grpc.InferenceServerClient):  # type: 
 
 _DEFAULTS = {name: parameter.default
              for name, parameter in inspect.signature(_tritonclient_grpc.InferenceServerClient.infer).parameters.items()}
+
+
+def __getattr__(name: str) -> Any:
+    """``tritonshm.grpc.aio`` without importing it first, as after ``import tritonclient.grpc.aio``
+    (imported on first use: it costs what tritonclient's aio module costs)."""
+    if name == "aio":
+        return importlib.import_module(".aio", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,19 +8,20 @@ Every public name of ``tritonclient.http`` is here, the very same object (``Infe
 
 Why a subclass rather than a wrapper holding one: every method it does not change -- health,
 metadata, config, repository and model control, statistics, trace and log settings, the
-shared-memory calls, ``async_infer`` -- is tritonclient's own, with its signature,
+shared-memory calls -- is tritonclient's own, with its signature,
 defaults and behaviour, without a line here to keep in step with each release; and the client
 still is a ``tritonclient.http.InferenceServerClient`` to the caller's type checks.  What it
 adds -- the slot pools -- it *holds*: a :class:`tritonshm.Client` for the same server, made on the
 first call that uses it.
 
-What goes through shared memory (this release): :meth:`InferenceServerClient.infer`.
-``async_infer`` (``InferAsyncRequest.get_result()``) and ``tritonshm.http.aio`` are still
-tritonclient's own and send their tensors over the wire.
+What goes through shared memory (this release): :meth:`InferenceServerClient.infer`,
+:meth:`InferenceServerClient.async_infer` (``InferAsyncRequest.get_result()``) and ``infer`` of
+:mod:`tritonshm.http.aio`'s client.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any
 
@@ -28,7 +29,7 @@ import tritonclient.http as _tritonclient_http
 
 from .. import _facade, _tritonclient_compat
 
-__all__ = _facade.reexport(_tritonclient_http, globals())
+__all__ = _facade.reexport(_tritonclient_http, globals(), own=("aio",))
 
 _CONSTRUCTOR = inspect.signature(_tritonclient_http.InferenceServerClient.__init__)
 
@@ -36,11 +37,17 @@ _CONSTRUCTOR = inspect.signature(_tritonclient_http.InferenceServerClient.__init
 _SlotResult = _tritonclient_compat.result_class(_facade.HttpSlotResult, _tritonclient_http.InferResult)
 
 
+class _SlotAsyncRequest(_facade.SlotAsyncRequest, _tritonclient_http.InferAsyncRequest):  # type: ignore[misc]
+    """``async_infer``'s answer for a call the slots carried: a ``tritonclient.http.InferAsyncRequest``
+    whose ``get_result`` waits on the held client's future (not on a greenlet)."""
+
+
 class InferenceServerClient(_tritonclient_http.InferenceServerClient):  # type: ignore[misc]
     """tritonclient.http's client, whose :meth:`infer` moves the tensors through shared memory.
 
     Takes what tritonclient's takes (``url`` as ``"host:port"``, ``concurrency``,
-    ``connection_timeout``, ``network_timeout``, ``ssl``, ...); every method but :meth:`infer` and
+    ``connection_timeout``, ``network_timeout``, ``ssl``, ...); every method but :meth:`infer`,
+    :meth:`async_infer` and
     :meth:`close` is tritonclient's own.  ``unregister_system_shared_memory()`` with no name
     unregisters every region on the server, ours included, as tritonclient's does; the next
     :meth:`infer` finds its slots gone and registers them again before it runs.
@@ -78,12 +85,11 @@ class InferenceServerClient(_tritonclient_http.InferenceServerClient):  # type: 
         tensors go on the wire, a mistake gets the server's own error.  Where the server cannot
         open our memory (another machine), every call goes on the wire, after one warning.
         """
-        options = {name: value for name, value in (
-            ("sequence_id", sequence_id), ("sequence_start", sequence_start), ("sequence_end", sequence_end),
-            ("priority", priority), ("timeout", timeout), ("headers", headers),
-            ("request_compression_algorithm", request_compression_algorithm),
-            ("response_compression_algorithm", response_compression_algorithm),
-            ("parameters", parameters)) if value is not _DEFAULTS[name]}
+        options = _facade.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                  sequence_end=sequence_end, priority=priority, timeout=timeout, headers=headers,
+                                  request_compression_algorithm=request_compression_algorithm,
+                                  response_compression_algorithm=response_compression_algorithm,
+                                  parameters=parameters)
         result = None if query_params is not None else self._tritonshm_slots.infer(
             self, model_name, inputs, model_version, outputs, request_id, options)
         if result is not None:
@@ -95,6 +101,40 @@ class InferenceServerClient(_tritonclient_http.InferenceServerClient):  # type: 
                              response_compression_algorithm=response_compression_algorithm,
                              parameters=parameters)
 
+    def async_infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
+                    request_id: str = "", sequence_id: Any = 0, sequence_start: bool = False,
+                    sequence_end: bool = False, priority: int = 0, timeout: Any = None, headers: Any = None,
+                    query_params: Any = None, request_compression_algorithm: Any = None,
+                    response_compression_algorithm: Any = None, parameters: Any = None) -> Any:
+        """tritonclient.http's ``async_infer``, its inputs and outputs in shared memory.
+
+        Returns at once an ``InferAsyncRequest`` whose ``get_result(block=True, timeout=None)``
+        answers as tritonclient's: the result (a ``tritonclient.http.InferResult``, as
+        :meth:`infer`'s), the request's ``InferenceServerException``, or -- not answered within
+        *timeout* seconds, or at once without *block* -- "failed to obtain inference response".
+        The slots take the calls :meth:`infer`'s take, decided and their inputs read now, on the
+        calling thread; the rest is tritonclient's own ``async_infer`` (tensors on the wire).
+        Requests the slots take run on the held client's worker threads, as many at once as it
+        has slots (tritonclient's run ``concurrency`` at a time).
+        """
+        options = _facade.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                  sequence_end=sequence_end, priority=priority, timeout=timeout, headers=headers,
+                                  request_compression_algorithm=request_compression_algorithm,
+                                  response_compression_algorithm=response_compression_algorithm,
+                                  parameters=parameters)
+        pending = None if query_params is not None else self._tritonshm_slots.infer_async(
+            self, model_name, inputs, model_version, outputs, request_id, options)
+        if pending is None:
+            return super().async_infer(model_name, inputs, model_version=model_version, outputs=outputs,
+                                       request_id=request_id, sequence_id=sequence_id,
+                                       sequence_start=sequence_start, sequence_end=sequence_end,
+                                       priority=priority, timeout=timeout, headers=headers,
+                                       query_params=query_params,
+                                       request_compression_algorithm=request_compression_algorithm,
+                                       response_compression_algorithm=response_compression_algorithm,
+                                       parameters=parameters)
+        return _SlotAsyncRequest(pending)
+
     def close(self) -> None:
         """Unregister and unlink this client's slots, then close it as tritonclient does."""
         slots = getattr(self, "_tritonshm_slots", None)  # None: the constructor failed
@@ -105,3 +145,11 @@ class InferenceServerClient(_tritonclient_http.InferenceServerClient):  # type: 
 
 _DEFAULTS = {name: parameter.default
              for name, parameter in inspect.signature(_tritonclient_http.InferenceServerClient.infer).parameters.items()}
+
+
+def __getattr__(name: str) -> Any:
+    """``tritonshm.http.aio`` without importing it first, as after ``import tritonclient.http.aio``
+    (imported on first use: it costs what tritonclient's aio module costs)."""
+    if name == "aio":
+        return importlib.import_module(".aio", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,82 @@
+"""``tritonclient.grpc.aio`` with the tensors in shared memory: change the import line, keep the code.
+
+    import tritonshm.grpc.aio as grpcclient      # was: import tritonclient.grpc.aio as grpcclient
+
+Every public name of ``tritonclient.grpc.aio`` is here, the very same object, except
+:class:`InferenceServerClient`: tritonclient's aio class, subclassed (why: see
+:mod:`tritonshm.grpc`), whose ``await infer(...)`` moves the tensors through the slot pools of a
+held :class:`tritonshm.aio.Client`, made on the first call that uses them.  Every other method --
+streams (``stream_infer``) included, over the wire -- is tritonclient's own.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import tritonclient.grpc.aio as _tritonclient_grpc_aio
+
+from .. import _facade
+from . import _SlotResult
+
+__all__ = _facade.reexport(_tritonclient_grpc_aio, globals())
+
+_CONSTRUCTOR = inspect.signature(_tritonclient_grpc_aio.InferenceServerClient.__init__)
+
+
+class InferenceServerClient(_tritonclient_grpc_aio.InferenceServerClient):  # type: ignore[misc]
+    """tritonclient.grpc.aio's client, whose :meth:`infer` moves the tensors through shared memory.
+
+    Takes what tritonclient's takes; every method but :meth:`infer` and :meth:`close` is
+    tritonclient's own.  The slots are a :class:`tritonshm.aio.Client` for the same server.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        url, ssl, options = _facade.constructor_arguments(_CONSTRUCTOR, args, kwargs)
+        self._tritonshm_slots = _facade.SlotRoute("grpc", url, ssl, options, _tritonclient_grpc_aio, _SlotResult,
+                                                  aio=True)
+
+    __init__.__signature__ = _CONSTRUCTOR  # type: ignore[attr-defined]
+
+    @property
+    def tritonshm(self) -> Any:
+        """The :class:`tritonshm.aio.Client` holding this client's slot pools (``pools()``,
+        ``stats()``), or None before the first :meth:`infer` that used them and after :meth:`close`."""
+        return self._tritonshm_slots.client
+
+    async def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
+                    request_id: str = "", sequence_id: Any = 0, sequence_start: bool = False,
+                    sequence_end: bool = False, priority: int = 0, timeout: Any = None,
+                    client_timeout: Any = None, headers: Any = None, compression_algorithm: Any = None,
+                    parameters: Any = None) -> Any:
+        """tritonclient.grpc.aio's ``infer``, its inputs and outputs in shared memory.
+
+        Carries what :meth:`tritonshm.grpc.InferenceServerClient.infer` carries, the same way
+        (the rest is tritonclient's own ``infer``, on the wire), without blocking the event loop;
+        requests awaited together run at once, each in a slot of its own.
+        """
+        options = _facade.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                  sequence_end=sequence_end, priority=priority, timeout=timeout,
+                                  client_timeout=client_timeout, headers=headers,
+                                  compression_algorithm=compression_algorithm, parameters=parameters)
+        result = await self._tritonshm_slots.infer_aio(self, model_name, inputs, model_version, outputs,
+                                                       request_id, options)
+        if result is not None:
+            return result
+        return await super().infer(model_name, inputs, model_version=model_version, outputs=outputs,
+                                   request_id=request_id, sequence_id=sequence_id, sequence_start=sequence_start,
+                                   sequence_end=sequence_end, priority=priority, timeout=timeout,
+                                   client_timeout=client_timeout, headers=headers,
+                                   compression_algorithm=compression_algorithm, parameters=parameters)
+
+    async def close(self) -> None:
+        """Unregister and unlink this client's slots, then close it as tritonclient does."""
+        slots = getattr(self, "_tritonshm_slots", None)  # None: the constructor failed
+        if slots is not None:
+            await slots.aclose()
+        await super().close()
+
+
+_DEFAULTS = {name: parameter.default
+             for name, parameter in inspect.signature(_tritonclient_grpc_aio.InferenceServerClient.infer).parameters.items()}
