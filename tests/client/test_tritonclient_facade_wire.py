@@ -76,3 +76,28 @@ def test_the_facade_moves_only_the_header_and_tritonclient_the_tensors(forwarder
     assert plain_up > NBYTES, f"tritonclient, {protocol}: {plain_up} bytes client->server"
     assert plain_down > NBYTES, f"tritonclient, {protocol}: {plain_down} bytes server->client"
     assert forwarder.connections >= 2  # both clients did go through the forwarder
+
+
+def test_the_facades_small_calls_take_the_clients_quick_path(server, protocol, monkeypatch):
+    """A small call seen before is not checked and planned again by the slots' client (the
+    facade passes an empty RequestOptions on every call: that must count as none)."""
+    module = importlib.import_module(f"tritonshm.{protocol}")
+    client = module.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.http_url)
+    try:
+        x = np.arange(1024, dtype=np.float32)
+        np.testing.assert_array_equal(one_call(module, client, x), x)  # the slots made, the call planned
+        planned = []
+        engine = client.tritonshm._engine
+        real = engine.plan
+
+        def plan(info, *args, **kwargs):
+            planned.append(info.name)
+            return real(info, *args, **kwargs)
+
+        monkeypatch.setattr(engine, "plan", plan)
+        for seed in range(3):
+            y = x + seed
+            np.testing.assert_array_equal(one_call(module, client, y), y)
+        assert planned == []
+    finally:
+        client.close()
