@@ -12,9 +12,6 @@ free here (else the script gets the port, and the default is checked as parsed).
 from __future__ import annotations
 
 import json
-import selectors
-import socket
-import threading
 from typing import Any, Callable
 
 import ml_dtypes
@@ -25,6 +22,8 @@ from tritonclient.utils import InferenceServerException
 
 import tritonshm
 from tritonshm import _transport
+
+from support.forwarder import Forwarder
 
 pytestmark = pytest.mark.server
 
@@ -62,55 +61,6 @@ def tritonclient_infer(client: Any) -> Callable[..., dict[str, np.ndarray]]:
         return {name: result.as_numpy(name) for name in outputs[model]}
 
     return infer
-
-
-class Forwarder:
-    """127.0.0.1:*port* -> *target* ("host:port"), every connection piped both ways, in a thread."""
-
-    def __init__(self, port: int, target: str):
-        self.listener = socket.create_server(("127.0.0.1", port))
-        host, _, target_port = target.rpartition(":")
-        self.target = (host, int(target_port))
-        self.stopped = False
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        selector = selectors.DefaultSelector()
-        selector.register(self.listener, selectors.EVENT_READ)
-        peers: dict[socket.socket, socket.socket] = {}
-        while not self.stopped:
-            for key, _ in selector.select(0.1):
-                sock = key.fileobj
-                assert isinstance(sock, socket.socket)
-                if sock is self.listener:
-                    inner, _ = sock.accept()
-                    outer = socket.create_connection(self.target)
-                    peers[inner], peers[outer] = outer, inner
-                    selector.register(inner, selectors.EVENT_READ)
-                    selector.register(outer, selectors.EVENT_READ)
-                    continue
-                data = b""
-                try:
-                    data = sock.recv(1 << 20)
-                    if data:
-                        peers[sock].sendall(data)
-                except OSError:
-                    data = b""
-                if not data:  # one side closed: close both
-                    other = peers.pop(sock)
-                    peers.pop(other, None)
-                    for end in (sock, other):
-                        selector.unregister(end)
-                        end.close()
-        for end in peers:
-            end.close()
-        selector.close()
-
-    def close(self) -> None:
-        self.stopped = True
-        self.thread.join(10)
-        self.listener.close()
 
 
 @pytest.fixture

@@ -757,6 +757,20 @@ def test_a_small_request_seen_before_is_not_planned_again(fake_triton, monkeypat
     assert_nothing_registered(fake_triton)
 
 
+def test_options_with_nothing_asked_are_no_options_and_keep_the_quick_path(fake_triton, monkeypatch):
+    """options=RequestOptions() (what tritonshm.grpc / .http pass on every call) is the same as
+    none: a small request seen before is not planned again; an option asked for still is."""
+    with fake_triton.client() as c:
+        planned = count_plans(monkeypatch, c)
+        for seed in range(4):
+            out = c.infer("identity_fp32", {"INPUT0": data(seed)}, options=tritonshm.RequestOptions())
+            np.testing.assert_array_equal(out["OUTPUT0"], data(seed))
+        assert planned == ["identity_fp32"]
+        c.infer("identity_fp32", {"INPUT0": data(0)}, options=tritonshm.RequestOptions(priority=0))
+        assert planned == ["identity_fp32"] * 2  # given, even at its default: checked and planned
+    assert_nothing_registered(fake_triton)
+
+
 def test_quick_requests_go_the_full_way_after_a_restart_and_when_the_pool_is_busy(fake_triton, monkeypatch):
     with fake_triton.client(slots=1) as c:
         planned = count_plans(monkeypatch, c)

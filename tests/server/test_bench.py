@@ -63,7 +63,8 @@ def test_every_method_has_samples_median_spread_and_ratios(results):
             assert res["median_s"] == pytest.approx(float(np.median(res["samples_s"])))
             assert res["vs_best_peer"] > 0
             assert (res["vs_limit"] is not None) == (
-                name in ("Client.infer", "Client.infer-http", "zero-copy", "zero-copy-http")), name
+                name in ("Client.infer", "Client.infer-http", "tritonshm.grpc", "tritonshm.http", "zero-copy",
+                         "zero-copy-http")), name
         peers = {p: methods[p]["median_s"] for p in ("grpc", "http", "tc-shm", "triton-shm-client")
                  if methods[p]["status"] == "ok"}
         assert entry["best_peer"] == min(peers, key=peers.get)
@@ -228,12 +229,34 @@ class Missing(_methods.Memcpy):
 
 
 def test_without_an_http_address_the_http_methods_sit_out_and_say_why(server):
-    http_methods = [m for m in bench.METHODS if m.name in ("http", "Client.infer-http", "zero-copy-http")]
+    http_methods = [m for m in bench.METHODS if m.name in ("http", "Client.infer-http", "tritonshm.http",
+                                                           "zero-copy-http")]
     out = bench.run(server.grpc_url, [4096], reps=2, warmup=1, methods=[_methods.Grpc, *http_methods])
     methods = out["results"][0]["methods"]
     assert methods["grpc"]["status"] == "ok"
     for m in http_methods:
         assert "--http-url" in methods[m.name]["status"] and methods[m.name]["samples_s"] == []
+
+
+def test_the_tritonclient_api_rows_are_the_plain_rows_code_through_the_facade_slots(server):
+    """tritonshm.grpc / tritonshm.http: tritonclient's calls, the facade's clients, and the tensors
+    in its slot pools (a call that fell back to the wire would measure plain tritonclient)."""
+    rows = {m.name: m for m in bench.METHODS}
+    assert rows["tritonshm.grpc"].group == rows["tritonshm.http"].group == "tritonshm"
+    assert "tritonclient API via tritonshm" in rows["tritonshm.grpc"].description
+    setting = _methods.Setting(url=server.grpc_url, model="identity_fp32", datatype="FP32",
+                               dtype=np.dtype(np.float32), count=1024, http_url=server.http_url)
+    for name, module in (("tritonshm.grpc", "tritonshm.grpc"), ("tritonshm.http", "tritonshm.http")):
+        method = rows[name](setting)
+        method.open()
+        try:
+            assert type(method.client).__module__ == module
+            x = np.arange(1024, dtype=np.float32)
+            np.testing.assert_array_equal(method.call(x), x)
+            assert [pool.model for pool in method.client.tritonshm.pools()] == ["identity_fp32"], name
+        finally:
+            method.close()
+        assert method.client.tritonshm is None  # closed: the slots are released
 
 
 def test_a_method_unavailable_at_open_is_reported_and_the_others_run(server):

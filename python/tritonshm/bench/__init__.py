@@ -13,6 +13,9 @@ a 1-D input of the given number of bytes.  The methods (see ``_methods.py``):
   (``Client.request()``: the input written into the slot, the output read
   as a view of it), each also with ``-http``: the client made with the
   server's ``http://`` URL (left out under ``--url`` without ``--http-url``);
+  ``tritonshm.grpc`` and ``tritonshm.http``: tritonclient's API via tritonshm,
+  the ``grpc`` and ``http`` rows' very code with the facade module imported
+  in place of tritonclient's (the tensors through its slots);
 * references: ``floor`` (inputs already in a registered region, outputs
   left there: the tritonclient ``infer`` call alone) and ``memcpy`` (one
   copy of the input's bytes); ``limit = floor + memcpy``, repetition by
@@ -38,7 +41,8 @@ Results (``run()``'s return value, and what ``--json`` writes)::
                                      "min_s", "max_s", "vs_best_peer", "vs_limit"}}}]}
 
 Ratios are median time over the reference's median time: below 1 is
-faster.  ``vs_limit`` is given for ``Client.infer`` and ``zero-copy`` (and their ``-http`` twins).
+faster.  ``vs_limit`` is given for ``Client.infer`` and ``zero-copy`` (and their ``-http`` twins)
+and for ``tritonshm.grpc`` / ``tritonshm.http``.
 
 ``tritonshm bench --gpu`` (:func:`run_gpu`, ``_gpu.py``) does the same from a
 GPU tensor, against a GPU model and the CPU identity model side by side.

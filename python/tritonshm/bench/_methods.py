@@ -314,6 +314,41 @@ class ClientInferHttp(ClientInfer):
     http = True
 
 
+class Facade(Method):
+    """tritonclient's API via tritonshm: the ``grpc`` peer's very code -- ``InferInput``,
+    ``set_data_from_numpy``, ``infer``, ``as_numpy`` -- with ``tritonshm.grpc`` imported in place
+    of ``tritonclient.grpc``, so the tensors go through the facade client's slot pools.  The
+    first call registers the slots (untimed: the warm-up rounds)."""
+
+    name = "tritonshm.grpc"
+    group = "tritonshm"
+    description = ("tritonclient API via tritonshm: the grpc row's code with `import tritonshm.grpc` in place of "
+                   "tritonclient.grpc (set_data_from_numpy, infer, as_numpy; the tensors through its slots)")
+    protocol = "grpc"  #: which facade module, and which of the server's addresses
+
+    def open(self) -> None:
+        import importlib
+
+        self.module = importlib.import_module(f"tritonshm.{self.protocol}")
+        self.http = self.protocol == "http"
+        self.client = self.module.InferenceServerClient(self.setting.require_http() if self.http else self.setting.url)
+
+    def call(self, x: np.ndarray) -> np.ndarray:
+        # As Setting.wire_args makes the plain rows' request, with the facade's module.
+        s = self.setting
+        infer_input = self.module.InferInput(INPUT, [s.count], s.datatype)
+        infer_input.set_data_from_numpy(x)
+        requested = (self.module.InferRequestedOutput(OUTPUT, binary_data=True) if self.http
+                     else self.module.InferRequestedOutput(OUTPUT))
+        return self.client.infer(s.model, [infer_input], outputs=[requested]).as_numpy(OUTPUT)
+
+
+class FacadeHttp(Facade):
+    name = "tritonshm.http"
+    description = "the same with `import tritonshm.http` in place of tritonclient.http (the http row's code)"
+    protocol = "http"
+
+
 class ZeroCopy(ClientInfer):
     name = "zero-copy"
     group = "tritonshm"
@@ -399,7 +434,7 @@ class Memcpy(Method):
 
 #: Every method, in the order of the table.
 METHODS: tuple[type[Method], ...] = (Grpc, Http, TritonclientShm, TritonShmClient, ClientInfer, ClientInferHttp,
-                                     ZeroCopy, ZeroCopyHttp, Floor, Memcpy)
+                                     Facade, FacadeHttp, ZeroCopy, ZeroCopyHttp, Floor, Memcpy)
 
 #: The methods tritonshm is compared against; the best of them is the "best peer".
 PEERS = tuple(m.name for m in METHODS if m.group == "peer")
@@ -409,4 +444,5 @@ LIMIT = "limit"
 LIMIT_PARTS = ("floor", "memcpy")
 
 #: The methods whose time is also given as a multiple of the limit.
-AGAINST_LIMIT = ("Client.infer", "Client.infer-http", "zero-copy", "zero-copy-http")
+AGAINST_LIMIT = ("Client.infer", "Client.infer-http", "tritonshm.grpc", "tritonshm.http", "zero-copy",
+                 "zero-copy-http")

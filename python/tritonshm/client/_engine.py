@@ -586,6 +586,10 @@ class Engine:
                                     f"timeout in microseconds, as in tritonclient); the wait for a slot, in "
                                     f"seconds, is slot_timeout")
         options = RequestOptions.of(base, **given)
+        if not options.given:
+            # Nothing asked (options=RequestOptions(), as tritonshm.grpc / .http pass every call):
+            # the same as no options, so such a call keeps the quick path and the prepared message.
+            return defaults
         if defaults is not None:
             options = defaults.merged(options)
         if self.wire.http:
