@@ -247,6 +247,9 @@ def test_an_undersized_out_fails_once_naming_the_bytes(fake_cuda_server, fake_cu
         before = _executions(c, "tile_fp32")
         with pytest.raises(tritonshm.ShapeMismatch, match=r"OUTPUT0.*8000 bytes"):
             c.infer("tile_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+        # (the server counts an execution a moment after it answered: wait for it, then for more)
+        wait_until(lambda: _executions(c, "tile_fp32") > before)
+        time.sleep(0.3)
         assert _executions(c, "tile_fp32") - before == 1
     del x, y
 
