@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import inspect
 import math
 import threading
 from typing import Any, Callable, Generator, Mapping, NamedTuple, Sequence
@@ -29,7 +30,8 @@ from . import _tritonclient_compat as compat
 from .client import RequestOptions
 from .errors import InferenceServerException
 
-__all__ = ["SlotRoute", "SlotResult", "SlotCallContext", "SlotAsyncRequest", "SHM_URL_SCHEMES"]
+__all__ = ["AioHeldSlots", "HeldSlots", "SlotRoute", "SlotResult", "SlotCallContext", "SlotAsyncRequest",
+           "SHM_URL_SCHEMES"]
 
 #: The tritonshm URL scheme of each protocol, plain and over TLS.
 SHM_URL_SCHEMES = {("grpc", False): "", ("grpc", True): "grpcs://",
@@ -476,6 +478,64 @@ class SlotAsyncRequest:
             return self._future.result(timeout=timeout if block else 0)
         except concurrent.futures.TimeoutError:
             raise InferenceServerException(msg="failed to obtain inference response") from None
+
+
+class _SlotsHeld:
+    """What the four facade clients (``tritonshm.grpc`` / ``.http`` and their ``.aio``) share,
+    before tritonclient's class in their bases: tritonclient's constructor (its signature too)
+    and a :class:`SlotRoute` held for the same server.  Each client names its protocol,
+    tritonclient's module and its result class in the class attributes below; its ``close()``
+    comes from :class:`HeldSlots` or :class:`AioHeldSlots`."""
+
+    _tritonshm_protocol: str          # "grpc" or "http"
+    _tritonshm_module: Any            # tritonclient's module the client extends
+    _tritonshm_result: type           # the client's SlotResult class
+    _tritonshm_aio = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        module = cls.__dict__.get("_tritonshm_module")
+        if module is not None:  # a facade client: inspect.signature(cls) is tritonclient's constructor's
+            cls.__signature__ = inspect.signature(module.InferenceServerClient)  # type: ignore[attr-defined]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        constructor = inspect.signature(self._tritonshm_module.InferenceServerClient.__init__)
+        url, ssl, options = constructor_arguments(constructor, args, kwargs)
+        self._tritonshm_slots = SlotRoute(self._tritonshm_protocol, url, ssl, options, self._tritonshm_module,
+                                          self._tritonshm_result, aio=self._tritonshm_aio)
+
+    @property
+    def tritonshm(self) -> Any:
+        """The tritonshm client holding this client's slot pools (``pools()``, ``stats()``): a
+        :class:`tritonshm.Client` (a :class:`tritonshm.aio.Client` for the aio modules), or None
+        before the first :meth:`infer` that used them and after :meth:`close`."""
+        return self._tritonshm_slots.client
+
+
+class HeldSlots(_SlotsHeld):
+    """:class:`_SlotsHeld` for the blocking clients of ``tritonshm.grpc`` / ``.http``."""
+
+    def close(self) -> None:
+        """Unregister and unlink this client's slots, then close it as tritonclient does."""
+        slots = getattr(self, "_tritonshm_slots", None)  # None: the constructor failed
+        if slots is not None:
+            slots.close()
+        super().close()  # type: ignore[misc]
+
+
+class AioHeldSlots(_SlotsHeld):
+    """:class:`_SlotsHeld` for the aio clients: their slots are a :class:`tritonshm.aio.Client`,
+    and ``close()`` is awaited."""
+
+    _tritonshm_aio = True
+
+    async def close(self) -> None:
+        """Unregister and unlink this client's slots, then close it as tritonclient does."""
+        slots = getattr(self, "_tritonshm_slots", None)  # None: the constructor failed
+        if slots is not None:
+            await slots.aclose()
+        await super().close()  # type: ignore[misc]
 
 
 def changed(defaults: Mapping[str, Any], **given: Any) -> dict[str, Any]:

@@ -33,13 +33,12 @@ from .. import _facade, _tritonclient_compat
 
 __all__ = _facade.reexport(_tritonclient_grpc, globals(), own=("aio",))
 
-_CONSTRUCTOR = inspect.signature(_tritonclient_grpc.InferenceServerClient.__init__)
 
 #: The result of a call the slots carried: a ``tritonclient.grpc.InferResult``.
 _SlotResult = _tritonclient_compat.result_class(_facade.GrpcSlotResult, _tritonclient_grpc.InferResult)
 
 
-class InferenceServerClient(_tritonclient_grpc.InferenceServerClient):  # type: ignore[misc]
+class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServerClient):  # type: ignore[misc]
     """tritonclient.grpc's client, whose :meth:`infer` moves the tensors through shared memory.
 
     Takes what tritonclient's takes (``url`` as ``"host:port"``, ``ssl``, ``creds``,
@@ -50,18 +49,9 @@ class InferenceServerClient(_tritonclient_grpc.InferenceServerClient):  # type: 
     :meth:`infer` finds its slots gone and registers them again before it runs.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        url, ssl, options = _facade.constructor_arguments(_CONSTRUCTOR, args, kwargs)
-        self._tritonshm_slots = _facade.SlotRoute("grpc", url, ssl, options, _tritonclient_grpc, _SlotResult)
-
-    __init__.__signature__ = _CONSTRUCTOR  # type: ignore[attr-defined]
-
-    @property
-    def tritonshm(self) -> Any:
-        """The :class:`tritonshm.Client` holding this client's slot pools (``pools()``,
-        ``stats()``), or None before the first :meth:`infer` that used them and after :meth:`close`."""
-        return self._tritonshm_slots.client
+    _tritonshm_protocol = "grpc"
+    _tritonshm_module = _tritonclient_grpc
+    _tritonshm_result = _SlotResult
 
     def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
               request_id: str = "", sequence_id: Any = 0, sequence_start: bool = False,
@@ -125,13 +115,6 @@ class InferenceServerClient(_tritonclient_grpc.InferenceServerClient):  # type: 
                                        parameters=parameters)
         pending.add_done_callback(functools.partial(_facade.answer_callback, callback))
         return _facade.SlotCallContext(pending)
-
-    def close(self) -> None:
-        """Unregister and unlink this client's slots, then close it as tritonclient does."""
-        slots = getattr(self, "_tritonshm_slots", None)  # None: the constructor failed
-        if slots is not None:
-            slots.close()
-        super().close()
 
 
 _DEFAULTS = {name: parameter.default

@@ -21,29 +21,18 @@ from . import _SlotResult
 
 __all__ = _facade.reexport(_tritonclient_grpc_aio, globals())
 
-_CONSTRUCTOR = inspect.signature(_tritonclient_grpc_aio.InferenceServerClient.__init__)
 
 
-class InferenceServerClient(_tritonclient_grpc_aio.InferenceServerClient):  # type: ignore[misc]
+class InferenceServerClient(_facade.AioHeldSlots, _tritonclient_grpc_aio.InferenceServerClient):  # type: ignore[misc]
     """tritonclient.grpc.aio's client, whose :meth:`infer` moves the tensors through shared memory.
 
     Takes what tritonclient's takes; every method but :meth:`infer` and :meth:`close` is
     tritonclient's own.  The slots are a :class:`tritonshm.aio.Client` for the same server.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        url, ssl, options = _facade.constructor_arguments(_CONSTRUCTOR, args, kwargs)
-        self._tritonshm_slots = _facade.SlotRoute("grpc", url, ssl, options, _tritonclient_grpc_aio, _SlotResult,
-                                                  aio=True)
-
-    __init__.__signature__ = _CONSTRUCTOR  # type: ignore[attr-defined]
-
-    @property
-    def tritonshm(self) -> Any:
-        """The :class:`tritonshm.aio.Client` holding this client's slot pools (``pools()``,
-        ``stats()``), or None before the first :meth:`infer` that used them and after :meth:`close`."""
-        return self._tritonshm_slots.client
+    _tritonshm_protocol = "grpc"
+    _tritonshm_module = _tritonclient_grpc_aio
+    _tritonshm_result = _SlotResult
 
     async def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
                     request_id: str = "", sequence_id: Any = 0, sequence_start: bool = False,
@@ -69,13 +58,6 @@ class InferenceServerClient(_tritonclient_grpc_aio.InferenceServerClient):  # ty
                                    sequence_end=sequence_end, priority=priority, timeout=timeout,
                                    client_timeout=client_timeout, headers=headers,
                                    compression_algorithm=compression_algorithm, parameters=parameters)
-
-    async def close(self) -> None:
-        """Unregister and unlink this client's slots, then close it as tritonclient does."""
-        slots = getattr(self, "_tritonshm_slots", None)  # None: the constructor failed
-        if slots is not None:
-            await slots.aclose()
-        await super().close()
 
 
 _DEFAULTS = {name: parameter.default

@@ -31,7 +31,6 @@ from .. import _facade, _tritonclient_compat
 
 __all__ = _facade.reexport(_tritonclient_http, globals(), own=("aio",))
 
-_CONSTRUCTOR = inspect.signature(_tritonclient_http.InferenceServerClient.__init__)
 
 #: The result of a call the slots carried: a ``tritonclient.http.InferResult``.
 _SlotResult = _tritonclient_compat.result_class(_facade.HttpSlotResult, _tritonclient_http.InferResult)
@@ -42,7 +41,7 @@ class _SlotAsyncRequest(_facade.SlotAsyncRequest, _tritonclient_http.InferAsyncR
     whose ``get_result`` waits on the held client's future (not on a greenlet)."""
 
 
-class InferenceServerClient(_tritonclient_http.InferenceServerClient):  # type: ignore[misc]
+class InferenceServerClient(_facade.HeldSlots, _tritonclient_http.InferenceServerClient):  # type: ignore[misc]
     """tritonclient.http's client, whose :meth:`infer` moves the tensors through shared memory.
 
     Takes what tritonclient's takes (``url`` as ``"host:port"``, ``concurrency``,
@@ -53,18 +52,9 @@ class InferenceServerClient(_tritonclient_http.InferenceServerClient):  # type: 
     :meth:`infer` finds its slots gone and registers them again before it runs.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        url, ssl, options = _facade.constructor_arguments(_CONSTRUCTOR, args, kwargs)
-        self._tritonshm_slots = _facade.SlotRoute("http", url, ssl, options, _tritonclient_http, _SlotResult)
-
-    __init__.__signature__ = _CONSTRUCTOR  # type: ignore[attr-defined]
-
-    @property
-    def tritonshm(self) -> Any:
-        """The :class:`tritonshm.Client` holding this client's slot pools (``pools()``,
-        ``stats()``), or None before the first :meth:`infer` that used them and after :meth:`close`."""
-        return self._tritonshm_slots.client
+    _tritonshm_protocol = "http"
+    _tritonshm_module = _tritonclient_http
+    _tritonshm_result = _SlotResult
 
     def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
               request_id: str = "", sequence_id: Any = 0, sequence_start: bool = False,
@@ -134,13 +124,6 @@ class InferenceServerClient(_tritonclient_http.InferenceServerClient):  # type: 
                                        response_compression_algorithm=response_compression_algorithm,
                                        parameters=parameters)
         return _SlotAsyncRequest(pending)
-
-    def close(self) -> None:
-        """Unregister and unlink this client's slots, then close it as tritonclient does."""
-        slots = getattr(self, "_tritonshm_slots", None)  # None: the constructor failed
-        if slots is not None:
-            slots.close()
-        super().close()
 
 
 _DEFAULTS = {name: parameter.default
