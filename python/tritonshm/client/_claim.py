@@ -81,8 +81,7 @@ class Claim:
     caller had queued on them (waited for before the request is sent), and whether it was sent
     and not yet answered."""
 
-    __slots__ = ("lease", "inputs", "outputs", "waits", "tensors", "unanswered", "_claims", "_allocations",
-                 "__weakref__")
+    __slots__ = ("lease", "inputs", "outputs", "waits", "tensors", "unanswered", "_claims", "_allocations")
 
     def __init__(self, claims: "Claims", allocations: LentAllocations) -> None:
         self._claims = claims

@@ -891,14 +891,12 @@ class Engine:
                 inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, {},
                                                                     prepare=True)
                 try:
-                    result = yield Send(info.name, info.version, inputs, requested, None, message, claim)
-                except (RegionNotRegistered, OutputTooSmall):
-                    result = None  # the full way registers again / grows; the server ran nothing
-                except ServerError as exc:
-                    if server_answered(exc):
-                        claim.unanswered = False
-                    raise
-                claim.unanswered = False
+                    result = yield from self._send_claimed(
+                        Send(info.name, info.version, inputs, requested, None, message, claim), claim)
+                except OutputTooSmall:
+                    result = None  # the full way grows
+                if isinstance(result, RegionNotRegistered):
+                    result = None  # the full way registers again; the server ran nothing
                 if result is not None:
                     if memory.closed:  # close() gave up waiting for us and closed it
                         raise ClientClosed(f"the client was closed while this request on model "
