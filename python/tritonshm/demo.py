@@ -55,7 +55,7 @@ def _compare(grpc_url: str, http_url: str | None, sizes: Sequence[int], seconds:
     rng = np.random.default_rng(0)
     where = f"gRPC {grpc_url}" + (f", HTTP {http_url}" if http_url else "")
     print(f"identity model, float32, one request at a time; Triton at {where}")
-    print(f"{'size':>10} {'gRPC MB/s':>12}" + "".join(f" {name + ' MB/s':>17} {'speedup':>8}" for name in ours))
+    print(f"{'size':>10} {'gRPC MB/s':>12}" + "".join(f" {name + ' MB/s':>17} {'vs gRPC':>8}" for name in ours))
     failures = 0
     try:
         for nbytes in sizes:
@@ -85,8 +85,10 @@ def _compare(grpc_url: str, http_url: str | None, sizes: Sequence[int], seconds:
             client.close()
         tc.close()
     print("every output checked against its input" if not failures else f"{failures} size(s) FAILED")
-    print("Client: tritonshm.Client(url).infer(model, {name: x}), the tensor copied into a registered\n"
-          "shared-memory slot and the result copied out; speedup: over plain gRPC, in the same rounds")
+    print("gRPC: tritonclient over plain gRPC, the tensor inside the messages. Client / Client http:\n"
+          "tritonshm.Client(url).infer(model, {name: x}) made on the server's gRPC / HTTP address, the\n"
+          "tensor copied into a registered shared-memory slot and the result copied out.\n"
+          "vs gRPC: the MB/s to its left over plain gRPC's (higher is faster), in the same rounds")
     return 1 if failures else 0
 
 
