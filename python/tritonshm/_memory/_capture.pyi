@@ -14,12 +14,19 @@ class Capture:
     """A device array as it was when :func:`capture` was called: its memory, and its work so far."""
 
     ptr: int
+    """The device address of the captured array's first byte."""
     nbytes: int
+    """The captured array's size in bytes."""
     device: int
+    """The CUDA device the memory is on."""
     dtype: np.dtype[Any] | None
+    """The array's numpy dtype (None for a dtype numpy lacks)."""
     shape: tuple[int, ...]
+    """The array's shape."""
     readonly: bool
+    """True when the producer exported the memory read-only."""
     event: Event
+    """Recorded after the work the producer had queued on the array when it was captured."""
     @property
     def closed(self) -> bool: ...
     def release(self) -> None: ...

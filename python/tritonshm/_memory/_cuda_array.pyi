@@ -11,11 +11,14 @@ class CudaArray:
     """A C-contiguous array in device memory: a view of a :class:`CudaRegion`."""
 
     @property
-    def dtype(self) -> np.dtype[Any]: ...
+    def dtype(self) -> np.dtype[Any]:
+        """The numpy dtype of the elements."""
     @property
-    def shape(self) -> tuple[int, ...]: ...
+    def shape(self) -> tuple[int, ...]:
+        """The array's shape (C-contiguous)."""
     @property
-    def nbytes(self) -> int: ...
+    def nbytes(self) -> int:
+        """The array's size in bytes."""
     @property
     def ptr(self) -> int: ...
     @property

@@ -18,6 +18,8 @@ class CudaRegion(Region):
     """Device memory from ``cudaMalloc``, exportable to another process by IPC handle."""
 
     kind: str
+    """Which Triton shared-memory extension registers this region: ``"cuda"``."""
+
     @classmethod
     def create(cls, nbytes: int, device: int = 0) -> Self: ...
     @classmethod

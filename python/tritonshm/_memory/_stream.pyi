@@ -61,6 +61,9 @@ class DeviceGuard:
     ) -> None: ...
 
 current_stream_providers: list[Callable[[int], int | None]]
+"""Callables ``device -> stream handle or None`` asked in order by `current_stream`; the first that
+answers (not None) wins. Built in: torch (when loaded and initialized) and cupy (when loaded), each
+answering only for a non-default current stream. Test doubles and other libraries insert their own."""
 
 def copy_stream(device: int = 0) -> Stream: ...
 def current_stream(device: int = 0) -> int: ...

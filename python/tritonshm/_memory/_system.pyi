@@ -14,6 +14,8 @@ class SystemRegion(Region):
     """A POSIX shared-memory segment mapped into this process."""
 
     kind: str
+    """Which Triton shared-memory extension registers this region: ``"system"``."""
+
 
     @classmethod
     def create(cls, nbytes: int) -> Self: ...

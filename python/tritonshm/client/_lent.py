@@ -112,7 +112,7 @@ class LentInfo(NamedTuple):
     """One registered allocation, as :meth:`LentAllocations.snapshot` shows it."""
 
     name: str | None    #: the registration's name (None while it is being registered)
-    device: int
+    device: int         #: the GPU the allocation is on
     base: int           #: device address of the allocation
     nbytes: int         #: its size (what the server maps)
     in_use: int         #: requests naming it now

@@ -26,7 +26,7 @@ def shape_fits(want: Sequence[int], shape: Sequence[int]) -> bool:
 class TensorSpec:
     """One input or output of a model, as the server describes it."""
 
-    name: str
+    name: str                   #: the tensor's name in the model
     datatype: str               #: Triton datatype, e.g. "FP32"
     dims: tuple[int, ...]       #: per-item dims, without the batch dim; -1 = variable
 
@@ -50,10 +50,10 @@ class TensorSpec:
 class ModelInfo:
     """What the client knows about a model: read from the server, never declared."""
 
-    name: str
-    version: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
+    name: str                   #: the model's name
+    version: str                #: the model version asked for ("" for the server's choice)
+    inputs: tuple[TensorSpec, ...]   #: the model's inputs, in the server's order
+    outputs: tuple[TensorSpec, ...]  #: the model's outputs, in the server's order
     max_batch_size: int         #: 0 when the model does not batch
     decoupled: bool = False     #: answers a request with any number of responses (streams only)
 

@@ -313,19 +313,19 @@ class RequestOptions:
     copies, header names lower-case, numpy scalars plain Python numbers.
     """
 
-    parameters: Mapping[str, ParameterValue]
-    priority: int
-    timeout: int | None
-    client_timeout: float | None
-    headers: Mapping[str, str]
-    compression_algorithm: str | None
-    request_compression_algorithm: str | None
-    response_compression_algorithm: str | None
-    sequence_id: int | str
-    sequence_start: bool
-    sequence_end: bool
-    idempotent: bool | None
-    given: frozenset[str]
+    parameters: Mapping[str, ParameterValue]   #: request parameters the model reads (str -> bool, int, float or str)
+    priority: int                              #: the request's priority level: 1 the highest, 0 the model's default
+    timeout: int | None                        #: how long the request may wait in the server's queue, in microseconds
+    client_timeout: float | None               #: how long the client waits for the response, in seconds
+    headers: Mapping[str, str]                 #: HTTP headers / gRPC metadata (names lower-case)
+    compression_algorithm: str | None          #: gRPC only: compress the request ("gzip" or "deflate")
+    request_compression_algorithm: str | None  #: HTTP only: compress the request body ("gzip" or "deflate")
+    response_compression_algorithm: str | None  #: HTTP only: ask for a compressed response body
+    sequence_id: int | str                     #: a stateful model's sequence (int or str; 0 and "": none)
+    sequence_start: bool                       #: this request starts the sequence
+    sequence_end: bool                         #: this request ends the sequence
+    idempotent: bool | None                    #: tritonshm's own: whether running the request twice does no harm
+    given: frozenset[str]                      #: the options given explicitly (even at their default value)
 
     def __init__(self, *, parameters: Mapping[str, ParameterValue] = _UNSET, priority: int = _UNSET,
                  timeout: int | None = _UNSET, client_timeout: float | None = _UNSET,

@@ -205,13 +205,13 @@ class Lease:
 class PoolInfo:
     """A snapshot of one slot pool, as :meth:`tritonshm.Client.pools` reports it."""
 
-    model: str
-    version: str
+    model: str              #: the model the pool's slots are laid out for
+    version: str            #: the model version asked for ("" for the server's choice)
     memory: str             #: "system", "pinned:N" or "cuda:N": what the slots are in
     slots: int              #: slots in every extent together
     running: int            #: slots whose request is in flight
     held: int               #: slots kept out of the pool by result views (and DLPack tensors)
-    slot_bytes: int
+    slot_bytes: int         #: the bytes of one slot (every input and output of a full batch)
     nbytes: int             #: registered bytes, every extent together
     regions: tuple[str, ...]  #: the names the extents are registered under
 
