@@ -172,7 +172,11 @@ def _runtime_docstring(obj: griffe.Object) -> str | None:
                 return None
         if obj.is_attribute and not isinstance(value, (property, *_DESCRIPTORS)):
             return None  # a plain value (a class attribute's str, say): its type's docstring is not its own
+        if isinstance(value, (classmethod, staticmethod)):
+            value = value.__func__
         doc = getattr(value, "__doc__", None)
+        if doc == type(value).__doc__:
+            return None  # the docstring of its type (classmethod's, say), not its own
     if not isinstance(doc, str):
         return None
     return _EMBEDDED_SIGNATURE.sub("", doc, count=1).strip() or None
