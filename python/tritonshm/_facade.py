@@ -159,20 +159,52 @@ class SlotRoute:
                                           version=model_version, options=planned.options)
         return planned.result(made)
 
+    def stream_to(self, stream: Any, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
+                  outputs: Sequence[Any] | None, request_id: str, options: Mapping[str, Any]) -> Any:
+        """One request of a gRPC stream (``async_stream_infer``) sent on *stream* (a
+        :class:`~tritonshm._facade_stream.FacadeStream`'s per-request sender) with its inputs
+        in a slot, its outputs in the responses as tritonclient asks for them (*outputs* sent
+        as they are); its :class:`~tritonshm.client._stream.Streamed` entry.  None where the
+        slots cannot carry the inputs exactly as tritonclient sends them: the caller sends
+        tritonclient's own request."""
+        planned = _drive(self._plan(facade, model_name, inputs, model_version, outputs, request_id, options,
+                                    streamed=True))
+        if planned is None:
+            return None
+        return planned.client._stream_to(stream, model_name, planned.arrays, None if outputs is None else list(outputs),
+                                         model_version, planned.options)
+
+    async def stream_to_aio(self, stream: Any, facade: Any, model_name: str, inputs: Sequence[Any],
+                            model_version: str, outputs: Sequence[Any] | None, request_id: str,
+                            options: Mapping[str, Any]) -> Any:
+        """:meth:`stream_to` of an aio facade (``stream_infer``), awaited."""
+        planned = await _drive_aio(self._plan(facade, model_name, inputs, model_version, outputs, request_id,
+                                              options, streamed=True))
+        if planned is None:
+            return None
+        return await planned.client._stream_to(stream, model_name, planned.arrays,
+                                               None if outputs is None else list(outputs), model_version,
+                                               planned.options)
+
     def _plan(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
-              outputs: Sequence[Any] | None, request_id: str,
-              options: Mapping[str, Any]) -> Generator[Any, Any, _Planned | None]:
+              outputs: Sequence[Any] | None, request_id: str, options: Mapping[str, Any],
+              streamed: bool = False) -> Generator[Any, Any, _Planned | None]:
         """Whether the slots take the call, and how: a :class:`_Planned`, or None.  Yields the
-        calls it makes (see above) and is sent their answers."""
-        if self._closed or request_id or not isinstance(model_version, str):
+        calls it makes (see above) and is sent their answers.  A *streamed* request's outputs
+        travel in its responses, as tritonclient asks for them: only its inputs are planned
+        (its ``result`` and ``wanted`` are not used)."""
+        if self._closed or (request_id and not streamed) or not isinstance(model_version, str):
             return None  # a version that is no string: tritonclient's own error
         arrays = self._arrays(inputs)
-        names = self._output_names(outputs)
+        names = _ALL if streamed else self._output_names(outputs)
         if arrays is None or names is None:
             return None
         try:
             checked = RequestOptions.of(options)
-            checked.infer_kwargs(self.http)  # an option of the other protocol: refused here
+            if streamed:
+                checked.grpc_stream_infer_kwargs()
+            else:
+                checked.infer_kwargs(self.http)  # an option of the other protocol: refused here
         except InferenceServerException:
             return None  # tritonclient's call says what is wrong, its way
         if self.http and checked.client_timeout is not None:
@@ -184,8 +216,10 @@ class SlotRoute:
             info = yield client.model_info(model_name, model_version)
         except InferenceServerException:
             return None  # the server says no: tritonclient's call says how, its way
-        if not self._fits(info, inputs, arrays, names):
+        if not self._fits(info, inputs, arrays, names, streamed):
             return None
+        if streamed:
+            return _Planned(client, arrays, [], checked, _unused)
         version = model_version or (yield from self._version_run(facade, model_name))
         wanted = list(info.output_names) if names is _ALL else names
         return _Planned(client, arrays, wanted, checked, functools.partial(self._made, model_name, version, info))
@@ -267,11 +301,12 @@ class SlotRoute:
         return names
 
     @staticmethod
-    def _fits(info: Any, inputs: Sequence[Any], arrays: Mapping[str, np.ndarray], names: Any) -> bool:
+    def _fits(info: Any, inputs: Sequence[Any], arrays: Mapping[str, np.ndarray], names: Any,
+              streamed: bool = False) -> bool:
         """Whether the request is one the model takes as it is: every input once, of its datatype
         and a shape it takes, a batch within max_batch_size (never split here: tritonclient's
-        semantics are the server's error), outputs the model has; not decoupled."""
-        if info.decoupled or set(arrays) != info.input_names:
+        semantics are the server's error), outputs the model has; decoupled only on a stream."""
+        if (info.decoupled and not streamed) or set(arrays) != info.input_names:
             return False
         declared = {given.name(): given.datatype() for given in inputs}
         batch = None
@@ -362,6 +397,11 @@ def _then(pending: concurrent.futures.Future, make: Callable[[Any], Any]) -> con
     pending.add_done_callback(settle)
     future.add_done_callback(lambda f: pending.cancel() if f.cancelled() else None)
     return future
+
+
+def _unused(outputs: Mapping[str, np.ndarray]) -> Any:
+    """A streamed request's :attr:`_Planned.result`: its results are the server's responses."""
+    raise AssertionError("a streamed request has no slot result")
 
 
 class _All:
