@@ -50,18 +50,20 @@ class SlotRoute:
 
     *protocol* is ``"grpc"`` or ``"http"``; *url* and *ssl* are what the facade's constructor
     took; *connect_options* its other arguments that differ from tritonclient's defaults, passed
-    on to the tritonclient client the slots' client holds.  *result_type* is the facade's result
+    on to the tritonclient client the slots' client holds.  *kept_input* is the facade's
+    ``InferInput`` (a :class:`KeptInput`; tritonclient's own are read too).  *result_type* is the facade's result
     class (see :func:`~tritonshm._tritonclient_compat.result_class`).  With *aio* the slots are
     a :class:`tritonshm.aio.Client` (for :meth:`infer_aio`; closed with :meth:`aclose`).
     """
 
     def __init__(self, protocol: str, url: str, ssl: bool, connect_options: Mapping[str, Any],
-                 module: Any, result_type: type, aio: bool = False):
+                 module: Any, kept_input: type, result_type: type, aio: bool = False):
         self.http = protocol == "http"
         self._aio = aio
         self.url = SHM_URL_SCHEMES[(protocol, bool(ssl))] + url
         self._connect_options = dict(connect_options)
         self._module = module
+        self._kept_input: Any = kept_input  # Any: narrowing by it must not hide the input's methods
         self._result_type = result_type
         self._client: Any = None
         self._closed = False
@@ -138,10 +140,12 @@ class SlotRoute:
         planned = _drive(self._plan(facade, model_name, inputs, model_version, outputs, request_id, options))
         if planned is None:
             return None
-        # No copy here: the arrays are views of the immutable bytes tritonclient keeps on the
-        # caller's InferInputs (set_data_from_numpy again puts new bytes there), copied into a
-        # slot once, on the worker thread.
-        pending = planned.client.infer_async(model_name, planned.arrays, outputs=planned.wanted,
+        # The request runs later, on a worker thread: an array the caller's InferInput keeps
+        # (ours) is copied now, as tritonclient serialises it now -- the caller may change it
+        # once this returns.  tritonclient's own bytes are immutable: read where they are.
+        kept = {given.name() for given in inputs if type(given) is self._kept_input and given.kept_array() is not None}
+        arrays = {name: array.copy() if name in kept else array for name, array in planned.arrays.items()}
+        pending = planned.client.infer_async(model_name, arrays, outputs=planned.wanted,
                                              version=model_version,
                                              options=planned.options)
         return _then(pending, planned.result)
@@ -236,10 +240,10 @@ class SlotRoute:
         shared memory by hand, or is named twice."""
         if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
             return None
-        kind = self._module.InferInput
+        kinds = (self._module.InferInput, self._kept_input)
         arrays: dict[str, np.ndarray] = {}
         for given in inputs:
-            if type(given) is not kind:  # a subclass may send what we do not read
+            if type(given) not in kinds:  # a subclass may send what we do not read
                 return None
             tensor = compat.tensor_of(given)
             if "shared_memory_region" in _parameters(tensor, self.http):
@@ -247,8 +251,12 @@ class SlotRoute:
             name, datatype, shape = given.name(), given.datatype(), [int(d) for d in given.shape()]
             if name in arrays:
                 return None
-            content = compat.input_content(given, self.http)
-            array = self._array(datatype, shape, content, tensor.get("data") if self.http else None)
+            kept = given.kept_array() if type(given) is self._kept_input else None
+            if kept is not None:
+                array = kept.reshape(shape) if kept.size == math.prod(shape) and min(shape, default=0) >= 0 else None
+            else:
+                content = compat.input_content(given, self.http)
+                array = self._array(datatype, shape, content, tensor.get("data") if self.http else None)
             if array is None:
                 return None
             arrays[name] = array
@@ -520,6 +528,70 @@ class SlotAsyncRequest:
             raise InferenceServerException(msg="failed to obtain inference response") from None
 
 
+class KeptInput:
+    """The mixin of the facades' ``InferInput`` (before tritonclient's class in its bases):
+    ``set_data_from_numpy`` keeps the caller's array where tritonclient would serialise it
+    (``tobytes()``: a copy of the whole tensor), so a call the slots carry copies it once,
+    into the slot.  Where tritonclient's own request builder asks for the bytes (a call that
+    goes on the wire) they are made then, once, as tritonclient would have made them.
+
+    Only what tritonclient keeps as raw bytes is kept as an array: a numpy array whose dtype
+    and shape are the input's, not BYTES, binary over HTTP.  Anything else -- and every
+    mistake -- is tritonclient's own ``set_data_from_numpy``, its errors its own.
+
+    The array is read at the call that sends it, not when it is set (``async_infer`` copies it
+    at the call): change it in place in between and the new values are sent.
+    """
+
+    _tritonshm_kept: np.ndarray | None = None
+    _tritonshm_bytes: bytes | None = None
+
+    def _set_data(self, input_tensor: Any, binary_data: bool, *args: Any) -> Any:
+        """tritonclient's ``set_data_from_numpy(input_tensor, *args)``, keeping *input_tensor*
+        rather than a copy of its bytes where it can (see the class); the input, as
+        tritonclient's returns.  Each facade's ``InferInput`` calls it with its own signature."""
+        self._tritonshm_kept = self._tritonshm_bytes = None
+        shape = [int(d) for d in self.shape()]  # type: ignore[attr-defined]
+        if not self._keepable(input_tensor, shape, binary_data):
+            return super().set_data_from_numpy(input_tensor, *args)  # type: ignore[misc]
+        # tritonclient's own state change (shared-memory parameters dropped, the data's size
+        # noted), on an empty array of the same dtype; then the shape as it was.
+        self.set_shape([0] * len(shape))  # type: ignore[attr-defined]
+        try:
+            super().set_data_from_numpy(np.empty([0] * len(shape), input_tensor.dtype), *args)  # type: ignore[misc]
+        finally:
+            self.set_shape(shape)  # type: ignore[attr-defined]
+        self._tritonshm_kept = input_tensor
+        compat.note_binary_size(self, input_tensor.nbytes)
+        return self
+
+    def _keepable(self, array: Any, shape: list[int], binary_data: bool) -> bool:
+        from tritonclient.utils import np_to_triton_dtype
+
+        datatype = self.datatype()  # type: ignore[attr-defined]
+        return (type(array) is np.ndarray and binary_data is True and datatype != "BYTES"
+                and array.dtype != np.object_ and np_to_triton_dtype(array.dtype) == datatype
+                and list(array.shape) == shape)
+
+    def set_shared_memory(self, region_name: str, byte_size: int, offset: int = 0) -> Any:
+        """tritonclient's ``set_shared_memory`` (the array kept is let go of)."""
+        self._tritonshm_kept = self._tritonshm_bytes = None
+        return super().set_shared_memory(region_name, byte_size, offset)  # type: ignore[misc]
+
+    def kept_array(self) -> np.ndarray | None:
+        """The array ``set_data_from_numpy`` kept (None: tritonclient's own bytes, or no data)."""
+        return self._tritonshm_kept
+
+    def kept_bytes(self) -> bytes | None:
+        """The kept array's bytes as tritonclient would have made them (made once, on first
+        use), or None where nothing is kept."""
+        if self._tritonshm_kept is None:
+            return None
+        if self._tritonshm_bytes is None:
+            self._tritonshm_bytes = self._tritonshm_kept.tobytes()
+        return self._tritonshm_bytes
+
+
 class _SlotsHeld:
     """What the four facade clients (``tritonshm.grpc`` / ``.http`` and their ``.aio``) share,
     before tritonclient's class in their bases: tritonclient's constructor (its signature too)
@@ -529,6 +601,7 @@ class _SlotsHeld:
 
     _tritonshm_protocol: str          # "grpc" or "http"
     _tritonshm_module: Any            # tritonclient's module the client extends
+    _tritonshm_input: type            # the facade's InferInput (a KeptInput)
     _tritonshm_result: type           # the client's SlotResult class
     _tritonshm_aio = False
 
@@ -543,7 +616,7 @@ class _SlotsHeld:
         constructor = inspect.signature(self._tritonshm_module.InferenceServerClient.__init__)
         url, ssl, options = constructor_arguments(constructor, args, kwargs)
         self._tritonshm_slots = SlotRoute(self._tritonshm_protocol, url, ssl, options, self._tritonshm_module,
-                                          self._tritonshm_result, aio=self._tritonshm_aio)
+                                          self._tritonshm_input, self._tritonshm_result, aio=self._tritonshm_aio)
 
     @property
     def tritonshm(self) -> Any:

@@ -36,6 +36,22 @@ from ..errors import InferenceServerException
 __all__ = _facade.reexport(_tritonclient_grpc, globals(), own=("aio",))
 
 
+class InferInput(_facade.KeptInput, _tritonclient_grpc.InferInput):  # type: ignore[misc]
+    """tritonclient.grpc's ``InferInput``, whose ``set_data_from_numpy`` keeps the array rather
+    than a copy of its bytes (see :class:`tritonshm._facade.KeptInput`): a call through the
+    slots copies it once.  Everything else is tritonclient's."""
+
+    def set_data_from_numpy(self, input_tensor: Any) -> Any:
+        """tritonclient.grpc's ``set_data_from_numpy``: the array is kept, read at the call
+        that sends it (see :class:`tritonshm._facade.KeptInput`); its errors tritonclient's."""
+        return self._set_data(input_tensor, True)
+
+    def _get_content(self) -> Any:
+        # tritonclient's request builder reads the data here (a call on the wire): made now.
+        kept = self.kept_bytes()
+        return kept if kept is not None else super()._get_content()
+
+
 #: The result of a call the slots carried: a ``tritonclient.grpc.InferResult``.
 _SlotResult = _tritonclient_compat.result_class(_facade.GrpcSlotResult, _tritonclient_grpc.InferResult)
 
@@ -54,6 +70,7 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServe
 
     _tritonshm_protocol = "grpc"
     _tritonshm_module = _tritonclient_grpc
+    _tritonshm_input = InferInput
     _tritonshm_result = _SlotResult
 
     def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,

@@ -17,9 +17,10 @@ from typing import Any
 import tritonclient.grpc.aio as _tritonclient_grpc_aio
 
 from .. import _facade, _facade_stream
-from . import _SlotResult
+from . import InferInput as _KeptInput, _SlotResult
 
 __all__ = _facade.reexport(_tritonclient_grpc_aio, globals())
+InferInput = _KeptInput  # the blocking module's: set_data_from_numpy keeps the array
 
 
 
@@ -32,6 +33,7 @@ class InferenceServerClient(_facade.AioHeldSlots, _tritonclient_grpc_aio.Inferen
 
     _tritonshm_protocol = "grpc"
     _tritonshm_module = _tritonclient_grpc_aio
+    _tritonshm_input = _KeptInput
     _tritonshm_result = _SlotResult
 
     async def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
