@@ -203,6 +203,8 @@ class SlotRoute:
         names = _ALL if streamed else self._output_names(outputs)
         if arrays is None or names is None:
             return None
+        if not streamed and sum(array.nbytes for array in arrays.values()) < facade.tritonshm_inline_bytes:
+            return None  # small enough that the tensors in the message are faster (see _SlotsHeld)
         try:
             checked = RequestOptions.of(options)
             if streamed:
@@ -604,6 +606,15 @@ class _SlotsHeld:
     _tritonshm_input: type            # the facade's InferInput (a KeptInput)
     _tritonshm_result: type           # the client's SlotResult class
     _tritonshm_aio = False
+
+    #: Calls whose inputs take fewer bytes than this go as tritonclient sends them, the tensors
+    #: in the message: below it that is faster.  Measured with ``tritonshm bench`` (rows
+    #: ``grpc`` / ``tritonshm.grpc``, one run, interleaved, 2-core machine): over gRPC the slots
+    #: were slower at 4 KiB (0.85 against 0.71 ms) and 64 KiB (0.97 against 0.92) and faster
+    #: from 256 KiB (1.00 against 1.77); over HTTP faster at every size (4 KiB: 0.57 against
+    #: 0.61), so 0 there.  Set it on a client (0: every call through the slots).  Streams
+    #: always use the slots.
+    tritonshm_inline_bytes = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

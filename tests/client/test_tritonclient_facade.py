@@ -28,7 +28,12 @@ def modules(protocol):
 
 
 def connect(module, server, protocol):
-    return module.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.http_url)
+    """A client of *module*; a facade's sends even its smallest calls through the slots (these
+    tests are about what the slots carry; gRPC's inline small calls have their own test)."""
+    client = module.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.http_url)
+    if module.__name__.startswith("tritonshm"):
+        client.tritonshm_inline_bytes = 0
+    return client
 
 
 def script(module, client, model, arrays, datatypes, outputs, **options):
@@ -212,6 +217,28 @@ def test_close_releases_the_slots(server, protocol):
     assert facade.tritonshm is None
     with connect(facade_module, server, protocol) as other:
         assert not names & set(tritonshm.status(other))
+
+
+def test_small_grpc_calls_go_inline_as_tritonclient_sends_them(server):
+    """Below tritonshm_inline_bytes (gRPC: faster there, measured) a call is tritonclient's own,
+    its tensors in the message; from it up, through the slots; 0 sends every call through them."""
+    import tritonshm.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        assert client.tritonshm_inline_bytes == 128 << 10
+        small = np.arange(1024, dtype=np.float32)
+        result = script(grpcclient, client, "identity_fp32", {"INPUT0": small}, ["FP32"], None)
+        assert type(result) is grpcclient.InferResult and client.tritonshm is None  # inline
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), small)
+        large = np.arange(32 << 10, dtype=np.float32)  # 128 KiB
+        result = script(grpcclient, client, "identity_fp32", {"INPUT0": large}, ["FP32"], None)
+        assert slot_result(result, grpcclient)
+        client.tritonshm_inline_bytes = 0
+        result = script(grpcclient, client, "identity_fp32", {"INPUT0": small}, ["FP32"], None)
+        assert slot_result(result, grpcclient)
+    import tritonshm.http as httpclient
+
+    assert httpclient.InferenceServerClient.tritonshm_inline_bytes == 0  # HTTP: the slots win at every size
 
 
 def assert_input_class_is_tritonclients_extended(ours, theirs):

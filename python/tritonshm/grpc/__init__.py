@@ -52,6 +52,11 @@ class InferInput(_facade.KeptInput, _tritonclient_grpc.InferInput):  # type: ign
         return kept if kept is not None else super()._get_content()
 
 
+#: gRPC calls whose inputs take fewer bytes go inline, as tritonclient sends them (see
+#: ``InferenceServerClient.tritonshm_inline_bytes``): the crossover measured lies between 64 and
+#: 256 KiB.
+_INLINE_BYTES = 128 << 10
+
 #: The result of a call the slots carried: a ``tritonclient.grpc.InferResult``.
 _SlotResult = _tritonclient_compat.result_class(_facade.GrpcSlotResult, _tritonclient_grpc.InferResult)
 
@@ -72,6 +77,7 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServe
     _tritonshm_module = _tritonclient_grpc
     _tritonshm_input = InferInput
     _tritonshm_result = _SlotResult
+    tritonshm_inline_bytes = _INLINE_BYTES
 
     def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
               request_id: str = "", sequence_id: Any = 0, sequence_start: bool = False,

@@ -17,7 +17,7 @@ from typing import Any
 import tritonclient.grpc.aio as _tritonclient_grpc_aio
 
 from .. import _facade, _facade_stream
-from . import InferInput as _KeptInput, _SlotResult
+from . import _INLINE_BYTES, InferInput as _KeptInput, _SlotResult
 
 __all__ = _facade.reexport(_tritonclient_grpc_aio, globals())
 InferInput = _KeptInput  # the blocking module's: set_data_from_numpy keeps the array
@@ -35,6 +35,7 @@ class InferenceServerClient(_facade.AioHeldSlots, _tritonclient_grpc_aio.Inferen
     _tritonshm_module = _tritonclient_grpc_aio
     _tritonshm_input = _KeptInput
     _tritonshm_result = _SlotResult
+    tritonshm_inline_bytes = _INLINE_BYTES  # as the blocking client's
 
     async def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
                     request_id: str = "", sequence_id: Any = 0, sequence_start: bool = False,
