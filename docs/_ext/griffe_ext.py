@@ -10,7 +10,8 @@ Three things, once the ``tritonshm`` package is loaded from the source tree:
   roles (``:class:`Client```); the reference renders them as code spans (``Client``).
 * **Attributes' Sphinx comments.** ``x: int  #: what x is`` (or ``#:`` lines right above it) is
   the attribute's docstring, as Sphinx reads it; a property made by a helper gets its runtime
-  docstring. An attribute set on ``self`` in a method with neither is a constructor's argument
+  docstring; a name bound to another (``InferInput = _KeptInput``, ``limit = _LIMIT``) has the
+  docstring of what it names. An attribute set on ``self`` in a method with neither is a constructor's argument
   kept, which its class's docstring describes: it is left out of the reference.
 * **No undocumented public name.** Every name a documented module exports (its ``__all__``), and
   every public member of an exported class, must have a docstring: one without is a warning,
@@ -82,6 +83,11 @@ class ReadableDocstrings(griffe.Extension):
                 obj.docstring.value = readable(obj.docstring.value)
         for obj in undocumented_self:  # a constructor's argument kept: its class documents it
             del obj.parent.members[obj.name]
+        for obj in _walk(pkg):  # once every docstring is in: `A = B` is documented where B is
+            if obj.is_attribute and obj.docstring is None:
+                doc = _docstring_of_named(obj)
+                if doc:
+                    obj.docstring = griffe.Docstring(doc, parent=obj)
         self._warned: set[str] = set()
         for path in self.modules:
             self._check_documented(pkg, path)
@@ -89,7 +95,8 @@ class ReadableDocstrings(griffe.Extension):
     def _check_documented(self, pkg: griffe.Module, path: str) -> None:
         module = pkg if path == pkg.path else pkg[path[len(pkg.path) + 1:]]
         _require_docstring(module)
-        names = sorted(module.exports) if module.exports is not None else [
+        # An `__all__` griffe cannot read (computed: the facades') reads as empty: then every public name.
+        names = sorted(module.exports) if module.exports else [
             name for name in module.members if not name.startswith("_")]
         for name in names:
             member = module.get_member(name) if name in module.members else None
@@ -106,6 +113,28 @@ class ReadableDocstrings(griffe.Extension):
                     if child_name.startswith("_") or child.is_alias:
                         continue
                     _require_docstring(child, f"{path}.{name}.{child_name}", self._warned)
+
+
+def _docstring_of_named(obj: griffe.Object) -> str | None:
+    """The docstring of what *obj* is bound to, where its value is a bare name (``A = B``, a class
+    attribute ``limit = _LIMIT``): the name looked up in its class, then its module, as Python
+    would."""
+    value = getattr(obj, "value", None)
+    if not isinstance(value, griffe.ExprName):
+        return None
+    scope = obj.parent
+    while scope is not None:
+        if value.name in scope.members:
+            target = scope.members[value.name]
+            try:
+                target = target.final_target if target.is_alias else target
+            except (griffe.AliasResolutionError, griffe.CyclicAliasError):
+                return None
+            if target is obj or target.docstring is None:
+                return None
+            return target.docstring.value
+        scope = scope.parent
+    return None
 
 
 def _set_on_self(obj: griffe.Object) -> bool:

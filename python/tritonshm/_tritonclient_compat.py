@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, NoReturn
 
 __all__ = ["CONTRACT", "Private", "grpc_request", "http_request", "grpc_error", "raise_grpc_error",
            "grpc_compression", "grpc_stub", "grpc_metadata", "grpc_parts", "tensor_of", "input_content",
-           "result_class"]
+           "result_class", "note_binary_size"]
 
 
 class Private(NamedTuple):
@@ -125,6 +125,14 @@ def input_content(infer_input: Any, http: bool) -> bytes | None:
     tritonclient sends them: BYTES length-prefixed, BF16 as 2-byte words), or None (no data, JSON
     data over HTTP, or bound to shared memory)."""
     return infer_input._get_binary_data() if http else infer_input._get_content()
+
+
+def note_binary_size(infer_input: Any, nbytes: int) -> None:
+    """Say in a tritonclient.http ``InferInput``'s tensor description that its binary data is
+    *nbytes* long (what ``set_data_from_numpy`` notes there; a gRPC input has no such note)."""
+    tensor = infer_input._get_tensor()
+    if isinstance(tensor, dict):
+        tensor["parameters"]["binary_data_size"] = nbytes
 
 
 def result_class(mixin: type, base: type) -> type:

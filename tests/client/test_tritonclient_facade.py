@@ -28,7 +28,12 @@ def modules(protocol):
 
 
 def connect(module, server, protocol):
-    return module.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.http_url)
+    """A client of *module*; a facade's sends even its smallest calls through the slots (these
+    tests are about what the slots carry; gRPC's inline small calls have their own test)."""
+    client = module.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.http_url)
+    if module.__name__.startswith("tritonshm"):
+        client.tritonshm_inline_bytes = 0
+    return client
 
 
 def script(module, client, model, arrays, datatypes, outputs, **options):
@@ -106,7 +111,36 @@ def test_inputs_are_left_as_they_were(both):
     x[:] = -1  # the call copied it: the result is not a view of the caller's array
     assert result.as_numpy("OUTPUT0")[0] == 0
     again = facade.infer("identity_fp32", [inp])  # the same objects, sent once more
-    np.testing.assert_array_equal(again.as_numpy("OUTPUT0"), np.arange(8, dtype=np.float32))
+    # The one difference from tritonclient (said in the README): the InferInput keeps the array,
+    # read at the call, where tritonclient would have kept a copy of its bytes made at set time.
+    np.testing.assert_array_equal(again.as_numpy("OUTPUT0"), x)
+
+
+def test_set_data_from_numpy_keeps_the_array_and_the_wire_gets_tritonclients_bytes(both, protocol):
+    """Kept, not serialised: the one copy is the call's.  A call that goes on the wire (here: a
+    request_id) sends the bytes tritonclient would have; mistakes are tritonclient's own."""
+    plain_module, plain, facade_module, facade = both
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]  # not contiguous: tritonclient's tobytes() is C order
+    inp = facade_module.InferInput("INPUT0", [3, 2], "FP32")
+    assert inp.set_data_from_numpy(x) is inp and inp.kept_array() is x
+    expected = plain_module.InferInput("INPUT0", [3, 2], "FP32").set_data_from_numpy(x)
+    if protocol == "grpc":
+        assert inp._get_content() == expected._get_content()
+    else:
+        assert inp._get_binary_data() == expected._get_binary_data()
+    assert inp._get_tensor() == expected._get_tensor()
+    wire = facade.infer("variable_fp32", [inp], request_id="on-the-wire")
+    assert type(wire) is facade_module.InferResult  # tritonclient's own call
+    np.testing.assert_array_equal(wire.as_numpy("OUTPUT0"), x + 1)  # variable_fp32 adds one
+    inp.set_shared_memory("someone_elses", 24)
+    assert inp.kept_array() is None and inp._get_tensor() == expected.set_shared_memory("someone_elses", 24)._get_tensor()
+    for bad in (x.astype(np.float64), x.reshape(2, 3), [1.0, 2.0]):
+        errors = []
+        for made in (facade_module.InferInput("INPUT0", [3, 2], "FP32"), plain_module.InferInput("INPUT0", [3, 2], "FP32")):
+            with pytest.raises(InferenceServerException) as caught:
+                made.set_data_from_numpy(bad)
+            errors.append(caught.value.message())
+        assert errors[0] == errors[1]
 
 
 def test_an_input_bound_by_hand_passes_through(both, protocol):
@@ -185,13 +219,46 @@ def test_close_releases_the_slots(server, protocol):
         assert not names & set(tritonshm.status(other))
 
 
+def test_small_grpc_calls_go_inline_as_tritonclient_sends_them(server):
+    """Below tritonshm_inline_bytes (gRPC: faster there, measured) a call is tritonclient's own,
+    its tensors in the message; from it up, through the slots; 0 sends every call through them."""
+    import tritonshm.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        assert client.tritonshm_inline_bytes == 128 << 10
+        small = np.arange(1024, dtype=np.float32)
+        result = script(grpcclient, client, "identity_fp32", {"INPUT0": small}, ["FP32"], None)
+        assert type(result) is grpcclient.InferResult and client.tritonshm is None  # inline
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), small)
+        large = np.arange(32 << 10, dtype=np.float32)  # 128 KiB
+        result = script(grpcclient, client, "identity_fp32", {"INPUT0": large}, ["FP32"], None)
+        assert slot_result(result, grpcclient)
+        client.tritonshm_inline_bytes = 0
+        result = script(grpcclient, client, "identity_fp32", {"INPUT0": small}, ["FP32"], None)
+        assert slot_result(result, grpcclient)
+    import tritonshm.http as httpclient
+
+    assert httpclient.InferenceServerClient.tritonshm_inline_bytes == 0  # HTTP: the slots win at every size
+
+
+def assert_input_class_is_tritonclients_extended(ours, theirs):
+    """The facades' InferInput: tritonclient's, subclassed, every public method's signature its own."""
+    assert issubclass(ours, theirs) and ours is not theirs
+    assert inspect.signature(ours) == inspect.signature(theirs)
+    for name in dir(theirs):
+        if not name.startswith("_"):
+            assert inspect.signature(getattr(ours, name)) .parameters.keys() == \
+                inspect.signature(getattr(theirs, name)).parameters.keys(), name
+
+
 def test_the_facade_exports_every_public_name_of_tritonclients_module(protocol):
     plain_module, facade_module = modules(protocol)
     public = [name for name in dir(plain_module) if not name.startswith("_")]
     for name in public:
-        if name not in ("InferenceServerClient", "aio"):  # aio: in dir() once imported; ours is ours
+        if name not in ("InferenceServerClient", "InferInput", "aio"):  # aio: in dir() once imported; ours is ours
             assert getattr(facade_module, name) is getattr(plain_module, name), name
     assert facade_module.__all__ == plain_module.__all__
+    assert_input_class_is_tritonclients_extended(facade_module.InferInput, plain_module.InferInput)
     client_class = facade_module.InferenceServerClient
     assert issubclass(client_class, plain_module.InferenceServerClient)
     assert inspect.signature(client_class) == inspect.signature(plain_module.InferenceServerClient)

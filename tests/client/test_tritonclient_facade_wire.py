@@ -83,6 +83,7 @@ def test_the_facades_small_calls_take_the_clients_quick_path(server, protocol, m
     facade passes an empty RequestOptions on every call: that must count as none)."""
     module = importlib.import_module(f"tritonshm.{protocol}")
     client = module.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.http_url)
+    client.tritonshm_inline_bytes = 0  # a small call through the slots, gRPC too
     try:
         x = np.arange(1024, dtype=np.float32)
         np.testing.assert_array_equal(one_call(module, client, x), x)  # the slots made, the call planned
@@ -101,3 +102,42 @@ def test_the_facades_small_calls_take_the_clients_quick_path(server, protocol, m
         assert planned == []
     finally:
         client.close()
+
+
+def stream_bytes_up(module_name, fwd, rng):
+    """Client->server bytes of one stream (start_stream, CALLS requests of NBYTES each to the
+    decoupled stream_fp32 with COUNT=0, so only the empty final responses come back, not asked
+    for: nothing is heard), after a warm-up stream; and whether the slots were used."""
+    module = importlib.import_module(module_name)
+    client = module.InferenceServerClient(fwd.address)
+    heard = []
+    try:
+        def stream(calls):
+            client.start_stream(lambda result, error: heard.append(error))
+            for _ in range(calls):
+                data = module.InferInput("INPUT0", [NBYTES // 4], "FP32")
+                data.set_data_from_numpy(rng.standard_normal(NBYTES // 4, dtype=np.float32))
+                count = module.InferInput("COUNT", [1], "INT32")
+                count.set_data_from_numpy(np.array([0], np.int32))
+                client.async_stream_infer("stream_fp32", [data, count])
+            client.stop_stream()
+
+        stream(1)  # warm-up: the slots made and registered
+        before = fwd.counts()
+        stream(CALLS)
+        up, _ = fwd.counts_since(before)
+        slots = getattr(client, "tritonshm", None)
+        return up, slots is not None and [pool.model for pool in slots.pools()] == ["stream_fp32"], heard
+    finally:
+        client.close()
+
+
+def test_the_facades_stream_moves_only_the_headers_of_its_requests(server):
+    rng = np.random.default_rng(32)
+    with Forwarder(0, server.grpc_url) as fwd:
+        up, used_slots, heard = stream_bytes_up("tritonshm.grpc", fwd, rng)
+        plain_up, _, plain_heard = stream_bytes_up("tritonclient.grpc", fwd, rng)
+    assert used_slots, "the facade's stream did not put its inputs in its slots"
+    assert 0 < up < CALLS * HEADER_LIMIT, f"facade: {up} bytes client->server for {CALLS} 4 MiB stream requests"
+    assert plain_up > CALLS * NBYTES, f"tritonclient: {plain_up} bytes client->server"  # the control
+    assert heard == plain_heard == []  # no response asked for, none heard: no error either

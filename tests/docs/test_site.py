@@ -84,7 +84,8 @@ def test_a_broken_link_fails_the_build(tmp_path):
 @needs_mkdocs
 def test_a_missing_docstring_is_a_warning(tmp_path, caplog):
     """docs/_ext/griffe_ext.py warns (on a logger of mkdocs', so --strict fails) for an exported
-    name without a docstring, and reads Sphinx's #: comments as attributes' docstrings."""
+    name without a docstring, reads Sphinx's #: comments as attributes' docstrings, and gives a
+    name bound to another (``limit = _LIMIT``) the docstring of what it names."""
     import griffe
 
     package = tmp_path / "tritonshm"
@@ -96,9 +97,12 @@ def test_a_missing_docstring_is_a_warning(tmp_path, caplog):
             """Has one: see :class:`Thing`."""
         def undocumented():
             pass
+        #: the most there may be
+        _LIMIT = 3
         class Thing:
             """A thing."""
             size: int  #: how big
+            limit = _LIMIT
             def method(self):
                 pass
         '''))
@@ -113,4 +117,5 @@ def test_a_missing_docstring_is_a_warning(tmp_path, caplog):
     assert "tritonshm.Thing.method has no docstring" in warned
     assert "documented has no" not in warned.replace("undocumented has no", "")
     assert pkg["Thing.size"].docstring.value == "how big"
+    assert pkg["Thing.limit"].docstring.value == "the most there may be"
     assert pkg["documented"].docstring.value == "Has one: see `Thing`."

@@ -323,7 +323,8 @@ class Facade(Method):
     name = "tritonshm.grpc"
     group = "tritonshm"
     description = ("tritonclient API via tritonshm: the grpc row's code with `import tritonshm.grpc` in place of "
-                   "tritonclient.grpc (set_data_from_numpy, infer, as_numpy; the tensors through its slots)")
+                   "tritonclient.grpc (set_data_from_numpy, infer, as_numpy; the tensors through its slots, "
+                   "inline below its tritonshm_inline_bytes, 128 KiB over gRPC)")
     protocol = "grpc"  #: which facade module, and which of the server's addresses
 
     def open(self) -> None:

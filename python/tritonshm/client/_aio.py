@@ -132,10 +132,12 @@ class AsyncDriver:
     async def _stream_send(self, step: StreamSend) -> Any:
         if step.claim is not None:
             step.claim.unanswered = True
-        key = stream_key(step.options)
-        stream = self._streams.get(key)
+        stream = step.stream  # a stream of the caller's (tritonshm.grpc's), or the client's own
         if stream is None:
-            stream = self._streams[key] = AsyncStream(self.aio_client, step.options)
+            key = stream_key(step.options)
+            stream = self._streams.get(key)
+            if stream is None:
+                stream = self._streams[key] = AsyncStream(self.aio_client, step.options)
         return stream.send(request_message(step.model, step.version, step.inputs, step.outputs, "", step.options))
 
     @staticmethod
@@ -345,6 +347,14 @@ class Client:
         async with contextlib.aclosing(self._driver.iterate(engine.stream_steps(plan))) as responses:
             async for outputs_of_one in responses:
                 yield outputs_of_one
+
+    async def _stream_to(self, stream: Any, model: str, inputs: Mapping[str, Any], requested: list | None,
+                         version: str, options: RequestOptions | None) -> Any:
+        """:meth:`tritonshm.Client._stream_to`, awaited (for tritonshm.grpc.aio's ``stream_infer``)."""
+        engine = self._engine
+        info = await self.model_info(model, version)
+        plan = engine.stream_plan(info, inputs, None, "auto", None, options)
+        return await self._driver.drive(engine.stream_send_steps(plan, stream, requested))
 
     async def request(self, model: str, batch_size: int | None = None, *,
                       shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",

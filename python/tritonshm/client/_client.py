@@ -16,6 +16,7 @@ from . import _devices, _intake, _messages
 from ._engine import Engine, engine_setting
 from ._lent import LentInfo, LentStats
 from ._model import ModelInfo
+from ._options import RequestOptions
 from ._pool import PoolInfo
 from ._request import RequestFace, SlotRequest
 from ._steps import (Done, Emit, FetchModel, FetchModelNames, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
@@ -134,10 +135,12 @@ class BlockingDriver:
     def _stream_send(self, step: StreamSend) -> Any:
         if step.claim is not None:
             step.claim.unanswered = True
-        key = stream_key(step.options)
-        stream = self._streams.get(key)
+        stream = step.stream  # a stream of the caller's (tritonshm.grpc's), or the client's own
         if stream is None:
-            stream = self._streams.setdefault(key, BlockingStream(self._connect, step.options))
+            key = stream_key(step.options)
+            stream = self._streams.get(key)
+            if stream is None:
+                stream = self._streams.setdefault(key, BlockingStream(self._connect, step.options))
         return stream.send(request_message(step.model, step.version, step.inputs, step.outputs, "", step.options))
 
     @staticmethod
@@ -431,6 +434,18 @@ class Client:
         plan = engine.stream_plan(info, inputs, outputs, output_device, slot_timeout,
                                   engine.request_options(options))
         return self._driver.iterate(engine.stream_steps(plan))
+
+    def _stream_to(self, stream: Any, model: str, inputs: Mapping[str, Any], requested: list | None,
+                   version: str, options: RequestOptions | None) -> Any:
+        """Send one request on *stream* -- not the client's own: tritonshm.grpc's, which hands
+        each response to its user's callback -- its inputs through a slot as :meth:`stream`
+        sends them, its outputs asked for with tritonclient's *requested* objects (None:
+        all); its :class:`~._stream.Streamed` entry (the slot comes back after the request's
+        final response, or once the server lets go of it)."""
+        engine = self._engine
+        info = self.model_info(model, version)
+        plan = engine.stream_plan(info, inputs, None, "auto", None, options)
+        return self._driver.drive(engine.stream_send_steps(plan, stream, requested))
 
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
         """:meth:`infer` in a background thread; returns a ``concurrent.futures.Future``.

@@ -61,6 +61,7 @@ _PARKED_RETRY_INTERVAL = 0.05  # seconds between tries to unregister memory the 
 _BUDGET_POLL = 0.005  # how often a request waiting for max_pool_bytes room looks again
 _QUICK_BYTES = 1 << 20  # requests up to this many input bytes may take the quick path
 _QUICK_PLANS = 256      # quick plans kept (one per model, outputs and input shapes and dtypes)
+_NAMES: Any = object()  # a streamed request asks for its plan's outputs by name (not for objects given)
 
 
 class QuickPlan(NamedTuple):
@@ -970,11 +971,23 @@ class Engine:
                     return
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    def _stream_send_steps(self, plan: Plan, arrays: Mapping[str, Any]) -> Steps:
-        """Lease a slot, fill it and send the request on the stream: ``(entry, pool)`` (pool
-        None on the wire).  Its :class:`~._claim.Claim` (slot, lent inputs) ends when the
-        server is done with the request: its final response -- or, the stream ended first,
-        once the server lets go of what it may still read."""
+    def stream_send_steps(self, plan: Plan, stream: Any, requested: list | None) -> Steps:
+        """Send *plan*'s one request on *stream*, a stream of the caller's (tritonshm.grpc's
+        facade, which hands each response to its user's callback), its inputs in a slot (or
+        lent) as :meth:`stream_steps` sends them, its outputs asked for as *requested* says
+        (tritonclient's request objects, sent as they are; None: every output): outcome its
+        :class:`~._stream.Streamed` entry.  The slot comes back when the server is done
+        with the request, as for :meth:`stream_steps`."""
+        entry, _ = yield from self._stream_send_steps(plan, plan.chunks[0], stream, requested)
+        return entry
+
+    def _stream_send_steps(self, plan: Plan, arrays: Mapping[str, Any], stream: Any = None,
+                           requested: Any = _NAMES) -> Steps:
+        """Lease a slot, fill it and send the request on the stream (the client's own, or
+        *stream*): ``(entry, pool)`` (pool None on the wire).  Its :class:`~._claim.Claim`
+        (slot, lent inputs) ends when the server is done with the request: its final
+        response -- or, the stream ended first, once the server lets go of what it may
+        still read.  The outputs asked for are the plan's names, or *requested* as it is."""
         info = plan.info
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays)
@@ -994,9 +1007,10 @@ class Engine:
                 else:
                     yield from self._fill_steps(info, lease, arrays, bytes_sizes, plan.route.device, claim)
                     inputs = _messages.slot_request(self.wire, info, lease, shapes, (), bytes_sizes, lent=claim)[0]
-                outputs = [self.wire.requested_output(name) for name in plan.names]
+                outputs = ([self.wire.requested_output(name) for name in plan.names] if requested is _NAMES
+                           else requested)
                 # (the driver marks the claim unanswered as it sends, until the final response)
-                entry = yield StreamSend(info.name, info.version, inputs, outputs, plan.options, claim)
+                entry = yield StreamSend(info.name, info.version, inputs, outputs, plan.options, claim, stream)
             except GeneratorExit:  # whether the request went out is unknown: the claim waits for the server
                 self._end_claim(claim)
                 raise

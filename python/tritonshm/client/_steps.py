@@ -83,14 +83,20 @@ class Send(NamedTuple):
 
 class StreamSend(NamedTuple):
     """Send a request on the client's inference stream (gRPC only): outcome its
-    :class:`~._stream.Streamed` entry, whose responses arrive in its inbox."""
+    :class:`~._stream.Streamed` entry, whose responses arrive in its inbox.
+
+    *stream*, when given, is the stream to send it on instead (anything with
+    ``send(message) -> Streamed``: tritonshm.grpc's stream, whose responses go to its
+    caller's callback); *outputs* are then sent as they are (tritonclient's
+    ``InferRequestedOutput`` objects, or None for every output)."""
 
     model: str
     version: str
     inputs: list
-    outputs: list
+    outputs: list | None
     options: Any = None
     claim: Any = None       # as Send's
+    stream: Any = None
 
 
 class NextResponse(NamedTuple):

@@ -110,25 +110,37 @@ class StreamTable:
         """Hand one ``ModelStreamInferResponse`` to its request (*wrap* makes tritonclient's
         result of its ``infer_response``); unknown ids are dropped (a request abandoned
         and already ended)."""
+        taken = self.take(message)
+        if taken is None:
+            return
+        entry, final, at_final = taken
         response = message.infer_response
-        parameters = response.parameters
-        final = parameters[FINAL].bool_param if FINAL in parameters else True  # no parameters: never started
-        with _table_lock:
-            entry = self._open.get(response.id)
-            if entry is None:
-                return
-            callbacks = []
-            if final:
-                del self._open[response.id]
-                callbacks = entry._end(answered=True)
         if message.error_message:
             error = translate_error(Exception(message.error_message),
                                            f"streaming model {response.model_name!r}")
             entry._deliver(StreamResponse(None, final, error))
         else:
             entry._deliver(StreamResponse(wrap(response) if response.outputs or not final else None, final))
-        for callback in callbacks:
+        for callback in at_final:
             callback(True)
+
+    def take(self, message: Any) -> tuple[Streamed, bool, list[Callable[[bool], None]]] | None:
+        """Which request one ``ModelStreamInferResponse`` belongs to (None: an unknown id) and
+        whether it is that request's last; a last one ends the request, and what was to run
+        at its end is returned, for the caller to run once the response is delivered
+        (``callback(True)``)."""
+        response = message.infer_response
+        parameters = response.parameters
+        final = parameters[FINAL].bool_param if FINAL in parameters else True  # no parameters: never started
+        with _table_lock:
+            entry = self._open.get(response.id)
+            if entry is None:
+                return None
+            at_final: list[Callable[[bool], None]] = []
+            if final:
+                del self._open[response.id]
+                at_final = entry._end(answered=True)
+        return entry, final, at_final
 
     def fail_all(self, error: BaseException) -> None:
         """The stream is over (broken, or the client closed it): every open request ends with *error*."""
@@ -149,7 +161,7 @@ def stream_key(options: Any) -> Any:
     return None if options is None else options.stream_key
 
 
-def request_message(model: str, version: str, inputs: list, outputs: list, request_id: str,
+def request_message(model: str, version: str, inputs: list, outputs: list | None, request_id: str,
                     options: Any = None) -> Any:
     """The ``ModelInferRequest`` of one streamed request, asking for an empty final response."""
     kwargs = options.grpc_stream_infer_kwargs() if options is not None else {}

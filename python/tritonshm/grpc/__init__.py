@@ -14,10 +14,11 @@ still is a ``tritonclient.grpc.InferenceServerClient`` to the caller's type chec
 adds -- the slot pools -- it *holds*: a :class:`tritonshm.Client` for the same server, made on the
 first call that uses it.
 
-What goes through shared memory (this release): :meth:`InferenceServerClient.infer` and
-:meth:`InferenceServerClient.async_infer`, and ``infer`` of :mod:`tritonshm.grpc.aio`'s client.
-Streams (``start_stream`` / ``async_stream_infer`` / ``stop_stream``) are still tritonclient's
-own and send their tensors over the wire.
+What goes through shared memory: the tensors of :meth:`InferenceServerClient.infer` and
+:meth:`InferenceServerClient.async_infer`, and the inputs of the stream's requests
+(``start_stream`` / ``async_stream_infer`` / ``stop_stream``; their outputs travel in the
+responses, as tritonclient's do); the same in :mod:`tritonshm.grpc.aio` (``infer``,
+``stream_infer``).
 """
 
 from __future__ import annotations
@@ -29,10 +30,32 @@ from typing import Any
 
 import tritonclient.grpc as _tritonclient_grpc
 
-from .. import _facade, _tritonclient_compat
+from .. import _facade, _facade_stream, _tritonclient_compat
+from ..errors import InferenceServerException
 
 __all__ = _facade.reexport(_tritonclient_grpc, globals(), own=("aio",))
 
+
+class InferInput(_facade.KeptInput, _tritonclient_grpc.InferInput):  # type: ignore[misc]
+    """tritonclient.grpc's ``InferInput``, whose ``set_data_from_numpy`` keeps the array rather
+    than a copy of its bytes (see :class:`tritonshm._facade.KeptInput`): a call through the
+    slots copies it once.  Everything else is tritonclient's."""
+
+    def set_data_from_numpy(self, input_tensor: Any) -> Any:
+        """tritonclient.grpc's ``set_data_from_numpy``: the array is kept, read at the call
+        that sends it (see :class:`tritonshm._facade.KeptInput`); its errors tritonclient's."""
+        return self._set_data(input_tensor, True)
+
+    def _get_content(self) -> Any:
+        # tritonclient's request builder reads the data here (a call on the wire): made now.
+        kept = self.kept_bytes()
+        return kept if kept is not None else super()._get_content()
+
+
+#: gRPC calls whose inputs take fewer bytes go inline, as tritonclient sends them (see
+#: ``InferenceServerClient.tritonshm_inline_bytes``): the crossover measured lies between 64 and
+#: 256 KiB.
+_INLINE_BYTES = 128 << 10
 
 #: The result of a call the slots carried: a ``tritonclient.grpc.InferResult``.
 _SlotResult = _tritonclient_compat.result_class(_facade.GrpcSlotResult, _tritonclient_grpc.InferResult)
@@ -43,15 +66,18 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServe
 
     Takes what tritonclient's takes (``url`` as ``"host:port"``, ``ssl``, ``creds``,
     ``keepalive_options``, ``channel_args``, ...); every method but :meth:`infer`,
-    :meth:`async_infer` and
-    :meth:`close` is tritonclient's own (streams too: over the wire).  ``unregister_system_shared_memory()`` with no name
+    :meth:`async_infer`, the stream's (:meth:`start_stream`, :meth:`async_stream_infer`,
+    :meth:`stop_stream`) and :meth:`close` is tritonclient's own.
+    ``unregister_system_shared_memory()`` with no name
     unregisters every region on the server, ours included, as tritonclient's does; the next
     :meth:`infer` finds its slots gone and registers them again before it runs.
     """
 
     _tritonshm_protocol = "grpc"
     _tritonshm_module = _tritonclient_grpc
+    _tritonshm_input = InferInput
     _tritonshm_result = _SlotResult
+    tritonshm_inline_bytes = _INLINE_BYTES
 
     def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
               request_id: str = "", sequence_id: Any = 0, sequence_start: bool = False,
@@ -117,8 +143,68 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServe
         return _facade.SlotCallContext(pending)
 
 
+    # -- the stream: its requests' inputs in the slots too ------------------
+
+    def start_stream(self, callback: Any, stream_timeout: Any = None, headers: Any = None,
+                     compression_algorithm: Any = None) -> None:
+        """tritonclient.grpc's ``start_stream``: opens the client's one gRPC stream, whose
+        requests (:meth:`async_stream_infer`) have their inputs in this client's slots.
+
+        ``callback(result=..., error=...)`` hears each response as tritonclient's does, in the
+        order the server sends them, on the stream's own thread; *stream_timeout*, *headers*
+        and *compression_algorithm* are tritonclient's.
+        """
+        if self._stream is not None or getattr(self, "_tritonshm_stream", None) is not None:
+            raise InferenceServerException(msg="cannot start another stream with one already running. "
+                                           "'InferenceServerClient' supports only a single active stream at a "
+                                           "given time.")
+        self._tritonshm_stream: _facade_stream.FacadeStream | None = _facade_stream.FacadeStream(
+            self, self._tritonshm_slots, callback, stream_timeout, headers, compression_algorithm)
+
+    def async_stream_infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
+                           request_id: str = "", sequence_id: Any = 0, sequence_start: bool = False,
+                           sequence_end: bool = False, enable_empty_final_response: bool = False,
+                           priority: int = 0, timeout: Any = None, parameters: Any = None) -> None:
+        """tritonclient.grpc's ``async_stream_infer``: one request on the stream, its inputs
+        copied into a slot (held until the server's last response to it), its outputs in
+        the responses as tritonclient's are.
+
+        A request the slots cannot carry exactly as tritonclient sends it (see :meth:`infer`)
+        goes on the same stream as tritonclient builds it.  Waits for a free slot when all
+        are in use (up to the held client's ``slot_timeout``): call it from the callback's
+        thread only while slots are free.
+        """
+        stream = getattr(self, "_tritonshm_stream", None)
+        if stream is None:
+            raise InferenceServerException(msg="stream not available, use start_stream() to make one available.")
+        if type(model_version) is not str:
+            raise InferenceServerException(msg="model version must be a string")
+        options = _facade.changed(_STREAM_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                  sequence_end=sequence_end, priority=priority, timeout=timeout,
+                                  parameters=parameters)
+        stream.request(self, model_name, inputs, model_version, outputs, request_id, enable_empty_final_response,
+                       options)
+
+    def stop_stream(self, cancel_requests: bool = False) -> None:
+        """tritonclient.grpc's ``stop_stream``: waits until the server has answered every request
+        on the stream, or with *cancel_requests* cancels them.  A request the server may still
+        run keeps its slot until the server lets go of it."""
+        stream, self._tritonshm_stream = getattr(self, "_tritonshm_stream", None), None
+        if stream is not None:
+            stream.close(cancel_requests)
+        super().stop_stream(cancel_requests)
+
+    def close(self) -> None:
+        """Stop the stream as tritonclient's ``close`` does (waiting for its requests), then
+        unregister and unlink this client's slots and close the client."""
+        self.stop_stream()
+        super().close()
+
+
 _DEFAULTS = {name: parameter.default
              for name, parameter in inspect.signature(_tritonclient_grpc.InferenceServerClient.infer).parameters.items()}
+_STREAM_DEFAULTS = {name: parameter.default for name, parameter
+                    in inspect.signature(_tritonclient_grpc.InferenceServerClient.async_stream_infer).parameters.items()}
 
 
 def __getattr__(name: str) -> Any:

@@ -5,8 +5,8 @@
 Every public name of ``tritonclient.grpc.aio`` is here, the very same object, except
 :class:`InferenceServerClient`: tritonclient's aio class, subclassed (why: see
 :mod:`tritonshm.grpc`), whose ``await infer(...)`` moves the tensors through the slot pools of a
-held :class:`tritonshm.aio.Client`, made on the first call that uses them.  Every other method --
-streams (``stream_infer``) included, over the wire -- is tritonclient's own.
+held :class:`tritonshm.aio.Client`, made on the first call that uses them.  ``stream_infer``'s requests have their inputs in the slots too (outputs in the responses);
+every other method is tritonclient's own.
 """
 
 from __future__ import annotations
@@ -16,23 +16,26 @@ from typing import Any
 
 import tritonclient.grpc.aio as _tritonclient_grpc_aio
 
-from .. import _facade
-from . import _SlotResult
+from .. import _facade, _facade_stream
+from . import _INLINE_BYTES, InferInput as _KeptInput, _SlotResult
 
 __all__ = _facade.reexport(_tritonclient_grpc_aio, globals())
+InferInput = _KeptInput  # the blocking module's: set_data_from_numpy keeps the array
 
 
 
 class InferenceServerClient(_facade.AioHeldSlots, _tritonclient_grpc_aio.InferenceServerClient):  # type: ignore[misc]
     """tritonclient.grpc.aio's client, whose :meth:`infer` moves the tensors through shared memory.
 
-    Takes what tritonclient's takes; every method but :meth:`infer` and :meth:`close` is
-    tritonclient's own.  The slots are a :class:`tritonshm.aio.Client` for the same server.
+    Takes what tritonclient's takes; every method but :meth:`infer`, :meth:`stream_infer`
+    and :meth:`close` is tritonclient's own.  The slots are a :class:`tritonshm.aio.Client` for the same server.
     """
 
     _tritonshm_protocol = "grpc"
     _tritonshm_module = _tritonclient_grpc_aio
+    _tritonshm_input = _KeptInput
     _tritonshm_result = _SlotResult
+    tritonshm_inline_bytes = _INLINE_BYTES  # as the blocking client's
 
     async def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
                     request_id: str = "", sequence_id: Any = 0, sequence_start: bool = False,
@@ -58,6 +61,20 @@ class InferenceServerClient(_facade.AioHeldSlots, _tritonclient_grpc_aio.Inferen
                                    sequence_end=sequence_end, priority=priority, timeout=timeout,
                                    client_timeout=client_timeout, headers=headers,
                                    compression_algorithm=compression_algorithm, parameters=parameters)
+
+
+    def stream_infer(self, inputs_iterator: Any, stream_timeout: Any = None, headers: Any = None,
+                     compression_algorithm: Any = None) -> Any:
+        """tritonclient.grpc.aio's ``stream_infer``: an async iterator of ``(result, error)``, one
+        per response, in the order the server sends them; each request's inputs copied into
+        a slot (held until the server's last response to it), its outputs in the responses.
+
+        *inputs_iterator* yields dicts of ``async_stream_infer``'s keyword arguments, as
+        tritonclient's; a request the slots cannot carry goes on the same stream as
+        tritonclient builds it.  The iterator's ``cancel()`` cancels the stream.
+        """
+        return _facade_stream.AioFacadeStream(self, self._tritonshm_slots, inputs_iterator, stream_timeout, headers,
+                                              compression_algorithm)
 
 
 _DEFAULTS = {name: parameter.default

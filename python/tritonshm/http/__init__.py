@@ -32,6 +32,23 @@ from .. import _facade, _tritonclient_compat
 __all__ = _facade.reexport(_tritonclient_http, globals(), own=("aio",))
 
 
+class InferInput(_facade.KeptInput, _tritonclient_http.InferInput):  # type: ignore[misc]
+    """tritonclient.http's ``InferInput``, whose ``set_data_from_numpy`` keeps the array rather
+    than a copy of its bytes (see :class:`tritonshm._facade.KeptInput`): a call through the
+    slots copies it once.  Everything else is tritonclient's."""
+
+    def set_data_from_numpy(self, input_tensor: Any, binary_data: bool = True) -> Any:
+        """tritonclient.http's ``set_data_from_numpy``: binary data is kept as the array, read
+        at the call that sends it (see :class:`tritonshm._facade.KeptInput`); JSON data
+        (``binary_data=False``) and errors are tritonclient's."""
+        return self._set_data(input_tensor, binary_data, binary_data)
+
+    def _get_binary_data(self) -> Any:
+        # tritonclient's request builder reads the data here (a call on the wire): made now.
+        kept = self.kept_bytes()
+        return kept if kept is not None else super()._get_binary_data()
+
+
 #: The result of a call the slots carried: a ``tritonclient.http.InferResult``.
 _SlotResult = _tritonclient_compat.result_class(_facade.HttpSlotResult, _tritonclient_http.InferResult)
 
@@ -54,6 +71,7 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_http.InferenceServe
 
     _tritonshm_protocol = "http"
     _tritonshm_module = _tritonclient_http
+    _tritonshm_input = InferInput
     _tritonshm_result = _SlotResult
 
     def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,

@@ -17,9 +17,10 @@ from typing import Any
 import tritonclient.http.aio as _tritonclient_http_aio
 
 from .. import _facade
-from . import _SlotResult
+from . import InferInput as _KeptInput, _SlotResult
 
 __all__ = _facade.reexport(_tritonclient_http_aio, globals())
+InferInput = _KeptInput  # the blocking module's: set_data_from_numpy keeps the array
 
 
 
@@ -33,6 +34,7 @@ class InferenceServerClient(_facade.AioHeldSlots, _tritonclient_http_aio.Inferen
 
     _tritonshm_protocol = "http"
     _tritonshm_module = _tritonclient_http_aio
+    _tritonshm_input = _KeptInput
     _tritonshm_result = _SlotResult
 
     async def infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
