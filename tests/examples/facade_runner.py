@@ -4,12 +4,13 @@
 
 Test-only (tests/examples/test_tritonclient_examples.py).  The facade (``tritonshm.grpc``,
 ``tritonshm.http`` and their ``.aio``) hands every call its slots take to the
-:class:`tritonshm.Client` (:class:`tritonshm.aio.Client` for the aio modules) it holds; that
-client's ``infer`` is the way into the slots (``infer_async`` runs ``infer`` on a worker
-thread), its ``stream`` the way a stream would go (the facade's streams are tritonclient's own
-today).  Before the script runs, this wraps three public methods of those two public classes:
+:class:`tritonshm.Client` (:class:`tritonshm.aio.Client` for the aio modules) it holds: a call
+through that client's ``infer`` (``infer_async`` runs ``infer`` on a worker thread), a stream's
+request through its ``_stream_to`` (the one private name, reached through
+tests/support/insides.py).  Before the script runs, this wraps those, and two more public methods
+of the two public classes:
 
-- ``infer`` and ``stream``: count the calls, by model;
+- ``infer``, ``stream`` and ``_stream_to``: count the calls, by model;
 - ``close``: takes a snapshot of ``pools()`` first (what the client had registered with the
   server, and in which memory), as the client is about to give it up;
 - ``__init__``: keeps the client, so that one the script never closed is looked at (``pools()``)
@@ -34,6 +35,10 @@ import sys
 
 import tritonshm
 import tritonshm.aio
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))  # tests/, for support/
+from support.insides import count_stream_sends  # noqa: E402
 
 calls: collections.Counter = collections.Counter()
 pools: list[list] = []
@@ -77,6 +82,7 @@ def _wrap(cls) -> None:
             close(self)
 
     cls.__init__, cls.infer, cls.stream, cls.close = __init__, counted(cls.infer), counted(cls.stream), looked_close
+    count_stream_sends(cls, lambda model: calls.update([model]))
 
 
 def main() -> None:
@@ -84,7 +90,9 @@ def main() -> None:
     _wrap(tritonshm.Client)
     _wrap(tritonshm.aio.Client)
     sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    # As Python sets it for `python SCRIPT`: the script's folder first, neither of ours.
+    sys.path[:] = [os.path.dirname(os.path.abspath(script)),
+                   *(p for p in sys.path if p not in (_HERE, os.path.dirname(_HERE)))]
     try:
         runpy.run_path(script, run_name="__main__")
     finally:

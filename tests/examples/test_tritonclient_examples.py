@@ -14,14 +14,14 @@ Both must exit 0 and print the same lines (but for the server's statistics count
 :func:`normalised`).
 
 How the second run shows that the tensors went through shared memory: the changed script runs
-under facade_runner.py, which wraps the public ``infer`` / ``stream`` / ``close`` of the
-:class:`tritonshm.Client` and :class:`tritonshm.aio.Client` that the facade's clients hold -- the
-only way into their slots -- and reports the calls they carried, by model, and the slot pools
-they had registered with the server (model, memory, region names) when they closed, or when the
-script ended for a client it never closed.  Each case names the calls it expects the slots to
-carry: every ``infer`` / ``async_infer`` of the script that the facade documents as taken by the
-slots, and none of the others (tensors bound to shared memory by hand, ``query_params``, JSON
-outputs over HTTP, and the streams, which are tritonclient's own today).  The slots of each model
+under facade_runner.py, which wraps the ways into the slots of the :class:`tritonshm.Client` and
+:class:`tritonshm.aio.Client` that the facade's clients hold (``infer``; a stream's request, sent
+by ``_stream_to``) and their ``close``, and reports the calls they carried, by model, and the slot
+pools they had registered with the server (model, memory, region names) when they closed, or
+when the script ended for a client it never closed.  Each case names the calls it expects the
+slots to carry: every ``infer`` / ``async_infer`` / streamed request of the script that the
+facade documents as taken by the slots, and none of the others (tensors bound to shared memory
+by hand, ``query_params``, JSON outputs over HTTP).  The slots of each model
 carried must be system shared memory, and none of their regions may be left registered on the
 server once the script has ended (a client closes its regions, or its finalizer does at exit);
 the leak check of conftest.py also fails the test if the script's process left a segment in
@@ -82,11 +82,11 @@ CASES = [
     # Sequences: 3 sequences of 8 requests, an int and a string correlation id.
     Case("simple_grpc_sequence_sync_infer_client.py", "grpc", {"simple_sequence": 24}),
     Case("simple_http_sequence_sync_infer_client.py", "http", {"simple_sequence": 24}),
-    # Streams (gRPC's start_stream / async_stream_infer, aio's stream_infer) are tritonclient's
-    # own today, over the wire (README): nothing carried.  A decoupled model's stream too.
-    Case("simple_grpc_sequence_stream_infer_client.py", "grpc", {}),
-    Case("simple_grpc_aio_sequence_stream_infer_client.py", "grpc", {}),
-    Case("simple_grpc_custom_repeat.py", "grpc", {}),
+    # Sequences over gRPC streams (start_stream / async_stream_infer, aio's stream_infer), each
+    # request's inputs in a slot; and a decoupled model's stream (10 responses to 1 request).
+    Case("simple_grpc_sequence_stream_infer_client.py", "grpc", {"simple_sequence": 24}),
+    Case("simple_grpc_aio_sequence_stream_infer_client.py", "grpc", {"simple_sequence": 24}),
+    Case("simple_grpc_custom_repeat.py", "grpc", {"repeat_int32": 1}),
     # Health, metadata, config: no tensors.
     Case("simple_grpc_health_metadata.py", "grpc", {}),
     Case("simple_http_health_metadata.py", "http", {}),
