@@ -85,10 +85,23 @@ def _wrap(cls) -> None:
     count_stream_sends(cls, lambda model: calls.update([model]))
 
 
+def _every_call_through_the_slots() -> None:
+    """The example scripts' tensors are tiny (64 B): over gRPC the facade would send them inline,
+    as tritonclient does (faster there: ``tritonshm_inline_bytes``).  The scripts are here to
+    show what the slots carry, so every call goes through them: the setting's own public knob,
+    on the classes, in this process only."""
+    import tritonshm.grpc
+    import tritonshm.grpc.aio
+
+    for facade in (tritonshm.grpc.InferenceServerClient, tritonshm.grpc.aio.InferenceServerClient):
+        facade.tritonshm_inline_bytes = 0
+
+
 def main() -> None:
     report, script, *args = sys.argv[1:]
     _wrap(tritonshm.Client)
     _wrap(tritonshm.aio.Client)
+    _every_call_through_the_slots()
     sys.argv = [script, *args]
     # As Python sets it for `python SCRIPT`: the script's folder first, neither of ours.
     sys.path[:] = [os.path.dirname(os.path.abspath(script)),
