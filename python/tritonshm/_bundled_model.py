@@ -11,6 +11,8 @@ computes comes from the ``op`` parameter of its ``config.pbtxt``:
 - ``double``: OUTPUT0 = INPUT0 * 2;
 - ``add_one``: OUTPUT0 = INPUT0 + 1;
 - ``tile``: OUTPUT0 = INPUT0 twice over (an output larger than its input);
+- ``add_sub_string`` (``simple_string``): ``add_sub`` over BYTES elements holding the decimal text
+  of INT32 values, the results as text again (b"3", b"-1");
 - ``identity_dlpack``: OUTPUTi = INPUTi through DLPack, never numpy -- for datatypes numpy
   lacks (BF16: the backend refuses ``as_numpy()`` on it, "Use to_dlpack() and from_dlpack()").
 
@@ -20,7 +22,7 @@ each request (a stand-in for a slow model: tests cancel requests in flight).
 Outputs keep the shape of the inputs (but for ``tile``) and are cast to the dtype the config
 declares, so a client always gets back exactly what the config promises.
 
-Three ops are more than a function of the inputs (each checks at load time that its config is
+Five ops are more than a function of the inputs (each checks at load time that its config is
 the one it needs):
 
 - ``stream`` (decoupled, ``stream_fp32``): COUNT responses to one request, response i carrying
@@ -29,6 +31,11 @@ the one it needs):
   ``delay_ms`` sleeps that long between responses, and a cancelled request ends early;
 - ``accumulate`` (sequence batcher, ``accumulate_fp32``): OUTPUT0 = the running sum of INPUT0
   over the sequence so far, kept per correlation id (int or string); START resets it, END drops it;
+- ``sequence`` (sequence batcher, ``simple_sequence``): OUTPUT = (INPUT + START) * READY, as
+  Triton's example model of that name computes it (no state);
+- ``repeat`` (decoupled, ``repeat_int32``): one response per element of IN, response i carrying
+  OUT = [IN[i]] and IDX = [i], sent DELAY[i] * ``delay_scale`` milliseconds after the one before,
+  then the final flag on its own (Triton's C++ ``repeat`` backend, WAIT aside);
 - ``echo_request`` (``echo_request``): OUTPUT0 = JSON of what the Python backend shows of the
   request (its parameters, id, correlation id, flags, timeout, and the order in which this
   instance executed it), OUTPUT1 = INPUT0.
@@ -46,7 +53,20 @@ OPS = {
     "double": lambda a: (a * 2,),
     "add_one": lambda a: (a + 1,),
     "tile": lambda a: (np.concatenate([a, a]),),
+    "add_sub_string": lambda a, b: _add_sub_string(a, b),
 }
+
+
+def _add_sub_string(a, b):
+    """``add_sub`` over BYTES tensors of the decimal text of INT32 values (``simple_string``)."""
+    def ints(x):
+        return np.array([int(v) for v in x.reshape(-1)], dtype=np.int32).reshape(x.shape)
+
+    def text(x):
+        return np.array([str(v).encode() for v in x.reshape(-1)], dtype=np.object_).reshape(x.shape)
+
+    x, y = ints(a), ints(b)
+    return text(x + y), text(x - y)
 
 
 class TritonPythonModel:
@@ -197,6 +217,46 @@ def _accumulate(model, config):
     return execute
 
 
+def _sequence(model, config):
+    """The ``sequence`` op: OUTPUT = (INPUT + START) * READY, Triton's example ``simple_sequence``."""
+    if "sequence_batching" not in config:
+        raise ValueError("op 'sequence' needs a sequence_batching config")
+
+    def execute(requests):
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", (
+            (_input(request, "INPUT") + _input(request, "START")) * _input(request, "READY")).astype(np.int32))])
+            for request in requests]
+
+    return execute
+
+
+def _repeat(model, config):
+    """The ``repeat`` op: a decoupled model, one response per element of IN (``repeat_int32``)."""
+    if not pb_utils.using_decoupled_model_transaction_policy(config):
+        raise ValueError("op 'repeat' needs model_transaction_policy { decoupled: true }")
+    scale = float(config.get("parameters", {}).get("delay_scale", {}).get("string_value", 1))
+    final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+    def execute(requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            values, delays = _input(request, "IN").reshape(-1), _input(request, "DELAY").reshape(-1)
+            if values.shape != delays.shape:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"IN and DELAY must be as long, got {values.size} and {delays.size}")), flags=final)
+                continue
+            for i, (value, delay) in enumerate(zip(values, delays)):
+                time.sleep(float(delay) * scale / 1000)
+                sender.send(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("OUT", np.array([value], dtype=np.int32)),
+                    pb_utils.Tensor("IDX", np.array([i], dtype=np.uint32)),
+                ]))
+            sender.send(flags=final)
+        return None  # a decoupled model answers through the senders only
+
+    return execute
+
+
 def _echo_request(model, config):
     """The ``echo_request`` op: what the backend shows of each request, as JSON, and INPUT0 back."""
     executed = iter(range(1 << 62))  # this instance's execution order, across all requests
@@ -232,4 +292,4 @@ def _echo_request(model, config):
 #: The ops that are more than a function of the inputs: each makes its own ``execute`` from the
 #: model and its config (and refuses a config it cannot serve).
 _SPECIAL = {"stream": _stream, "accumulate": _accumulate, "echo_request": _echo_request,
-            "identity_dlpack": _identity_dlpack}
+            "identity_dlpack": _identity_dlpack, "sequence": _sequence, "repeat": _repeat}

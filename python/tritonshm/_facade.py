@@ -199,6 +199,8 @@ class SlotRoute:
         (its ``result`` and ``wanted`` are not used)."""
         if self._closed or (request_id and not streamed) or not isinstance(model_version, str):
             return None  # a version that is no string: tritonclient's own error
+        if not compat.reads_request_objects(self.http):
+            return None  # a tritonclient whose request objects we cannot read: its own call (warned once)
         arrays = self._arrays(inputs)
         names = _ALL if streamed else self._output_names(outputs)
         if arrays is None or names is None:
@@ -547,6 +549,7 @@ class KeptInput:
 
     _tritonshm_kept: np.ndarray | None = None
     _tritonshm_bytes: bytes | None = None
+    _tritonshm_http: bool  # each facade's class says which protocol's InferInput it extends
 
     def _set_data(self, input_tensor: Any, binary_data: bool, *args: Any) -> Any:
         """tritonclient's ``set_data_from_numpy(input_tensor, *args)``, keeping *input_tensor*
@@ -554,7 +557,7 @@ class KeptInput:
         tritonclient's returns.  Each facade's ``InferInput`` calls it with its own signature."""
         self._tritonshm_kept = self._tritonshm_bytes = None
         shape = [int(d) for d in self.shape()]  # type: ignore[attr-defined]
-        if not self._keepable(input_tensor, shape, binary_data):
+        if not (self._keepable(input_tensor, shape, binary_data) and compat.reads_request_objects(self._tritonshm_http)):
             return super().set_data_from_numpy(input_tensor, *args)  # type: ignore[misc]
         # tritonclient's own state change (shared-memory parameters dropped, the data's size
         # noted), on an empty array of the same dtype; then the shape as it was.
@@ -592,6 +595,34 @@ class KeptInput:
         if self._tritonshm_bytes is None:
             self._tritonshm_bytes = self._tritonshm_kept.tobytes()
         return self._tritonshm_bytes
+
+
+class GrpcKeptInput(KeptInput):
+    """tritonshm.grpc's ``InferInput`` (made a ``tritonclient.grpc.InferInput`` by
+    :func:`~tritonshm._tritonclient_compat.input_class`): tritonclient.grpc's, whose
+    ``set_data_from_numpy`` keeps the array rather than a copy of its bytes (see
+    :class:`KeptInput`), so a call through the slots copies it once."""
+
+    _tritonshm_http = False
+
+    def set_data_from_numpy(self, input_tensor: Any) -> Any:
+        """tritonclient.grpc's ``set_data_from_numpy``: the array is kept, read at the call that
+        sends it (see :class:`KeptInput`); its errors tritonclient's."""
+        return self._set_data(input_tensor, True)
+
+
+class HttpKeptInput(KeptInput):
+    """tritonshm.http's ``InferInput`` (made a ``tritonclient.http.InferInput`` by
+    :func:`~tritonshm._tritonclient_compat.input_class`): as :class:`GrpcKeptInput`, binary
+    data only."""
+
+    _tritonshm_http = True
+
+    def set_data_from_numpy(self, input_tensor: Any, binary_data: bool = True) -> Any:
+        """tritonclient.http's ``set_data_from_numpy``: binary data is kept as the array, read at
+        the call that sends it (see :class:`KeptInput`); JSON data (``binary_data=False``) and
+        errors are tritonclient's."""
+        return self._set_data(input_tensor, binary_data, binary_data)
 
 
 class _SlotsHeld:

@@ -397,6 +397,21 @@ def test_forgotten_client_stops_its_threads(server):
         assert not thread.is_alive(), thread.name
 
 
+def test_close_returns_once_its_threads_are_gone(server):
+    """An HTTP client's I/O threads close their tritonclient clients and gevent hubs as they end;
+    close() returned before they had, and a program that exited right after close() could end
+    in a SIGSEGV (greenlet's teardown of a daemon thread stopped mid-way by the interpreter's
+    exit: ~40% of the runs of tritonclient's simple_http_async_infer_client.py through
+    tritonshm.http, tests/examples/)."""
+    before = {t for t in threading.enumerate() if t.name.startswith("tritonshm-")}
+    c = tritonshm.Client(client_url(server, "http"), slots=2)
+    assert c.infer_async("identity_fp32", {"INPUT0": floats(4)}).result(timeout=30)
+    started = {t for t in threading.enumerate() if t.name.startswith("tritonshm-")} - before
+    assert any(t.name.startswith("tritonshm-http") for t in started)
+    c.close()
+    assert [t.name for t in started if t.is_alive()] == []
+
+
 def test_forgotten_client_is_cleaned_up_at_exit(server):
     script = textwrap.dedent(f"""
         import numpy as np, tritonshm

@@ -267,3 +267,45 @@ def test_the_facade_exports_every_public_name_of_tritonclients_module(protocol):
         return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
 
     assert shape(client_class.infer) == shape(plain_module.InferenceServerClient.infer)
+
+
+@pytest.fixture(scope="module")
+def isolated_server():
+    """A real server with a /dev/shm of its own: it cannot open our segments, as a server on
+    another machine or in a container without the host's /dev/shm."""
+    from tritonshm.server import LocalServer
+    from triton_fixtures import start_or_skip
+
+    with start_or_skip(LocalServer(private_shm=True)) as srv:
+        yield srv
+
+
+def test_a_server_that_cannot_see_our_memory_gets_the_request_on_the_wire_with_one_warning(isolated_server,
+                                                                                          protocol):
+    import warnings
+
+    plain_module, facade_module = modules(protocol)
+    x = np.arange(64 << 10, dtype=np.float32)  # above gRPC's inline size: the slots would carry it
+    arrays = {"INPUT0": x}
+    with connect(plain_module, isolated_server, protocol) as plain, \
+            connect(facade_module, isolated_server, protocol) as facade:
+        expected = script(plain_module, plain, "identity_fp32", arrays, ["FP32"], ["OUTPUT0"])
+        with pytest.warns(RuntimeWarning, match="cannot open our shared memory"):
+            got = script(facade_module, facade, "identity_fp32", arrays, ["FP32"], ["OUTPUT0"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # one warning, not one per call
+            again = script(facade_module, facade, "identity_fp32", arrays, ["FP32"], ["OUTPUT0"])
+        for result in (got, again):
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), expected.as_numpy("OUTPUT0"))
+            assert result.get_output("OUTPUT0") == expected.get_output("OUTPUT0")
+        assert facade.tritonshm.pools() == []  # nothing left registered where it cannot be seen
+        if protocol == "grpc":  # the stream too: its requests on the wire, its answers tritonclient's
+            heard = []
+            facade.start_stream(lambda result, error: heard.append((result, error)))
+            for count in (2, 0):
+                inputs = [facade_module.InferInput("INPUT0", [4], "FP32").set_data_from_numpy(np.ones(4, np.float32)),
+                          facade_module.InferInput("COUNT", [1], "INT32").set_data_from_numpy(
+                              np.array([count], np.int32))]
+                facade.async_stream_infer("stream_fp32", inputs, request_id=str(count))
+            facade.stop_stream()
+            assert [(r.get_response().id, e) for r, e in heard] == [("2", None), ("2", None)]

@@ -136,7 +136,7 @@ def test_http_url_works(server):
 
 
 def test_every_bundled_model_is_ready(grpc):
-    assert len(MODELS) == 20
+    assert len(MODELS) == 24
     index = grpc.get_model_repository_index(as_json=True)["models"]
     assert sorted(m["name"] for m in index) == MODELS
     assert {m["name"]: m["state"] for m in index} == {name: "READY" for name in MODELS}

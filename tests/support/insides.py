@@ -9,11 +9,13 @@ private attributes themselves.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 from tritonshm.client._slots import SYSTEM, SlotKind
 
-__all__ = ["budget_used", "lent_allocations", "live_pool", "live_pools", "parked", "release_held_for_the_server"]
+__all__ = ["budget_used", "count_stream_sends", "lent_allocations", "live_pool", "live_pools", "parked",
+           "release_held_for_the_server"]
 
 
 def live_pools(client: Any) -> dict[tuple[str, str, SlotKind], Any]:
@@ -53,3 +55,17 @@ def release_held_for_the_server(tritonclient: Any) -> None:
         if extent.name is not None:
             triton.unregister(tritonclient, extent.name)
         extent.release_memory()
+
+
+def count_stream_sends(client_class: type, count: Callable[[str], None]) -> None:
+    """Make *client_class* (``tritonshm.Client`` or ``tritonshm.aio.Client``) call ``count(model)``
+    for each request a facade's stream sends through its slots: its ``_stream_to``, the way
+    ``tritonshm.grpc``'s streams go into the held client (tests/examples/facade_runner.py)."""
+    send = client_class._stream_to  # type: ignore[attr-defined]
+
+    @functools.wraps(send)
+    def counted(self: Any, stream: Any, model: str, *args: Any, **kwargs: Any) -> Any:
+        count(model)
+        return send(self, stream, model, *args, **kwargs)
+
+    client_class._stream_to = counted  # type: ignore[attr-defined]

@@ -503,7 +503,8 @@ class Client:
         detached = self._finalizer.detach()
         if detached is not None:
             release: Callable[..., None] = detached[1]  # release_everything(driver, engine, workers, wait)
-            release(*detached[2], settle=SETTLE_SECONDS if engine.slot_timeout is None
+            driver, _, workers, _ = detached[2]  # the finalizer's wait=False is for a collected client
+            release(driver, engine, workers, True, settle=SETTLE_SECONDS if engine.slot_timeout is None
                     else min(engine.slot_timeout, SETTLE_SECONDS))
 
     def __enter__(self) -> "Client":

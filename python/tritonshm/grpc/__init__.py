@@ -36,21 +36,11 @@ from ..errors import InferenceServerException
 __all__ = _facade.reexport(_tritonclient_grpc, globals(), own=("aio",))
 
 
-class InferInput(_facade.KeptInput, _tritonclient_grpc.InferInput):  # type: ignore[misc]
-    """tritonclient.grpc's ``InferInput``, whose ``set_data_from_numpy`` keeps the array rather
-    than a copy of its bytes (see :class:`tritonshm._facade.KeptInput`): a call through the
-    slots copies it once.  Everything else is tritonclient's."""
-
-    def set_data_from_numpy(self, input_tensor: Any) -> Any:
-        """tritonclient.grpc's ``set_data_from_numpy``: the array is kept, read at the call
-        that sends it (see :class:`tritonshm._facade.KeptInput`); its errors tritonclient's."""
-        return self._set_data(input_tensor, True)
-
-    def _get_content(self) -> Any:
-        # tritonclient's request builder reads the data here (a call on the wire): made now.
-        kept = self.kept_bytes()
-        return kept if kept is not None else super()._get_content()
-
+#: tritonclient.grpc's ``InferInput``, whose ``set_data_from_numpy`` keeps the array rather
+#: than a copy of its bytes (see :class:`tritonshm._facade.KeptInput`): a call through the slots
+#: copies it once.  Everything else is tritonclient's.
+InferInput = _tritonclient_compat.input_class(_facade.GrpcKeptInput, _tritonclient_grpc.InferInput,
+                                           http=False, module=__name__)
 
 #: gRPC calls whose inputs take fewer bytes go inline, as tritonclient sends them (see
 #: ``InferenceServerClient.tritonshm_inline_bytes``): the crossover measured lies between 64 and

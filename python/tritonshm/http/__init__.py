@@ -32,22 +32,11 @@ from .. import _facade, _tritonclient_compat
 __all__ = _facade.reexport(_tritonclient_http, globals(), own=("aio",))
 
 
-class InferInput(_facade.KeptInput, _tritonclient_http.InferInput):  # type: ignore[misc]
-    """tritonclient.http's ``InferInput``, whose ``set_data_from_numpy`` keeps the array rather
-    than a copy of its bytes (see :class:`tritonshm._facade.KeptInput`): a call through the
-    slots copies it once.  Everything else is tritonclient's."""
-
-    def set_data_from_numpy(self, input_tensor: Any, binary_data: bool = True) -> Any:
-        """tritonclient.http's ``set_data_from_numpy``: binary data is kept as the array, read
-        at the call that sends it (see :class:`tritonshm._facade.KeptInput`); JSON data
-        (``binary_data=False``) and errors are tritonclient's."""
-        return self._set_data(input_tensor, binary_data, binary_data)
-
-    def _get_binary_data(self) -> Any:
-        # tritonclient's request builder reads the data here (a call on the wire): made now.
-        kept = self.kept_bytes()
-        return kept if kept is not None else super()._get_binary_data()
-
+#: tritonclient.http's ``InferInput``, whose ``set_data_from_numpy`` keeps the array rather
+#: than a copy of its bytes (see :class:`tritonshm._facade.KeptInput`): a call through the slots
+#: copies it once.  Everything else is tritonclient's.
+InferInput = _tritonclient_compat.input_class(_facade.HttpKeptInput, _tritonclient_http.InferInput,
+                                           http=True, module=__name__)
 
 #: The result of a call the slots carried: a ``tritonclient.http.InferResult``.
 _SlotResult = _tritonclient_compat.result_class(_facade.HttpSlotResult, _tritonclient_http.InferResult)
