@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import Any
 
 from . import _segments
 from ._memory import SystemRegion
@@ -58,6 +59,35 @@ def run_doctor(server_url: str | None = None) -> int:
     return 0 if healthy else 1
 
 
+#: Where the whole recipe is: docs/deployment.md in the repository (the documentation site's
+#: "Deployment" page).
+_RECIPE = "docs/deployment.md"
+
+
+def deployment_hints(address: str, said: str, environ: Any = None) -> list[str]:
+    """What this machine shows to be missing when a server at *address* (``host:port``) cannot
+    open our memory, having said *said*: one line each, the likeliest first (see
+    docs/deployment.md for the whole recipe).  *environ* stands in for ``os.environ`` (tests)."""
+    environ = os.environ if environ is None else environ
+    host = address.rsplit(":", 1)[0].strip("[]")
+    hints = []
+    if host not in ("localhost", "127.0.0.1", "::1") and not host.startswith("127."):
+        hints.append(f"the server is at {host}, not on this machine's loopback: shared memory works only "
+                     f"with a server on this machine (tritonshm falls back to the wire there)")
+    if "allow" in said.lower():
+        hints.append("Triton >= 2.69 opens client memory only when started with --allow-client-shm=true")
+    if environ.get("KUBERNETES_SERVICE_HOST"):
+        hints.append("in a Kubernetes pod: mount one memory-backed emptyDir at /dev/shm in both the app's and "
+                     "Triton's containers (medium: Memory, sized for the pools), run both as the same user, "
+                     f"and reach Triton on localhost ({_RECIPE}, Kubernetes)")
+    elif os.path.exists("/.dockerenv") or environ.get("container"):
+        hints.append("in a container: share /dev/shm with Triton's (docker run --ipc=container:<triton> or "
+                     f"--ipc=host; --shm-size for the pools) and run both as the same user ({_RECIPE}, Docker)")
+    hints.append("our segments are mode 0600: Triton must run as the same user as this process "
+                 f"(uid {os.getuid()}) and see the same /dev/shm ({_RECIPE})")
+    return hints
+
+
 def _check_cuda() -> bool:
     """Report the CUDA runtime (a warning, never a failure: CUDA is optional)."""
     from . import cuda
@@ -98,7 +128,10 @@ def _check_server(url: str, gpu: bool) -> bool:
         with SystemRegion.create(4096) as region:
             why = opens(region)
         if why is not None:
-            return _report(False, f"the server at {url} cannot use our memory: {why}")
+            _report(False, f"the server at {url} cannot use our memory: {why}")
+            for hint in deployment_hints(address, why):
+                print(f"       - {hint}")
+            return False
         _report(True, f"the server at {url} opened a segment of ours: shared memory works")
         if gpu:
             with CudaRegion.create(4096) as device_region:

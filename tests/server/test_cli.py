@@ -164,6 +164,35 @@ def test_doctor_headlines_a_server_it_cannot_reach(server):
         assert "cannot use our memory" not in done.stdout
 
 
+def test_doctor_says_what_is_missing_when_the_server_cannot_open_our_memory():
+    """A server with a /dev/shm of its own (as in another container): the failure, then what to
+    check, the recipe named."""
+    from tritonshm.server import LocalServer
+    from triton_fixtures import start_or_skip
+
+    with start_or_skip(LocalServer(private_shm=True)) as isolated:
+        done = tritonshm_cmd("doctor", "--url", isolated.grpc_url)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    (failed,) = [i for i, line in enumerate(lines) if line.startswith(f"[FAIL] the server at {isolated.grpc_url} "
+                                                                       f"cannot use our memory")]
+    hints = lines[failed + 1:]
+    assert hints and all(line.startswith("       - ") for line in hints)
+    assert "same user" in hints[-1] and "docs/deployment.md" in hints[-1]
+
+
+def test_doctor_hints_fit_where_it_runs():
+    from tritonshm.doctor import deployment_hints
+
+    pod = deployment_hints("127.0.0.1:8001", "failed to open", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    assert any("emptyDir at /dev/shm" in hint and "Kubernetes" in hint for hint in pod)
+    remote = deployment_hints("triton.example:8001", "failed to open", {})
+    assert remote[0].startswith("the server is at triton.example, not on this machine's loopback")
+    flag = deployment_hints("localhost:8001", "client shared memory is not allowed", {})
+    assert any("--allow-client-shm=true" in hint for hint in flag)
+    assert not any("loopback" in hint for hint in flag)
+
+
 def test_module_and_console_script_agree():
     done = tritonshm_cmd("--help")
     assert done.returncode == 0 and "demo" in done.stdout and "gc" in done.stdout
