@@ -43,6 +43,7 @@ from ..errors import (
 from . import _bytes, _devices, _intake, _messages
 from ._claim import Claim, Claims, Span, server_answered
 from ._devices import DeviceTensor, OutTensor, Placement
+from ._fallback import Fallback, Next
 from ._lent import Lent, LentAllocations, LentInfo, LentStats
 from ._model import ModelInfo, shape_fits
 from ._options import RequestOptions, check_slot_timeout
@@ -152,7 +153,6 @@ class Engine:
         if transport == "cuda":
             _devices.require_cuda("transport='cuda'")
         self.routing = Routing(transport, 0 if isinstance(pinned, bool) else pinned, pinned is not False, by_reference)
-        self._cuda_refused = False   # the server could not open our CUDA memory: host slots instead
         self.aio = aio
         self.url = url
         self.transport = transport
@@ -161,6 +161,8 @@ class Engine:
         self.budget = ByteBudget(max_pool_bytes)  # every pool's extents together, at every instant
         self.slot_timeout = slot_timeout
         self.wire, self._address, self._ssl = _transport.parse_url(url, aio=aio)
+        # What the server has shown it cannot open, and so how requests travel (its only writer).
+        self.fallback = Fallback(transport, "HTTP" if self.wire.http else "gRPC")
         self._verbose = verbose
         self._connect_options = dict(connect_options or {})
         self._lock = threading.RLock()
@@ -172,7 +174,7 @@ class Engine:
         self._parked_retry_at = 0.0
         self._creator_pid = os.getpid()  # a forked child must not unregister our names
         # The caller's GPU allocations registered to send its tensors by reference (beside the pools).
-        self._lent = LentAllocations(max_lent_bytes, self._creator_pid, self._parked)
+        self._lent = LentAllocations(max_lent_bytes, self._creator_pid, self._parked, self.fallback)
         # The caller's memory that unfinished requests name (a request that would clash waits).
         self._claims = Claims()
         # Requests between their first step and their last: close() lets them finish first.
@@ -181,7 +183,6 @@ class Engine:
         self._in_flight_counter = _InFlight(self)
         self._needs_by_shapes: dict[tuple, dict[str, int]] = {}   # slot needs by model and input shapes
         self._quick_plans: dict[tuple, QuickPlan] = {}  # small requests seen before, by signature
-        self._wire_only = transport == "wire"
         self._closed = False
 
     @staticmethod
@@ -255,7 +256,7 @@ class Engine:
 
     def describe(self) -> str:
         """The client's repr: its flavour, URL and state."""
-        state = "closed" if self._closed else ("wire" if self._wire_only else self.transport)
+        state = "closed" if self._closed else self.fallback.describe()
         kind = "aio.Client" if self.aio else "Client"
         return f"<tritonshm.{kind} {self.url!r} {state}>"
 
@@ -291,7 +292,7 @@ class Engine:
 
     def _memory_after_refusal(self, kind: SlotKind) -> SlotKind:
         """*kind*, or the host memory that replaces CUDA slots the server cannot open."""
-        if not (self._cuda_refused and kind.on_gpu) or kind.device is None:
+        if not (self.fallback.cuda_refused and kind.on_gpu) or kind.device is None:
             return kind
         return SYSTEM if self.routing.pinned else SlotKind.pinned(kind.device)
 
@@ -313,7 +314,7 @@ class Engine:
         pool together) is made only once it does, until *deadline*.
         """
         while True:
-            if self._wire_only:
+            if self.fallback.wire:
                 return None
             if not strict:
                 kind = self._memory_after_refusal(kind)
@@ -354,24 +355,15 @@ class Engine:
                 self._take_out_of_service(key, pool)
                 if not isinstance(exc, SharedMemoryRefused):
                     raise
-                # Concurrent first requests may each be refused: the first one warns.
-                if kind.on_gpu:
-                    if self.transport == "cuda" or strict:
-                        raise
-                    if not self._cuda_refused:
-                        self._cuda_refused = True  # before warning: warnings may be errors
-                        self._lent.refused = str(exc)  # nor the caller's own GPU memory, then
-                        warnings.warn(f"tritonshm: GPU tensors fall back to pinned system shared memory: "
-                                      f"{exc}", RuntimeWarning, stacklevel=2)
-                    continue
-                if self.transport in ("shm", "cuda") or strict:
+                # The state steps before the warning (warnings may be errors); concurrent first
+                # requests may each be refused: the first one to report it warns.
+                step = self.fallback.refused(kind.on_gpu, str(exc), strict)
+                if step.next is Next.RAISE:
                     raise
-                if not self._wire_only:
-                    self._wire_only = True
-                    warnings.warn(
-                        f"tritonshm: falling back to plain {'HTTP' if self.wire.http else 'gRPC'}: {exc}",
-                        RuntimeWarning, stacklevel=2,
-                    )
+                if step.warning is not None:
+                    warnings.warn(step.warning, RuntimeWarning, stacklevel=2)
+                if step.next is Next.HOST:
+                    continue
                 return None
             added = pool.add_extent(extent)
             pool.stop_growing()
@@ -679,7 +671,7 @@ class Engine:
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays)
         yield from self._wait_for_clashes(plan, arrays, claim)
-        if route.lent and not self._wire_only:  # (a server that refused CUDA memory: the table says so)
+        if route.lent and not self.fallback.wire:  # (a server that refused CUDA memory: the table says so)
             yield from self._lend_steps(plan, arrays, claim)
         needs = self._needs(info, shapes, bytes_sizes)
         if claim:  # lent tensors take no room in a slot
@@ -687,8 +679,8 @@ class Engine:
                      if name not in claim.inputs and name not in claim.outputs}
         for attempt in range(_GROW_ATTEMPTS):
             lease = None
-            if needs or self._wire_only:
-                lease = None if self._wire_only else (
+            if needs or self.fallback.wire:
+                lease = None if self.fallback.wire else (
                     yield from self._lease_steps(info, needs, plan.slot_timeout, not plan.copy, route.memory))
                 if lease is None:
                     inputs, requested = _messages.wire_request(self.wire, info, arrays, names)
@@ -836,7 +828,7 @@ class Engine:
         planning again cost as much as the rest of the call.
         """
         if options is not None or not copy or output_device != "auto" or slot_timeout is not None \
-                or self._wire_only or self.routing.transport == "cuda" or len(inputs) > 8:
+                or self.fallback.wire or self.routing.transport == "cuda" or len(inputs) > 8:
             return None, None
         signature: list[Any] = [info.name, info.version, None if outputs is None else tuple(outputs)]
         total = 0
@@ -995,14 +987,14 @@ class Engine:
         with self._flight():
             try:
                 yield from self._wait_for_clashes(plan, arrays, claim)
-                if plan.route.lent and not self._wire_only:
+                if plan.route.lent and not self.fallback.wire:
                     yield from self._lend_steps(plan, arrays, claim)
                 needs = {name: size for name, size in self._needs(info, shapes, bytes_sizes).items()
                          if name not in claim.inputs}  # lent inputs take no room in a slot
-                lease = None if self._wire_only or not needs else (
+                lease = None if self.fallback.wire or not needs else (
                     yield from self._lease_steps(info, needs, plan.slot_timeout, False, plan.route.memory))
                 claim.lease = lease
-                if self._wire_only or lease is None and not claim:
+                if self.fallback.wire or lease is None and not claim:
                     inputs = _messages.wire_request(self.wire, info, arrays, [])[0]
                 else:
                     yield from self._fill_steps(info, lease, arrays, bytes_sizes, plan.route.device, claim)
@@ -1112,7 +1104,7 @@ class Engine:
         if info.decoupled:
             raise InvalidOption(f"model {info.name!r} is decoupled: Triton answers it over a gRPC stream "
                                 f"only; use stream()")
-        if self._wire_only:
+        if self.fallback.wire:
             raise InvalidOption("request() needs shared memory, but this client is on the wire transport")
         given = {k: tuple(v) for k, v in (shapes or {}).items()}
         if info.batched:

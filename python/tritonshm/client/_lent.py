@@ -62,6 +62,7 @@ from .._memory._cuda_region import CudaRegion
 from ..errors import NotShareable, RegistrationError, SharedMemoryRefused
 from ._devices import DeviceTensor
 from ._disposal import drop_extents_steps
+from ._fallback import Fallback
 from ._pool import ByteBudget, Extent
 from ._slots import RegisteredMemory
 from ._steps import Pause, Register, Steps
@@ -163,9 +164,10 @@ class LentAllocations:
     #: not: the new tensor is copied instead (no registration churn for fresh allocations).
     cold_seconds = 1.0
 
-    def __init__(self, max_bytes: int, creator_pid: int, parked: list[Extent],
+    def __init__(self, max_bytes: int, creator_pid: int, parked: list[Extent], fallback: Fallback,
                  max_entries: int = MAX_LENT_ENTRIES):
         self.max_bytes = max_bytes
+        self._fallback = fallback  # whether the server can open the caller's GPU memory (its writer)
         self.max_entries = max_entries
         self._creator_pid = creator_pid
         self._parked = parked
@@ -178,7 +180,6 @@ class LentAllocations:
         self._disposals: list[Extent] = []  # out of the table and unused: to unregister, then let go
         self._doomed: list[_Entry] = []   # out of the table, still named by requests
         self._stats = LentStats()
-        self.refused: str | None = None   # why the server cannot open lent memory (then: copies)
         # Whether the caller makes a fresh allocation per request (then new ones are copied), and
         # the tensors copied so since, to see one given again (then it is lent: see the module).
         self._fresh_per_request = False
@@ -189,7 +190,7 @@ class LentAllocations:
     def lend_steps(self, tensor: DeviceTensor) -> Steps:
         """*tensor*'s allocation registered (now, or before): its :class:`Lent`, which the
         request hands back to :meth:`finished`; None where it must be copied instead."""
-        if self.refused is not None:
+        if self._fallback.lending_refused is not None:
             return self._copied("server cannot open CUDA memory")
         source = tensor.source
         try:
@@ -242,7 +243,7 @@ class LentAllocations:
                 yield from self.drop_steps(self.take_disposals())
                 continue
             yield Pause(_REGISTER_POLL)  # another request is registering it: wait for its name
-            if self.refused is not None:  # ... and the server refused it
+            if self._fallback.lending_refused is not None:  # ... and the server refused it
                 region.close()
                 return self._copied("server cannot open CUDA memory")
         try:
@@ -250,7 +251,7 @@ class LentAllocations:
         except (SharedMemoryRefused, RegistrationError) as exc:
             self._forget_failed(key, entry)
             if isinstance(exc, SharedMemoryRefused):
-                self.refused = str(exc)
+                self._fallback.lending_refused_because(str(exc))
                 return self._copied("server cannot open CUDA memory")
             return self._copied("server refused")
         except BaseException:
