@@ -1,7 +1,8 @@
 """``tritonshm bench``: one identity request, every way, side by side, in one run.
 
 One server (a :class:`~tritonshm.server.LocalServer` started for the run, or
-``--url``), one bundled identity model (``identity_fp32``, or
+``--url`` and ``--http-url``, read as :class:`~tritonshm.Client` reads a URL and
+checked before anything is measured: ``_where.py``), one bundled identity model (``identity_fp32``, or
 ``identity_uint8`` with ``--dtype uint8``), one request per repetition with
 a 1-D input of the given number of bytes.  The methods (see ``_methods.py``):
 
@@ -12,15 +13,20 @@ a 1-D input of the given number of bytes.  The methods (see ``_methods.py``):
 * tritonshm: ``Client.infer`` (copies in and out) and ``zero-copy``
   (``Client.request()``: the input written into the slot, the output read
   as a view of it), each also with ``-http``: the client made with the
-  server's ``http://`` URL (left out under ``--url`` without ``--http-url``);
+  server's ``http://`` URL (left out under a gRPC ``--url`` without ``--http-url``;
+  under an ``http://`` ``--url`` alone, the gRPC rows are left out instead);
   ``tritonshm.grpc`` and ``tritonshm.http``: tritonclient's API via tritonshm,
   the ``grpc`` and ``http`` rows' very code with the facade module imported
   in place of tritonclient's (the tensors through its slots);
-* references: ``floor`` (inputs already in a registered region, outputs
-  left there: the tritonclient ``infer`` call alone) and ``memcpy`` (one
-  copy of the input's bytes); ``limit = floor + memcpy``, repetition by
-  repetition, is what a client that must take its input from the caller's
-  array can at best reach.
+* references: ``floor`` and ``floor-http`` (inputs already in a registered
+  region, outputs left there: tritonclient.grpc's and tritonclient.http's
+  ``infer`` call alone) and ``memcpy`` (one copy of the input's bytes);
+  ``limit = floor + memcpy`` and ``limit-http = floor-http + memcpy``,
+  repetition by repetition, are what a client that must take its input from
+  the caller's array reaches at best over each protocol, when its request
+  costs what tritonclient's does.  (tritonshm's clients send a request made
+  ready ahead -- over HTTP on a connection of their own -- which can cost
+  less: a ratio to the limit below 1 says so, it is no error.)
 
 Repetitions are interleaved: each round runs every method once, the order
 rotating by one place per round, so the noise of a shared machine falls on
@@ -31,10 +37,11 @@ with an input never sent before (so a stale result cannot pass);
 
 Results (``run()``'s return value, and what ``--json`` writes)::
 
-    {"format": "tritonshm-bench/1",
+    {"format": "tritonshm-bench/2",
      "meta": {model, datatype, sizes, reps (per size), server_version, tritonshm_version,
               cpu_count, cpu_affinity, versions, methods {name: {group, description, status}},
-              peers, limit, url, server ("started" | "given"), time_utc, ...},
+              peers, limit, limits {name: "floor + memcpy"}, against_limit {method: limit},
+              url, http_url (host:port, or None), server ("started" | "given"), time_utc, ...},
      "results": [{"nbytes", "elements", "reps", "seconds", "best_peer",
                   "methods": {name: {"status": "ok" | "not installed", "samples_s": [...],
                                      "median_s", "p10_s", "p25_s", "p75_s", "p90_s", "iqr_s",
@@ -42,7 +49,8 @@ Results (``run()``'s return value, and what ``--json`` writes)::
 
 Ratios are median time over the reference's median time: below 1 is
 faster.  ``vs_limit`` is given for ``Client.infer`` and ``zero-copy`` (and their ``-http`` twins)
-and for ``tritonshm.grpc`` / ``tritonshm.http``.
+and for ``tritonshm.grpc`` / ``tritonshm.http``, over their own protocol's limit
+(``meta.against_limit``; in ``tritonshm-bench/1`` every row's was over the gRPC limit).
 
 ``tritonshm bench --gpu`` (:func:`run_gpu`, ``_gpu.py``) does the same from a
 GPU tensor, against a GPU model and the CPU identity model side by side.
