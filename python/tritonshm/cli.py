@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench", help="end-to-end benchmark: tritonshm against plain gRPC, tritonclient's shm utilities "
                       "and triton-shm-client, with the floor and the limit",
-        description=_bench.description(), formatter_class=argparse.RawDescriptionHelpFormatter,
+        **_bench.parser_options(),
     )
     _bench.add_arguments(bench)
     bench.set_defaults(func=_cmd_bench)

@@ -23,6 +23,11 @@ STAT_KEYS = {"status", "samples_s", "median_s", "p10_s", "p25_s", "p75_s", "p90_
              "vs_best_peer", "vs_limit"}
 
 
+#: What bench.run and its twins say of 127.0.0.1:1, where nothing listens.
+UNREACHABLE = (r"asking the server at 127\.0\.0\.1:1 \(gRPC\) for its version: cannot reach the Triton server\. .*"
+               r"is a Triton server running at 127\.0\.0\.1:1\?")
+
+
 def bench_cmd(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "tritonshm", "bench", *args], capture_output=True,
                           text=True, timeout=timeout)
@@ -40,18 +45,22 @@ def test_results_hold_the_metadata_of_the_run(results, server):
     meta = results["meta"]
     assert meta["sizes"] == [4096, 64 << 10] and meta["reps"] == [3, 3]
     assert meta["model"] == "identity_fp32" and meta["datatype"] == "FP32"
-    assert meta["server_version"] and meta["url"] == server.grpc_url
+    assert meta["server_version"] and meta["url"] == server.grpc_url and meta["http_url"] == server.http_url
     assert meta["cpu_count"] >= 1
     assert meta["tritonshm_version"] == tritonshm.__version__
     assert list(meta["methods"]) == [m.name for m in bench.METHODS]
     assert meta["peers"] == ["grpc", "http", "tc-shm", "triton-shm-client"]
+    assert meta["limits"] == {"limit": "floor + memcpy", "limit-http": "floor-http + memcpy"}
+    assert meta["against_limit"] == {"Client.infer": "limit", "Client.infer-http": "limit-http",
+                                     "tritonshm.grpc": "limit", "tritonshm.http": "limit-http",
+                                     "zero-copy": "limit", "zero-copy-http": "limit-http"}
 
 
 def test_every_method_has_samples_median_spread_and_ratios(results):
     for entry in results["results"]:
         assert entry["reps"] == 3 and entry["elements"] == entry["nbytes"] // 4
         methods = entry["methods"]
-        assert list(methods) == [m.name for m in bench.METHODS] + ["limit"]
+        assert list(methods) == [m.name for m in bench.METHODS] + ["limit", "limit-http"]
         for name, res in methods.items():
             if name == "triton-shm-client" and not TSC_INSTALLED:
                 assert res == {"status": "not installed", "samples_s": []}
@@ -69,16 +78,18 @@ def test_every_method_has_samples_median_spread_and_ratios(results):
                  if methods[p]["status"] == "ok"}
         assert entry["best_peer"] == min(peers, key=peers.get)
         assert methods[entry["best_peer"]]["vs_best_peer"] == 1.0
-        # the limit is floor + memcpy, repetition by repetition
-        pairs = zip(methods["floor"]["samples_s"], methods["memcpy"]["samples_s"])
-        assert methods["limit"]["samples_s"] == pytest.approx([f + m for f, m in pairs])
-        assert methods["zero-copy"]["vs_limit"] == pytest.approx(
-            methods["zero-copy"]["median_s"] / methods["limit"]["median_s"])
+        # each limit is its protocol's floor + memcpy, repetition by repetition
+        for limit, floor in (("limit", "floor"), ("limit-http", "floor-http")):
+            pairs = zip(methods[floor]["samples_s"], methods["memcpy"]["samples_s"])
+            assert methods[limit]["samples_s"] == pytest.approx([f + m for f, m in pairs])
+        # ... and each tritonshm row is held to its own protocol's
+        for name, limit in (("zero-copy", "limit"), ("zero-copy-http", "limit-http"), ("tritonshm.http", "limit-http")):
+            assert methods[name]["vs_limit"] == pytest.approx(methods[name]["median_s"] / methods[limit]["median_s"])
 
 
 def test_the_table_shows_every_method_and_size(results):
     table = bench.format_table(results)
-    for name in [m.name for m in bench.METHODS] + ["limit"]:
+    for name in [m.name for m in bench.METHODS] + ["limit = floor+memcpy", "limit-http = floor-http+memcpy"]:
         assert name in table
     assert "4 KiB" in table and "64 KiB" in table
     if not TSC_INSTALLED:
@@ -148,7 +159,7 @@ def test_arguments_are_checked_before_anything_runs():
 
 
 def test_an_unreachable_server_is_one_clear_error():
-    with pytest.raises(tritonshm.Error, match="cannot reach a Triton server at 127.0.0.1:1"):
+    with pytest.raises(tritonshm.Error, match=UNREACHABLE):
         bench.run("127.0.0.1:1", [4096], reps=1)
 
 
@@ -164,14 +175,16 @@ def test_parse_size_refuses(text):
         bench.parse_size(text)
 
 
-def test_help_documents_every_flag_and_method():
+def test_help_documents_every_flag_and_list_methods_every_method():
     done = bench_cmd("--help")
     assert done.returncode == 0
-    for flag in ("--url", "--sizes", "--dtype", "--reps", "--budget", "--min-reps", "--max-reps", "--warmup",
-                 "--methods", "--json", "--plot"):
+    for flag in ("--url", "--http-url", "--sizes", "--dtype", "--reps", "--budget", "--min-reps", "--max-reps",
+                 "--warmup", "--methods", "--list-methods", "--json", "--plot"):
         assert flag in done.stdout
-    for method in [m.name for m in bench.METHODS] + ["limit"]:
-        assert method in done.stdout
+    listed = bench_cmd("--list-methods")
+    assert listed.returncode == 0 and not listed.stderr
+    for method in [m.name for m in bench.METHODS] + ["limit", "limit-http"]:
+        assert f"\n  {method} " in listed.stdout, method
 
 
 def test_command_prints_the_table_and_writes_json(server, tmp_path):
@@ -244,14 +257,16 @@ def test_the_tritonclient_api_rows_are_the_plain_rows_code_through_the_facade_sl
     rows = {m.name: m for m in bench.METHODS}
     assert rows["tritonshm.grpc"].group == rows["tritonshm.http"].group == "tritonshm"
     assert "tritonclient API via tritonshm" in rows["tritonshm.grpc"].description
+    # 256 KiB: over gRPC the facade sends inputs under 128 KiB inline, as tritonclient does (no slots)
+    count = 256 << 10 >> 2
     setting = _methods.Setting(url=server.grpc_url, model="identity_fp32", datatype="FP32",
-                               dtype=np.dtype(np.float32), count=1024, http_url=server.http_url)
+                               dtype=np.dtype(np.float32), count=count, http_url=server.http_url)
     for name, module in (("tritonshm.grpc", "tritonshm.grpc"), ("tritonshm.http", "tritonshm.http")):
         method = rows[name](setting)
         method.open()
         try:
             assert type(method.client).__module__ == module
-            x = np.arange(1024, dtype=np.float32)
+            x = np.arange(count, dtype=np.float32)
             np.testing.assert_array_equal(method.call(x), x)
             assert [pool.model for pool in method.client.tritonshm.pools()] == ["identity_fp32"], name
         finally:
@@ -324,8 +339,10 @@ def test_help_documents_gpu():
     done = bench_cmd("--help")
     assert done.returncode == 0
     assert "--gpu" in done.stdout and "identity_fp32_gpu" in done.stdout
+    listed = bench_cmd("--list-methods").stdout
+    gpu_part = listed[listed.index("With --gpu"):listed.index("With --stream")]
     for method in GPU_NAMES:
-        assert method in done.stdout
+        assert f"\n  {method} " in gpu_part, method
 
 
 @pytest.mark.server
@@ -705,7 +722,7 @@ def test_stream_arguments_are_checked_before_anything_runs():
             bench.run_stream("127.0.0.1:1", [4096], responses=responses)
     with pytest.raises(ValueError, match="multiple of FP32's 4 bytes"):
         bench.run_stream("127.0.0.1:1", [4098])
-    with pytest.raises(tritonshm.Error, match="cannot reach a Triton server at 127.0.0.1:1"):
+    with pytest.raises(tritonshm.Error, match=UNREACHABLE):
         bench.run_stream("127.0.0.1:1", [4096], reps=1)
 
 
@@ -753,8 +770,10 @@ def test_help_documents_stream():
     done = bench_cmd("--help")
     assert done.returncode == 0
     assert "--stream" in done.stdout and "--responses" in done.stdout and "stream_fp32" in done.stdout
+    listed = bench_cmd("--list-methods").stdout
+    stream_part = listed[listed.index("With --stream"):listed.index("With --concurrency")]
     for method in STREAM_NAMES:
-        assert method in done.stdout
+        assert f"\n  {method} " in stream_part, method
 
 
 # -- bench --concurrency: N callers sharing one client ------------------------------------------------
@@ -893,7 +912,7 @@ def test_concurrency_arguments_are_checked_before_anything_runs():
         bench.run_concurrency("127.0.0.1:1", [4096], concurrency=2, rounds=0)
     with pytest.raises(ValueError, match="multiple of FP32's 4 bytes"):
         bench.run_concurrency("127.0.0.1:1", [4098], concurrency=2)
-    with pytest.raises(tritonshm.Error, match="cannot reach a Triton server at 127.0.0.1:1"):
+    with pytest.raises(tritonshm.Error, match=UNREACHABLE):
         bench.run_concurrency("127.0.0.1:1", [4096], concurrency=2)
 
 
@@ -937,5 +956,7 @@ def test_help_documents_concurrency():
     done = bench_cmd("--help")
     assert done.returncode == 0
     assert "--concurrency" in done.stdout and "--duration" in done.stdout
+    listed = bench_cmd("--list-methods").stdout
+    concurrency_part = listed[listed.index("With --concurrency"):]
     for method in CONC_NAMES:
-        assert method in done.stdout
+        assert f"\n  {method} " in concurrency_part, method

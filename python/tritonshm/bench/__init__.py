@@ -1,7 +1,8 @@
 """``tritonshm bench``: one identity request, every way, side by side, in one run.
 
 One server (a :class:`~tritonshm.server.LocalServer` started for the run, or
-``--url``), one bundled identity model (``identity_fp32``, or
+``--url`` and ``--http-url``, read as :class:`~tritonshm.Client` reads a URL and
+checked before anything is measured: ``_where.py``), one bundled identity model (``identity_fp32``, or
 ``identity_uint8`` with ``--dtype uint8``), one request per repetition with
 a 1-D input of the given number of bytes.  The methods (see ``_methods.py``):
 
@@ -12,15 +13,20 @@ a 1-D input of the given number of bytes.  The methods (see ``_methods.py``):
 * tritonshm: ``Client.infer`` (copies in and out) and ``zero-copy``
   (``Client.request()``: the input written into the slot, the output read
   as a view of it), each also with ``-http``: the client made with the
-  server's ``http://`` URL (left out under ``--url`` without ``--http-url``);
+  server's ``http://`` URL (left out under a gRPC ``--url`` without ``--http-url``;
+  under an ``http://`` ``--url`` alone, the gRPC rows are left out instead);
   ``tritonshm.grpc`` and ``tritonshm.http``: tritonclient's API via tritonshm,
   the ``grpc`` and ``http`` rows' very code with the facade module imported
   in place of tritonclient's (the tensors through its slots);
-* references: ``floor`` (inputs already in a registered region, outputs
-  left there: the tritonclient ``infer`` call alone) and ``memcpy`` (one
-  copy of the input's bytes); ``limit = floor + memcpy``, repetition by
-  repetition, is what a client that must take its input from the caller's
-  array can at best reach.
+* references: ``floor`` and ``floor-http`` (inputs already in a registered
+  region, outputs left there: tritonclient.grpc's and tritonclient.http's
+  ``infer`` call alone) and ``memcpy`` (one copy of the input's bytes);
+  ``limit = floor + memcpy`` and ``limit-http = floor-http + memcpy``,
+  repetition by repetition, are what a client that must take its input from
+  the caller's array reaches at best over each protocol, when its request
+  costs what tritonclient's does.  (tritonshm's clients send a request made
+  ready ahead -- over HTTP on a connection of their own -- which can cost
+  less: a ratio to the limit below 1 says so, it is no error.)
 
 Repetitions are interleaved: each round runs every method once, the order
 rotating by one place per round, so the noise of a shared machine falls on
@@ -31,10 +37,11 @@ with an input never sent before (so a stale result cannot pass);
 
 Results (``run()``'s return value, and what ``--json`` writes)::
 
-    {"format": "tritonshm-bench/1",
+    {"format": "tritonshm-bench/2",
      "meta": {model, datatype, sizes, reps (per size), server_version, tritonshm_version,
               cpu_count, cpu_affinity, versions, methods {name: {group, description, status}},
-              peers, limit, url, server ("started" | "given"), time_utc, ...},
+              peers, limit, limits {name: "floor + memcpy"}, against_limit {method: limit},
+              url, http_url (host:port, or None), server ("started" | "given"), time_utc, ...},
      "results": [{"nbytes", "elements", "reps", "seconds", "best_peer",
                   "methods": {name: {"status": "ok" | "not installed", "samples_s": [...],
                                      "median_s", "p10_s", "p25_s", "p75_s", "p90_s", "iqr_s",
@@ -42,7 +49,8 @@ Results (``run()``'s return value, and what ``--json`` writes)::
 
 Ratios are median time over the reference's median time: below 1 is
 faster.  ``vs_limit`` is given for ``Client.infer`` and ``zero-copy`` (and their ``-http`` twins)
-and for ``tritonshm.grpc`` / ``tritonshm.http``.
+and for ``tritonshm.grpc`` / ``tritonshm.http``, over their own protocol's limit
+(``meta.against_limit``; in ``tritonshm-bench/1`` every row's was over the gRPC limit).
 
 ``tritonshm bench --gpu`` (:func:`run_gpu`, ``_gpu.py``) does the same from a
 GPU tensor, against a GPU model and the CPU identity model side by side.
@@ -101,18 +109,21 @@ from ._concurrency import (
     format_concurrency_table,
     run_concurrency,
 )
-from ._methods import METHODS, MODELS, Method
+from ..errors import InvalidOption
+from ._methods import AGAINST_LIMIT, LIMITS, METHODS, MODELS, Method
 from ._report import format_table, matplotlib_missing, write_json, write_plot
 from ._stream import (
     DEFAULT_RESPONSES,
     STREAM_FORMAT,
     STREAM_METHODS,
+    STREAM_MODEL,
     STREAM_SIZES,
     check_responses,
     format_stream_table,
     run_stream,
     stream_description,
 )
+from ._where import Addresses, require_grpc, resolve, server_version
 
 __all__ = ["run", "run_bench", "add_arguments", "parse_size", "WrongOutput", "Unavailable", "Method", "METHODS",
            "DEFAULT_SIZES", "FORMAT", "format_table", "write_json", "write_plot",
@@ -139,76 +150,103 @@ def _size_list(text: str) -> list[int]:
     return [parse_size(part) for part in text.split(",") if part.strip()]
 
 
+#: The top of ``tritonshm bench --help``: what it does, two examples, where the rest is.
+_HELP = """\
+One identity-model request per repetition, every way side by side: the peers
+(plain gRPC and HTTP, tritonclient's shm utilities), tritonshm's Client and
+zero-copy paths, and the floor and limit they are held to. Repetitions are
+interleaved and every output is checked.
+
+examples:
+  tritonshm bench
+      start a local Triton for the run; every method, sizes 4K to 64M
+  tritonshm bench --url localhost:8001 --http-url localhost:8000 --sizes 4K 16M
+      a running server's gRPC and HTTP ports; two sizes
+
+What each method does, and the table's columns: tritonshm bench --list-methods"""
+
+
+def parser_options() -> dict:
+    """What ``tritonshm bench``'s parser is made with (usage, description, formatter)."""
+    return {"usage": "%(prog)s [options]", "description": _HELP,
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
+class _ListMethods(argparse.Action):
+    """``--list-methods``: print every method of every mode and the table's legend, then exit."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(description())
+        parser.exit()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``tritonshm bench``."""
+    """The options of ``tritonshm bench``, in four groups: what to measure, where, how long, output."""
     names = [m.name for m in METHODS]
     names += [m.name for m in GPU_METHODS if m.name not in names]
     names += [m.name for m in STREAM_METHODS]
     names += [m.name for m in CONCURRENCY_METHODS]
-    parser.add_argument("--url", default=None, metavar="HOST:PORT",
-                        help="gRPC address of a running Triton that serves tritonshm's bundled identity models "
-                             "(default: start a local server for the run)")
-    parser.add_argument("--http-url", default=None, metavar="HOST:PORT",
-                        help="with --url: the same server's HTTP address, for the HTTP methods (left out "
-                             "without it; a server the bench starts gives its own)")
-    parser.add_argument("--sizes", nargs="+", type=_size_list, default=None, metavar="SIZE",
-                        help="input sizes in bytes, K/M/G (or KiB/MiB/GiB) meaning powers of 1024, "
-                             "space- or comma-separated (default: 4K 64K 1M 16M 64M; with --gpu 64K 1M 16M 64M; "
-                             "with --stream 4K 1M 16M; with --concurrency 4K 1M)")
-    parser.add_argument("--dtype", choices=sorted(MODELS), default="fp32",
-                        help="input datatype: fp32 uses identity_fp32, uint8 identity_uint8 (default fp32; "
-                             "--gpu is fp32 only)")
-    parser.add_argument("--gpu", action="store_true",
-                        help="from a GPU tensor (torch, cuda:0), result wanted on the GPU: the GPU methods "
-                             "against identity_fp32_gpu and identity_fp32 side by side (needs CUDA, torch "
-                             "with CUDA, and torch in the server's Python for the GPU model; see the README)")
-    parser.add_argument("--stream", action="store_true",
-                        help="streaming instead: one request per repetition to the decoupled stream_fp32, read to "
-                             "its final response; time to the first response and responses/s of Client.stream "
-                             "against tritonclient's own streaming (grpc-stream)")
-    parser.add_argument("--responses", type=int, default=None, metavar="N",
-                        help=f"with --stream: responses per request, the model's COUNT (default {DEFAULT_RESPONSES})")
-    parser.add_argument("--concurrency", type=int, default=None, metavar="N",
-                        help="concurrency instead: requests/s of N callers sharing one client on identity_fp32, "
-                             "N threads (tritonshm.Client against tritonclient.grpc, plain and with shared memory) "
-                             "and N asyncio tasks (tritonshm.aio.Client against tritonclient.grpc.aio)")
-    parser.add_argument("--duration", type=float, default=None, metavar="SECONDS",
-                        help=f"with --concurrency: seconds each measurement runs (default {DEFAULT_DURATION:g}); "
-                             f"--reps is then the number of rounds (default {DEFAULT_ROUNDS})")
-    parser.add_argument("--reps", type=int, default=None, metavar="N",
-                        help="exactly N measured repetitions per size (default: as many as fit in --budget, "
-                             "between --min-reps and --max-reps)")
-    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET, metavar="SECONDS",
-                        help=f"without --reps: stop a size's repetitions after this long (default {DEFAULT_BUDGET:g})")
-    parser.add_argument("--min-reps", type=int, default=DEFAULT_MIN_REPS, metavar="N",
-                        help=f"without --reps: at least N repetitions per size (default {DEFAULT_MIN_REPS})")
-    parser.add_argument("--max-reps", type=int, default=DEFAULT_MAX_REPS, metavar="N",
-                        help=f"without --reps: at most N repetitions per size (default {DEFAULT_MAX_REPS})")
-    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="N",
-                        help=f"untimed rounds per size before measuring; the first checks every output "
-                             f"(default {DEFAULT_WARMUP}, at least 1)")
-    parser.add_argument("--methods", nargs="+", choices=names, default=None, metavar="METHOD",
-                        help=f"only these methods, of: {', '.join(names)} (default: all; the limit "
-                             "needs floor and memcpy, the ratios at least one peer; with --gpu: "
-                             f"{', '.join(m.name for m in GPU_METHODS)}; with --stream: "
-                             f"{', '.join(m.name for m in STREAM_METHODS)})")
-    parser.add_argument("--json", default=None, metavar="PATH",
-                        help="also write every sample, statistic and ratio, with the run's metadata, "
-                             "as JSON to PATH ('-': standard output, the table then goes to standard error)")
-    parser.add_argument("--plot", default=None, metavar="PATH.png",
-                        help="also plot time per request and the ratio to the best peer against size "
-                             "(needs matplotlib)")
+    what = parser.add_argument_group("what to measure")
+    what.add_argument("--methods", nargs="+", choices=names, default=None, metavar="METHOD",
+                      help="only these (default: all; names: --list-methods)")
+    what.add_argument("--list-methods", action=_ListMethods,
+                      help="what each method of each mode does, the columns; exit")
+    what.add_argument("--sizes", nargs="+", type=_size_list, default=None, metavar="SIZE",
+                      help="K/M/G of 1024 (default 4K 64K 1M 16M 64M)")
+    what.add_argument("--dtype", choices=sorted(MODELS), default="fp32",
+                      help="identity_fp32 or identity_uint8 (default fp32)")
+    what.add_argument("--gpu", action="store_true",
+                      help="from a torch tensor on cuda:0 (and identity_fp32_gpu)")
+    what.add_argument("--stream", action="store_true",
+                      help="streaming to stream_fp32: first response, responses/s")
+    what.add_argument("--responses", type=int, default=None, metavar="N",
+                      help=f"with --stream: responses per request (default {DEFAULT_RESPONSES})")
+    what.add_argument("--concurrency", type=int, default=None, metavar="N",
+                      help="requests/s of N threads or tasks sharing one client")
+    where = parser.add_argument_group("where (default: a local server started for the run)")
+    where.add_argument("--url", default=None, metavar="URL",
+                       help="gRPC host:port, or http://host:port (HTTP rows only)")
+    where.add_argument("--http-url", default=None, metavar="URL",
+                       help="with a gRPC --url: http://host:port or host:port")
+    when = parser.add_argument_group("how long (per size)")
+    when.add_argument("--reps", type=int, default=None, metavar="N",
+                      help="exactly N repetitions (--concurrency: N rounds)")
+    when.add_argument("--budget", type=float, default=DEFAULT_BUDGET, metavar="SECONDS",
+                      help=f"without --reps: stop after this long (default {DEFAULT_BUDGET:g})")
+    when.add_argument("--min-reps", type=int, default=DEFAULT_MIN_REPS, metavar="N",
+                      help=f"without --reps: at least N (default {DEFAULT_MIN_REPS})")
+    when.add_argument("--max-reps", type=int, default=DEFAULT_MAX_REPS, metavar="N",
+                      help=f"without --reps: at most N (default {DEFAULT_MAX_REPS})")
+    when.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, metavar="N",
+                      help=f"untimed rounds, the first checking outputs (default {DEFAULT_WARMUP})")
+    when.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                      help=f"with --concurrency: each measurement (default {DEFAULT_DURATION:g})")
+    out = parser.add_argument_group("output (the table: stdout; stderr with --json -)")
+    out.add_argument("--json", default=None, metavar="PATH",
+                     help="also all samples and metadata as JSON ('-': stdout)")
+    out.add_argument("--plot", default=None, metavar="PNG",
+                     help="also a plot against size (needs matplotlib)")
 
 
 def description() -> str:
-    """The help text above the options: what each method does."""
-    lines = ["One identity-model request per repetition, each method once per round (rotating order),",
-             "median and p25-p75 per method and size, ratios to the best peer and to the limit;",
-             "every output is checked against its input. Methods:", ""]
+    """What ``--list-methods`` prints: each mode's methods, what each does, and the table's columns."""
+    from ._report import legend
+
+    lines = ["tritonshm bench (no mode option): one identity-model request per repetition, each method once per",
+             "round (rotating order); median and p25-p75 per method and size, ratios to the best peer and to",
+             "the limit; every output is checked against its input. Methods:", ""]
     for m in METHODS:
         lines += textwrap.wrap(m.description, 100, initial_indent=f"  {m.name:<18} ", subsequent_indent=" " * 21)
-    lines += [f"  {'limit':<18} floor + memcpy, repetition by repetition", ""]
-    return ("\n".join(lines) + "\n" + gpu_description() + "\n" + stream_description() + "\n"
+    for limit, parts in LIMITS.items():
+        lines += [f"  {limit:<18} {' + '.join(parts)}, repetition by repetition"]
+    lines += legend({"limit": " + ".join(LIMITS["limit"]),
+                     "limits": {name: " + ".join(parts) for name, parts in LIMITS.items()},
+                     "against_limit": AGAINST_LIMIT}, pointer=False)
+    return ("\n".join(lines) + "\n\n" + gpu_description() + "\n" + stream_description() + "\n"
             + concurrency_description())
 
 
@@ -221,19 +259,41 @@ def _progress(message: str) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def _measure_and_print(args: argparse.Namespace, measure: Callable[[str, str, str | None], dict],
+def _addresses(args: argparse.Namespace, grpc_only: str | None = None) -> Addresses | None:
+    """``--url`` and ``--http-url``, read as Client reads a URL: None without ``--url`` (a server is
+    started for the run); :class:`~tritonshm.errors.InvalidOption` (one line) for what cannot be
+    used -- in a mode whose methods are all gRPC (*grpc_only*: ``"--gpu"``), an HTTP address."""
+    if args.url is None:
+        if args.http_url is not None:
+            raise InvalidOption("--http-url: only with --url (a server the bench starts gives its own addresses)")
+        return None
+    if grpc_only is not None and args.http_url is not None:
+        raise InvalidOption(f"--http-url: not with {grpc_only}, whose methods are all gRPC")
+    where = resolve(args.url, args.http_url, options=("--url", "--http-url"))
+    if grpc_only is not None:
+        require_grpc(where, grpc_only)
+    return where
+
+
+def _measure_and_print(args: argparse.Namespace, where: Addresses | None, model: str | None,
+                       measure: Callable[[str | None, str, str | None], dict],
                        format_results: Callable[[dict], str], starting: str,
-                       server_args: Sequence[str] = ()) -> dict | None:
-    """``measure(url, server, http_url)`` against ``--url`` (and ``--http-url``), or against a
-    LocalServer (with *server_args*)
+                       server_args: Sequence[str] = ()) -> int:
+    """``measure(url, server, http_url)`` against the server at *where* -- once it answered at
+    every address and serves *model* ready -- or against a LocalServer (with *server_args*)
     started for it after printing *starting*; then the table (on stderr when ``--json -``) and
-    ``--json``.  Returns the results, or None once a failure is printed."""
+    ``--json``.  Returns the exit status: 0, 2 when the server given cannot be used (one line
+    said why), 1 when the run failed."""
     from .. import errors
 
     table_out = sys.stderr if args.json == "-" else sys.stdout
     try:
-        if args.url:
-            results = measure(args.url, "given", args.http_url)
+        if where is not None:
+            try:
+                server_version(where, model)
+            except errors.Error as exc:
+                return _fail(str(exc))
+            results = measure(where.grpc, "given", where.http)
         else:
             from ..server import LocalServer
 
@@ -241,15 +301,16 @@ def _measure_and_print(args: argparse.Namespace, measure: Callable[[str, str, st
             with LocalServer(extra_args=server_args) as server:
                 results = measure(server.grpc_url, "started", server.http_url)
     except WrongOutput as exc:
-        _fail(f"FAILED, wrong output: {exc}", code=1)
-        return None
+        return _fail(f"FAILED, wrong output: {exc}", code=1)
     except errors.Error as exc:
-        _fail(f"FAILED: {exc}", code=1)
-        return None
+        return _fail(f"FAILED: {exc}", code=1)
     print(format_results(results), file=table_out, flush=True)
     if args.json is not None:
         write_json(results, args.json)
-    return results
+    if args.plot is not None:
+        write_plot(results, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -290,22 +351,18 @@ def run_bench(args: argparse.Namespace) -> int:
     try:
         check_arguments(sizes, dtype=args.dtype, reps=args.reps, min_reps=args.min_reps,
                         max_reps=args.max_reps, budget=args.budget, warmup=args.warmup)
-    except ValueError as exc:
+        where = _addresses(args)
+    except ValueError as exc:  # (InvalidOption is a ValueError)
         return _fail(str(exc))
     chosen = None if args.methods is None else [m for m in METHODS if m.name in args.methods]
 
-    def measure(url: str, server: str, http_url: str | None) -> dict:
+    def measure(url: str | None, server: str, http_url: str | None) -> dict:
         return run(url, sizes, dtype=args.dtype, reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
                    budget=args.budget, warmup=args.warmup, methods=chosen, progress=_progress, server=server,
                    http_url=http_url)
 
-    results = _measure_and_print(args, measure, format_table, "starting a local Triton server ...")
-    if results is None:
-        return 1
-    if args.plot is not None:
-        write_plot(results, args.plot)
-        print(f"plot written to {args.plot}", file=sys.stderr)
-    return 0
+    return _measure_and_print(args, where, MODELS[args.dtype][0], measure, format_table,
+                              "starting a local Triton server ...")
 
 
 def _mode_arguments(args: argparse.Namespace, flag: str, methods: Sequence[type], default_sizes: Sequence[int],
@@ -337,20 +394,20 @@ def _run_gpu_bench(args: argparse.Namespace) -> int:
     try:
         check_arguments(sizes, dtype="fp32", reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
                         budget=args.budget, warmup=args.warmup)
+        where = _addresses(args, grpc_only="--gpu")
     except ValueError as exc:
         return _fail(str(exc))
     problem = gpu_missing()
     if problem:
         return _fail(problem)
 
-    def measure(url: str, server: str, http_url: str | None) -> dict:  # gRPC only
+    def measure(url: str | None, server: str, http_url: str | None) -> dict:  # gRPC only
         return run_gpu(url, sizes, reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
                        budget=args.budget, warmup=args.warmup, methods=chosen, progress=_progress, server=server)
 
-    results = _measure_and_print(args, measure, format_gpu_table,
-                                 "starting a local Triton server (with the GPU model's repository) ...",
-                                 server_arguments())
-    return 1 if results is None else 0
+    return _measure_and_print(args, where, "identity_fp32", measure, format_gpu_table,
+                              "starting a local Triton server (with the GPU model's repository) ...",
+                              server_arguments())
 
 
 def _run_stream_bench(args: argparse.Namespace) -> int:
@@ -364,16 +421,17 @@ def _run_stream_bench(args: argparse.Namespace) -> int:
         check_arguments(sizes, dtype="fp32", reps=args.reps, min_reps=args.min_reps, max_reps=args.max_reps,
                         budget=args.budget, warmup=args.warmup)
         check_responses(responses)
+        where = _addresses(args, grpc_only="--stream")
     except ValueError as exc:
         return _fail(str(exc))
 
-    def measure(url: str, server: str, http_url: str | None) -> dict:  # gRPC only
+    def measure(url: str | None, server: str, http_url: str | None) -> dict:  # gRPC only
         return run_stream(url, sizes, responses=responses, reps=args.reps, min_reps=args.min_reps,
                           max_reps=args.max_reps, budget=args.budget, warmup=args.warmup, methods=chosen,
                           progress=_progress, server=server)
 
-    results = _measure_and_print(args, measure, format_stream_table, "starting a local Triton server ...")
-    return 1 if results is None else 0
+    return _measure_and_print(args, where, STREAM_MODEL, measure, format_stream_table,
+                              "starting a local Triton server ...")
 
 
 def _run_concurrency_bench(args: argparse.Namespace) -> int:
@@ -394,13 +452,14 @@ def _run_concurrency_bench(args: argparse.Namespace) -> int:
         check_arguments(sizes, dtype="fp32", reps=None, min_reps=DEFAULT_MIN_REPS, max_reps=DEFAULT_MAX_REPS,
                         budget=DEFAULT_BUDGET, warmup=1)
         check_concurrency(args.concurrency, duration, rounds, args.warmup)
+        where = _addresses(args)
     except ValueError as exc:
         return _fail(str(exc))
 
-    def measure(url: str, server: str, http_url: str | None) -> dict:
+    def measure(url: str | None, server: str, http_url: str | None) -> dict:
         return run_concurrency(url, sizes, concurrency=args.concurrency, duration=duration, rounds=rounds,
                                warmup=args.warmup, methods=chosen, progress=_progress, server=server,
                                http_url=http_url)
 
-    results = _measure_and_print(args, measure, format_concurrency_table, "starting a local Triton server ...")
-    return 1 if results is None else 0
+    return _measure_and_print(args, where, "identity_fp32", measure, format_concurrency_table,
+                              "starting a local Triton server ...")

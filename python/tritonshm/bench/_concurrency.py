@@ -66,7 +66,9 @@ from ..demo import _size
 from ..errors import Error
 from ._harness import (DEFAULT_WARMUP, WrongOutput, close_all, method_classes, output_problem, run_meta,
                        sample_input, server_version)
-from ._methods import INPUT, OUTPUT, Setting, _grpc_client
+from ._methods import INPUT, NO_GRPC, NO_HTTP, OUTPUT, Setting, _grpc_client
+from ._report import server_at
+from ._where import resolve
 
 #: Identifies the layout of the results (and of ``--json``'s file) of ``bench --concurrency``.
 CONCURRENCY_FORMAT = "tritonshm-bench-concurrency/1"
@@ -294,7 +296,7 @@ class TcGrpcThreads(ThreadedMethod):
                    "the tensor inside the request and the reply")
 
     def open(self) -> None:
-        self.client = _grpc_client(self.setting.url)
+        self.client = _grpc_client(self.setting.require_grpc())
 
     def call(self, caller: int, x: np.ndarray) -> np.ndarray:
         inputs, outputs = self.setting.wire_args(x, GRPC)
@@ -317,7 +319,7 @@ class TcShmThreads(ThreadedMethod):
         self.handles: list[tuple[Any, Any]] = []
         self.names: list[tuple[str, str]] = []
         self.registered: list[str] = []
-        self.client = _grpc_client(s.url)
+        self.client = _grpc_client(s.require_grpc())
         for caller in range(self.concurrency):
             names = (f"{tag}-{caller}-in", f"{tag}-{caller}-out")
             handles = []
@@ -388,7 +390,7 @@ class TcGrpcAio(AsyncMethod):
     async def aopen(self) -> None:
         import tritonclient.grpc.aio as aiogrpc
 
-        self.client = aiogrpc.InferenceServerClient(self.setting.url)
+        self.client = aiogrpc.InferenceServerClient(self.setting.require_grpc())
 
     async def acall(self, caller: int, x: np.ndarray) -> np.ndarray:
         inputs, outputs = self.setting.wire_args(x, GRPC_AIO)
@@ -536,7 +538,7 @@ def _ratios(entry: dict[str, Any], pairs: dict[str, dict[str, Any]]) -> None:
                                  "each": each}
 
 
-def run_concurrency(url: str, sizes: Sequence[int] = CONCURRENCY_SIZES, *, concurrency: int,
+def run_concurrency(url: str | None, sizes: Sequence[int] = CONCURRENCY_SIZES, *, concurrency: int,
                     duration: float = DEFAULT_DURATION, rounds: int = DEFAULT_ROUNDS, warmup: int = DEFAULT_WARMUP,
                     methods: Sequence[type[ConcurrentMethod]] | None = None, seed: int = 0,
                     progress: Callable[[str], None] | None = None, server: str = "given",
@@ -556,13 +558,15 @@ def run_concurrency(url: str, sizes: Sequence[int] = CONCURRENCY_SIZES, *, concu
     for nbytes in sizes:
         if nbytes <= 0 or nbytes % 4:
             raise ValueError(f"size {nbytes} is not a positive multiple of FP32's 4 bytes")
+    where = resolve(url, http_url)
+    url, http_url = where.grpc, where.http
     classes, missing, runnable = method_classes(CONCURRENCY_METHODS if methods is None else methods)
-    if http_url is None:
-        for c in classes:
-            if c.needs_http and missing[c.name] is None:
-                missing[c.name] = "no HTTP address: pass --http-url with --url"
-        runnable = [c for c in runnable if missing[c.name] is None]
-    version = server_version(url, MODEL)
+    for c in classes:  # a protocol without an address: its methods sit out, saying why
+        unaddressed = NO_HTTP if c.needs_http and http_url is None else NO_GRPC if not c.needs_http and url is None else None
+        if unaddressed is not None and missing[c.name] is None:
+            missing[c.name] = unaddressed
+    runnable = [c for c in runnable if missing[c.name] is None]
+    version = server_version(where, MODEL)
     pairs = _pairs(classes)
 
     results = []
@@ -595,7 +599,8 @@ def run_concurrency(url: str, sizes: Sequence[int] = CONCURRENCY_SIZES, *, concu
         "duration_s": duration,
         "rounds": rounds,
         **run_meta(sizes, [{"reps": rounds} for _ in results], reps=rounds, min_reps=rounds, max_reps=rounds,
-                   budget=duration, warmup=warmup, url=url, server=server, server_version=version),
+                   budget=duration, warmup=warmup, url=url, server=server, server_version=version,
+                   http_url=http_url),
         "methods": {c.name: {"group": c.group, "mode": c.mode, "description": c.description,
                              "status": missing[c.name] or "ok"} for c in classes},
         "pairs": pairs,
@@ -618,10 +623,8 @@ def format_concurrency_table(results: dict[str, Any]) -> str:
     """``bench --concurrency``'s results as a readable table, one block per size."""
     meta = results["meta"]
     n = meta["concurrency"]
-    started = "started for this run" if meta["server"] == "started" else "given with --url"
     lines = [
-        f"{meta['model']} ({meta['datatype']}), {n} concurrent callers on one client; Triton "
-        f"{meta['server_version']} at {meta['url']} ({started})",
+        f"{meta['model']} ({meta['datatype']}), {n} concurrent callers on one client; {server_at(meta)}",
         f"tritonshm {meta['tritonshm_version']}, {meta['cpu_count']} CPUs; {meta['rounds']} rounds of "
         f"{meta['duration_s']:g} s per method, interleaved (rotating order)",
         "req/s: median over rounds (p25-p75); ratio: tritonshm over the better tritonclient method of its mode "

@@ -58,6 +58,7 @@ from ._harness import (DEFAULT_BUDGET, DEFAULT_MAX_REPS, DEFAULT_MIN_REPS, DEFAU
 from ._methods import (INPUT, OUTPUT, ClientInfer, Grpc, Method, Setting, TritonclientShm, TwoRegions,
                        _grpc_client)
 from ._report import server_note, table_header, table_row
+from ._where import Addresses, require_grpc, resolve
 
 #: Identifies the layout of the results (and of ``--json``'s file) of ``bench --gpu``.
 GPU_FORMAT = "tritonshm-bench-gpu/1"
@@ -271,7 +272,7 @@ class GpuClientInfer(GpuMethod, ClientInfer):
 
         # transport="cuda": a server that refuses our CUDA memory is an error, never a silent
         # fallback to pinned system slots or the wire timed under this method's name.
-        self.client = Client(self.setting.url, transport="cuda", by_reference=self.by_reference)
+        self.client = Client(self.setting.require_grpc(), transport="cuda", by_reference=self.by_reference)
 
     def send(self, x: Any) -> Any:
         return self.client.infer(self.setting.model, {INPUT: x})[OUTPUT]
@@ -371,7 +372,7 @@ class GpuFloor(GpuMethod):
         from ..cuda import CudaRegion
 
         s = self.setting
-        self.client = _grpc_client(s.url)
+        self.client = _grpc_client(s.require_grpc())
         self.regions: list[Any] = []
         self.registered: list[str] = []
         for _ in range(2):
@@ -495,7 +496,7 @@ def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def run_gpu(url: str, sizes: Sequence[int] = GPU_SIZES, *, reps: int | None = None,
+def run_gpu(url: str | None, sizes: Sequence[int] = GPU_SIZES, *, reps: int | None = None,
             min_reps: int = DEFAULT_MIN_REPS, max_reps: int = DEFAULT_MAX_REPS, budget: float = DEFAULT_BUDGET,
             warmup: int = DEFAULT_WARMUP, methods: Sequence[type[GpuMethod]] | None = None,
             models: Sequence[str] = tuple(GPU_MODELS), seed: int = 0,
@@ -521,8 +522,9 @@ def run_gpu(url: str, sizes: Sequence[int] = GPU_SIZES, *, reps: int | None = No
         raise Error(problem)
     import torch
 
+    url = require_grpc(resolve(url, None), "--gpu")
     classes, missing, runnable = method_classes(GPU_METHODS if methods is None else methods)
-    version = server_version(url, CPU_MODEL if CPU_MODEL in models else None)
+    version = server_version(Addresses(url, None), CPU_MODEL if CPU_MODEL in models else None)
     model_status = {m: "ok" for m in models}
     if GPU_MODEL in models:
         why = load_gpu_model(url)

@@ -14,10 +14,13 @@ import numpy as np
 
 from ..demo import _size
 from ..errors import Error
-from ._methods import AGAINST_LIMIT, LIMIT, LIMIT_PARTS, METHODS, MODELS, PEERS, Method, Setting
+from ._methods import AGAINST_LIMIT, LIMIT_PARTS, LIMITS, METHODS, MODELS, PEERS, Method, Setting
+from ._where import resolve, server_version
 
-#: Identifies the layout of the results (and of ``--json``'s file).
-FORMAT = "tritonshm-bench/1"
+#: Identifies the layout of the results (and of ``--json``'s file).  /2: the HTTP floor and limit
+#: (``floor-http``, ``limit-http``), the HTTP rows' ``vs_limit`` over the HTTP limit (over the gRPC
+#: one in /1), ``meta.http_url`` and ``meta.limits``.
+FORMAT = "tritonshm-bench/2"
 
 #: 4 KiB, 64 KiB, 1 MiB, 16 MiB, 64 MiB.
 DEFAULT_SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20)
@@ -175,10 +178,11 @@ def close_all(opened: Sequence[Any], failed: bool) -> None:
         raise errors[0]
 
 
-def measure_size(url: str, model: str, datatype: str, dtype: np.dtype, nbytes: int,
+def measure_size(url: str | None, model: str, datatype: str, dtype: np.dtype, nbytes: int,
                  classes: Sequence[type[Method]], *, reps: int | None, min_reps: int, max_reps: int,
                  budget: float, warmup: int, seed: int, http_url: str | None = None) -> dict[str, Any]:
-    """One size: open every method, warm up and check, interleaved rounds, check again, close."""
+    """One size: open every method, warm up and check, interleaved rounds, check again, close.
+    *url* and *http_url* are the server's gRPC and HTTP ``host:port`` (None: that protocol's rows sit out)."""
     count = nbytes // dtype.itemsize
     setting = Setting(url=url, model=model, datatype=datatype, dtype=dtype, count=count, http_url=http_url)
     started = time.perf_counter()
@@ -195,21 +199,21 @@ def measure_size(url: str, model: str, datatype: str, dtype: np.dtype, nbytes: i
 
 
 def _ratios(entry: dict[str, Any]) -> None:
-    """Add the limit and each method's ratios to one size's results."""
+    """Add the limits and each method's ratios to one size's results."""
     methods = entry["methods"]
-    if all(methods.get(p, {}).get("status") == "ok" for p in LIMIT_PARTS):
-        parts = [methods[p]["samples_s"] for p in LIMIT_PARTS]
-        methods[LIMIT] = summarize([sum(s) for s in zip(*parts)])
-        methods[LIMIT]["of"] = list(LIMIT_PARTS)
+    for limit, parts in LIMITS.items():
+        if all(methods.get(p, {}).get("status") == "ok" for p in parts):
+            methods[limit] = summarize([sum(s) for s in zip(*(methods[p]["samples_s"] for p in parts))])
+            methods[limit]["of"] = list(parts)
     peers = {p: methods[p]["median_s"] for p in PEERS if methods.get(p, {}).get("status") == "ok"}
     best = min(peers, key=peers.__getitem__) if peers else None
     entry["best_peer"] = best
-    limit = methods.get(LIMIT, {}).get("median_s")
     for name, result in methods.items():
         if result.get("status") != "ok":
             continue
         result["vs_best_peer"] = result["median_s"] / peers[best] if best else None
-        result["vs_limit"] = result["median_s"] / limit if limit and name in AGAINST_LIMIT else None
+        limit = methods.get(AGAINST_LIMIT.get(name, ""), {}).get("median_s")
+        result["vs_limit"] = result["median_s"] / limit if limit else None
 
 
 def _versions() -> dict[str, str | None]:
@@ -254,28 +258,9 @@ def method_classes(methods: Sequence[type[Method]]) -> tuple[list[type[Method]],
     return classes, missing, [c for c in classes if missing[c.name] is None]
 
 
-def server_version(url: str, model: str | None) -> str:
-    """The version of the Triton server at *url* (gRPC); :class:`~tritonshm.errors.Error` (one line)
-    if it cannot be reached or, given a *model*, does not serve it ready."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException
-
-    client = grpcclient.InferenceServerClient(url)
-    try:
-        try:
-            version = client.get_server_metadata().version
-        except InferenceServerException as exc:
-            raise Error(f"cannot reach a Triton server at {url} over gRPC: {exc.message()}") from None
-        if model is not None and not client.is_model_ready(model):
-            raise Error(f"the server at {url} has no ready model {model!r}: the bench needs tritonshm's bundled "
-                        f"models (serve python/tritonshm/models, or leave --url out to start one)")
-    finally:
-        client.close()
-    return version
-
-
 def run_meta(sizes: Sequence[int], results: list[dict[str, Any]], *, reps: int | None, min_reps: int,
-             max_reps: int, budget: float, warmup: int, url: str, server: str, server_version: str) -> dict[str, Any]:
+             max_reps: int, budget: float, warmup: int, url: str | None, server: str, server_version: str,
+             http_url: str | None = None) -> dict[str, Any]:
     """What the metadata of every bench run holds: the arguments, the server, the versions, this machine."""
     from .. import __version__
 
@@ -289,6 +274,7 @@ def run_meta(sizes: Sequence[int], results: list[dict[str, Any]], *, reps: int |
         "reps_requested": reps,
         "min_reps": min_reps, "max_reps": max_reps, "budget_s": budget, "warmup": warmup,
         "url": url,
+        "http_url": http_url,
         "server": server,
         "server_version": server_version,
         "tritonshm_version": __version__,
@@ -301,13 +287,15 @@ def run_meta(sizes: Sequence[int], results: list[dict[str, Any]], *, reps: int |
     }
 
 
-def run(url: str, sizes: Sequence[int] = DEFAULT_SIZES, *, dtype: str = "fp32", reps: int | None = None,
+def run(url: str | None, sizes: Sequence[int] = DEFAULT_SIZES, *, dtype: str = "fp32", reps: int | None = None,
         min_reps: int = DEFAULT_MIN_REPS, max_reps: int = DEFAULT_MAX_REPS, budget: float = DEFAULT_BUDGET,
         warmup: int = DEFAULT_WARMUP, methods: Sequence[type[Method]] | None = None, seed: int = 0,
         progress: Callable[[str], None] | None = None, server: str = "given",
         http_url: str | None = None) -> dict[str, Any]:
-    """Measure every method at every size against the server at *url* (gRPC host:port; the
-    HTTP methods at *http_url*, its HTTP host:port, and left out without it).
+    """Measure every method at every size against the server at *url*, its gRPC address (the
+    HTTP methods at *http_url*, its HTTP address, and left out without it); *url* may instead be
+    the server's ``http://`` URL, without *http_url*: the gRPC methods are then left out.  Both
+    are read as :class:`~tritonshm.Client` reads a URL (:func:`~tritonshm.bench._where.resolve`).
 
     *reps* fixes the repetitions per size; without it they run until
     *max_reps*, or until *budget* seconds are spent and at least *min_reps*
@@ -318,15 +306,16 @@ def run(url: str, sizes: Sequence[int] = DEFAULT_SIZES, *, dtype: str = "fp32", 
     """
     check_arguments(sizes, dtype=dtype, reps=reps, min_reps=min_reps, max_reps=max_reps, budget=budget,
                     warmup=warmup)
+    where = resolve(url, http_url)
     model, datatype, np_dtype = MODELS[dtype]
     classes, missing, runnable = method_classes(METHODS if methods is None else methods)
-    version = server_version(url, model)
+    version = server_version(where, model)
 
     results = []
     for index, nbytes in enumerate(sizes):
-        measured = measure_size(url, model, datatype, np_dtype, nbytes, runnable, reps=reps,
+        measured = measure_size(where.grpc, model, datatype, np_dtype, nbytes, runnable, reps=reps,
                                 min_reps=min_reps, max_reps=max_reps, budget=budget, warmup=warmup,
-                                seed=seed + index, http_url=http_url)
+                                seed=seed + index, http_url=where.http)
         entry = {key: measured[key] for key in ("nbytes", "elements", "reps", "seconds")}
         problems = {**missing, **measured["unavailable"]}
         entry["methods"] = {
@@ -343,10 +332,12 @@ def run(url: str, sizes: Sequence[int] = DEFAULT_SIZES, *, dtype: str = "fp32", 
         "model": model,
         "datatype": datatype,
         **run_meta(sizes, results, reps=reps, min_reps=min_reps, max_reps=max_reps, budget=budget,
-                   warmup=warmup, url=url, server=server, server_version=version),
+                   warmup=warmup, url=where.grpc, server=server, server_version=version, http_url=where.http),
         "methods": {c.name: {"group": c.group, "description": c.description, "status": missing[c.name] or "ok"}
                     for c in classes},
         "limit": " + ".join(LIMIT_PARTS),
+        "limits": {name: " + ".join(parts) for name, parts in LIMITS.items()},
+        "against_limit": dict(AGAINST_LIMIT),
         "peers": [p for p in PEERS if p in missing],
         "ratios": "median time / the reference's median time (below 1: faster than the reference)",
     }

@@ -29,6 +29,10 @@ from ..demo import _page_round
 #: Input and output names of the bundled identity models.
 INPUT, OUTPUT = "INPUT0", "OUTPUT0"
 
+#: A method's status when the run has no address for its protocol.
+NO_HTTP = "no HTTP address: pass --http-url with --url"
+NO_GRPC = "no gRPC address: --url gave the HTTP URL alone"
+
 #: Bench dtype name -> (identity model, Triton datatype, numpy dtype).
 MODELS = {
     "fp32": ("identity_fp32", "FP32", np.dtype(np.float32)),
@@ -40,7 +44,7 @@ MODELS = {
 class Setting:
     """What every method of one size needs: where, which model, how big."""
 
-    url: str            # gRPC host:port
+    url: str | None     # gRPC host:port (None: only an HTTP address was given; the gRPC methods sit out)
     model: str
     datatype: str       # Triton's name, "FP32"
     dtype: np.dtype
@@ -51,17 +55,25 @@ class Setting:
     def nbytes(self) -> int:
         return self.count * self.dtype.itemsize
 
+    def require_grpc(self) -> str:
+        """The gRPC host:port; :class:`~tritonshm.bench._harness.Unavailable` when none was given."""
+        if self.url is None:
+            from ._harness import Unavailable
+
+            raise Unavailable(NO_GRPC)
+        return self.url
+
     def require_http(self) -> str:
         """The HTTP host:port; :class:`~tritonshm.bench._harness.Unavailable` when none was given."""
         if self.http_url is None:
             from ._harness import Unavailable
 
-            raise Unavailable("no HTTP address: pass --http-url with --url")
+            raise Unavailable(NO_HTTP)
         return self.http_url
 
     def client_url(self, http: bool) -> str:
         """What a tritonshm client is made with: the gRPC address, or the HTTP one as http://."""
-        return "http://" + self.require_http() if http else self.url
+        return "http://" + self.require_http() if http else self.require_grpc()
 
     def wire_args(self, x: np.ndarray, wire: Transport) -> tuple[list, list]:
         """A plain request's inputs and outputs for tritonclient flavour *wire*: *x* inside the
@@ -131,7 +143,7 @@ class Grpc(Method):
     description = "plain gRPC (tritonclient.grpc): the tensor travels inside the request and the reply"
 
     def open(self) -> None:
-        self.client = _grpc_client(self.setting.url)
+        self.client = _grpc_client(self.setting.require_grpc())
 
     def call(self, x: np.ndarray) -> np.ndarray:
         return self.host_call(x)
@@ -188,7 +200,7 @@ class TwoRegions(Method):
         self.names = {"in": f"{tag}-in", "out": f"{tag}-out"}
         self.handles: dict[str, Any] = {}
         self.registered: list[str] = []
-        self.client = _grpc_client(self.setting.url)
+        self.client = _grpc_client(self.setting.require_grpc())
         for which, name in self.names.items():
             self.handles[which] = self.create_region(name)
             self.register_region(self.client, name, self.handles[which])
@@ -283,7 +295,7 @@ class TritonShmClient(Method):
         from triton_shm_client import TritonSHMClient
 
         s = self.setting
-        self.client = TritonSHMClient(s.url)
+        self.client = TritonSHMClient(s.require_grpc())
         self.client.register_shm_model(
             s.model, inputs=[(INPUT, (), s.dtype)], outputs=[(OUTPUT, (), s.dtype)],
             max_batch_size=s.count, pool_size=1,
@@ -332,7 +344,8 @@ class Facade(Method):
 
         self.module = importlib.import_module(f"tritonshm.{self.protocol}")
         self.http = self.protocol == "http"
-        self.client = self.module.InferenceServerClient(self.setting.require_http() if self.http else self.setting.url)
+        self.client = self.module.InferenceServerClient(self.setting.require_http() if self.http
+                                                       else self.setting.require_grpc())
 
     def call(self, x: np.ndarray) -> np.ndarray:
         # As Setting.wire_args makes the plain rows' request, with the facade's module.
@@ -373,22 +386,22 @@ class Floor(Method):
     name = "floor"
     group = "reference"
     description = ("inputs already in a registered tritonshm.SystemRegion, bound by hand with "
-                   "bind_input/bind_output, outputs left there: the tritonclient infer call alone")
+                   "bind_input/bind_output, outputs left there: tritonclient.grpc's infer call alone")
+    wire: Transport = GRPC  #: which tritonclient flavour makes the call
 
     def open(self) -> None:
-        import tritonclient.grpc as grpcclient
-
         from .. import triton
         from .._memory import SystemRegion
 
         s = self.setting
-        self.client = _grpc_client(s.url)
+        address = s.require_http() if self.wire.http else s.require_grpc()
+        self.client = self.wire.connect(address)
         out_offset = _page_round(s.nbytes)
         self.region = SystemRegion.create(out_offset + s.nbytes)
         self.name_registered = triton.register(self.client, self.region)
-        self.input = grpcclient.InferInput(INPUT, [s.count], s.datatype)
+        self.input = self.wire.infer_input(INPUT, [s.count], s.datatype)
         triton.bind_input(self.input, self.region, 0)
-        self.output = grpcclient.InferRequestedOutput(OUTPUT)
+        self.output = self.wire.requested_output(OUTPUT)
         triton.bind_output(self.output, self.region, out_offset, s.nbytes)
         self.in_view = self.region.ndarray(s.dtype, (s.count,), 0)
         self.out_view = self.region.ndarray(s.dtype, (s.count,), out_offset)
@@ -419,6 +432,14 @@ class Floor(Method):
                 client.close()
 
 
+class FloorHttp(Floor):
+    """The floor over HTTP: the HTTP rows' own protocol's cost of one request, for their limit."""
+
+    name = "floor-http"
+    description = "the same floor over HTTP: tritonclient.http's infer call alone, inputs and outputs in the region"
+    wire = HTTP
+
+
 class Memcpy(Method):
     name = "memcpy"
     group = "reference"
@@ -435,15 +456,21 @@ class Memcpy(Method):
 
 #: Every method, in the order of the table.
 METHODS: tuple[type[Method], ...] = (Grpc, Http, TritonclientShm, TritonShmClient, ClientInfer, ClientInferHttp,
-                                     Facade, FacadeHttp, ZeroCopy, ZeroCopyHttp, Floor, Memcpy)
+                                     Facade, FacadeHttp, ZeroCopy, ZeroCopyHttp, Floor, FloorHttp, Memcpy)
 
 #: The methods tritonshm is compared against; the best of them is the "best peer".
 PEERS = tuple(m.name for m in METHODS if m.group == "peer")
 
-#: limit = floor + memcpy, sample by sample (both run in every repetition).
+#: Each protocol's limit, floor + memcpy sample by sample (all three run in every repetition):
+#: name -> the methods it adds up.  The gRPC floor is tritonclient.grpc's call, the HTTP one
+#: tritonclient.http's: each protocol's rows are measured against their own protocol's limit.
+LIMITS: dict[str, tuple[str, str]] = {"limit": ("floor", "memcpy"), "limit-http": ("floor-http", "memcpy")}
+#: The gRPC limit, and what it adds up (the name the JSON's ``meta.limit`` describes).
 LIMIT = "limit"
-LIMIT_PARTS = ("floor", "memcpy")
+LIMIT_PARTS = LIMITS[LIMIT]
 
-#: The methods whose time is also given as a multiple of the limit.
-AGAINST_LIMIT = ("Client.infer", "Client.infer-http", "tritonshm.grpc", "tritonshm.http", "zero-copy",
-                 "zero-copy-http")
+#: The methods whose time is also given as a multiple of a limit, and which limit: their protocol's.
+AGAINST_LIMIT: dict[str, str] = {
+    "Client.infer": "limit", "Client.infer-http": "limit-http", "tritonshm.grpc": "limit",
+    "tritonshm.http": "limit-http", "zero-copy": "limit", "zero-copy-http": "limit-http",
+}

@@ -67,6 +67,7 @@ from ._harness import (DEFAULT_BUDGET, DEFAULT_MAX_REPS, DEFAULT_MIN_REPS, DEFAU
                        summarize)
 from ._methods import INPUT, OUTPUT, Method, Setting, _grpc_client
 from ._report import server_note
+from ._where import Addresses, require_grpc, resolve
 
 #: Identifies the layout of the results (and of ``--json``'s file) of ``bench --stream``.
 STREAM_FORMAT = "tritonshm-bench-stream/1"
@@ -138,7 +139,7 @@ class TritonclientStream(StreamMethod):
         super().open()
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.ids = itertools.count()
-        self.client = _grpc_client(self.setting.url)
+        self.client = _grpc_client(self.setting.require_grpc())
         self.client.start_stream(self._callback)
 
     def _callback(self, result: Any, error: Any) -> None:
@@ -196,7 +197,7 @@ class ClientStream(StreamMethod):
         from ..client import Client
 
         super().open()
-        self.client = Client(self.setting.url, transport="shm")
+        self.client = Client(self.setting.require_grpc(), transport="shm")
 
     def call(self, x: np.ndarray) -> Responses:
         self.first_at = None
@@ -268,7 +269,7 @@ def _without_status(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if k != "status"}
 
 
-def run_stream(url: str, sizes: Sequence[int] = STREAM_SIZES, *, responses: int = DEFAULT_RESPONSES,
+def run_stream(url: str | None, sizes: Sequence[int] = STREAM_SIZES, *, responses: int = DEFAULT_RESPONSES,
                reps: int | None = None, min_reps: int = DEFAULT_MIN_REPS, max_reps: int = DEFAULT_MAX_REPS,
                budget: float = DEFAULT_BUDGET, warmup: int = DEFAULT_WARMUP,
                methods: Sequence[type[StreamMethod]] | None = None, seed: int = 0,
@@ -284,8 +285,9 @@ def run_stream(url: str, sizes: Sequence[int] = STREAM_SIZES, *, responses: int 
     check_arguments(sizes, dtype="fp32", reps=reps, min_reps=min_reps, max_reps=max_reps, budget=budget,
                     warmup=warmup)
     check_responses(responses)
+    url = require_grpc(resolve(url, None), "--stream")
     classes, missing, runnable = method_classes(STREAM_METHODS if methods is None else methods)
-    version = server_version(url, STREAM_MODEL)
+    version = server_version(Addresses(url, None), STREAM_MODEL)
     f32 = np.dtype(np.float32)
 
     results = []
