@@ -249,8 +249,15 @@ class Client:
     by_reference = engine_setting("by_reference", "Whether GPU tensors are sent where they are (lent).")
     max_lent_bytes = engine_setting("max_lent_bytes", "The most bytes of the caller's GPU allocations registered.")
 
-    def __init__(self, url: str = "localhost:8001", **kwargs: Any):
-        self._engine = engine = Engine(url, aio=True, **kwargs)
+    def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
+                 max_pool_bytes: int = 1 << 30, slot_timeout: float | None = 60.0, verbose: bool = False,
+                 connect_options: Mapping[str, Any] | None = None, pinned: bool | int = False,
+                 headers: Mapping[str, str] | None = None, by_reference: bool = True,
+                 max_lent_bytes: int = 2 << 30):
+        self._engine = engine = Engine(url, aio=True, transport=transport, slots=slots,
+                                       max_pool_bytes=max_pool_bytes, slot_timeout=slot_timeout, verbose=verbose,
+                                       connect_options=connect_options, pinned=pinned, headers=headers,
+                                       by_reference=by_reference, max_lent_bytes=max_lent_bytes)
         self._driver = AsyncDriver(engine, engine.connect())   # TLS and verbosity as the URL and options say
         # A forgotten client cannot await anything at garbage collection: a
         # blocking connection (made only then) unregisters its pools.
