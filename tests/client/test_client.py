@@ -417,7 +417,8 @@ def test_forgotten_client_is_cleaned_up_at_exit(server):
         import numpy as np, tritonshm
         c = tritonshm.Client({server.grpc_url!r})
         c.infer("identity_fp32", {{"INPUT0": np.ones(8, np.float32)}})
-        (extent,) = c._engine._pools[("identity_fp32", "", tritonshm.client._slots.SYSTEM)].extents
+        (pool,) = c._engine.pool_table.in_service()  # (a script of its own: no tests/support here)
+        (extent,) = pool.extents
         print(extent.memory.region.key, extent.name)
     """)  # exits without close()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

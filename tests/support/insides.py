@@ -19,18 +19,18 @@ __all__ = ["budget_used", "count_stream_sends", "lent_allocations", "live_pool",
 
 
 def live_pools(client: Any) -> dict[tuple[str, str, SlotKind], Any]:
-    """The client's pools in service, by (model, version, slot kind): the engine's own table."""
-    return client._engine._pools
+    """The client's pools in service, by (model, version, slot kind): the pool table's own dict."""
+    return client._engine.pool_table._pools
 
 
 def live_pool(client: Any, model: str, kind: SlotKind = SYSTEM, version: str = "") -> Any:
     """The :class:`~tritonshm.client._pool.SlotPool` in service for *model* in *kind* slots."""
-    return client._engine._pools[(model, version, kind)]
+    return client._engine.pool_table._pools[(model, version, kind)]
 
 
 def parked(client: Any) -> list[Any]:
     """Extents the server refused to unregister, kept open to be asked again."""
-    return client._engine._parked
+    return client._engine.disposals.parked
 
 
 def budget_used(client: Any) -> int:

@@ -50,16 +50,15 @@ from ._options import RequestOptions, check_slot_timeout
 from ._plan import Plan, Routing
 from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool, register_again_steps
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
-from ._disposal import (close_pools_steps, drop_extent_steps, drop_extents_steps, give_up_parked, held_for_the_server,
-                        retry_parked_steps, settle_parked_steps)
+from ._disposal import Disposals
+from ._pools import PoolTable, host_memory
 from ._steps import Emit, FetchModel, FetchModelNames, NextResponse, Pause, Register, Send, Steps, StreamSend, WaitForDevice, WaitForSlot
 
 __all__ = ["Engine", "TRANSPORTS", "engine_setting"]
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
-_PARKED_RETRY_INTERVAL = 0.05  # seconds between tries to unregister memory the server refused
-_BUDGET_POLL = 0.005  # how often a request waiting for max_pool_bytes room looks again
+_CLASH_POLL = 0.005  # how often a request waiting for clashing memory to be let go of looks again
 _QUICK_BYTES = 1 << 20  # requests up to this many input bytes may take the quick path
 _QUICK_PLANS = 256      # quick plans kept (one per model, outputs and input shapes and dtypes)
 _NAMES: Any = object()  # a streamed request asks for its plan's outputs by name (not for objects given)
@@ -110,19 +109,6 @@ def engine_setting(name: str, doc: str) -> property:
     return property(lambda client: getattr(client._engine, name), doc=doc)
 
 
-def _pool_over_budget(model: str, slots: int, slot_bytes: int, max_pool_bytes: int) -> str:
-    """Why a pool of *slots* slots of *slot_bytes* cannot be had within *max_pool_bytes*, and the
-    setting that would change that: only max_pool_bytes where one slot alone is over it."""
-    slot = f"a slot of model {model!r} (room for one request's inputs and outputs) is {slot_bytes} bytes"
-    if slot_bytes > max_pool_bytes:
-        return (f"{slot}, more than the client's max_pool_bytes={max_pool_bytes} on its own: "
-                f"make the client with max_pool_bytes={slot_bytes} or more (fewer slots would not help)")
-    pool = slots * slot_bytes
-    return (f"{slot}; slots={slots} of them need {pool} bytes, more than the client's "
-            f"max_pool_bytes={max_pool_bytes}: make the client with slots={max_pool_bytes // slot_bytes} "
-            f"(what fits) or max_pool_bytes={pool} or more")
-
-
 class Engine:
     """What a client knows and the steps of everything it does, held by a driver.
 
@@ -149,16 +135,13 @@ class Engine:
             raise InvalidOption(f"max_lent_bytes must be an int >= 0, not {max_lent_bytes!r}")
         # Every request's options start from these (a client-wide header for a gateway's auth).
         self._default_options = None if headers is None else RequestOptions.of(headers=headers)
-        self._make_memory = self._memory_factory(pinned)
+        make_host_memory = host_memory(pinned)
         if transport == "cuda":
             _devices.require_cuda("transport='cuda'")
         self.routing = Routing(transport, 0 if isinstance(pinned, bool) else pinned, pinned is not False, by_reference)
         self.aio = aio
         self.url = url
         self.transport = transport
-        self.slots = slots
-        self.max_pool_bytes = max_pool_bytes
-        self.budget = ByteBudget(max_pool_bytes)  # every pool's extents together, at every instant
         self.slot_timeout = slot_timeout
         self.wire, self._address, self._ssl = _transport.parse_url(url, aio=aio)
         # What the server has shown it cannot open, and so how requests travel (its only writer).
@@ -167,45 +150,21 @@ class Engine:
         self._connect_options = dict(connect_options or {})
         self._lock = threading.RLock()
         self._models: dict[tuple[str, str], ModelInfo] = {}
-        self._pools: dict[tuple[str, str, SlotKind], SlotPool] = {}   # by model, version and slot kind
-        self._retired: set[SlotPool] = set()
-        # Extents the server refused to unregister: kept open (device memory is never freed under it), retried.
-        self._parked: list[Extent] = []
-        self._parked_retry_at = 0.0
-        self._creator_pid = os.getpid()  # a forked child must not unregister our names
+        # Letting go of memory, the one way (a forked child must not unregister our names).
+        self.disposals = Disposals(os.getpid())
+        # The slot pools, by model, version and memory, and the budget they share.
+        self.pool_table = PoolTable(slots, max_pool_bytes, make_host_memory, self.routing.pinned, self.fallback,
+                                    self.disposals, self._lock, self.check_open)
         # The caller's GPU allocations registered to send its tensors by reference (beside the pools).
-        self._lent = LentAllocations(max_lent_bytes, self._creator_pid, self._parked, self.fallback)
+        self._lent = LentAllocations(max_lent_bytes, self.disposals, self.fallback)
         # The caller's memory that unfinished requests name (a request that would clash waits).
         self._claims = Claims()
         # Requests between their first step and their last: close() lets them finish first.
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
         self._in_flight_counter = _InFlight(self)
-        self._needs_by_shapes: dict[tuple, dict[str, int]] = {}   # slot needs by model and input shapes
         self._quick_plans: dict[tuple, QuickPlan] = {}  # small requests seen before, by signature
         self._closed = False
-
-    @staticmethod
-    def _memory_factory(pinned: bool | int) -> Callable[[int], SlotMemory]:
-        """What host slot pools are made of: plain segments, or page-locked ones
-        (``pinned=True`` for device 0's context, or a device number)."""
-        if pinned is False:
-            return SystemSlotMemory
-        device = 0 if pinned is True else pinned
-        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-            raise InvalidOption(f"pinned must be True, False or a CUDA device number, not {pinned!r}")
-        _devices.require_cuda("pinned=True (page-locking slots)")
-        return functools.partial(PinnedSlotMemory, device=device)
-
-    def _memory_for(self, kind: SlotKind) -> Callable[[int], SlotMemory]:
-        """Makes the memory of slots of *kind*."""
-        if kind == SYSTEM:
-            return self._make_memory
-        device = kind.device
-        assert device is not None, "pinned and CUDA slots are on a GPU"
-        if kind.name == "pinned":
-            return functools.partial(PinnedSlotMemory, device=device)
-        return functools.partial(CudaSlotMemory, device=device)
 
     @property
     def connect(self) -> Callable[[], Any]:
@@ -290,226 +249,53 @@ class Engine:
 
     # -- pools ------------------------------------------------------------
 
-    def _memory_after_refusal(self, kind: SlotKind) -> SlotKind:
-        """*kind*, or the host memory that replaces CUDA slots the server cannot open."""
-        if not (self.fallback.cuda_refused and kind.on_gpu) or kind.device is None:
-            return kind
-        return SYSTEM if self.routing.pinned else SlotKind.pinned(kind.device)
+    @property
+    def slots(self) -> int:
+        """The slots a pool starts with."""
+        return self.pool_table.slots
 
-    def _pool_steps(self, info: ModelInfo, needs: Mapping[str, int], kind: SlotKind,
-                    strict: bool = False, deadline: float | None = None) -> Steps:
-        """The model's pool of slots of *kind*, made or replaced by a larger one to fit
-        *needs*; None for the wire.  Where the server cannot open CUDA slots, host
-        slots serve (and plain gRPC/HTTP where it cannot open those), each with one
-        warning, unless the transport (or *strict*) says to raise instead.
+    @property
+    def max_pool_bytes(self) -> int:
+        """The most slot memory the client holds at any instant."""
+        return self.pool_table.max_pool_bytes
 
-        Single flight: a pool is put in service *before* its first extent is
-        registered, marked as growing, so concurrent requests that need it
-        find it and wait for its first slots (:meth:`SlotPool.wait`) instead
-        of each making and registering a pool of their own -- a burst of cold
-        requests makes one pool, not one per request.  A creator that fails
-        or is cancelled takes the pool out of service again (retiring it
-        wakes the waiters; the next of them makes it).  A pool whose first
-        extent does not fit in the client's budget (``max_pool_bytes``, every
-        pool together) is made only once it does, until *deadline*.
-        """
-        while True:
-            if self.fallback.wire:
-                return None
-            if not strict:
-                kind = self._memory_after_refusal(kind)
-            key = (info.name, info.version, kind)
-            with self._lock:
-                self.check_open()
-                old = self._pools.get(key)
-                if old is not None and old.layout.fits(needs):
-                    return old  # in service, or being made: its slots come with its first extent
-                layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
-                pool = SlotPool(info, layout, self.slots, self.budget, self._memory_for(kind))
-                if pool.extent_bytes > self.max_pool_bytes:
-                    raise InvalidOption(_pool_over_budget(info.name, self.slots, layout.slot_bytes,
-                                                          self.max_pool_bytes))
-                fits = self.budget.fits(pool.extent_bytes)
-                if fits:
-                    pool.claim_first_extent()
-                    self._pools[key] = pool
-                    if old is not None:
-                        self._retired.add(old)
-                        old.retire()
-            if not fits:  # the old pool (if any) stays in service meanwhile
-                if old is not None:
-                    with self._lock:
-                        if self._pools.get(key) is old:  # retire it: it drains, and its bytes come back
-                            del self._pools[key]
-                            self._retired.add(old)
-                            old.retire()
-                yield from self._budget_steps(pool.extent_bytes, deadline, info)
-                continue
-            try:
-                extent = yield from self._register_extent_steps(pool)
-                if extent is None:  # another pool took the bytes meanwhile: wait for them
-                    self._take_out_of_service(key, pool)
-                    yield from self._budget_steps(pool.extent_bytes, deadline, info)
-                    continue
-            except BaseException as exc:
-                self._take_out_of_service(key, pool)
-                if not isinstance(exc, SharedMemoryRefused):
-                    raise
-                # The state steps before the warning (warnings may be errors); concurrent first
-                # requests may each be refused: the first one to report it warns.
-                step = self.fallback.refused(kind.on_gpu, str(exc), strict)
-                if step.next is Next.RAISE:
-                    raise
-                if step.warning is not None:
-                    warnings.warn(step.warning, RuntimeWarning, stacklevel=2)
-                if step.next is Next.HOST:
-                    continue
-                return None
-            added = pool.add_extent(extent)
-            pool.stop_growing()
-            if not added:  # close() has taken the pool meanwhile: nobody else will unregister it
-                yield from self._drop_extent_steps(extent)
-                self.check_open()
-            return pool  # retired meanwhile (a larger one replaced it)? the caller looks again
-
-    def _take_out_of_service(self, key: tuple[str, str, SlotKind], pool: SlotPool) -> None:
-        """A pool whose first extent could not be made: out of the pools, its waiters woken."""
-        with self._lock:
-            if self._pools.get(key) is pool:
-                del self._pools[key]
-        pool.retire()
-        pool.stop_growing()
-
-    def _register_extent_steps(self, pool: SlotPool) -> Steps:
-        """A new registered extent for *pool* (not yet in service); None when its bytes
-        do not fit in the client's budget now."""
-        extent = pool.new_extent()
-        if extent is None:
-            return None
-        try:
-            extent.name = yield Register(extent.memory)
-        except BaseException:
-            extent.release_memory()
-            raise
-        return extent
-
-    def _budget_steps(self, nbytes: int, deadline: float | None, info: ModelInfo) -> Steps:
-        """Wait until *nbytes* more fit in the client's budget (dropping what is due
-        meanwhile: drained retired pools, idle surplus, parked memory the server let
-        go of); :class:`PoolExhausted`, with the numbers, at *deadline*."""
-        while not self.budget.fits(nbytes):
-            if self._has_disposals():  # (a retired pool whose slots are kept stays a disposal)
-                yield from self._dispose_steps()
-                if self.budget.fits(nbytes):
-                    break
-            if deadline is not None and time.monotonic() >= deadline:
-                with self._lock:
-                    pools = [f"{key[0]!r} ({key[2]}): {pool.nbytes}" for key, pool in self._pools.items()]
-                raise PoolExhausted(
-                    f"model {info.name!r} needs {nbytes} bytes of slot memory, but this client holds "
-                    f"{self.budget.used} of max_pool_bytes={self.budget.limit} (pools: "
-                    f"{', '.join(pools) or 'none'}; the rest retired, waiting for their slots or "
-                    f"views to come back): raise max_pool_bytes, or drop results you keep")
-            yield Pause(_BUDGET_POLL)
-
-    def _lease_steps(self, info: ModelInfo, needs: Mapping[str, int], timeout: float | None,
-                     hold: bool, kind: SlotKind = SYSTEM, strict: bool = False) -> Steps:
-        """A leased slot of *kind* that fits *needs* (None for the wire),
-        growing the pool instead of waiting when the busy slots are only held by
-        views.  *hold*: see :meth:`SlotPool.try_acquire`; *strict*: no fallback."""
-        pool = self._pools.get((info.name, info.version, kind))
-        if pool is not None and pool.layout.fits(needs):  # the usual case, without more steps
-            lease = pool.try_acquire(hold)
-            if lease is not None:
-                return lease
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            pool = yield from self._pool_steps(info, needs, kind, strict, deadline)
-            if pool is None:
-                return None
-            lease = pool.try_acquire(hold)
-            if lease is not None:
-                return lease
-            if pool.retired:
-                continue  # a larger pool replaced it meanwhile
-            if pool.start_growing():
-                try:
-                    extent = yield from self._register_extent_steps(pool)
-                finally:
-                    pool.stop_growing()
-                if extent is not None and not pool.add_extent(extent):  # the client closed meanwhile
-                    yield from self._drop_extent_steps(extent)
-                    self.check_open()
-                if extent is not None:
-                    continue  # else another pool took the bytes meanwhile: wait for a slot
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise pool.exhausted(timeout)
-            yield WaitForSlot(pool, pool.wait_slice(left))
-
-    def _needs(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
-               bytes_sizes: Mapping[str, int]) -> dict[str, int]:
-        """:func:`_intake.slot_needs`, remembered per model and input shapes."""
-        if bytes_sizes:
-            return _intake.slot_needs(info, shapes, bytes_sizes)  # varies with the strings
-        key = (info.name, info.version, tuple(shapes.items()))
-        needs = self._needs_by_shapes.get(key)
-        if needs is None:
-            if len(self._needs_by_shapes) > 1024:  # many distinct variable shapes: start over
-                self._needs_by_shapes.clear()
-            needs = self._needs_by_shapes[key] = _intake.slot_needs(info, shapes, bytes_sizes)
-        return needs
+    @property
+    def budget(self) -> ByteBudget:
+        """The bytes every pool's extents take together (never over max_pool_bytes)."""
+        return self.pool_table.budget
 
     def pools(self) -> list[PoolInfo]:
         """What this client holds now: one snapshot per slot pool in service
         (model, version, the memory its slots are in, slots running and held,
         registered bytes and region names).  No I/O."""
-        with self._lock:
-            return [pool.snapshot(str(kind)) for (_, _, kind), pool in self._pools.items()]
+        return self.pool_table.snapshot()
 
     def _has_disposals(self) -> bool:
-        """Whether a pool has idle surplus, a retired pool is waiting to be dropped, or
-        parked memory is due to be tried again."""
-        return bool(self._retired) or self._parked_due() or self._lent.has_disposals() \
-            or any(pool.has_surplus for pool in list(self._pools.values()))
-
-    def _parked_due(self) -> bool:
-        """Whether parked extents should be tried again now (at most every _PARKED_RETRY_INTERVAL:
-        requests must not each pay a round trip to a server that still says no)."""
-        return bool(self._parked) and time.monotonic() >= self._parked_retry_at
+        """Whether the pools or the lent table have something to let go of, or parked memory
+        is due to be asked about again."""
+        return self.pool_table.has_disposals() or self._lent.has_disposals()
 
     def _dispose_steps(self) -> Steps:
-        """Unregister and close idle surplus extents, drained retired pools and parked extents."""
-        if self._parked_due():
-            self._parked_retry_at = time.monotonic() + _PARKED_RETRY_INTERVAL
-            yield from retry_parked_steps(self._parked, self._creator_pid)
+        """Unregister and close what the lent table let go of, the pools' idle surplus and
+        drained retired pools, and parked extents when due."""
         yield from self._lent.drop_steps(self._lent.take_disposals())
-        with self._lock:
-            pools = list(self._pools.values()) + list(self._retired)
-        for pool in pools:
-            yield from drop_extents_steps(pool.take_disposals(), self._creator_pid, self._parked)
-            if pool.closed:
-                with self._lock:
-                    self._retired.discard(pool)
-
-    def _drop_extent_steps(self, extent: Extent) -> Steps:
-        return drop_extent_steps(extent, self._creator_pid, self._parked)
+        yield from self.pool_table.dispose_steps()
 
     def release_steps(self, settle: float) -> Steps:
         """The client is closing: every pool is out of service now; the steps unregister and
         close all they held, then ask again for up to *settle* seconds to unregister what the
         server refused (it answers a request before it lets go of the request's regions).
         What it still refuses then is for :meth:`hold_refused`."""
-        with self._lock:
-            drop = close_pools_steps(self._pools, self._retired, self._creator_pid, self._parked)
+        drop = self.pool_table.close_steps()  # every pool out of service now
         # Every lent allocation, those of requests still in flight (close() stopped waiting for
         # them) too: unregistering is refused while they run, so they are parked, held, meanwhile.
         lent = self._lent.forget(in_use_too=True)
 
         def steps() -> Steps:
+            yield from self.disposals.retry_steps()
             yield from drop
             yield from self._lent.drop_steps(lent)
-            yield from settle_parked_steps(self._parked, self._creator_pid, settle)
+            yield from self.disposals.settle_steps(settle)
 
         return steps()
 
@@ -530,7 +316,7 @@ class Engine:
     def hold_refused(self) -> None:
         """After :meth:`release_steps`: close parked host memory, and hold device memory the
         server still refuses to let go of for the life of the process (never freed under it)."""
-        give_up_parked(self._parked, held_for_the_server)
+        self.disposals.give_up()
 
     # -- requests in flight -----------------------------------------------
 
@@ -673,7 +459,7 @@ class Engine:
         yield from self._wait_for_clashes(plan, arrays, claim)
         if route.lent and not self.fallback.wire:  # (a server that refused CUDA memory: the table says so)
             yield from self._lend_steps(plan, arrays, claim)
-        needs = self._needs(info, shapes, bytes_sizes)
+        needs = self.pool_table.needs(info, shapes, bytes_sizes)
         if claim:  # lent tensors take no room in a slot
             needs = {name: size for name, size in needs.items()
                      if name not in claim.inputs and name not in claim.outputs}
@@ -681,7 +467,7 @@ class Engine:
             lease = None
             if needs or self.fallback.wire:
                 lease = None if self.fallback.wire else (
-                    yield from self._lease_steps(info, needs, plan.slot_timeout, not plan.copy, route.memory))
+                    yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, not plan.copy, route.memory))
                 if lease is None:
                     inputs, requested = _messages.wire_request(self.wire, info, arrays, names)
                     result = yield Send(info.name, info.version, inputs, requested, plan.options)
@@ -734,14 +520,14 @@ class Engine:
                         f"server to be done with it. Wait longer (slot_timeout=), or give other tensors")
                 if self._has_disposals():  # among them, asking the server again to let go of it
                     yield from self._dispose_steps()
-                yield Pause(_BUDGET_POLL)
+                yield Pause(_CLASH_POLL)
 
     def _lend_steps(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
         """Lend the server the GPU inputs of one chunk, and the results the caller allocated,
         where their memory can be (:mod:`._lent`); the rest is copied as before."""
         for name, array in arrays.items():
             if isinstance(array, DeviceTensor) and array.nbytes:  # (Triton refuses 0-byte bindings)
-                where = self._in_own_slot(array)
+                where = self.pool_table.own_slot(array)
                 if where is None:
                     where = yield from self._lent.lend_steps(array)
                 if where is not None:
@@ -752,26 +538,6 @@ class Engine:
             where = yield from self._lent.lend_steps(given.tensor)
             if where is not None:
                 claim.lend(name, where, given.tensor, writes=True)
-
-    def _in_own_slot(self, tensor: DeviceTensor) -> Lent | None:
-        """Where *tensor* is when it is a view of one of this client's own CUDA slots (a result
-        kept with ``copy=False``, a zero-copy request's input): in an extent registered already,
-        kept alive by the view for as long as the request holds it -- never held by the lent
-        table, which would keep the slot out of its pool."""
-        if not self._pools and not self._retired:
-            return None
-        ptr = tensor.source.ptr + tensor.offset
-        with self._lock:
-            pools = [*self._pools.values(), *self._retired]
-        for pool in pools:
-            for extent in pool.extents:
-                memory = extent.memory
-                if memory.kind != "cuda" or memory.device != tensor.device or extent.name is None or memory.closed:
-                    continue
-                region = memory.region
-                if region.ptr <= ptr and ptr + tensor.nbytes <= region.ptr + region.nbytes:
-                    return Lent(extent, extent.name, ptr - region.ptr, tensor.nbytes)
-        return None
 
     def _fill_steps(self, info: ModelInfo, lease: Lease | None, arrays: Mapping[str, Any],
                     bytes_sizes: Mapping[str, int], device: int | None, claim: Claim | None = None) -> Steps:
@@ -851,7 +617,7 @@ class Engine:
             return
         (arrays,) = plan.chunks
         shapes = {name: array.shape for name, array in arrays.items()}
-        needs = self._needs(info, shapes, {})
+        needs = self.pool_table.needs(info, shapes, {})
         if len(self._quick_plans) >= _QUICK_PLANS:
             self._quick_plans.clear()
         self._quick_plans[signature] = QuickPlan(plan._replace(chunks=[]), (info.name, info.version, SYSTEM), needs)
@@ -861,7 +627,7 @@ class Engine:
         copy out -- as straight-line code.  What is not the common case (no free slot, a pool
         to make or grow, a server that forgot our regions, an output larger than its slot)
         goes the full way (:meth:`chunk_steps`), which handles it."""
-        pool = self._pools.get(quick.key)
+        pool = self.pool_table.get(quick.key)
         lease = None
         if pool is not None and pool.layout.fits(quick.needs):
             lease = pool.try_acquire(False)
@@ -989,10 +755,10 @@ class Engine:
                 yield from self._wait_for_clashes(plan, arrays, claim)
                 if plan.route.lent and not self.fallback.wire:
                     yield from self._lend_steps(plan, arrays, claim)
-                needs = {name: size for name, size in self._needs(info, shapes, bytes_sizes).items()
+                needs = {name: size for name, size in self.pool_table.needs(info, shapes, bytes_sizes).items()
                          if name not in claim.inputs}  # lent inputs take no room in a slot
                 lease = None if self.fallback.wire or not needs else (
-                    yield from self._lease_steps(info, needs, plan.slot_timeout, False, plan.route.memory))
+                    yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, False, plan.route.memory))
                 claim.lease = lease
                 if self.fallback.wire or lease is None and not claim:
                     inputs = _messages.wire_request(self.wire, info, arrays, [])[0]
@@ -1134,7 +900,7 @@ class Engine:
                       timeout: float | None, kind: SlotKind = SYSTEM) -> Steps:
         """A leased slot of *kind* for a zero-copy request (never a fallback: its views
         must be where they were asked for)."""
-        lease = yield from self._lease_steps(info, self._needs(info, shapes, {}), timeout, True, kind,
+        lease = yield from self.pool_table.lease_steps(info, self.pool_table.needs(info, shapes, {}), timeout, True, kind,
                                              strict=kind != SYSTEM)
         if lease is None:
             raise SharedMemoryRefused("request() needs shared memory, but the server cannot open ours")

@@ -61,7 +61,7 @@ from typing import Any, NamedTuple
 from .._memory._cuda_region import CudaRegion
 from ..errors import NotShareable, RegistrationError, SharedMemoryRefused
 from ._devices import DeviceTensor
-from ._disposal import drop_extents_steps
+from ._disposal import Disposals
 from ._fallback import Fallback
 from ._pool import ByteBudget, Extent
 from ._slots import RegisteredMemory
@@ -156,21 +156,21 @@ class LentAllocations:
     """The caller's allocations this client registered, by device and base (see the module).
 
     *max_bytes* and *max_entries* bound them together, at every instant;
-    *creator_pid* and *parked* are the engine's (a forked child unregisters
-    nothing; what the server refuses to let go of is parked with the slots').
+    *disposals* is the client's one way of letting go (a forked child unregisters
+    nothing; what the server refuses to let go of is parked with the slots');
+    *fallback* says whether the server can open the caller's GPU memory.
     """
 
     #: An idle allocation unused for this long may make room for a new one; a younger one may
     #: not: the new tensor is copied instead (no registration churn for fresh allocations).
     cold_seconds = 1.0
 
-    def __init__(self, max_bytes: int, creator_pid: int, parked: list[Extent], fallback: Fallback,
+    def __init__(self, max_bytes: int, disposals: Disposals, fallback: Fallback,
                  max_entries: int = MAX_LENT_ENTRIES):
         self.max_bytes = max_bytes
         self._fallback = fallback  # whether the server can open the caller's GPU memory (its writer)
         self.max_entries = max_entries
-        self._creator_pid = creator_pid
-        self._parked = parked
+        self._letting_go = disposals  # how allocations are let go of: the client's one way
         #: Bytes of every allocation the table holds -- registered, being registered, let go of
         #: but not yet unregistered, parked -- never over *max_bytes*, at any instant.
         self.budget = ByteBudget(max_bytes)
@@ -375,7 +375,7 @@ class LentAllocations:
 
     def drop_steps(self, extents: list[Extent]) -> Steps:
         """Unregister, then let go of, extents out of the table (parked where the server refuses)."""
-        return drop_extents_steps(extents, self._creator_pid, self._parked)
+        return self._letting_go.drop_all_steps(extents)
 
     def has_disposals(self) -> bool:
         """Whether allocations out of the table wait to be unregistered and let go."""

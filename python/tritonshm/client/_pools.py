@@ -1,0 +1,333 @@
+"""A client's slot pools: the table of pools by model, version and memory -- find, make, grow,
+retire, lease, the byte budget they share (``max_pool_bytes``) -- and the lookup of a tensor that
+is a view of one of our own slots.  Sans-I/O: its steps (:mod:`._steps`) are run by a driver.
+
+Single flight: a pool is put in service *before* its first extent is registered, so a burst of
+cold requests makes one pool, not one per request (see :meth:`PoolTable.pool_steps`).  What the
+server refuses is the fallback's to judge (:class:`~._fallback.Fallback`); what is let go of is
+let go of the client's one way (:class:`~._disposal.Disposals`).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import warnings
+from typing import Any, Callable, Mapping
+
+from ..errors import InvalidOption, PoolExhausted, SharedMemoryRefused
+from . import _devices, _intake
+from ._devices import DeviceTensor
+from ._disposal import Disposals
+from ._fallback import Fallback, Next
+from ._lent import Lent
+from ._model import ModelInfo
+from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool
+from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
+from ._steps import Pause, Register, Steps, WaitForSlot
+
+__all__ = ["PoolTable", "host_memory"]
+
+_BUDGET_POLL = 0.005  # how often a request waiting for max_pool_bytes room looks again
+
+
+def host_memory(pinned: bool | int) -> Callable[[int], SlotMemory]:
+    """What host slot pools are made of: plain segments, or page-locked ones
+    (``pinned=True`` for device 0's context, or a device number)."""
+    if pinned is False:
+        return SystemSlotMemory
+    device = 0 if pinned is True else pinned
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise InvalidOption(f"pinned must be True, False or a CUDA device number, not {pinned!r}")
+    _devices.require_cuda("pinned=True (page-locking slots)")
+    return functools.partial(PinnedSlotMemory, device=device)
+
+
+def _pool_over_budget(model: str, slots: int, slot_bytes: int, max_pool_bytes: int) -> str:
+    """Why a pool of *slots* slots of *slot_bytes* cannot be had within *max_pool_bytes*, and the
+    setting that would change that: only max_pool_bytes where one slot alone is over it."""
+    slot = f"a slot of model {model!r} (room for one request's inputs and outputs) is {slot_bytes} bytes"
+    if slot_bytes > max_pool_bytes:
+        return (f"{slot}, more than the client's max_pool_bytes={max_pool_bytes} on its own: "
+                f"make the client with max_pool_bytes={slot_bytes} or more (fewer slots would not help)")
+    pool = slots * slot_bytes
+    return (f"{slot}; slots={slots} of them need {pool} bytes, more than the client's "
+            f"max_pool_bytes={max_pool_bytes}: make the client with slots={max_pool_bytes // slot_bytes} "
+            f"(what fits) or max_pool_bytes={pool} or more")
+
+
+class PoolTable:
+    """One client's slot pools (see the module), the only writer of the table.
+
+    *slots* is how many slots a pool starts with; *max_pool_bytes* bounds every pool's extents
+    together, at every instant (:attr:`budget`); *host_memory* makes host slots
+    (:func:`host_memory`), *pinned_host* says whether they are page-locked already (then CUDA
+    slots the server refuses become plain host slots); *lock* is the engine's; *check_open*
+    raises once the client closed.
+    """
+
+    def __init__(self, slots: int, max_pool_bytes: int, host_memory: Callable[[int], SlotMemory], pinned_host: bool,
+                 fallback: Fallback, disposals: Disposals, lock: threading.RLock, check_open: Callable[[], None]):
+        self.slots = slots
+        self.max_pool_bytes = max_pool_bytes
+        self.budget = ByteBudget(max_pool_bytes)  # every pool's extents together, at every instant
+        self._host_memory = host_memory
+        self._pinned_host = pinned_host
+        self._fallback = fallback
+        self._disposals = disposals
+        self._lock = lock
+        self._check_open = check_open
+        self._pools: dict[tuple[str, str, SlotKind], SlotPool] = {}   # by model, version and slot kind
+        self._retired: set[SlotPool] = set()
+        self._needs_by_shapes: dict[tuple, dict[str, int]] = {}   # slot needs by model and input shapes
+
+    def get(self, key: tuple[str, str, SlotKind]) -> SlotPool | None:
+        """The pool in service for (model, version, kind), if any (no I/O, no lock: a dict read)."""
+        return self._pools.get(key)
+
+    def in_service(self) -> list[SlotPool]:
+        """The pools in service and those retired but not yet dropped."""
+        with self._lock:
+            return [*self._pools.values(), *self._retired]
+
+    def has_disposals(self) -> bool:
+        """Whether a pool has idle surplus, a retired pool is waiting to be dropped, or parked
+        memory is due to be asked about again."""
+        return bool(self._retired) or self._disposals.due() \
+            or any(pool.has_surplus for pool in list(self._pools.values()))
+
+    def dispose_steps(self) -> Steps:
+        """Unregister and close idle surplus extents and drained retired pools (and ask again about
+        parked memory, when due: it holds pool bytes too)."""
+        yield from self._disposals.retry_steps(when_due=True)
+        for pool in self.in_service():
+            yield from self._disposals.drop_all_steps(pool.take_disposals())
+            if pool.closed:
+                with self._lock:
+                    self._retired.discard(pool)
+
+    def close_steps(self) -> Steps:
+        """Empty the table now (every pool out of service), then the steps that unregister and
+        close all the pools held."""
+        with self._lock:
+            doomed = [*self._pools.values(), *self._retired]
+            self._pools.clear()
+            self._retired.clear()
+        return self._disposals.drop_all_steps([extent for pool in doomed for extent in pool.close()])
+
+    def _memory_for(self, kind: SlotKind) -> Callable[[int], SlotMemory]:
+        """Makes the memory of slots of *kind*."""
+        if kind == SYSTEM:
+            return self._host_memory
+        device = kind.device
+        assert device is not None, "pinned and CUDA slots are on a GPU"
+        if kind.name == "pinned":
+            return functools.partial(PinnedSlotMemory, device=device)
+        return functools.partial(CudaSlotMemory, device=device)
+
+    def memory_after_refusal(self, kind: SlotKind) -> SlotKind:
+        """*kind*, or the host memory that replaces CUDA slots the server cannot open."""
+        if not (self._fallback.cuda_refused and kind.on_gpu) or kind.device is None:
+            return kind
+        return SYSTEM if self._pinned_host else SlotKind.pinned(kind.device)
+
+
+    def pool_steps(self, info: ModelInfo, needs: Mapping[str, int], kind: SlotKind,
+                    strict: bool = False, deadline: float | None = None) -> Steps:
+        """The model's pool of slots of *kind*, made or replaced by a larger one to fit
+        *needs*; None for the wire.  Where the server cannot open CUDA slots, host
+        slots serve (and plain gRPC/HTTP where it cannot open those), each with one
+        warning, unless the transport (or *strict*) says to raise instead.
+
+        Single flight: a pool is put in service *before* its first extent is
+        registered, marked as growing, so concurrent requests that need it
+        find it and wait for its first slots (:meth:`SlotPool.wait`) instead
+        of each making and registering a pool of their own -- a burst of cold
+        requests makes one pool, not one per request.  A creator that fails
+        or is cancelled takes the pool out of service again (retiring it
+        wakes the waiters; the next of them makes it).  A pool whose first
+        extent does not fit in the client's budget (``max_pool_bytes``, every
+        pool together) is made only once it does, until *deadline*.
+        """
+        while True:
+            if self._fallback.wire:
+                return None
+            if not strict:
+                kind = self.memory_after_refusal(kind)
+            key = (info.name, info.version, kind)
+            with self._lock:
+                self._check_open()
+                old = self._pools.get(key)
+                if old is not None and old.layout.fits(needs):
+                    return old  # in service, or being made: its slots come with its first extent
+                layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
+                pool = SlotPool(info, layout, self.slots, self.budget, self._memory_for(kind))
+                if pool.extent_bytes > self.max_pool_bytes:
+                    raise InvalidOption(_pool_over_budget(info.name, self.slots, layout.slot_bytes,
+                                                          self.max_pool_bytes))
+                fits = self.budget.fits(pool.extent_bytes)
+                if fits:
+                    pool.claim_first_extent()
+                    self._pools[key] = pool
+                    if old is not None:
+                        self._retired.add(old)
+                        old.retire()
+            if not fits:  # the old pool (if any) stays in service meanwhile
+                if old is not None:
+                    with self._lock:
+                        if self._pools.get(key) is old:  # retire it: it drains, and its bytes come back
+                            del self._pools[key]
+                            self._retired.add(old)
+                            old.retire()
+                yield from self._budget_steps(pool.extent_bytes, deadline, info)
+                continue
+            try:
+                extent = yield from self._register_extent_steps(pool)
+                if extent is None:  # another pool took the bytes meanwhile: wait for them
+                    self._take_out_of_service(key, pool)
+                    yield from self._budget_steps(pool.extent_bytes, deadline, info)
+                    continue
+            except BaseException as exc:
+                self._take_out_of_service(key, pool)
+                if not isinstance(exc, SharedMemoryRefused):
+                    raise
+                # The state steps before the warning (warnings may be errors); concurrent first
+                # requests may each be refused: the first one to report it warns.
+                step = self._fallback.refused(kind.on_gpu, str(exc), strict)
+                if step.next is Next.RAISE:
+                    raise
+                if step.warning is not None:
+                    warnings.warn(step.warning, RuntimeWarning, stacklevel=2)
+                if step.next is Next.HOST:
+                    continue
+                return None
+            added = pool.add_extent(extent)
+            pool.stop_growing()
+            if not added:  # close() has taken the pool meanwhile: nobody else will unregister it
+                yield from self._disposals.drop_steps(extent)
+                self._check_open()
+            return pool  # retired meanwhile (a larger one replaced it)? the caller looks again
+
+
+    def _take_out_of_service(self, key: tuple[str, str, SlotKind], pool: SlotPool) -> None:
+        """A pool whose first extent could not be made: out of the pools, its waiters woken."""
+        with self._lock:
+            if self._pools.get(key) is pool:
+                del self._pools[key]
+        pool.retire()
+        pool.stop_growing()
+
+
+    def _register_extent_steps(self, pool: SlotPool) -> Steps:
+        """A new registered extent for *pool* (not yet in service); None when its bytes
+        do not fit in the client's budget now."""
+        extent = pool.new_extent()
+        if extent is None:
+            return None
+        try:
+            extent.name = yield Register(extent.memory)
+        except BaseException:
+            extent.release_memory()
+            raise
+        return extent
+
+
+    def _budget_steps(self, nbytes: int, deadline: float | None, info: ModelInfo) -> Steps:
+        """Wait until *nbytes* more fit in the client's budget (dropping what is due
+        meanwhile: drained retired pools, idle surplus, parked memory the server let
+        go of); :class:`PoolExhausted`, with the numbers, at *deadline*."""
+        while not self.budget.fits(nbytes):
+            if self.has_disposals():  # (a retired pool whose slots are kept stays a disposal)
+                yield from self.dispose_steps()
+                if self.budget.fits(nbytes):
+                    break
+            if deadline is not None and time.monotonic() >= deadline:
+                with self._lock:
+                    pools = [f"{key[0]!r} ({key[2]}): {pool.nbytes}" for key, pool in self._pools.items()]
+                raise PoolExhausted(
+                    f"model {info.name!r} needs {nbytes} bytes of slot memory, but this client holds "
+                    f"{self.budget.used} of max_pool_bytes={self.budget.limit} (pools: "
+                    f"{', '.join(pools) or 'none'}; the rest retired, waiting for their slots or "
+                    f"views to come back): raise max_pool_bytes, or drop results you keep")
+            yield Pause(_BUDGET_POLL)
+
+
+    def lease_steps(self, info: ModelInfo, needs: Mapping[str, int], timeout: float | None,
+                     hold: bool, kind: SlotKind = SYSTEM, strict: bool = False) -> Steps:
+        """A leased slot of *kind* that fits *needs* (None for the wire),
+        growing the pool instead of waiting when the busy slots are only held by
+        views.  *hold*: see :meth:`SlotPool.try_acquire`; *strict*: no fallback."""
+        pool = self._pools.get((info.name, info.version, kind))
+        if pool is not None and pool.layout.fits(needs):  # the usual case, without more steps
+            lease = pool.try_acquire(hold)
+            if lease is not None:
+                return lease
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pool = yield from self.pool_steps(info, needs, kind, strict, deadline)
+            if pool is None:
+                return None
+            lease = pool.try_acquire(hold)
+            if lease is not None:
+                return lease
+            if pool.retired:
+                continue  # a larger pool replaced it meanwhile
+            if pool.start_growing():
+                try:
+                    extent = yield from self._register_extent_steps(pool)
+                finally:
+                    pool.stop_growing()
+                if extent is not None and not pool.add_extent(extent):  # the client closed meanwhile
+                    yield from self._disposals.drop_steps(extent)
+                    self._check_open()
+                if extent is not None:
+                    continue  # else another pool took the bytes meanwhile: wait for a slot
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise pool.exhausted(timeout)
+            yield WaitForSlot(pool, pool.wait_slice(left))
+
+
+    def needs(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
+               bytes_sizes: Mapping[str, int]) -> dict[str, int]:
+        """:func:`_intake.slot_needs`, remembered per model and input shapes."""
+        if bytes_sizes:
+            return _intake.slot_needs(info, shapes, bytes_sizes)  # varies with the strings
+        key = (info.name, info.version, tuple(shapes.items()))
+        needs = self._needs_by_shapes.get(key)
+        if needs is None:
+            if len(self._needs_by_shapes) > 1024:  # many distinct variable shapes: start over
+                self._needs_by_shapes.clear()
+            needs = self._needs_by_shapes[key] = _intake.slot_needs(info, shapes, bytes_sizes)
+        return needs
+
+
+    def snapshot(self) -> list[PoolInfo]:
+        """What this client holds now: one snapshot per slot pool in service
+        (model, version, the memory its slots are in, slots running and held,
+        registered bytes and region names).  No I/O."""
+        with self._lock:
+            return [pool.snapshot(str(kind)) for (_, _, kind), pool in self._pools.items()]
+
+
+    def own_slot(self, tensor: DeviceTensor) -> Lent | None:
+        """Where *tensor* is when it is a view of one of this client's own CUDA slots (a result
+        kept with ``copy=False``, a zero-copy request's input): in an extent registered already,
+        kept alive by the view for as long as the request holds it -- never held by the lent
+        table, which would keep the slot out of its pool."""
+        if not self._pools and not self._retired:
+            return None
+        ptr = tensor.source.ptr + tensor.offset
+        with self._lock:
+            pools = [*self._pools.values(), *self._retired]
+        for pool in pools:
+            for extent in pool.extents:
+                memory = extent.memory
+                if memory.kind != "cuda" or memory.device != tensor.device or extent.name is None or memory.closed:
+                    continue
+                region = memory.region
+                if region.ptr <= ptr and ptr + tensor.nbytes <= region.ptr + region.nbytes:
+                    return Lent(extent, extent.name, ptr - region.ptr, tensor.nbytes)
+        return None
+
