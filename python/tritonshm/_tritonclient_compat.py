@@ -24,7 +24,7 @@ import functools
 import importlib
 import inspect
 import warnings
-from typing import Any, Callable, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from .errors import InferenceServerException
 

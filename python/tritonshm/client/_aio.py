@@ -23,11 +23,10 @@ from .. import _http1, _transport, triton
 from ..errors import ServerTimeout
 from . import _devices, _intake, _messages
 from ._client import SETTLE_SECONDS, BlockingDriver, release_everything
-from ._engine import Engine, engine_setting
-from ._lent import LentInfo, LentStats
+from ._engine import Engine
+from ._face import ClientFace
 from ._model import ModelInfo
 from ._options import RequestOptions
-from ._pool import PoolInfo
 from ._request import RequestFace, SlotRequest
 from ._steps import (Done, Emit, FetchModel, FetchModelNames, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
                      WaitForDevice, WaitForSlot, advance)
@@ -233,21 +232,13 @@ class AsyncDriver:
             step.pool.remove_waiter(wake)
 
 
-class Client:
+class Client(ClientFace):
     """An asyncio Triton client that moves tensors through pooled shared memory.
 
     Takes the same arguments as :class:`tritonshm.Client` (*connect_options*
     go to tritonclient's aio client).  Use it with ``async with``, or await
     :meth:`close` when done.
     """
-
-    url = engine_setting("url", "The server's address, as given.")
-    transport = engine_setting("transport", '"auto", "shm", "wire" or "cuda", as given.')
-    slots = engine_setting("slots", "The slots a pool starts with.")
-    max_pool_bytes = engine_setting("max_pool_bytes", "The most slot memory this client holds at any instant.")
-    slot_timeout = engine_setting("slot_timeout", "How long a request waits for a slot, in seconds (None: for ever).")
-    by_reference = engine_setting("by_reference", "Whether GPU tensors are sent where they are (lent).")
-    max_lent_bytes = engine_setting("max_lent_bytes", "The most bytes of the caller's GPU allocations registered.")
 
     def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
                  max_pool_bytes: int = 1 << 30, slot_timeout: float | None = 60.0, verbose: bool = False,
@@ -272,25 +263,10 @@ class Client:
         """The underlying tritonclient aio client."""
         return self._driver.aio_client
 
-    def __repr__(self) -> str:
-        return self._engine.describe()
-
-    def lent(self) -> list[LentInfo]:
-        """Like :meth:`tritonshm.Client.lent`."""
-        return self._engine.lent()
-
-    def stats(self) -> LentStats:
-        """Like :meth:`tritonshm.Client.stats`."""
-        return self._engine.lent_stats()
-
     async def forget(self) -> None:
         """Like :meth:`tritonshm.Client.forget`."""
         self._engine.check_open()
         await self._driver.drive(self._engine.forget_steps())
-
-    def pools(self) -> list[PoolInfo]:
-        """Like :meth:`tritonshm.Client.pools`: a snapshot per slot pool in service.  No I/O."""
-        return self._engine.pools()
 
     # -- the public calls ---------------------------------------------------
 

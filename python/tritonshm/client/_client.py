@@ -13,11 +13,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from .. import _http1, triton
 from ..errors import ServerTimeout
 from . import _devices, _intake, _messages
-from ._engine import Engine, engine_setting
-from ._lent import LentInfo, LentStats
+from ._engine import Engine
+from ._face import ClientFace
 from ._model import ModelInfo
 from ._options import RequestOptions
-from ._pool import PoolInfo
 from ._request import RequestFace, SlotRequest
 from ._steps import (Done, Emit, FetchModel, FetchModelNames, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
                      WaitForDevice, WaitForSlot, advance)
@@ -231,7 +230,7 @@ def _carry_out_unregisters(connector: Connector, steps: Steps) -> None:
         step = advance(steps, outcome, failure)
 
 
-class Client:
+class Client(ClientFace):
     """A Triton client that moves tensors through pooled shared memory.
 
     *url* is ``"host:port"`` for gRPC (``"grpcs://host:port"`` with TLS) or
@@ -261,14 +260,6 @@ class Client:
     how many and why).
     """
 
-    url = engine_setting("url", "The server's address, as given.")
-    transport = engine_setting("transport", '"auto", "shm", "wire" or "cuda", as given.')
-    slots = engine_setting("slots", "The slots a pool starts with.")
-    max_pool_bytes = engine_setting("max_pool_bytes", "The most slot memory this client holds at any instant.")
-    slot_timeout = engine_setting("slot_timeout", "How long a request waits for a slot, in seconds (None: for ever).")
-    by_reference = engine_setting("by_reference", "Whether GPU tensors are sent where they are (lent).")
-    max_lent_bytes = engine_setting("max_lent_bytes", "The most bytes of the caller's GPU allocations registered.")
-
     def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
                  max_pool_bytes: int = 1 << 30, slot_timeout: float | None = 60.0, verbose: bool = False,
                  connect_options: Mapping[str, Any] | None = None, pinned: bool | int = False,
@@ -292,27 +283,6 @@ class Client:
         thread that first asked for it.
         """
         return self._driver.connector.shared
-
-    def __repr__(self) -> str:
-        return self._engine.describe()
-
-    def pools(self) -> list[PoolInfo]:
-        """What this client holds now: one snapshot per slot pool in service
-        (model, version, the memory its slots are in, slots running and held,
-        registered bytes and region names).  No I/O."""
-        return self._engine.pools()
-
-    def lent(self) -> list[LentInfo]:
-        """The caller's GPU allocations registered now to send its tensors by reference
-        (name, device, base, size, requests naming it, tensors lent from it).  No I/O."""
-        return self._engine.lent()
-
-    def stats(self) -> LentStats:
-        """How this client's GPU tensors travelled: inputs sent by reference, results written in
-        place (``out=``), tensors copied and why (:data:`tritonshm.client.COPIED_WHY`),
-        registrations and evictions; requests given up on before the server answered, and those
-        whose memory is still held for the server.  No I/O."""
-        return self._engine.lent_stats()
 
     def forget(self) -> None:
         """Unregister and let go of the caller's GPU allocations registered to send its tensors

@@ -17,7 +17,6 @@ import math
 import os
 import threading
 import time
-import warnings
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -29,11 +28,8 @@ from ..errors import (
     InvalidOption,
     InvalidOptionType,
     OutputTooSmall,
-    PoolExhausted,
     RegionNotRegistered,
     ServerError,
-    ServerTimeout,
-    ServerUnavailable,
     ShapeMismatch,
     SharedMemoryRefused,
     TensorInUse,
@@ -43,16 +39,16 @@ from ..errors import (
 from . import _bytes, _devices, _intake, _messages
 from ._claim import Claim, Claims, Span, server_answered
 from ._devices import DeviceTensor, OutTensor, Placement
-from ._fallback import Fallback, Next
-from ._lent import Lent, LentAllocations, LentInfo, LentStats
+from ._fallback import Fallback
+from ._lent import LentAllocations, LentInfo, LentStats
 from ._model import ModelInfo, shape_fits
 from ._options import RequestOptions, check_slot_timeout
 from ._plan import Plan, Routing
-from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool, register_again_steps
-from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
+from ._pool import ByteBudget, Lease, PoolInfo, SlotPool, register_again_steps
 from ._disposal import Disposals
 from ._pools import PoolTable, host_memory
-from ._steps import Emit, FetchModel, FetchModelNames, NextResponse, Pause, Register, Send, Steps, StreamSend, WaitForDevice, WaitForSlot
+from ._slots import SYSTEM, SlotKind, SlotMemory
+from ._steps import Emit, FetchModel, FetchModelNames, NextResponse, Pause, Send, Steps, StreamSend, WaitForDevice
 
 __all__ = ["Engine", "TRANSPORTS", "engine_setting"]
 

@@ -14,7 +14,7 @@ import functools
 import threading
 import time
 import warnings
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 from ..errors import InvalidOption, PoolExhausted, SharedMemoryRefused
 from . import _devices, _intake
@@ -23,7 +23,7 @@ from ._disposal import Disposals
 from ._fallback import Fallback, Next
 from ._lent import Lent
 from ._model import ModelInfo
-from ._pool import ByteBudget, Extent, Layout, Lease, PoolInfo, SlotPool
+from ._pool import ByteBudget, Layout, PoolInfo, SlotPool
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
 from ._steps import Pause, Register, Steps, WaitForSlot
 
