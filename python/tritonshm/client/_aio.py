@@ -30,7 +30,7 @@ from ._options import RequestOptions
 from ._request import RequestFace, SlotRequest
 from ._steps import (Done, Emit, FetchModel, FetchModelNames, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
                      WaitForDevice, WaitForSlot, advance)
-from ._stream import AsyncStream, request_message, stream_key
+from ._stream import AsyncStream, send_on_stream
 from ._threads import Connector
 
 __all__ = ["AsyncDriver", "Client", "Request"]
@@ -129,15 +129,7 @@ class AsyncDriver:
             self._http1.close()
 
     async def _stream_send(self, step: StreamSend) -> Any:
-        if step.claim is not None:
-            step.claim.unanswered = True
-        stream = step.stream  # a stream of the caller's (tritonshm.grpc's), or the client's own
-        if stream is None:
-            key = stream_key(step.options)
-            stream = self._streams.get(key)
-            if stream is None:
-                stream = self._streams[key] = AsyncStream(self.aio_client, step.options)
-        return stream.send(request_message(step.model, step.version, step.inputs, step.outputs, "", step.options))
+        return send_on_stream(self._streams, step, functools.partial(AsyncStream, self.aio_client))
 
     @staticmethod
     async def _next_response(step: NextResponse) -> Any:

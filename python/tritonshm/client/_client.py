@@ -20,7 +20,7 @@ from ._options import RequestOptions
 from ._request import RequestFace, SlotRequest
 from ._steps import (Done, Emit, FetchModel, FetchModelNames, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
                      WaitForDevice, WaitForSlot, advance)
-from ._stream import BlockingStream, request_message, stream_key
+from ._stream import BlockingStream, send_on_stream
 from ._threads import Connector, Workers
 
 __all__ = ["BlockingDriver", "Client", "Request"]
@@ -132,15 +132,7 @@ class BlockingDriver:
             self._http1.close()
 
     def _stream_send(self, step: StreamSend) -> Any:
-        if step.claim is not None:
-            step.claim.unanswered = True
-        stream = step.stream  # a stream of the caller's (tritonshm.grpc's), or the client's own
-        if stream is None:
-            key = stream_key(step.options)
-            stream = self._streams.get(key)
-            if stream is None:
-                stream = self._streams.setdefault(key, BlockingStream(self._connect, step.options))
-        return stream.send(request_message(step.model, step.version, step.inputs, step.outputs, "", step.options))
+        return send_on_stream(self._streams, step, functools.partial(BlockingStream, self._connect))
 
     @staticmethod
     def _next_response(step: NextResponse) -> Any:

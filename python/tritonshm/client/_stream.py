@@ -39,7 +39,7 @@ from .. import _tritonclient_compat
 from ..errors import ClientClosed, ServerUnavailable, translate_error
 
 __all__ = ["AsyncStream", "BlockingStream", "StreamResponse", "StreamTable", "Streamed", "open_kwargs",
-           "request_message", "stream_key"]
+           "request_message", "send_on_stream", "stream_key"]
 
 FINAL = "triton_final_response"
 _CLOSE_GRACE = 2.0  # seconds a closing client lets the server finish the streamed requests it runs
@@ -171,6 +171,22 @@ def request_message(model: str, version: str, inputs: list, outputs: list | None
            "parameters": None, **kwargs})
     message.parameters["triton_enable_empty_final_response"].bool_param = True
     return message
+
+
+def send_on_stream(streams: dict[Any, Any], step: Any, make: Callable[[Any], Any]) -> Streamed:
+    """Carry out a :class:`~._steps.StreamSend` for either driver: its request on the stream
+    it names, else on the driver's stream for its options (*streams*, by :func:`stream_key`;
+    *make* opens one for given options); its entry.  No I/O here: the stream's own thread (or
+    task) sends.  The claim is unanswered from now on: the server may run the request."""
+    if step.claim is not None:
+        step.claim.unanswered = True
+    stream = step.stream  # a stream of the caller's (tritonshm.grpc's), or the driver's own
+    if stream is None:
+        key = stream_key(step.options)
+        stream = streams.get(key)
+        if stream is None:
+            stream = streams.setdefault(key, make(step.options))
+    return stream.send(request_message(step.model, step.version, step.inputs, step.outputs, "", step.options))
 
 
 def _start(client: Any, options: Any, messages: Any) -> Any:
