@@ -44,7 +44,8 @@ How it works:
   cannot open our memory, ``transport="auto"`` falls back to plain gRPC/HTTP
   with one warning.
 
-The package, bottom up (each module imports only those above it):
+The package, bottom up: each module imports only those above it (checked by
+tests/client/test_package_layers.py):
 
 ==============  ==============================================================
 ``_model``      discovery: :class:`ModelInfo`, :class:`TensorSpec`
@@ -53,15 +54,18 @@ The package, bottom up (each module imports only those above it):
 ``_intake``     checking the caller's inputs; chunking; sizing slots
 ``_options``    :class:`RequestOptions`: tritonclient's per-request options, checked
 ``_slots``      the slot-memory interface: system, pinned and CUDA slots
-``_pool``       slot pools: layout, extents, leases, growth
+``_steps``      the vocabulary of sans-I/O request steps
+``_pool``       one slot pool: layout, extents, leases, growth
 ``_messages``   what goes on the wire for a slot (request objects, ready messages) and what is read back
 ``_plan``       a request's :class:`Plan` and :class:`Route`; the client's routing
-``_steps``      the vocabulary of sans-I/O request steps
 ``_stream``     streamed requests: one gRPC stream per client, responses by request id
-``_disposal``   letting go of slot memory: unregister, park what is refused, close
+``_fallback``   the transport state machine: what the server cannot open, and so how requests travel
+``_disposal``   letting go of memory, the one way: unregister, park what is refused, close
 ``_lent``       the caller's GPU allocations lent to the server: a bounded table, held, let go
 ``_claim``      what one request holds while the server may touch it, and the one place it ends
-``_engine``     :class:`Engine`: what a client knows, and the steps of all it does
+``_pools``      the pool table: find, make, grow, retire, lease, the byte budget
+``_engine``     :class:`Engine`: settings, lifecycle, discovery, and the steps of every request
+``_face``       what both clients answer without I/O: settings, snapshots
 ``_request``    the zero-copy request's core both clients' ``Request`` hold
 ``_threads``    worker threads and connections of the blocking client
 ``_client``     :class:`Client` and :class:`Request`, holding an engine and the blocking driver
