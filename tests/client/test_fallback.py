@@ -82,3 +82,24 @@ def test_concurrent_first_refusals_warn_once():
         thread.join()
     assert [step.next for step in steps] == [Next.WIRE] * 8
     assert sum(step.warning is not None for step in steps) == 1
+
+
+def test_nothing_but_the_fallback_writes_its_state():
+    """One writer: no module of the package assigns the fallback's attributes but _fallback.py."""
+    import ast
+    from pathlib import Path
+
+    import tritonshm
+
+    state = {"wire", "cuda_refused", "lending_refused"}
+    writers = []
+    for path in Path(tritonshm.__file__).parent.rglob("*.py"):
+        if path.name == "_fallback.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                if isinstance(target, ast.Attribute) and target.attr in state:
+                    writers.append(f"{path.name}:{node.lineno} .{target.attr}")
+    assert writers == []

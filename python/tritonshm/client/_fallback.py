@@ -51,26 +51,15 @@ class Fallback:
         self.transport = transport
         self._protocol = protocol          # "gRPC" or "HTTP": what the wire is, for the warning
         self._lock = threading.Lock()
-        self._wire = transport == "wire"
-        self._cuda_refused: str | None = None
-        self._lending_refused: str | None = None
-
-    @property
-    def wire(self) -> bool:
-        """Requests go on the wire: the transport says so, or the server refused host slots."""
-        return self._wire
-
-    @property
-    def cuda_refused(self) -> str | None:
-        """Why the server cannot open our CUDA slots (GPU tensors then go through host slots),
-        or None."""
-        return self._cuda_refused
-
-    @property
-    def lending_refused(self) -> str | None:
-        """Why the server cannot open the caller's GPU memory (its tensors are then copied into
-        slots), or None."""
-        return self._lending_refused
+        # Read by the engine on every request: plain attributes (a read is not a call), written
+        # only by the methods below.
+        #: Requests go on the wire: the transport says so, or the server refused host slots.
+        self.wire = transport == "wire"
+        #: Why the server cannot open our CUDA slots (GPU tensors then go through host slots), or None.
+        self.cuda_refused: str | None = None
+        #: Why the server cannot open the caller's GPU memory (its tensors are then copied into
+        #: slots), or None.
+        self.lending_refused: str | None = None
 
     def refused(self, on_gpu: bool, why: str, strict: bool = False) -> Step:
         """The server refused a slot of ours, in GPU memory (*on_gpu*) or host memory, saying
@@ -79,25 +68,25 @@ class Fallback:
             if on_gpu:
                 if self.transport == "cuda" or strict:
                     return Step(Next.RAISE)
-                first = self._cuda_refused is None
+                first = self.cuda_refused is None
                 if first:
-                    self._cuda_refused = why
-                    self._lending_refused = self._lending_refused or why  # nor the caller's own GPU memory
+                    self.cuda_refused = why
+                    self.lending_refused = self.lending_refused or why  # nor the caller's own GPU memory
                 return Step(Next.HOST, f"tritonshm: GPU tensors fall back to pinned system shared memory: {why}"
                             if first else None)
             if self.transport in ("shm", "cuda") or strict:
                 return Step(Next.RAISE)
-            first = not self._wire
-            self._wire = True
+            first = not self.wire
+            self.wire = True
             return Step(Next.WIRE, f"tritonshm: falling back to plain {self._protocol}: {why}" if first else None)
 
     def lending_refused_because(self, why: str) -> None:
         """The server refused a GPU allocation of the caller's: its tensors are copied from now on
         (counted in the client's stats, no warning: the slots still carry them)."""
         with self._lock:
-            if self._lending_refused is None:
-                self._lending_refused = why
+            if self.lending_refused is None:
+                self.lending_refused = why
 
     def describe(self) -> str:
         """The state in a word, for the client's repr: the transport, or ``"wire"``."""
-        return "wire" if self._wire else self.transport
+        return "wire" if self.wire else self.transport

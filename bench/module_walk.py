@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Follow one tensor through ``Client.infer`` and count how often the call crosses a module.
+
+Issue 33's measure of the client's shape: a warm call (the model known, its pool made, the
+request seen before) traced with ``sys.setprofile``; every call from one tritonshm module
+into another is a crossing, and a crossing into a module the walk entered before is a
+*re-entry*.  Three walks: the quick path (a request seen before), the full path (the same
+request with an option, which the quick path does not take) and a cold call (a new client).
+
+    python bench/module_walk.py --url localhost:8001          # a running server
+    python bench/module_walk.py                               # starts a LocalServer
+
+Prints, per walk: crossings, modules entered, re-entries, and the modules in the order entered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import numpy as np
+
+
+def _module_of(frame: Any) -> str | None:
+    name = frame.f_globals.get("__name__", "")
+    return name if name.startswith("tritonshm") else None
+
+
+def walk(call: Any) -> tuple[int, int, int, list[str]]:
+    """(crossings, modules entered, re-entries, modules in order) of one run of *call*."""
+    crossings = reentries = 0
+    entered: list[str] = []
+    stack: list[str | None] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal crossings, reentries
+        if event == "call":
+            module = _module_of(frame)
+            caller = stack[-1] if stack else None
+            if module is not None and caller is not None and module != caller:
+                crossings += 1
+                if module in entered:
+                    reentries += 1
+            if module is not None and module not in entered:
+                entered.append(module)
+            stack.append(module if module is not None else caller)
+        elif event == "return" and stack:
+            stack.pop()
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return crossings, len(entered), reentries, entered
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="a running server's gRPC address (default: start one)")
+    parser.add_argument("--size", type=int, default=4096, help="input bytes (default 4096)")
+    args = parser.parse_args()
+    import tritonshm
+
+    server = None
+    url = args.url
+    if url is None:
+        from tritonshm.server import LocalServer
+
+        server = LocalServer().start()
+        url = server.grpc_url
+    x = np.arange(args.size // 4, dtype=np.float32)
+    try:
+        with tritonshm.Client(url) as client:
+            for _ in range(3):  # warm: the model known, the pool made, the request seen
+                client.infer("identity_fp32", {"INPUT0": x})
+                client.infer("identity_fp32", {"INPUT0": x}, priority=1)
+            walks = {
+                "quick path (warm)": lambda: client.infer("identity_fp32", {"INPUT0": x}),
+                "full path (warm, an option)": lambda: client.infer("identity_fp32", {"INPUT0": x}, priority=1),
+            }
+            results = {name: walk(call) for name, call in walks.items()}
+
+        def cold() -> None:
+            with tritonshm.Client(url) as fresh:
+                fresh.infer("identity_fp32", {"INPUT0": x})
+
+        results["cold (a new client, closed after)"] = walk(cold)
+    finally:
+        if server is not None:
+            server.stop()
+    for name, (crossings, modules, reentries, order) in results.items():
+        print(f"{name}: {crossings} crossings, {modules} modules, {reentries} re-entries")
+        print("    " + " > ".join(module.removeprefix("tritonshm.") for module in order))
+
+
+if __name__ == "__main__":
+    main()
