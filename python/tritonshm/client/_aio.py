@@ -21,7 +21,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapp
 
 from .. import _http1, _transport, triton
 from ..errors import ServerTimeout
-from . import _devices, _intake, _messages
+from . import _devices, _messages
 from ._client import SETTLE_SECONDS, BlockingDriver, release_everything
 from ._engine import Engine
 from ._face import ClientFace
@@ -286,19 +286,10 @@ class Client(ClientFace):
                      options: RequestOptions | None, out: Mapping[str, Any] | None = None) -> dict[str, Any]:
         engine, drive = self._engine, self._driver.drive
         info = await self.model_info(model, version)
-        signature, quick = (None, None) if out is not None else \
-            engine.quick_plan(info, inputs, outputs, copy, output_device, slot_timeout, options)
-        if quick is not None:  # seen before: checked then, planned then
-            return await drive(engine.quick_steps(quick, inputs))
-        plan = engine.plan(info, inputs, outputs, copy, output_device, slot_timeout, options, out=out)
-        if signature is not None:
-            engine.remember_quick(signature, plan)
-        if len(plan.chunks) == 1:
-            return await drive(engine.chunk_steps(plan, plan.chunks[0]))
-        rows = _intake.result_rows(info, plan.names, plan.chunks, plan.route.results)
-        parts = await asyncio.gather(*(drive(engine.chunk_steps(plan, chunk, into))
-                                       for chunk, into in zip(plan.chunks, rows)))
-        return _intake.join_chunks(parts, plan.names, plan.route.results, rows[0])
+        run = engine.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, options, out)
+        if run.join is None:
+            return await drive(run.steps[0])
+        return run.join(await asyncio.gather(*(drive(steps) for steps in run.steps)))  # the chunks at once
 
     def stream(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
                version: str = "", slot_timeout: float | None = None,

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .. import _http1, triton
 from ..errors import ServerTimeout
-from . import _devices, _intake, _messages
+from . import _devices, _messages
 from ._engine import Engine
 from ._face import ClientFace
 from ._model import ModelInfo
@@ -354,21 +354,12 @@ class Client(ClientFace):
         """
         engine, drive = self._engine, self._driver.drive
         info = self.model_info(model, version)
-        checked = engine.request_options(options)
-        signature, quick = (None, None) if out is not None else \
-            engine.quick_plan(info, inputs, outputs, copy, output_device, slot_timeout, checked)
-        if quick is not None:  # seen before: checked then, planned then
-            return drive(engine.quick_steps(quick, inputs))
-        plan = engine.plan(info, inputs, outputs, copy, output_device, slot_timeout, checked, out=out)
-        if signature is not None:
-            engine.remember_quick(signature, plan)
-        if len(plan.chunks) == 1:
-            return drive(engine.chunk_steps(plan, plan.chunks[0]))
-        workers = self._workers_for("chunk")
-        rows = _intake.result_rows(info, plan.names, plan.chunks, plan.route.results)
-        futures = [workers.submit(lambda chunk=chunk, into=into: drive(engine.chunk_steps(plan, chunk, into)))
-                   for chunk, into in zip(plan.chunks, rows)]
-        return _intake.join_chunks([f.result() for f in futures], plan.names, plan.route.results, rows[0])
+        run = engine.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout,
+                                 engine.request_options(options), out)
+        if run.join is None:
+            return drive(run.steps[0])
+        workers = self._workers_for("chunk")  # the chunks of a large batch at once
+        return run.join([future.result() for future in [workers.submit(drive, steps) for steps in run.steps]])
 
     def stream(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
                version: str = "", slot_timeout: float | None = None,

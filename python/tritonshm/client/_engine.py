@@ -50,7 +50,7 @@ from ._pools import PoolTable, host_memory
 from ._slots import SYSTEM, SlotKind, SlotMemory
 from ._steps import Emit, FetchModel, FetchModelNames, NextResponse, Pause, Send, Steps, StreamSend, WaitForDevice
 
-__all__ = ["Engine", "TRANSPORTS", "engine_setting"]
+__all__ = ["Engine", "InferRun", "TRANSPORTS", "engine_setting"]
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
@@ -67,6 +67,15 @@ class QuickPlan(NamedTuple):
     plan: Plan                       # the plan made when it was first seen (its chunk: those inputs)
     key: tuple[str, str, SlotKind]   # its pool's key
     needs: dict[str, int]            # what a slot of that pool must hold
+
+
+class InferRun(NamedTuple):
+    """An ``infer`` call's steps (:meth:`Engine.infer_steps`): one :class:`Steps` per chunk, to be
+    driven at once where there are several, and *join*, which makes the call's result of
+    theirs (None: one chunk, whose result is the call's)."""
+
+    steps: list[Steps]
+    join: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None
 
 
 class _InFlight:
@@ -575,6 +584,28 @@ class Engine:
                 stream.synchronize()  # nothing of ours may still land in the slot once it is back
             raise
         return stream
+
+    # -- a whole infer call -------------------------------------------------
+
+    def infer_steps(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None, copy: bool,
+                    output_device: Any, slot_timeout: float | None, options: RequestOptions | None,
+                    out: Mapping[str, Any] | None) -> InferRun:
+        """An ``infer`` call's steps, for either client: by the quick path when the request was
+        seen before, else planned (and remembered for the quick path), one :class:`Steps` per
+        chunk of a large batch -- to be driven at once -- and how their results join."""
+        signature, quick = (None, None) if out is not None else \
+            self.quick_plan(info, inputs, outputs, copy, output_device, slot_timeout, options)
+        if quick is not None:  # seen before: checked then, planned then
+            return InferRun([self.quick_steps(quick, inputs)])
+        plan = self.plan(info, inputs, outputs, copy, output_device, slot_timeout, options, out=out)
+        if signature is not None:
+            self.remember_quick(signature, plan)
+        if len(plan.chunks) == 1:
+            return InferRun([self.chunk_steps(plan, plan.chunks[0])])
+        rows = _intake.result_rows(info, plan.names, plan.chunks, plan.route.results)
+        return InferRun([self.chunk_steps(plan, chunk, into) for chunk, into in zip(plan.chunks, rows)],
+                        functools.partial(_intake.join_chunks, names=plan.names, placement=plan.route.results,
+                                          rows=rows[0]))
 
     # -- the quick path -----------------------------------------------------
 
