@@ -92,13 +92,34 @@ def test_a_grpc_clients_stub_and_metadata_blocking_and_aio():
             f"tritonclient {TRITONCLIENT}: a gRPC client's _client_stub lacks ModelInfer / ModelStreamInfer"
         assert ("x-k", "v") in tuple(compat.grpc_metadata(client, {"x-k": "v"}) or ())
 
+    def replaced(client, aio=False):
+        """A test's in-process server answers in the stub's place (tests/support/fake_triton.py):
+        tritonclient's own calls go to it."""
+        from tritonclient.grpc import service_pb2
+
+        def metadata(request, metadata=None, timeout=None):
+            response = service_pb2.ModelMetadataResponse(name=request.name, versions=["1"])
+            if not aio:
+                return response
+
+            async def answered():
+                return response
+
+            return answered()
+
+        stub = type("Stub", (), {"ModelMetadata": staticmethod(metadata)})()
+        assert compat.with_grpc_stub(client, stub) is client and compat.grpc_stub(client) is stub
+        return client.get_model_metadata("m", as_json=True)
+
     client = grpcclient.InferenceServerClient("localhost:1")  # never connects
     check(client)
+    assert replaced(client) == {"name": "m", "versions": ["1"]}
     client.close()
 
     async def aio():
         client = aiogrpc.InferenceServerClient("localhost:1")
         check(client)
+        assert await replaced(client, aio=True) == {"name": "m", "versions": ["1"]}
         await client.close()
 
     asyncio.run(aio())
