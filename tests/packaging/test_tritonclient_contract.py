@@ -17,6 +17,8 @@ import pytest
 import tritonshm
 from tritonshm import _tritonclient_compat as compat
 
+from support.insides import facade_slots
+
 TRITONCLIENT = version("tritonclient")
 PACKAGE = Path(tritonshm.__file__).parent      # the installed package (a wheel's, under cibuildwheel)
 REPO = Path(__file__).resolve().parents[2]     # beside tests/: pyproject.toml, bench/ (if there)
@@ -235,7 +237,7 @@ def test_request_objects_we_cannot_read_make_the_facade_tritonclients_own(withou
     assert inp.kept_array() is None  # tritonclient's own bytes
     client = facade.InferenceServerClient("localhost:1")
     try:
-        route = client._tritonshm_slots
+        route = facade_slots(client)
         assert route.infer(client, "identity_fp32", [inp], "", None, "", {}) is None
         assert route.client is None  # no slots were made for it
     finally:
