@@ -59,7 +59,7 @@ class Transport:
         """A new client for *address* ("host:port"); *options* go to its constructor as they are
         (a server of this process at that address makes it instead: :data:`IN_PROCESS`)."""
         kwargs = dict(options or {})
-        server = IN_PROCESS.get(address) if IN_PROCESS else None
+        server = IN_PROCESS.get(address)
         if server is not None:
             return server(self, ssl=ssl, verbose=verbose, options=kwargs)
         return self.module.InferenceServerClient(address, verbose=verbose, ssl=ssl, **kwargs)

@@ -58,10 +58,11 @@ What it is
   :meth:`stall` / :meth:`release` (requests wait on a ``threading.Event``;
   :meth:`wait_stalled` tells when requests are parked there), :attr:`delay`
   (seconds before every call; :attr:`delays` per kind of call),
-  :attr:`client_gives_up_after` (the client stops waiting for a request after that many
-  seconds -- DEADLINE_EXCEEDED, as gRPC says for a ``client_timeout``, which the fake also
-  keeps -- while the server goes on running it, holding its regions "in use", and writes its
-  outputs when it is done: :attr:`late_writes`).
+  :attr:`client_gives_up_after` (the blocking client stops waiting for a request after that
+  many seconds -- DEADLINE_EXCEEDED, as gRPC says when a ``client_timeout`` passes, which the
+  fake keeps too -- while the server goes on running it, holding its regions "in use", and
+  writes its outputs when it is done: :attr:`late_writes`; the asyncio client waits for the
+  answer, as before).
 * **Metering**: the bytes of host slot memory alive in the process (made,
   registered or not, and not yet closed): :attr:`memory_bytes`,
   :attr:`memory_peak`, :attr:`memory_made` (``insides.meter_slot_memory``, from :meth:`install`).
