@@ -61,8 +61,8 @@ What it is
   :attr:`client_gives_up_after` (the blocking client stops waiting for a request after that
   many seconds -- DEADLINE_EXCEEDED, as gRPC says when a ``client_timeout`` passes, which the
   fake keeps too -- while the server goes on running it, holding its regions "in use", and
-  writes its outputs when it is done: :attr:`late_writes`; the asyncio client waits for the
-  answer, as before).
+  writes its outputs when it is done: :attr:`late_writes`; the asyncio client always waits
+  for the answer).
 * **Metering**: the bytes of host slot memory alive in the process (made,
   registered or not, and not yet closed): :attr:`memory_bytes`,
   :attr:`memory_peak`, :attr:`memory_made` (``insides.meter_slot_memory``, from :meth:`install`).
