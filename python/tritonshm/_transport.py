@@ -14,12 +14,21 @@ import dataclasses
 import importlib
 import re
 import sys
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from . import _tritonclient_compat
 from .errors import InvalidOption, InvalidOptionType, RegistrationError
 
-__all__ = ["Transport", "GRPC", "GRPC_AIO", "HTTP", "HTTP_AIO", "of_client", "parse_url", "SCHEMES"]
+__all__ = ["Transport", "GRPC", "GRPC_AIO", "HTTP", "HTTP_AIO", "IN_PROCESS", "of_client", "parse_url", "SCHEMES"]
+
+#: Servers that live in this process, by the address they answer at (``"host:port"``, as
+#: :func:`parse_url` gives it): for such an address :meth:`Transport.connect` hands out what
+#: ``server(transport, ssl=..., verbose=..., options=...)`` makes instead of a client of the
+#: network.  Empty but in tests: tests/support/fake_triton.py puts its fake Triton here, so every
+#: client tritonshm makes for that address (the drivers' connections, the finalizer's,
+#: ``Client.tritonclient``) is the fake's, and everything above tritonclient's gRPC stub runs as
+#: it does against a server.
+IN_PROCESS: dict[str, Callable[..., Any]] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +56,12 @@ class Transport:
 
     def connect(self, address: str, *, ssl: bool = False, verbose: bool = False,
                 options: Mapping[str, Any] | None = None) -> Any:
-        """A new client for *address* ("host:port"); *options* go to its constructor as they are."""
+        """A new client for *address* ("host:port"); *options* go to its constructor as they are
+        (a server of this process at that address makes it instead: :data:`IN_PROCESS`)."""
         kwargs = dict(options or {})
+        server = IN_PROCESS.get(address)
+        if server is not None:
+            return server(self, ssl=ssl, verbose=verbose, options=kwargs)
         return self.module.InferenceServerClient(address, verbose=verbose, ssl=ssl, **kwargs)
 
     def owns(self, client: Any) -> bool:

@@ -30,7 +30,7 @@ from .errors import InferenceServerException
 
 __all__ = ["CONTRACT", "Private", "TritonclientChanged", "TritonclientIncompatible", "usable", "grpc_request",
            "http_request", "grpc_error", "raise_grpc_error", "grpc_compression", "grpc_stub", "grpc_metadata",
-           "grpc_parts", "tensor_of", "input_content", "reads_request_objects", "input_class", "result_class", "note_binary_size"]
+           "grpc_parts", "with_grpc_stub", "tensor_of", "input_content", "reads_request_objects", "input_class", "result_class", "note_binary_size"]
 
 
 class TritonclientChanged(UserWarning):
@@ -182,6 +182,16 @@ def grpc_stub(client: Any) -> Any:
                 f"{_tritonclient_version()} no longer has: install a release tritonshm was tested with "
                 f"(pip install 'tritonclient[grpc,http]<={_TESTED}') or a newer tritonshm")
     return stub
+
+
+def with_grpc_stub(client: Any, stub: Any) -> Any:
+    """*client* (a tritonclient gRPC client, blocking or aio) with its calls carried out by *stub*
+    -- the service's methods, named and called as ``GRPCInferenceServiceStub``'s -- instead of
+    its channel, which stays unused until the client closes it: a server in this process (a
+    test's fake Triton, tests/support/fake_triton.py).  Returns *client*."""
+    grpc_stub(client)  # it has one to replace, where tritonshm and tritonclient look for it
+    client._client_stub = stub
+    return client
 
 
 def grpc_metadata(client: Any, headers: Any) -> Any:

@@ -13,7 +13,7 @@ import tritonshm
 from tritonshm.client._slots import SYSTEM, SlotKind  # noqa: F401 (the private pool keys)
 import tritonshm.aio
 from triton_fixtures import client_url
-from support.insides import live_pool
+from support.insides import live_pool, tritonclient_url_and_verbose
 
 
 def run(coro):
@@ -67,8 +67,8 @@ def test_aio_honours_tls_and_verbose(server):
     async def scenario():
         c = tritonshm.aio.Client("https://" + server.http_url.split("://")[-1], verbose=True)
         try:
-            assert c.tritonclient._url.startswith("https://")
-            assert c.tritonclient._verbose
+            url, verbose = tritonclient_url_and_verbose(c.tritonclient)
+            assert url.startswith("https://") and verbose
             with pytest.raises(tritonshm.ServerError):  # the server speaks plain HTTP only
                 await c.model_info("identity_fp32")
         finally:

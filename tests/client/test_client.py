@@ -20,7 +20,7 @@ import pytest
 import tritonshm
 from tritonshm.client._slots import SYSTEM, SlotKind  # noqa: F401 (the private pool keys)
 from triton_fixtures import refuse_unregister, NUMERIC_IDENTITY_MODELS, client_url, sample, start_or_skip
-from support.insides import live_pool, live_pools
+from support.insides import live_pool, live_pools, run_finalizer
 
 
 @pytest.fixture
@@ -417,9 +417,8 @@ def test_forgotten_client_is_cleaned_up_at_exit(server):
         import numpy as np, tritonshm
         c = tritonshm.Client({server.grpc_url!r})
         c.infer("identity_fp32", {{"INPUT0": np.ones(8, np.float32)}})
-        (pool,) = c._engine.pool_table.in_service()  # (a script of its own: no tests/support here)
-        (extent,) = pool.extents
-        print(extent.memory.region.key, extent.name)
+        ((name,),) = [pool.regions for pool in c.pools()]
+        print("/" + name, name)  # registered under its key without the slash
     """)  # exits without close()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -437,7 +436,7 @@ def test_a_forked_child_never_unregisters_the_parents_pool(server):
         pid = os.fork()
         if pid == 0:  # the child drops its copy of the client at once
             try:
-                c._finalizer()
+                run_finalizer(c)
             finally:
                 os._exit(0)
         os.waitpid(pid, 0)

@@ -10,6 +10,7 @@ import pytest
 import tritonshm
 from tritonshm.client._slots import SYSTEM, SlotKind  # noqa: F401 (the private pool keys)
 import tritonshm.aio
+from tritonshm import _tritonclient_compat as compat
 from triton_fixtures import client_url
 from support.insides import live_pool
 
@@ -30,7 +31,7 @@ def bound_to_shared_memory(client, model):
     objects = [obj[0] if isinstance(obj, tuple) else obj
                for extent in pool.extents for cache in extent.requests.values()
                for key, obj in cache.items() if isinstance(key, str)]
-    return bool(objects) and all("shared_memory_region" in str(obj._get_tensor()) for obj in objects)
+    return bool(objects) and all("shared_memory_region" in str(compat.tensor_of(obj)) for obj in objects)
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ import tritonshm.aio
 from tritonshm import cuda
 
 from triton_fixtures import client_url, sample
-from support.insides import live_pool
+from support.insides import live_pool, wrap_step
 
 
 def device_array(data: np.ndarray):
@@ -595,14 +595,16 @@ def test_aio_cancelled_during_registration_leaves_nothing_registered_behind(url,
     async def scenario():
         async with tritonshm.aio.Client(url, by_reference=by_reference) as c:
             started, go = asyncio.Event(), asyncio.Event()
-            real = c._driver.handlers[Register]
 
-            async def slow_register(step):
-                started.set()
-                await go.wait()
-                return await real(step)
+            def slowly(register):
+                async def slow_register(step):
+                    started.set()
+                    await go.wait()
+                    return await register(step)
 
-            c._driver.handlers[Register] = slow_register
+                return slow_register
+
+            wrap_step(c, Register, slowly)
             task = asyncio.ensure_future(c.infer("identity_fp32", {"INPUT0": device_array(data)}))
             await started.wait()
             task.cancel()

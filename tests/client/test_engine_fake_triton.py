@@ -31,7 +31,7 @@ import tritonshm
 from tritonshm.errors import ClientClosed, PoolExhausted, ServerError, ServerUnavailable, SharedMemoryRefused
 
 from support.fake_triton import FakeTriton
-from support.insides import budget_used, live_pool
+from support.insides import budget_used, free_slots, live_pool, record_plans
 
 BURST = 300
 ELEMENTS = 1024                  # 4 KiB in, 4 KiB out: 8 KiB slots, 32 KiB extents of 4 slots
@@ -723,22 +723,9 @@ def test_aio_a_request_cancelled_while_it_drops_a_surplus_extent_frees_it(monkey
 # -- the quick path: small requests seen before ---------------------------------------------
 
 
-def count_plans(monkeypatch, client) -> list[str]:
-    """Record each request the engine plans (checks, splits and routes) in full."""
-    planned = []
-    real = client._engine.plan
-
-    def plan(info, *args, **kwargs):
-        planned.append(info.name)
-        return real(info, *args, **kwargs)
-
-    monkeypatch.setattr(client._engine, "plan", plan)
-    return planned
-
-
 def test_a_small_request_seen_before_is_not_planned_again(fake_triton, monkeypatch):
     with fake_triton.client() as c:
-        planned = count_plans(monkeypatch, c)
+        planned = record_plans(monkeypatch, c)
         for seed in range(5):
             np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(seed)})["OUTPUT0"], data(seed))
         assert planned == ["identity_fp32"]  # then quick: same model, outputs, dtypes and shapes
@@ -761,7 +748,7 @@ def test_options_with_nothing_asked_are_no_options_and_keep_the_quick_path(fake_
     """options=RequestOptions() (what tritonshm.grpc / .http pass on every call) is the same as
     none: a small request seen before is not planned again; an option asked for still is."""
     with fake_triton.client() as c:
-        planned = count_plans(monkeypatch, c)
+        planned = record_plans(monkeypatch, c)
         for seed in range(4):
             out = c.infer("identity_fp32", {"INPUT0": data(seed)}, options=tritonshm.RequestOptions())
             np.testing.assert_array_equal(out["OUTPUT0"], data(seed))
@@ -773,7 +760,7 @@ def test_options_with_nothing_asked_are_no_options_and_keep_the_quick_path(fake_
 
 def test_quick_requests_go_the_full_way_after_a_restart_and_when_the_pool_is_busy(fake_triton, monkeypatch):
     with fake_triton.client(slots=1) as c:
-        planned = count_plans(monkeypatch, c)
+        planned = record_plans(monkeypatch, c)
         c.infer("identity_fp32", {"INPUT0": data(0)})
         fake_triton.restart()  # every registration forgotten: the quick Send is refused, then healed
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(1)})["OUTPUT0"], data(1))
@@ -850,13 +837,13 @@ def test_a_slot_the_client_gave_up_on_is_never_handed_to_another_request(fake_tr
             c.infer("identity_fp32", {"INPUT0": data(1)})
         assert c.stats().abandoned == 1
         pool = live_pool(c, "identity_fp32")
-        free = len(pool._free)
+        free = free_slots(pool)
         fake.client_gives_up_after = None
         fake.release()  # the late request runs now and writes into its slot
         wait_for(lambda: fake.late_writes == 1)
         for i in range(2, 12):
             np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(i)})["OUTPUT0"], data(i))
-        assert len(pool._free) == free == pool.nslots - 1  # the abandoned slot stays out, for good
+        assert free_slots(pool) == free == pool.nslots - 1  # the abandoned slot stays out, for good
     fake.check()
 
 

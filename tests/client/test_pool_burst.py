@@ -20,8 +20,8 @@ import pytest
 
 import tritonshm
 import tritonshm.aio
-from tritonshm.client import _slots
 
+from support.insides import meter_slot_memory
 from triton_fixtures import sample
 
 BURST = 300
@@ -31,28 +31,11 @@ MAX_POOL_BYTES = 2 * 4 * 8192        # room for the pool and one extent of growt
 
 @pytest.fixture
 def slot_memory_peak(monkeypatch):
-    """Tracks the bytes of host slot memory alive (made and not yet closed); yields the state."""
-    state = {"live": 0, "peak": 0, "made": 0}
-    lock = threading.Lock()
-    real_init, real_close = _slots.SystemSlotMemory.__init__, _slots.SystemSlotMemory.close
-
-    def init(self, nbytes, region=None):
-        real_init(self, nbytes, region)
-        with lock:
-            state["live"] += self.nbytes
-            state["made"] += 1
-            state["peak"] = max(state["peak"], state["live"])
-
-    def close(self):
-        if self._bytes is not None:  # the first close of it
-            with lock:
-                state["live"] -= self.nbytes
-        real_close(self)
-
-    monkeypatch.setattr(_slots.SystemSlotMemory, "__init__", init)
-    monkeypatch.setattr(_slots.SystemSlotMemory, "close", close)
-    yield state
-    assert state["live"] == 0, "slot memory left open after the client closed"
+    """Tracks the bytes of host slot memory alive (made and not yet closed); yields the meter
+    (``live``, ``peak``, ``made``)."""
+    meter = meter_slot_memory(monkeypatch)
+    yield meter
+    assert meter.live == 0, "slot memory left open after the client closed"
 
 
 def url_of(server, protocol: str) -> str:
@@ -74,10 +57,10 @@ def test_a_burst_of_cold_threads_makes_one_pool(server, slot_memory_peak, protoc
             for future in [pool.submit(one, i) for i in range(BURST)]:
                 future.result()
         assert len(c.pools()) == 1
-    print(f"\nthreads: {BURST} cold requests, {slot_memory_peak['made']} extents made, "
-          f"peak {slot_memory_peak['peak']} bytes of max_pool_bytes={MAX_POOL_BYTES}")
-    assert slot_memory_peak["peak"] <= MAX_POOL_BYTES
-    assert slot_memory_peak["made"] == 1
+    print(f"\nthreads: {BURST} cold requests, {slot_memory_peak.made} extents made, "
+          f"peak {slot_memory_peak.peak} bytes of max_pool_bytes={MAX_POOL_BYTES}")
+    assert slot_memory_peak.peak <= MAX_POOL_BYTES
+    assert slot_memory_peak.made == 1
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])  # HTTP: cancels in the middle of the loop's sockets
@@ -108,10 +91,10 @@ def test_a_burst_of_cold_tasks_with_random_cancels_keeps_max_pool_bytes(server, 
             return answered
 
     answered = asyncio.run(main())
-    print(f"\nasyncio: {BURST} cold requests ({BURST - answered} cancelled), {slot_memory_peak['made']} "
-          f"extents made, peak {slot_memory_peak['peak']} bytes of max_pool_bytes={MAX_POOL_BYTES}")
+    print(f"\nasyncio: {BURST} cold requests ({BURST - answered} cancelled), {slot_memory_peak.made} "
+          f"extents made, peak {slot_memory_peak.peak} bytes of max_pool_bytes={MAX_POOL_BYTES}")
     assert answered > 0
-    assert slot_memory_peak["peak"] <= MAX_POOL_BYTES
+    assert slot_memory_peak.peak <= MAX_POOL_BYTES
 
 
 def test_a_larger_pool_waits_for_the_one_it_replaces_to_go(server, slot_memory_peak):
@@ -125,7 +108,7 @@ def test_a_larger_pool_waits_for_the_one_it_replaces_to_go(server, slot_memory_p
         b = sample(np.float32, 2 * ELEMENTS, seed=1)  # 8 KiB in, 8 KiB out: 16 KiB slots
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": b})["OUTPUT0"], b)
         assert [p.nbytes for p in c.pools()] == [large]
-    assert slot_memory_peak["peak"] <= large
+    assert slot_memory_peak.peak <= large
 
 
 def test_max_pool_bytes_is_for_the_whole_client(server, slot_memory_peak):
@@ -136,7 +119,7 @@ def test_max_pool_bytes_is_for_the_whole_client(server, slot_memory_peak):
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": a})["OUTPUT0"], a)
         with pytest.raises(tritonshm.PoolExhausted, match=r"holds 32768 of max_pool_bytes=32768.*'identity_fp32'"):
             c.infer("identity_int32", {"INPUT0": np.arange(ELEMENTS, dtype=np.int32)})
-    assert slot_memory_peak["peak"] <= 4 * 8192
+    assert slot_memory_peak.peak <= 4 * 8192
 
 
 def test_a_burst_of_growing_requests_keeps_max_pool_bytes(server, slot_memory_peak):
@@ -152,6 +135,6 @@ def test_a_burst_of_growing_requests_keeps_max_pool_bytes(server, slot_memory_pe
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
             for future in [pool.submit(one, i) for i in range(200)]:
                 future.result()
-    print(f"\ngrowing: 200 requests of 1 to 8 KiB, {slot_memory_peak['made']} extents made, "
-          f"peak {slot_memory_peak['peak']} bytes of max_pool_bytes={cap}")
-    assert slot_memory_peak["peak"] <= cap
+    print(f"\ngrowing: 200 requests of 1 to 8 KiB, {slot_memory_peak.made} extents made, "
+          f"peak {slot_memory_peak.peak} bytes of max_pool_bytes={cap}")
+    assert slot_memory_peak.peak <= cap

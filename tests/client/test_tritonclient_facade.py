@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import tritonshm
+from tritonshm import _tritonclient_compat as compat
 from tritonshm.errors import InferenceServerException
 
 pytestmark = pytest.mark.server
@@ -124,16 +125,15 @@ def test_set_data_from_numpy_keeps_the_array_and_the_wire_gets_tritonclients_byt
     inp = facade_module.InferInput("INPUT0", [3, 2], "FP32")
     assert inp.set_data_from_numpy(x) is inp and inp.kept_array() is x
     expected = plain_module.InferInput("INPUT0", [3, 2], "FP32").set_data_from_numpy(x)
-    if protocol == "grpc":
-        assert inp._get_content() == expected._get_content()
-    else:
-        assert inp._get_binary_data() == expected._get_binary_data()
-    assert inp._get_tensor() == expected._get_tensor()
+    http = protocol == "http"
+    assert compat.input_content(inp, http) == compat.input_content(expected, http)
+    assert compat.tensor_of(inp) == compat.tensor_of(expected)
     wire = facade.infer("variable_fp32", [inp], request_id="on-the-wire")
     assert type(wire) is facade_module.InferResult  # tritonclient's own call
     np.testing.assert_array_equal(wire.as_numpy("OUTPUT0"), x + 1)  # variable_fp32 adds one
     inp.set_shared_memory("someone_elses", 24)
-    assert inp.kept_array() is None and inp._get_tensor() == expected.set_shared_memory("someone_elses", 24)._get_tensor()
+    assert inp.kept_array() is None and \
+        compat.tensor_of(inp) == compat.tensor_of(expected.set_shared_memory("someone_elses", 24))
     for bad in (x.astype(np.float64), x.reshape(2, 3), [1.0, 2.0]):
         errors = []
         for made in (facade_module.InferInput("INPUT0", [3, 2], "FP32"), plain_module.InferInput("INPUT0", [3, 2], "FP32")):

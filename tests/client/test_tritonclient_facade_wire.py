@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from support.forwarder import Forwarder
+from support.insides import record_plans
 
 pytestmark = pytest.mark.server
 
@@ -87,15 +88,7 @@ def test_the_facades_small_calls_take_the_clients_quick_path(server, protocol, m
     try:
         x = np.arange(1024, dtype=np.float32)
         np.testing.assert_array_equal(one_call(module, client, x), x)  # the slots made, the call planned
-        planned = []
-        engine = client.tritonshm._engine
-        real = engine.plan
-
-        def plan(info, *args, **kwargs):
-            planned.append(info.name)
-            return real(info, *args, **kwargs)
-
-        monkeypatch.setattr(engine, "plan", plan)
+        planned = record_plans(monkeypatch, client.tritonshm)
         for seed in range(3):
             y = x + seed
             np.testing.assert_array_equal(one_call(module, client, y), y)

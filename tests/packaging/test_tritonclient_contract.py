@@ -17,9 +17,12 @@ import pytest
 import tritonshm
 from tritonshm import _tritonclient_compat as compat
 
+from support.insides import facade_slots
+
 TRITONCLIENT = version("tritonclient")
 PACKAGE = Path(tritonshm.__file__).parent      # the installed package (a wheel's, under cibuildwheel)
 REPO = Path(__file__).resolve().parents[2]     # beside tests/: pyproject.toml, bench/ (if there)
+TESTS = Path(__file__).resolve().parents[1]    # the test suite, tests/support/ included
 
 
 def _resolve(private: compat.Private):
@@ -92,13 +95,34 @@ def test_a_grpc_clients_stub_and_metadata_blocking_and_aio():
             f"tritonclient {TRITONCLIENT}: a gRPC client's _client_stub lacks ModelInfer / ModelStreamInfer"
         assert ("x-k", "v") in tuple(compat.grpc_metadata(client, {"x-k": "v"}) or ())
 
+    def replaced(client, aio=False):
+        """A test's in-process server answers in the stub's place (tests/support/fake_triton.py):
+        tritonclient's own calls go to it."""
+        from tritonclient.grpc import service_pb2
+
+        def metadata(request, metadata=None, timeout=None):
+            response = service_pb2.ModelMetadataResponse(name=request.name, versions=["1"])
+            if not aio:
+                return response
+
+            async def answered():
+                return response
+
+            return answered()
+
+        stub = type("Stub", (), {"ModelMetadata": staticmethod(metadata)})()
+        assert compat.with_grpc_stub(client, stub) is client and compat.grpc_stub(client) is stub
+        return client.get_model_metadata("m", as_json=True)
+
     client = grpcclient.InferenceServerClient("localhost:1")  # never connects
     check(client)
+    assert replaced(client) == {"name": "m", "versions": ["1"]}
     client.close()
 
     async def aio():
         client = aiogrpc.InferenceServerClient("localhost:1")
         check(client)
+        assert await replaced(client, aio=True) == {"name": "m", "versions": ["1"]}
         await client.close()
 
     asyncio.run(aio())
@@ -106,10 +130,12 @@ def test_a_grpc_clients_stub_and_metadata_blocking_and_aio():
 
 def test_no_other_module_touches_a_private_name_of_tritonclient():
     """Every import from a tritonclient module's private part, and every use of the names in
-    CONTRACT or of _client_stub, is in the compatibility module."""
+    CONTRACT or of _client_stub, is in the compatibility module: not elsewhere in the package,
+    the benchmarks, or the tests (the fake Triton of tests/support included, which puts its
+    stub in a client through the module too)."""
     names = {p.qualname.split(".")[-1] for p in compat.CONTRACT} | {"_client_stub"}
     offenders = []
-    for path in [*PACKAGE.rglob("*.py"), *(REPO / "bench").glob("*.py")]:
+    for path in [*PACKAGE.rglob("*.py"), *(REPO / "bench").glob("*.py"), *TESTS.rglob("*.py")]:
         if path.name == "_tritonclient_compat.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
@@ -214,7 +240,7 @@ def test_request_objects_we_cannot_read_make_the_facade_tritonclients_own(withou
     assert inp.kept_array() is None  # tritonclient's own bytes
     client = facade.InferenceServerClient("localhost:1")
     try:
-        route = client._tritonshm_slots
+        route = facade_slots(client)
         assert route.infer(client, "identity_fp32", [inp], "", None, "", {}) is None
         assert route.client is None  # no slots were made for it
     finally:

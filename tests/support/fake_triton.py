@@ -1,17 +1,34 @@
-"""A fake Triton server for the client engine's steps -- TEST-ONLY, never shipped.
+"""A fake Triton server in this process, for the client engine -- TEST-ONLY, never shipped.
 
-The clients write every request as sans-I/O steps (``tritonshm.client._steps``)
-and carry them out through a table of handlers, one per step type.
-:class:`FakeTriton` answers the steps that would go to a server --
-``FetchModel``, ``Register``, ``Unregister``, ``Send`` -- in this process,
-with no network, so pool creation, growth, retirement, fallbacks,
-re-registration and close() can be tested in milliseconds::
+:class:`FakeTriton` answers at an address of its own (:data:`FAKE_URL`), as Triton's gRPC
+service does, with no network: pool creation, growth, retirement, fallbacks, re-registration
+and close() are tested in milliseconds, through every layer of a real client::
 
     fake = FakeTriton.install(monkeypatch)        # or the ``fake_triton`` fixture
-    with fake.client(max_pool_bytes=1 << 20) as c:  # a real tritonshm.Client, plugged in
+    with fake.client(max_pool_bytes=1 << 20) as c:  # tritonshm.Client(FAKE_URL, ...): nothing patched
         c.infer("identity_fp32", {"INPUT0": x})
     assert fake.registered_bytes == 0 and fake.peak_bytes <= 1 << 20
     fake.check()                                  # no slot memory freed while registered
+
+The seam
+--------
+The fake stands in for the *server*, one level below tritonclient's client: :meth:`install`
+puts it in ``tritonshm._transport.IN_PROCESS`` at its address, so every tritonclient client
+tritonshm makes for that address -- the drivers' (the blocking client's ``Connector``, the
+asyncio client's aio client), the finalizer's of a forgotten client, ``Client.tritonclient`` --
+is a real ``tritonclient.grpc`` (or ``.grpc.aio``) ``InferenceServerClient`` whose gRPC stub is
+the fake's (``_tritonclient_compat.with_grpc_stub``).  The clients are made with nothing
+patched, and everything above the stub runs as against a server: the drivers' own step
+handlers (Send, Register, Unregister, FetchModel), ``Connector``, ``tritonshm.triton``'s
+register / unregister (with its patience for "in use"), ``call_translated`` and the translation
+of the server's errors, tritonclient's request building and its ``InferResult``.  The fake reads
+and writes gRPC's messages (``service_pb2``: public), never a tritonclient object.
+
+What it does not carry: HTTP (an ``http://`` URL: inference goes on tritonshm's own sockets,
+``tritonshm._http1``, which no stub stands under -- asking it for an HTTP client is an error
+that says so), gRPC streams (``ModelStreamInfer``: UNIMPLEMENTED, as for any call it has no
+answer to), and CUDA memory (a server in the client's own process cannot open a CUDA IPC
+handle: it refuses the registration as Triton does, "invalid args", and the client falls back).
 
 What it is
 ----------
@@ -19,53 +36,45 @@ What it is
   ``batched_add`` (max_batch_size 8, FP32 ``[-1, 4]`` -> input + 1),
   ``add_sub`` (two FP32 ``[16]`` inputs -> their sum and difference) and
   ``repeat_fp32`` (FP32 ``[-1]`` -> the input three times: larger than the
-  client's guess for a variable output, so it must grow).  Metadata
-  and config are shaped like tritonclient's gRPC ``as_json=True`` replies
-  (int64 dims as strings, the config nested under ``"config"``).
-* **Register** records name -> the SlotMemory and its bytes; the bytes
-  registered are tracked at every instant (:attr:`registered_bytes`,
-  :attr:`peak_bytes`, :attr:`history`).  Like Triton, the fake maps a system
-  region itself (``SystemRegion.attach``) and reads and writes that mapping, so
-  what the client closes does not pull memory from under the "server";
+  client's guess for a variable output, so it must grow).  Metadata, config and the
+  repository index are gRPC's messages, as Triton sends them.
+* **Register** (system shared memory) maps the segment by its key, as Triton does
+  (``SystemRegion.attach``), and reads and writes that mapping, so what the client closes
+  does not pull memory from under the "server"; it records name -> that mapping and the
+  client's SlotMemory of that key (found by the meter, to audit it).  The bytes registered are
+  tracked at every instant (:attr:`registered_bytes`, :attr:`peak_bytes`, :attr:`history`);
   :meth:`shutdown` (the fixture calls it) drops what is left.
-* **Unregister** answers "currently in use" (a :class:`~tritonshm.errors.ServerError`,
-  as Triton does) while a Send that names the region runs, or when told
-  (:meth:`refuse_unregister`).
-* **Send** executes the model: inputs are read from the registered slot memory at
-  the shared-memory parameters of the gRPC ``InferInput`` objects the engine
-  built (``infer_input._input.parameters``) or from their raw contents (the
-  wire path); outputs are written into the bound output regions (an
-  undersized one raises :class:`~tritonshm.errors.OutputTooSmall` with the
-  size needed) or kept for ``as_numpy``.  A region it does not know raises
-  :class:`~tritonshm.errors.RegionNotRegistered` (after a restart).
+* **Unregister** answers "currently in use" (as Triton does) while a request that names the
+  region runs, or when told (:meth:`refuse_unregister`).
+* **ModelInfer** executes the model: inputs are read from the registered regions at the
+  shared-memory parameters of the request's tensors, or from its raw contents (the wire path);
+  outputs are written into the bound output regions (an undersized one is refused with
+  Triton's words, which the client reads as OutputTooSmall with the size needed) or sent back
+  as raw contents.  A region it does not know is refused as Triton does (after a restart).
+* **Errors** are gRPC's (an ``RpcError`` with Triton's status and words): the client
+  translates them as it does a server's.
 * **Controls**: :meth:`refuse_registration`, :meth:`fail_next`, :meth:`die` /
   :meth:`come_back` / :meth:`restart` (every registration forgotten),
-  :meth:`stall` / :meth:`release` (Send waits on a ``threading.Event``;
+  :meth:`stall` / :meth:`release` (requests wait on a ``threading.Event``;
   :meth:`wait_stalled` tells when requests are parked there), :attr:`delay`
   (seconds before every call; :attr:`delays` per kind of call),
-  :attr:`client_gives_up_after` (the client stops waiting for a Send after
-  that many seconds -- ServerTimeout, as with ``client_timeout`` -- while the
-  server goes on running it, holding its regions "in use", and writes its
-  outputs when it is done: :attr:`late_writes`).
+  :attr:`client_gives_up_after` (the blocking client stops waiting for a request after that
+  many seconds -- DEADLINE_EXCEEDED, as gRPC says when a ``client_timeout`` passes, which the
+  fake keeps too -- while the server goes on running it, holding its regions "in use", and
+  writes its outputs when it is done: :attr:`late_writes`; the asyncio client always waits
+  for the answer).
 * **Metering**: the bytes of host slot memory alive in the process (made,
   registered or not, and not yet closed): :attr:`memory_bytes`,
-  :attr:`memory_peak`, :attr:`memory_made` (``SystemSlotMemory`` hooked by
-  :meth:`install`).
+  :attr:`memory_peak`, :attr:`memory_made` (``insides.meter_slot_memory``, from :meth:`install`).
 * **Checks**: slot memory the client closed while the fake still has it
-  registered (audited at every call), a Send naming closed memory, a client's
-  byte budget over its limit (sampled at every step the client takes, and
+  registered (audited at every call), a request naming closed memory, a client's
+  byte budget over its limit (looked at each time a budget takes bytes, at every call, and
   by :meth:`sampling` in between) are recorded in :attr:`violations`;
   :meth:`check` raises if there are any, or if slot memory is still open.
 
-Plugging in: :meth:`client` / :meth:`aio_client` make real clients whose
-step handlers route to the fake; their connector (used by ``close()`` and the
-garbage-collection finalizer) is a stand-in whose client object reaches the
-fake only (:meth:`install` routes ``tritonshm.triton.unregister`` calls on it
-to the fake; every other client goes to the real function), so no network is
-ever touched.  The clients' private attributes (``_driver``: its ``handlers``,
-``connector`` and ``aio_client``; ``_engine.budget``; ``_finalizer``) are
-touched in :meth:`plug` and :meth:`aio_client` only: if the clients' insides
-move, this is the one place to follow them.
+Kinds of call (the keys of :attr:`calls`, :attr:`begun`, :attr:`delays`, and the *ops* of
+:meth:`fail_next`): "fetch" (a model's metadata, its config, the repository index: the
+client's FetchModel takes two), "register", "unregister", "send" (an inference), "status".
 """
 
 from __future__ import annotations
@@ -77,33 +86,52 @@ import dataclasses
 import math
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator, Mapping
 
+import grpc
 import numpy as np
 import pytest
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2
 
 import tritonshm
 import tritonshm.aio
-from tritonshm import triton
-from tritonshm.client import _client as _client_module
-from tritonshm.client import _slots
-from tritonshm.client._steps import FetchModel, FetchModelNames, Pause, Register, Send, Unregister, WaitForSlot
-from tritonshm.errors import (
-    OutputTooSmall,
-    RegionNotRegistered,
-    RegistrationError,
-    ServerError,
-    ServerTimeout,
-    ServerUnavailable,
-    SharedMemoryRefused,
-)
+from tritonshm import _transport
+from tritonshm import _tritonclient_compat as compat
+from tritonshm.errors import InvalidOption
 
-__all__ = ["FakeTriton", "FakeModel", "MODELS", "fake_triton"]
+from support.insides import meter_slot_memory, watch_byte_budgets
 
-FAKE_URL = "127.0.0.1:1"  # never connected to: nothing listens there, and nothing tries
+__all__ = ["FAKE_URL", "FakeTriton", "FakeModel", "MODELS", "fake_triton"]
+
+FAKE_URL = "127.0.0.1:1"  # the fake's address: nothing listens there, and nothing connects
 
 _NP_DTYPES = {"FP32": np.float32, "FP64": np.float64, "INT32": np.int32, "INT64": np.int64,
               "UINT8": np.uint8, "BOOL": np.bool_}
+
+
+class FakeRpcError(grpc.RpcError):
+    """A call the fake refused, as gRPC raises it: tritonclient reads ``code()``, ``details()``
+    and ``debug_error_string()`` (into its InferenceServerException)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self._code = code
+        self._details = details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def debug_error_string(self) -> str:
+        return f"fake Triton: {self._code}: {self._details}"
+
+
+def _refused(details: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT) -> FakeRpcError:
+    return FakeRpcError(code, details)
 
 
 # -- models -------------------------------------------------------------------
@@ -142,15 +170,15 @@ class FakeModel:
     def run(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         for name, datatype, dims in self.inputs:
             if name not in arrays:
-                raise ServerError(f"[request id: <id_unknown>] expected input {name!r} for model {self.name!r}")
+                raise _refused(f"[request id: <id_unknown>] expected input {name!r} for model {self.name!r}")
             array = arrays[name]
             if array.dtype != _NP_DTYPES[datatype]:
-                raise ServerError(f"input {name!r}: {array.dtype} is not {datatype}")
+                raise _refused(f"input {name!r}: {array.dtype} is not {datatype}")
             if len(array.shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, array.shape)):
-                raise ServerError(f"unexpected shape for input {name!r} for model {self.name!r}: "
-                                  f"{list(array.shape)}, model expects {list(dims)}")
+                raise _refused(f"unexpected shape for input {name!r} for model {self.name!r}: "
+                               f"{list(array.shape)}, model expects {list(dims)}")
             if self.max_batch_size and array.shape[0] > self.max_batch_size:
-                raise ServerError(f"inference request batch-size must be <= {self.max_batch_size}")
+                raise _refused(f"inference request batch-size must be <= {self.max_batch_size}")
         return self.compute(arrays)
 
 
@@ -169,203 +197,140 @@ MODELS = {
 }
 
 
-# -- what the fake hands back -------------------------------------------------
-
-class FakeResult:
-    """Like tritonclient's InferResult: ``get_output(name)`` (a dict with "shape"),
-    ``as_numpy(name)`` (None for outputs that went into shared memory)."""
-
-    def __init__(self, model: str, tensors: dict[str, tuple[str, tuple[int, ...]]],
-                 arrays: dict[str, np.ndarray]):
-        self.model = model
-        self._tensors = tensors
-        self._arrays = arrays
-
-    def get_output(self, name: str) -> dict[str, Any] | None:
-        if name not in self._tensors:
-            return None
-        datatype, shape = self._tensors[name]
-        return {"name": name, "datatype": datatype, "shape": list(shape)}
-
-    def as_numpy(self, name: str) -> np.ndarray | None:
-        return self._arrays.get(name)
-
-
 @dataclasses.dataclass
 class Registration:
     """One region the fake has registered."""
 
     name: str
-    memory: Any     # the client's SlotMemory
+    memory: Any     # the client's SlotMemory of that key (None: not slot memory, or not a system region)
     nbytes: int
     kind: str       # "system" or "cuda"
-    mapping: Any = None  # the server's own mapping of a system region (None: read the client's memory)
-
-    def region(self) -> Any:
-        """What the server reads and writes: its own mapping, as Triton has (it outlives the client's)."""
-        return self.mapping if self.mapping is not None else self.memory.region
+    mapping: Any = None  # the server's own mapping of a system region (it outlives the client's)
+    offset: int = 0      # where the registered bytes start in it
+    key: str = ""
 
     def drop(self) -> None:
         if self.mapping is not None:
             self.mapping.close()
 
 
-class _Wire:
-    """Stands in for a tritonclient client where the clients hand one to the triton layer
-    (close() and the finalizer unregister through it): it reaches the fake only."""
+# -- the stubs: what tritonclient's clients call ------------------------------
+
+#: The calls the fake answers: gRPC method -> (kind of call, FakeTriton method).
+_RPCS: dict[str, tuple[str, str]] = {
+    "ModelMetadata": ("fetch", "_model_metadata"),
+    "ModelConfig": ("fetch", "_model_config"),
+    "RepositoryIndex": ("fetch", "_repository_index"),
+    "SystemSharedMemoryRegister": ("register", "_register_system"),
+    "CudaSharedMemoryRegister": ("register", "_register_cuda"),
+    "SystemSharedMemoryUnregister": ("unregister", "_unregister_system"),
+    "CudaSharedMemoryUnregister": ("unregister", "_unregister_cuda"),
+    "SystemSharedMemoryStatus": ("status", "_system_status"),
+    "CudaSharedMemoryStatus": ("status", "_cuda_status"),
+}
+
+
+class _Stub:
+    """``GRPCInferenceServiceStub``'s face of a fake, for tritonclient's blocking gRPC client:
+    each method takes the request message (and gRPC's ``metadata``, ``timeout``, ``compression``)
+    and returns the response message, or raises :class:`FakeRpcError`."""
 
     def __init__(self, fake: "FakeTriton"):
-        self.fake = fake
+        self._fake = fake
 
-    def close(self) -> None:
-        pass
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        fake = self._fake
+
+        def call(request: Any, metadata: Any = None, timeout: float | None = None, **_: Any) -> Any:
+            return fake._call(method, request, timeout)
+
+        return call
 
 
-class _AioWire(_Wire):
-    async def close(self) -> None:  # type: ignore[override]
-        pass
+class _AioStub(_Stub):
+    """:class:`_Stub` for tritonclient's aio client: each method returns an awaitable."""
 
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        fake = self._fake
 
-class _FakeConnector:
-    """Stands in for the blocking client's Connector: calls run against a :class:`_Wire`."""
+        async def call(request: Any, metadata: Any = None, timeout: float | None = None, **_: Any) -> Any:
+            return await fake._call_async(method, request, timeout)
 
-    http = False
-
-    def __init__(self, fake: "FakeTriton"):
-        self.shared = _Wire(fake)
-
-    def call(self, fn: Callable[[Any], Any]) -> Any:
-        return fn(self.shared)
-
-    def close(self, wait: bool = True) -> None:
-        pass
+        return call
 
 
 # -- the fake -----------------------------------------------------------------
 
 class FakeTriton:
-    """An in-process Triton for the engine's steps (see the module docstring)."""
+    """An in-process Triton at :attr:`address` (see the module docstring)."""
 
-    def __init__(self, models: Mapping[str, FakeModel] | None = None):
+    def __init__(self, models: Mapping[str, FakeModel] | None = None, address: str = FAKE_URL):
         self.models = dict(MODELS if models is None else models)
+        self.address = address
         self._lock = threading.RLock()
         self._regions: dict[str, Registration] = {}
-        self._holds: collections.Counter = collections.Counter()  # region -> Sends using it now
+        self._holds: collections.Counter = collections.Counter()  # region -> requests using it now
         self.registered_bytes = 0
         self.peak_bytes = 0
         self.history: list[tuple[float, int]] = [(time.monotonic(), 0)]  # (when, bytes registered)
         self.registrations = 0          # successful Register calls, re-registrations included
-        self.calls: collections.Counter = collections.Counter()  # by op: fetch, register, unregister, send
+        self.calls: collections.Counter = collections.Counter()  # by kind of call (see the module doc)
         self.begun: collections.Counter = collections.Counter()  # the same, counted before the delay
         self.violations: list[str] = []
         self.alive = True
         self.delay = 0.0                 # seconds before every call
-        self.delays: dict[str, float] = {}  # per op ("fetch", "register", "unregister", "send"): instead
+        self.delays: dict[str, float] = {}  # per kind of call ("fetch", "register", ...): instead
         self._refuse_registration = False
         self._refuse_unregister = 0
         self._failures: list[tuple[frozenset, BaseException]] = []
-        self._gate = threading.Event()   # set: Sends go through; clear: they stall
+        self._gate = threading.Event()   # set: requests go through; clear: they stall
         self._gate.set()
         self._stalled = 0
         self._stalled_changed = threading.Condition(self._lock)
-        #: Seconds after which the client gives up on a Send (as with client_timeout) while the
-        #: server goes on running it (None: it waits for the answer); late_writes counts those.
+        #: Seconds after which the client gives up on a request (as with client_timeout) while
+        #: the server goes on running it (None: it waits for the answer); late_writes counts those.
         self.client_gives_up_after: float | None = None
         self.late_writes = 0
-        self._budgets: list[Any] = []
+        self._budgets: "weakref.WeakSet[Any]" = weakref.WeakSet()  # the clients' byte budgets seen
         self.budget_peak = 0
-        # Host slot memory alive in this process (made, not yet closed), whether registered or
-        # not: counted once install() has hooked SystemSlotMemory.
-        self.memory_bytes = 0
-        self.memory_peak = 0
-        self.memory_made = 0
-        self._live_memory: set = set()  # SlotMemory made and not yet closed (closed by shutdown())
+        # Host slot memory made in this process, counted once install() has hooked it.
+        self._meter = None
 
     # -- plugging in ------------------------------------------------------
 
     @classmethod
-    def install(cls, monkeypatch: pytest.MonkeyPatch, models: Mapping[str, FakeModel] | None = None) -> "FakeTriton":
-        """A fake, with ``tritonshm.triton.unregister`` routing calls on the fake's stand-in
-        clients to it (every other client goes to the real function) until *monkeypatch*
-        is undone.  That is the path of ``close()`` and of the finalizer of a forgotten client."""
-        fake = cls(models)
-        real = triton.unregister
-
-        def unregister(client: Any, name_or_region: Any, *, patience: float = 1.0) -> Any:
-            if isinstance(client, _Wire):
-                return client.fake._wire_unregister(client, name_or_region, patience)
-            return real(client, name_or_region, patience=patience)
-
-        monkeypatch.setattr(triton, "unregister", unregister)
-        fake._meter_slot_memory(monkeypatch)
+    def install(cls, monkeypatch: pytest.MonkeyPatch, models: Mapping[str, FakeModel] | None = None,
+                address: str = FAKE_URL) -> "FakeTriton":
+        """A fake serving at *address* (every client tritonshm makes for it is the fake's) and
+        metering slot memory and byte budgets, until *monkeypatch* is undone."""
+        fake = cls(models, address)
+        monkeypatch.setitem(_transport.IN_PROCESS, address, fake.connect)
+        fake._meter = meter_slot_memory(monkeypatch)
+        watch_byte_budgets(monkeypatch, fake._budget_took)
         return fake
 
-    def _meter_slot_memory(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Count the bytes of host slot memory alive (:attr:`memory_bytes`, :attr:`memory_peak`)."""
-        cls = _slots.SystemSlotMemory
-        real_init, real_close = cls.__init__, cls.close
+    def connect(self, transport: Any, *, ssl: bool = False, verbose: bool = False,
+                options: Mapping[str, Any] | None = None) -> Any:
+        """What ``Transport.connect`` hands out for this fake's address (see :data:`IN_PROCESS
+        <tritonshm._transport.IN_PROCESS>`): tritonclient's own gRPC client of *transport*
+        (blocking or aio), its calls answered by this fake."""
+        if transport.http:
+            raise InvalidOption(f"the fake Triton at {self.address} answers gRPC only: tritonshm sends HTTP "
+                                f"inference requests on sockets of its own, which no stub stands under")
+        client = transport.module.InferenceServerClient(self.address, verbose=verbose, ssl=ssl, **dict(options or {}))
+        return compat.with_grpc_stub(client, _AioStub(self) if transport.aio else _Stub(self))
 
-        def init(memory: Any, *args: Any, **kwargs: Any) -> None:
-            real_init(memory, *args, **kwargs)
-            with self._lock:
-                self._live_memory.add(memory)
-                self.memory_made += 1
-                self.memory_bytes += memory.nbytes
-                self.memory_peak = max(self.memory_peak, self.memory_bytes)
+    def client(self, url: str | None = None, **kwargs: Any) -> tritonshm.Client:
+        """A :class:`tritonshm.Client` whose server is this fake (its address: the default *url*)."""
+        return tritonshm.Client(self.address if url is None else url, **kwargs)
 
-        def close(memory: Any) -> None:
-            if memory._bytes is not None:  # its first close
-                with self._lock:
-                    self._live_memory.discard(memory)
-                    self.memory_bytes -= memory.nbytes
-            real_close(memory)
-
-        monkeypatch.setattr(cls, "__init__", init)
-        monkeypatch.setattr(cls, "close", close)
-
-    def client(self, url: str = FAKE_URL, **kwargs: Any) -> tritonshm.Client:
-        """A real blocking :class:`tritonshm.Client` whose server is this fake."""
-        client = tritonshm.Client(url, **kwargs)
-        self.plug(client)
-        return client
-
-    async def aio_client(self, url: str = FAKE_URL, **kwargs: Any) -> tritonshm.aio.Client:
-        """A real :class:`tritonshm.aio.Client` whose server is this fake (call in a running loop)."""
-        client = tritonshm.aio.Client(url, **kwargs)
-        driver = client._driver
-        real, driver.aio_client = driver.aio_client, _AioWire(self)
-        await real.close()  # made by the constructor; never connected
-        self.plug(client)
-        return client
-
-    def plug(self, client: Any) -> None:
-        """Route *client*'s server steps to this fake, and its close()/finalizer unregistrations."""
-        aio = isinstance(client, tritonshm.aio.Client)
-        driver = client._driver
-        handlers = driver.handlers
-        if aio:
-            handlers.update({FetchModel: self.fetch_model_async, FetchModelNames: self.fetch_model_names_async,
-                             Register: self.register_async,
-                             Unregister: self.unregister_async, Send: self.send_async})
-        else:
-            handlers.update({FetchModel: self.fetch_model, FetchModelNames: self.fetch_model_names,
-                             Register: self.register,
-                             Unregister: self.unregister, Send: self.send})
-            driver.connector = _FakeConnector(self)
-        for step in (WaitForSlot, Pause):  # sample the byte budget while requests wait, too
-            handlers[step] = self._sampling(handlers[step])
-        self._budgets.append(client._engine.budget)
-        # The finalizer (close()'s work for a forgotten client) unregisters through the connector
-        # of a blocking driver (the aio client's is one of its own): give it the stand-in instead.
-        _, release, args, _ = client._finalizer.peek()
-        assert release is _client_module.release_everything, release
-        args[0].connector = _FakeConnector(self)
-
-    def _sampling(self, handler: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        def sampled(step: Any) -> Any:
-            self.sample_budgets()
-            return handler(step)
-        return sampled
+    async def aio_client(self, url: str | None = None, **kwargs: Any) -> tritonshm.aio.Client:
+        """A :class:`tritonshm.aio.Client` whose server is this fake (call in a running loop)."""
+        return tritonshm.aio.Client(self.address if url is None else url, **kwargs)
 
     # -- controls -----------------------------------------------------------
 
@@ -380,13 +345,15 @@ class FakeTriton:
 
     def fail_next(self, times: int = 1, ops: tuple[str, ...] = ("fetch", "register", "unregister", "send"),
                   error: BaseException | None = None) -> None:
-        """Fail the next *times* calls of *ops* with *error* (a ServerError by default)."""
+        """Fail the next *times* calls of *ops* with *error* (raised as it is; by default a gRPC
+        INTERNAL error "injected failure of the fake Triton", which the client translates)."""
         with self._lock:
             for _ in range(times):
-                self._failures.append((frozenset(ops), error or ServerError("injected failure of the fake Triton")))
+                failure = error or _refused("injected failure of the fake Triton", grpc.StatusCode.INTERNAL)
+                self._failures.append((frozenset(ops), failure))
 
     def die(self) -> None:
-        """Become unreachable (ServerUnavailable for every call); every registration is forgotten."""
+        """Become unreachable (UNAVAILABLE for every call); every registration is forgotten."""
         with self._lock:
             self.alive = False
             self._forget_all()
@@ -400,10 +367,11 @@ class FakeTriton:
         """The server exits: every registration (and its mapping) goes; and slot memory a
         client left open is closed (a test that found it open has failed already)."""
         self.die()
-        with self._lock:
-            left = list(self._live_memory)
-        for memory in left:
-            memory.close()
+        if self._meter is not None:
+            with self._meter.lock:
+                left = list(self._meter.alive)
+            for memory in left:
+                memory.close()
 
     def restart(self) -> None:
         """Die and come back: every registration is forgotten."""
@@ -411,15 +379,15 @@ class FakeTriton:
         self.come_back()
 
     def stall(self) -> None:
-        """Make every Send wait (from its start) until :meth:`release`."""
+        """Make every inference wait (from its start) until :meth:`release`."""
         self._gate.clear()
 
     def release(self) -> None:
-        """Let stalled Sends (and later ones) go on."""
+        """Let stalled inferences (and later ones) go on."""
         self._gate.set()
 
     def wait_stalled(self, count: int, timeout: float = 5.0) -> bool:
-        """Wait until *count* Sends are stalled; False on timeout."""
+        """Wait until *count* inferences are stalled; False on timeout."""
         with self._stalled_changed:
             return self._stalled_changed.wait_for(lambda: self._stalled >= count, timeout)
 
@@ -431,19 +399,44 @@ class FakeTriton:
         with self._lock:
             return dict(self._regions)
 
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of host slot memory alive now (made, registered or not, not yet closed)."""
+        return self._meter.live if self._meter is not None else 0
+
+    @property
+    def memory_peak(self) -> int:
+        """The most :attr:`memory_bytes` were at any instant."""
+        return self._meter.peak if self._meter is not None else 0
+
+    @property
+    def memory_made(self) -> int:
+        """How many pieces of host slot memory were made."""
+        return self._meter.made if self._meter is not None else 0
+
+    def _budget_took(self, budget: Any) -> None:
+        with self._lock:
+            self._budgets.add(budget)
+        self._sample(budget)
+
+    def _sample(self, budget: Any) -> None:
+        used = budget.used
+        if used > self.budget_peak:
+            self.budget_peak = used
+        if used > budget.limit:
+            self.violations.append(f"a client's byte budget holds {used} > max_pool_bytes={budget.limit}")
+
     def sample_budgets(self) -> None:
         """Record the clients' byte budgets now; one over its limit is a violation."""
-        for budget in self._budgets:
-            used = budget.used
-            if used > self.budget_peak:
-                self.budget_peak = used
-            if used > budget.limit:
-                self.violations.append(f"a client's byte budget holds {used} > max_pool_bytes={budget.limit}")
+        with self._lock:
+            budgets = list(self._budgets)
+        for budget in budgets:
+            self._sample(budget)
 
     @contextlib.contextmanager
     def sampling(self, interval: float = 0.0005) -> Iterator[None]:
         """Also sample the clients' byte budgets from a thread of its own, every *interval*
-        seconds, for the duration (instants between the steps, too)."""
+        seconds, for the duration (instants between the calls, too)."""
         stop = threading.Event()
 
         def run() -> None:
@@ -475,35 +468,52 @@ class FakeTriton:
         assert not self.violations, "\n".join(self.violations)
         assert self.memory_bytes == 0, f"{self.memory_bytes} bytes of slot memory left open"
 
-    # -- the steps (blocking driver) --------------------------------------------
+    # -- the calls, as the stubs make them --------------------------------------
 
-    def fetch_model(self, step: FetchModel) -> tuple[dict, dict]:
-        self._pause('fetch')
-        return self._fetch_model(step)
+    def _answer(self, method: str) -> tuple[str, Callable[[Any], Any]]:
+        if method not in _RPCS:
+            raise _refused(f"the fake Triton has no answer to {method}", grpc.StatusCode.UNIMPLEMENTED)
+        op, name = _RPCS[method]
+        return op, getattr(self, name)
 
-    def fetch_model_names(self, step: FetchModelNames) -> list[str]:
-        self._pause('fetch')
-        self._begin("fetch", "reading the server's model repository index")
-        return sorted(self.models)
+    def _call(self, method: str, request: Any, timeout: float | None) -> Any:
+        if method == "ModelInfer":
+            self._pause("send")
+            return self._infer(request, timeout)
+        op, answer = self._answer(method)
+        self._pause(op)
+        return answer(request)
 
-    def register(self, step: Register) -> str:
-        self._pause('register')
-        return self._register(step)
+    async def _call_async(self, method: str, request: Any, timeout: float | None) -> Any:
+        if method == "ModelInfer":
+            await self._pause_async("send")
+            return await self._infer_async(request)
+        op, answer = self._answer(method)
+        await self._pause_async(op)
+        return answer(request)
 
-    def unregister(self, step: Unregister) -> None:
-        self._pause('unregister')
-        self._unregister(step.name)
-
-    def send(self, step: Send) -> FakeResult:
-        self._pause('send')
-        names = self._begin_send(step)
-        if step.claim is not None:
-            step.claim.unanswered = True  # as the drivers' own send handlers do
-        if self.client_gives_up_after is not None:
-            return self._send_given_up_on(step, names, self.client_gives_up_after)
+    def _infer(self, request: Any, timeout: float | None) -> Any:
+        names = self._begin_send(request)
+        waits = [s for s in (self.client_gives_up_after, timeout) if s is not None]
+        if waits:
+            return self._infer_given_up_on(request, names, min(waits))
         try:
             self._wait_at_gate()
-            return self._execute(step)
+            return self._execute(request)
+        finally:
+            self._end_send(names)
+
+    async def _infer_async(self, request: Any) -> Any:
+        names = self._begin_send(request)
+        try:
+            if not self._gate.is_set():
+                self._count_stalled(+1)
+                try:
+                    while not self._gate.is_set():
+                        await asyncio.sleep(0.001)
+                finally:
+                    self._count_stalled(-1)
+            return self._execute(request)
         finally:
             self._end_send(names)
 
@@ -515,16 +525,16 @@ class FakeTriton:
             finally:
                 self._count_stalled(-1)
 
-    def _send_given_up_on(self, step: Send, names: list[str], seconds: float) -> FakeResult:
+    def _infer_given_up_on(self, request: Any, names: list[str], seconds: float) -> Any:
         """The request runs on a "server" thread; the client stops waiting after *seconds*
-        (ServerTimeout) and the server goes on: it writes the outputs when it is done (the gate
-        opened), and its regions stay in use until then."""
+        (DEADLINE_EXCEEDED) and the server goes on: it writes the outputs when it is done (the
+        gate opened), and its regions stay in use until then."""
         done: list[Any] = []
 
         def run() -> None:
             try:
                 self._wait_at_gate()
-                done.append(self._execute(step))
+                done.append(self._execute(request))
             except BaseException as exc:
                 done.append(exc)
             finally:
@@ -536,49 +546,12 @@ class FakeTriton:
         server.start()
         server.join(seconds)
         if server.is_alive() or not done:
-            raise ServerTimeout(f"inferring with model {step.model!r}: the client gave up after "
-                                f"{seconds} s (client_timeout); the server goes on running it")
+            raise _refused("Deadline Exceeded", grpc.StatusCode.DEADLINE_EXCEEDED)
         with self._lock:
             self.late_writes -= 1  # answered in time after all
         if isinstance(done[0], BaseException):
             raise done[0]
         return done[0]
-
-    # -- the steps (asyncio driver): the same, never blocking the loop ------------
-
-    async def fetch_model_async(self, step: FetchModel) -> tuple[dict, dict]:
-        await self._pause_async('fetch')
-        return self._fetch_model(step)
-
-    async def fetch_model_names_async(self, step: FetchModelNames) -> list[str]:
-        await self._pause_async('fetch')
-        self._begin("fetch", "reading the server's model repository index")
-        return sorted(self.models)
-
-    async def register_async(self, step: Register) -> str:
-        await self._pause_async('register')
-        return self._register(step)
-
-    async def unregister_async(self, step: Unregister) -> None:
-        await self._pause_async('unregister')
-        self._unregister(step.name)
-
-    async def send_async(self, step: Send) -> FakeResult:
-        await self._pause_async('send')
-        names = self._begin_send(step)
-        if step.claim is not None:
-            step.claim.unanswered = True  # as the drivers' own send handlers do
-        try:
-            if not self._gate.is_set():
-                self._count_stalled(+1)
-                try:
-                    while not self._gate.is_set():
-                        await asyncio.sleep(0.001)
-                finally:
-                    self._count_stalled(-1)
-            return self._execute(step)
-        finally:
-            self._end_send(names)
 
     # -- inside ---------------------------------------------------------------
 
@@ -596,81 +569,115 @@ class FakeTriton:
             self.begun[op] += 1
         await asyncio.sleep(self.delays.get(op, self.delay))  # 0: a turn of the loop, as real I/O takes
 
-    def _begin(self, op: str, doing: str) -> None:
+    def _begin(self, op: str) -> None:
         """Every call: counted, audited; refused by a dead server or an injected failure."""
         self.audit()
         with self._lock:
             self.calls[op] += 1
             if not self.alive:
-                raise ServerUnavailable(f"{doing}: cannot reach the Triton server (failed to connect to all "
-                                        f"addresses; fake Triton is down)")
+                raise _refused(f"failed to connect to all addresses; last error: UNKNOWN: ipv4:{self.address}: "
+                               f"Failed to connect to remote host: Connection refused (fake Triton is down)",
+                               grpc.StatusCode.UNAVAILABLE)
             for i, (ops, error) in enumerate(self._failures):
                 if op in ops:
                     del self._failures[i]
                     raise error
 
-    def _fetch_model(self, step: FetchModel) -> tuple[dict, dict]:
-        doing = f"reading metadata of model {step.model!r}"
-        self._begin("fetch", doing)
-        model = self.models.get(step.model)
+    def _model(self, name: str) -> FakeModel:
+        model = self.models.get(name)
         if model is None:
-            raise ServerError(f"{doing}: Request for unknown model: '{step.model}' is not found")
-        # The client asks for the config and unwraps gRPC's "config" level (Transport.model_config).
-        reply = model.config_reply()
-        return model.metadata(), reply.get("config", reply)
+            raise _refused(f"Request for unknown model: '{name}' is not found", grpc.StatusCode.NOT_FOUND)
+        return model
 
-    def _register(self, step: Register) -> str:
-        memory = step.memory
-        region = memory.region
-        name = step.name if step.name is not None else triton.default_name(region)
-        doing = f"registering {region!r} as {name!r}"
-        self._begin("register", doing)
+    def _model_metadata(self, request: Any) -> Any:
+        self._begin("fetch")
+        return json_format.ParseDict(self._model(request.name).metadata(), service_pb2.ModelMetadataResponse())
+
+    def _model_config(self, request: Any) -> Any:
+        self._begin("fetch")
+        config = json_format.ParseDict(self._model(request.name).config_reply()["config"],
+                                       model_config_pb2.ModelConfig())
+        return service_pb2.ModelConfigResponse(config=config)
+
+    def _repository_index(self, request: Any) -> Any:
+        self._begin("fetch")
+        return service_pb2.RepositoryIndexResponse(models=[
+            service_pb2.RepositoryIndexResponse.ModelIndex(name=name, version="1", state="READY")
+            for name in sorted(self.models)])
+
+    def _register_system(self, request: Any) -> Any:
+        name, key, offset, nbytes = request.name, request.key, request.offset, request.byte_size
+        self._begin("register")
+        memory = self._meter.by_key.get(key) if self._meter is not None else None
         if _closed(memory):
             self.violations.append(f"closed slot memory registered as {name!r}")
-            raise RegistrationError(f"{doing}: the region is closed")
         if self._refuse_registration:
-            raise SharedMemoryRefused(
-                f"{doing}: the server cannot open our shared memory. It must run on this machine, "
-                f"in the same IPC namespace (--ipc=host for containers), as a user allowed to open "
-                f"mode-0600 segments of ours. Server said: Unable to open shared memory region: "
-                f"'{region.key}' (fake Triton told to refuse)")
+            raise _refused(f"Unable to open shared memory region: '{key}' (fake Triton told to refuse)")
         with self._lock:
             if name in self._regions:
-                raise RegistrationError(
-                    f"{doing}: the server already has a region of that name; unregister it first or "
-                    f"pick another name. Server said: shared memory region '{name}' already in manager")
-            mapping = tritonshm.SystemRegion.attach(region.key) if memory.kind == "system" else None
-            self._regions[name] = Registration(name, memory, memory.nbytes, memory.kind, mapping)
-            self.registrations += 1
-            self._bytes_changed(+memory.nbytes)
-        return name
-
-    def _unregister(self, name: str) -> None:
-        doing = f"unregistering {name!r}"
-        self._begin("unregister", doing)
-        with self._lock:
-            if self._refuse_unregister > 0 or self._holds[name] > 0:
-                if self._refuse_unregister > 0:
-                    self._refuse_unregister -= 1
-                raise ServerError(f"{doing}: failed to unregister shared memory region '{name}': "
-                                  f"Cannot unregister shared memory region '{name}', it is currently in use.")
-            reg = self._regions.pop(name, None)  # an unknown name: nothing to do (as Triton)
-            if reg is not None:
-                reg.drop()
-                self._bytes_changed(-reg.nbytes)
-
-    def _wire_unregister(self, wire: _Wire, name_or_region: Any, patience: float) -> None:
-        name = name_or_region if isinstance(name_or_region, str) else triton.registered_name(name_or_region)
-        if name is None:
-            name = triton.default_name(name_or_region)
-        deadline = time.monotonic() + patience
-        while True:
+                raise _refused(f"shared memory region '{name}' already in manager", grpc.StatusCode.ALREADY_EXISTS)
             try:
-                return self._unregister(name)
-            except ServerError as exc:
-                if "currently in use" not in str(exc) or time.monotonic() >= deadline:
-                    raise
-            time.sleep(0.01)
+                mapping = tritonshm.SystemRegion.attach(key)
+            except OSError as exc:
+                raise _refused(f"Unable to open shared memory region: '{key}' ({exc})") from None
+            if offset + nbytes > mapping.nbytes:
+                mapping.close()
+                raise _refused(f"failed to register shared memory region '{name}': the region of {mapping.nbytes} "
+                               f"bytes has no {nbytes} at offset {offset}")
+            self._regions[name] = Registration(name, memory, nbytes, "system", mapping, offset, key)
+            self.registrations += 1
+            self._bytes_changed(+nbytes)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    def _register_cuda(self, request: Any) -> Any:
+        self._begin("register")
+        # A server in the client's own process cannot open the client's CUDA IPC handle.
+        raise _refused(f"failed to register CUDA shared memory region '{request.name}': invalid args")
+
+    def _unregister_system(self, request: Any) -> Any:
+        self._unregister(request.name, "system")
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    def _unregister_cuda(self, request: Any) -> Any:
+        self._unregister(request.name, "cuda")
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+    def _unregister(self, name: str, kind: str) -> None:
+        self._begin("unregister")
+        with self._lock:
+            names = [name] if name else [n for n, reg in self._regions.items() if reg.kind == kind]  # "": all
+            for one in names:
+                if self._refuse_unregister > 0 or self._holds[one] > 0:
+                    if self._refuse_unregister > 0:
+                        self._refuse_unregister -= 1
+                    raise _refused(f"failed to unregister shared memory region '{one}': Cannot unregister shared "
+                                   f"memory region '{one}', it is currently in use.", grpc.StatusCode.INTERNAL)
+                reg = self._regions.get(one)  # an unknown name: nothing to do (as Triton)
+                if reg is not None and reg.kind == kind:
+                    del self._regions[one]
+                    reg.drop()
+                    self._bytes_changed(-reg.nbytes)
+
+    def _system_status(self, request: Any) -> Any:
+        self._begin("status")
+        regions = self._status_of("system", request.name)
+        return service_pb2.SystemSharedMemoryStatusResponse(regions={
+            reg.name: service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(
+                name=reg.name, key=reg.key, offset=reg.offset, byte_size=reg.nbytes) for reg in regions})
+
+    def _cuda_status(self, request: Any) -> Any:
+        self._begin("status")
+        regions = self._status_of("cuda", request.name)
+        return service_pb2.CudaSharedMemoryStatusResponse(regions={
+            reg.name: service_pb2.CudaSharedMemoryStatusResponse.RegionStatus(name=reg.name, byte_size=reg.nbytes)
+            for reg in regions})
+
+    def _status_of(self, kind: str, name: str) -> list[Registration]:
+        with self._lock:
+            regions = [reg for reg in self._regions.values() if reg.kind == kind and name in ("", reg.name)]
+        if name and not regions:
+            raise _refused(f"Unable to find {kind} shared memory region: '{name}'")
+        return regions
 
     def _bytes_changed(self, delta: int) -> None:  # under the lock
         self.registered_bytes += delta
@@ -691,18 +698,18 @@ class FakeTriton:
 
     @staticmethod
     def _shm(tensor: Any) -> tuple[str, int, int] | None:
-        """(region, byte size, offset) of a gRPC InferInput / InferRequestedOutput bound to shared memory."""
-        proto = tensor._input if hasattr(tensor, "_input") else tensor._output
-        params = proto.parameters
+        """(region, byte size, offset) of a request's input or requested output bound to shared
+        memory (its parameters, in the ``ModelInferRequest``), or None."""
+        params = tensor.parameters
         if "shared_memory_region" not in params:
             return None
         offset = params["shared_memory_offset"].int64_param if "shared_memory_offset" in params else 0
         return params["shared_memory_region"].string_param, params["shared_memory_byte_size"].int64_param, offset
 
-    def _begin_send(self, step: Send) -> list[str]:
-        """Count the call; the regions the Send names are "in use" until it ends."""
-        self._begin("send", f"inferring with model {step.model!r}")
-        names = [bound[0] for bound in map(self._shm, list(step.inputs) + list(step.outputs or ())) if bound]
+    def _begin_send(self, request: Any) -> list[str]:
+        """Count the call; the regions the request names are "in use" until it ends."""
+        self._begin("send")
+        names = [bound[0] for bound in map(self._shm, list(request.inputs) + list(request.outputs)) if bound]
         with self._lock:
             self._holds.update(names)
         return names
@@ -711,77 +718,71 @@ class FakeTriton:
         with self._lock:
             self._holds.subtract(names)
 
-    def _region(self, name: str, doing: str) -> Registration:
+    def _region(self, name: str) -> Registration:
         with self._lock:
             reg = self._regions.get(name)
         if reg is None:
-            raise RegionNotRegistered(
-                f"{doing}: the server does not know this region: it was unregistered, or the server "
-                f"restarted since it was registered; register it again. Server said: Unable to find "
-                f"system shared memory region: '{name}'")
+            raise _refused(f"Unable to find system shared memory region: '{name}'")
+        if reg.mapping is None:
+            raise _refused(f"the fake Triton cannot read or write CUDA shared memory region '{name}'")
         return reg
 
-    def _execute(self, step: Send) -> FakeResult:
-        doing = f"inferring with model {step.model!r}"
+    def _execute(self, request: Any) -> Any:
+        """Run the model of a ``ModelInferRequest``: its ``ModelInferResponse``."""
         with self._lock:
             if not self.alive:
-                raise ServerUnavailable(f"{doing}: cannot reach the Triton server (fake Triton died)")
-        model = self.models.get(step.model)
-        if model is None:
-            raise ServerError(f"{doing}: Request for unknown model: '{step.model}' is not found")
+                raise _refused("Socket closed (fake Triton died)", grpc.StatusCode.UNAVAILABLE)
+        model = self._model(request.model_name)
+        raw = iter(request.raw_input_contents)
         arrays = {}
-        for infer_input in step.inputs:
-            name, datatype, shape = infer_input.name(), infer_input.datatype(), tuple(infer_input.shape())
+        for tensor in request.inputs:
+            name, datatype, shape = tensor.name, tensor.datatype, tuple(tensor.shape)
             dtype = np.dtype(_NP_DTYPES[datatype])
-            bound = self._shm(infer_input)
+            bound = self._shm(tensor)
             if bound is None:
-                arrays[name] = np.frombuffer(infer_input._raw_content, dtype).reshape(shape).copy()
+                content = next(raw, None)
+                if content is None:
+                    raise _refused(f"expected raw contents for input {name!r} of model {model.name!r}")
+                arrays[name] = np.frombuffer(content, dtype).reshape(shape).copy()
                 continue
             region, size, offset = bound
-            reg = self._region(region, doing)
+            reg = self._region(region)
             if size != math.prod(shape) * dtype.itemsize or offset + size > reg.nbytes:
-                raise ServerError(f"{doing}: input {name!r} binds {size} bytes at {offset} of {region!r} "
-                                  f"({reg.nbytes} bytes) for {datatype} {list(shape)}")
+                raise _refused(f"input {name!r} binds {size} bytes at {offset} of {region!r} "
+                               f"({reg.nbytes} bytes) for {datatype} {list(shape)}")
             if _closed(reg.memory):
                 self.violations.append(f"Send read {region!r} after its slot memory was closed")
-                if reg.mapping is None:
-                    raise ServerError(f"{doing}: {region!r} is gone")
-            arrays[name] = reg.region().read(dtype, shape, offset)
+            arrays[name] = reg.mapping.read(dtype, shape, reg.offset + offset)
         results = model.run(arrays)
-        wanted = [o._output.name for o in step.outputs] if step.outputs else list(results)
-        bindings = {o._output.name: self._shm(o) for o in step.outputs or ()}
-        tensors, plain = {}, {}
+        wanted = [o.name for o in request.outputs] or list(results)
+        bindings = {o.name: self._shm(o) for o in request.outputs}
         datatypes = {name: datatype for name, datatype, _ in model.outputs}
+        response = service_pb2.ModelInferResponse(model_name=model.name, model_version="1", id=request.id)
         for name in wanted:
             if name not in results:
-                raise ServerError(f"{doing}: unexpected inference output '{name}' for model '{model.name}'")
+                raise _refused(f"unexpected inference output '{name}' for model '{model.name}'")
             array = np.ascontiguousarray(results[name])
-            tensors[name] = (datatypes[name], array.shape)
+            response.outputs.add(name=name, datatype=datatypes[name], shape=list(array.shape))
             bound = bindings.get(name)
             if bound is None:
-                plain[name] = array
+                response.raw_output_contents.append(array.tobytes())
                 continue
             region, size, offset = bound
-            reg = self._region(region, doing)
+            reg = self._region(region)
             if array.nbytes > size:
-                raise OutputTooSmall(
-                    f"{doing}: output {name!r} needs {array.nbytes} bytes but only {size} were bound; bind "
-                    f"a larger nbytes. Server said: shared memory size specified with the request for output "
-                    f"'{name}' ({size} bytes) should be at least {array.nbytes} bytes to hold the results",
-                    name, array.nbytes)
+                raise _refused(f"shared memory size specified with the request for output '{name}' ({size} bytes) "
+                               f"should be at least {array.nbytes} bytes to hold the results")
             if offset + size > reg.nbytes:
-                raise ServerError(f"{doing}: output {name!r} binds past the end of {region!r}")
+                raise _refused(f"output {name!r} binds past the end of {region!r}")
             if _closed(reg.memory):
                 self.violations.append(f"Send wrote {region!r} after its slot memory was closed")
-                if reg.mapping is None:
-                    raise ServerError(f"{doing}: {region!r} is gone")
             if array.nbytes:
-                reg.region().write(array, offset)
-        return FakeResult(model.name, tensors, plain)
+                reg.mapping.write(array, reg.offset + offset)
+        return response
 
 
 def _closed(memory: Any) -> bool:
-    return bool(getattr(memory.region, "closed", False))
+    return memory is not None and bool(memory.closed)
 
 
 @pytest.fixture
