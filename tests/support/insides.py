@@ -53,7 +53,7 @@ def budget_used(client: Any) -> int:
 
 def lent_allocations(client: Any) -> Any:
     """The client's table of lent GPU allocations (:class:`~tritonshm.client._lent.LentAllocations`)."""
-    return client._engine._lent
+    return client._engine.lent_table
 
 
 def record_plans(monkeypatch: pytest.MonkeyPatch, client: Any) -> list[str]:

@@ -64,7 +64,8 @@ tests/client/test_package_layers.py):
 ``_lent``       the caller's GPU allocations lent to the server: a bounded table, held, let go
 ``_claim``      what one request holds while the server may touch it, and the one place it ends
 ``_pools``      the pool table: find, make, grow, retire, lease, the byte budget
-``_engine``     :class:`Engine`: settings, lifecycle, discovery, and the steps of every request
+``_engine``     :class:`Engine`: settings and state, lifecycle, discovery, planning
+``_run``        :class:`Runner`: every request's steps -- lend, lease, fill, send, heal; the quick path
 ``_face``       what both clients answer without I/O: settings, snapshots
 ``_request``    the zero-copy request's core both clients' ``Request`` hold
 ``_threads``    worker threads and connections of the blocking client

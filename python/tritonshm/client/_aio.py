@@ -25,6 +25,7 @@ from . import _devices, _messages
 from ._client import SETTLE_SECONDS, BlockingDriver, release_everything
 from ._engine import Engine
 from ._face import ClientFace
+from ._run import Runner
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._request import RequestFace, SlotRequest
@@ -242,6 +243,7 @@ class Client(ClientFace):
                                        connect_options=connect_options, pinned=pinned, headers=headers,
                                        by_reference=by_reference, max_lent_bytes=max_lent_bytes)
         self._driver = AsyncDriver(engine, engine.connect())   # TLS and verbosity as the URL and options say
+        self._runner = Runner(engine)  # every request's steps, over the engine's state
         # A forgotten client cannot await anything at garbage collection: a
         # blocking connection (made only then) unregisters its pools.
         blocking, address, ssl = _transport.parse_url(url, aio=False)
@@ -284,9 +286,9 @@ class Client(ClientFace):
     async def _infer(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
                      copy: bool, slot_timeout: float | None, output_device: str | int,
                      options: RequestOptions | None, out: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        engine, drive = self._engine, self._driver.drive
+        drive = self._driver.drive
         info = await self.model_info(model, version)
-        run = engine.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, options, out)
+        run = self._runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, options, out)
         if run.join is None:
             return await drive(run.steps[0])
         return run.join(await asyncio.gather(*(drive(steps) for steps in run.steps)))  # the chunks at once
@@ -310,7 +312,7 @@ class Client(ClientFace):
         engine = self._engine
         info = await self.model_info(model, version)
         plan = engine.stream_plan(info, inputs, outputs, output_device, slot_timeout, options)
-        async with contextlib.aclosing(self._driver.iterate(engine.stream_steps(plan))) as responses:
+        async with contextlib.aclosing(self._driver.iterate(self._runner.stream_steps(plan))) as responses:
             async for outputs_of_one in responses:
                 yield outputs_of_one
 
@@ -320,7 +322,7 @@ class Client(ClientFace):
         engine = self._engine
         info = await self.model_info(model, version)
         plan = engine.stream_plan(info, inputs, None, "auto", None, options)
-        return await self._driver.drive(engine.stream_send_steps(plan, stream, requested))
+        return await self._driver.drive(self._runner.stream_send_steps(plan, stream, requested))
 
     async def request(self, model: str, batch_size: int | None = None, *,
                       shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",
@@ -332,8 +334,8 @@ class Client(ClientFace):
         info = await self.model_info(model, version)
         full = engine.request_shapes(info, batch_size, shapes)
         kind = engine.routing.request_memory(info, device)
-        lease = await self._driver.drive(engine.request_steps(info, full, engine.slot_wait(slot_timeout), kind))
-        return Request(SlotRequest(engine, info, lease, full), self._driver)
+        lease = await self._driver.drive(self._runner.request_steps(info, full, engine.slot_wait(slot_timeout), kind))
+        return Request(SlotRequest(self._runner, info, lease, full), self._driver)
 
     async def close(self) -> None:
         """Unregister and unlink this client's regions, close its connections; idempotent.

@@ -15,6 +15,7 @@ from ..errors import ServerTimeout
 from . import _devices, _messages
 from ._engine import Engine
 from ._face import ClientFace
+from ._run import Runner
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._request import RequestFace, SlotRequest
@@ -263,6 +264,7 @@ class Client(ClientFace):
                                        by_reference=by_reference, max_lent_bytes=max_lent_bytes)
         connector = Connector(engine.connect, engine.wire.http, io_threads=slots)
         self._driver = BlockingDriver(engine, connector)
+        self._runner = Runner(engine)  # every request's steps, over the engine's state
         self._workers: dict[str, Workers] = {}   # "async" (infer_async), "chunk" (large batches)
         # Runs close()'s work if the user forgets: at garbage collection or exit.
         self._finalizer = weakref.finalize(self, release_everything, self._driver, engine, self._workers, False)
@@ -354,7 +356,7 @@ class Client(ClientFace):
         """
         engine, drive = self._engine, self._driver.drive
         info = self.model_info(model, version)
-        run = engine.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout,
+        run = self._runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout,
                                  engine.request_options(options), out)
         if run.join is None:
             return drive(run.steps[0])
@@ -386,7 +388,7 @@ class Client(ClientFace):
         info = self.model_info(model, version)
         plan = engine.stream_plan(info, inputs, outputs, output_device, slot_timeout,
                                   engine.request_options(options))
-        return self._driver.iterate(engine.stream_steps(plan))
+        return self._driver.iterate(self._runner.stream_steps(plan))
 
     def _stream_to(self, stream: Any, model: str, inputs: Mapping[str, Any], requested: list | None,
                    version: str, options: RequestOptions | None) -> Any:
@@ -398,7 +400,7 @@ class Client(ClientFace):
         engine = self._engine
         info = self.model_info(model, version)
         plan = engine.stream_plan(info, inputs, None, "auto", None, options)
-        return self._driver.drive(engine.stream_send_steps(plan, stream, requested))
+        return self._driver.drive(self._runner.stream_send_steps(plan, stream, requested))
 
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
         """:meth:`infer` in a background thread; returns a ``concurrent.futures.Future``.
@@ -432,8 +434,8 @@ class Client(ClientFace):
         info = self.model_info(model, version)
         full = engine.request_shapes(info, batch_size, shapes)
         kind = engine.routing.request_memory(info, device)
-        lease = self._driver.drive(engine.request_steps(info, full, engine.slot_wait(slot_timeout), kind))
-        return Request(SlotRequest(engine, info, lease, full), self._driver)
+        lease = self._driver.drive(self._runner.request_steps(info, full, engine.slot_wait(slot_timeout), kind))
+        return Request(SlotRequest(self._runner, info, lease, full), self._driver)
 
     # -- lifetime ---------------------------------------------------------
 

@@ -18,7 +18,7 @@ from ._pool import Lease
 from ._steps import Steps
 
 if TYPE_CHECKING:
-    from ._engine import Engine
+    from ._run import Runner
 
 Self = TypeVar("Self", bound="RequestFace")
 
@@ -28,9 +28,9 @@ __all__ = ["RequestFace", "SlotRequest"]
 class SlotRequest:
     """A leased slot with views of the inputs; :meth:`run_steps` runs what they hold."""
 
-    def __init__(self, engine: Engine, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]]):
+    def __init__(self, runner: Runner, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]]):
         self.info = info
-        self._engine = engine
+        self._runner = runner
         self._lease: Lease | None = lease
         self._shapes = dict(shapes)
         memory, layout = lease.extent.memory, lease.pool.layout
@@ -47,10 +47,10 @@ class SlotRequest:
         if self._lease is None:
             raise ClientClosed("this request is closed")
         names = _intake.output_names(self.info, outputs)
-        checked = self._engine.request_options(options or {})
+        checked = self._runner.engine.request_options(options or {})
         device = self._lease.extent.memory.device
         ready = None if device is None else _devices.current_stream_event(device, stream)
-        return self._engine.slot_steps(self.info, self._lease, self._shapes, names, False, {},
+        return self._runner.slot_steps(self.info, self._lease, self._shapes, names, False, {},
                                        Placement(device), ready=ready, options=checked)
 
     def close(self) -> None:

@@ -19,36 +19,34 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Callable, Mapping, Sequence
+from typing import IO, Mapping, Sequence
 
 
-def _make_pdeathsig() -> Callable[[], None] | None:
-    """A preexec_fn that makes the kernel SIGKILL the server if we die (Linux only).
+# Run in a fresh interpreter between us and tritonserver: asks the kernel to SIGKILL it when we
+# die, then becomes tritonserver (exec keeps the request).  Not a preexec_fn: that runs Python in
+# the forked child of a process with threads (gRPC's, the client's), which may deadlock before
+# exec (CPython's documentation warns of it; a test run hung so once); without one, subprocess
+# starts the child with vfork/posix_spawn, running no Python and no at-fork handlers.
+_PDEATHSIG_LAUNCHER = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):  # we died before the request: no signal will come
+    os._exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
-    Returns None where unsupported. libc and prctl are resolved here, before
-    fork, so the child does as little as possible between fork and exec.
-    """
+
+def _with_pdeathsig(command: Sequence[str]) -> list[str]:
+    """*command*, run so that the kernel SIGKILLs it if this process dies (Linux only; as it is
+    elsewhere, and from a thread other than the main one)."""
     if not sys.platform.startswith("linux"):
-        return None
-    # PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so
-    # a server started from a short-lived worker thread would die with it.
+        return list(command)
+    # PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so a server started
+    # from a short-lived worker thread would die with it.
     if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    PR_SET_PDEATHSIG = 1
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # we died between fork and prctl: no signal will come
-            os._exit(1)
-
-    return preexec
+        return list(command)
+    executable = shutil.which(command[0]) or command[0]
+    return [sys.executable, "-I", "-c", _PDEATHSIG_LAUNCHER, str(os.getpid()), executable, *command[1:]]
 
 
 def _killpg(pgid: int) -> None:
@@ -111,9 +109,8 @@ class _Process:
         *command* cannot be run at all.
         """
         self.popen = subprocess.Popen(
-            command, env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-            preexec_fn=_make_pdeathsig())
+            _with_pdeathsig(command), env=env, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
 
     def terminate(self, grace: float) -> None:
         """End the server and every process of its group (Python backend stubs too)."""

@@ -1,0 +1,495 @@
+"""A request's steps: lend, lease, fill, send, heal, stream-send -- and the quick path.
+
+:class:`Runner` writes every request of a client as sans-I/O steps (:mod:`._steps`) over the
+state its :class:`~._engine.Engine` holds (pools, the lent table, the claims, the fallback):
+an ``infer`` call (:meth:`Runner.infer_steps`: the quick path, or planned chunks), a streamed
+request, a zero-copy request's lease and run.  Each client holds one beside its engine and
+drives the steps its own way.  What the server may touch for a request -- its slot, the
+tensors it lends -- is held by the request's :class:`~._claim.Claim` and let go of in one
+place (:meth:`Runner._end_claim`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from ..errors import ClientClosed, OutputTooSmall, RegionNotRegistered, ServerError, SharedMemoryRefused, TensorInUse
+from . import _bytes, _devices, _intake, _messages
+from ._claim import Claim, Span, server_answered
+from ._devices import DeviceTensor, OutTensor, Placement
+from ._engine import Engine, QuickPlan
+from ._model import ModelInfo
+from ._options import RequestOptions
+from ._plan import Plan
+from ._pool import Lease, SlotPool, register_again_steps
+from ._slots import SYSTEM, SlotKind, SlotMemory
+from ._steps import Emit, NextResponse, Pause, Send, Steps, StreamSend, WaitForDevice
+
+__all__ = ["InferRun", "Runner"]
+
+_GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
+_CLASH_POLL = 0.005  # how often a request waiting for clashing memory to be let go of looks again
+_NAMES: Any = object()  # a streamed request asks for its plan's outputs by name (not for objects given)
+
+
+class InferRun(NamedTuple):
+    """An ``infer`` call's steps (:meth:`Runner.infer_steps`): one :class:`Steps` per chunk, to be
+    driven at once where there are several, and *join*, which makes the call's result of
+    theirs (None: one chunk, whose result is the call's)."""
+
+    steps: list[Steps]
+    join: Callable[[list[dict[str, Any]]], dict[str, Any]] | None = None
+
+
+
+class _QuickSlot(NamedTuple):
+    """One slot made ready for quick requests of some input shapes: views of its inputs
+    and of its outputs' bytes."""
+
+    inputs: list[tuple[str, np.ndarray]]
+    outputs: list[tuple[str, Any, np.ndarray]]
+
+
+class Runner:
+    """The steps of every request of one client, over its *engine*'s state (see the module)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        # What the steps read on every request, held here too (the engine never replaces them).
+        self.wire = engine.wire
+        self.fallback = engine.fallback
+        self.pool_table = engine.pool_table
+        self.lent_table = engine.lent_table
+        self.claims = engine.claims
+
+    def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None = None) -> Steps:
+        """Steps of one chunk of *plan* (its *arrays* fit a slot): lease, copy in, run,
+        collect (fixed-size outputs into *rows* of a chunked batch's results, when given).
+
+        What the server may touch -- the slot, the tensors lent -- is held by the chunk's
+        :class:`~._claim.Claim`, which lets go of it when the chunk ends: at once if the
+        server answered, else once the server lets go of it."""
+        with self.engine.flight():
+            claim = Claim(self.claims, self.lent_table)
+            try:
+                outputs = yield from self._chunk_attempts(plan, arrays, rows, claim)
+            except GeneratorExit:  # closed (a cancelled aio call): no more steps may be taken
+                self._end_claim(claim)
+                raise
+            except BaseException:
+                self._end_claim(claim)
+                if self.engine.closed:  # nobody else will: what the request left, unregistered now
+                    yield from self.engine.dispose_steps()
+                raise
+            self._end_claim(claim)
+            if self.engine.has_disposals():
+                yield from self.engine.dispose_steps()  # what the finished request left idle
+            return outputs
+
+    def _end_claim(self, claim: Claim) -> None:
+        """The one place a request's claim ends (see :mod:`._claim`)."""
+        if claim.unanswered:
+            self.lent_table.count_abandoned()
+        claim.end()
+
+    def _chunk_attempts(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None,
+                        claim: Claim) -> Steps:
+        info, names, route = plan.info, plan.names, plan.route
+        shapes = {name: array.shape for name, array in arrays.items()}
+        bytes_sizes = _intake.bytes_sizes(info, arrays)
+        yield from self._wait_for_clashes(plan, arrays, claim)
+        if route.lent and not self.fallback.wire:  # (a server that refused CUDA memory: the table says so)
+            yield from self._lend_steps(plan, arrays, claim)
+        needs = self.pool_table.needs(info, shapes, bytes_sizes)
+        if claim:  # lent tensors take no room in a slot
+            needs = {name: size for name, size in needs.items()
+                     if name not in claim.inputs and name not in claim.outputs}
+        for attempt in range(_GROW_ATTEMPTS):
+            lease = None
+            if needs or self.fallback.wire:
+                lease = None if self.fallback.wire else (
+                    yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, not plan.copy, route.memory))
+                if lease is None:
+                    inputs, requested = _messages.wire_request(self.wire, info, arrays, names)
+                    result = yield Send(info.name, info.version, inputs, requested, plan.options)
+                    outputs = _messages.wire_results(info, result, names, route.results, rows)
+                    return _intake.into_out(info, outputs, plan.out)
+            claim.lease = lease
+            try:
+                stream = yield from self._fill_steps(info, lease, arrays, bytes_sizes, route.device, claim)
+                outputs = yield from self.slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,
+                                                     route.results, rows, stream, options=plan.options,
+                                                     claim=claim, out=plan.out)
+            except OutputTooSmall as exc:
+                # A variable-size output outgrew its guess: grow to what the server asked for
+                # and run again on a slot of a larger pool -- unless running it again would do
+                # harm (Triton says so after the model ran; a sequence's state would advance
+                # twice) or cannot help (the caller's out= tensor is the room it had).
+                given = None if plan.out is None or exc.output is None else plan.out.get(exc.output)
+                if given is not None:
+                    raise _intake.out_too_small(info, exc, given) from None
+                if exc.output not in needs or exc.needed is None or attempt + 1 == _GROW_ATTEMPTS \
+                        or not (plan.options is None or plan.options.may_run_twice):
+                    raise
+                needs = {**needs, exc.output: exc.needed}
+                claim.end_lease()
+                continue
+            finally:
+                del lease  # now, not when a traceback holding this frame dies
+            self.lent_table.count(len(claim.inputs), len(claim.outputs))
+            return outputs
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _wait_for_clashes(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
+        """Wait until no unfinished request names the caller's GPU memory this one writes, or
+        writes what this one reads (a request the client gave up on, still running on the
+        server); :class:`TensorInUse` after the request's slot_timeout."""
+        if not self.claims.busy:
+            return
+        named = [(f"input {name!r}", Span.of(array, False)) for name, array in arrays.items()
+                 if isinstance(array, DeviceTensor) and array.nbytes]
+        named += [(f"out[{name!r}]", Span.of(given.tensor, True)) for name, given in (plan.out or {}).items()
+                  if given.tensor.nbytes]
+        deadline = None if plan.slot_timeout is None else time.monotonic() + plan.slot_timeout
+        for what, span in named:
+            while self.claims.conflict(span, claim):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TensorInUse(
+                        f"{what} of this request on model {plan.info.name!r} is memory an earlier request "
+                        f"still uses: one the client gave up on (client_timeout, cancelled, closed), which "
+                        f"the server may still be running; waited slot_timeout={plan.slot_timeout} s for the "
+                        f"server to be done with it. Wait longer (slot_timeout=), or give other tensors")
+                if self.engine.has_disposals():  # among them, asking the server again to let go of it
+                    yield from self.engine.dispose_steps()
+                yield Pause(_CLASH_POLL)
+
+    def _lend_steps(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
+        """Lend the server the GPU inputs of one chunk, and the results the caller allocated,
+        where their memory can be (:mod:`._lent`); the rest is copied as before."""
+        for name, array in arrays.items():
+            if isinstance(array, DeviceTensor) and array.nbytes:  # (Triton refuses 0-byte bindings)
+                where = self.pool_table.own_slot(array)
+                if where is None:
+                    where = yield from self.lent_table.lend_steps(array)
+                if where is not None:
+                    claim.lend(name, where, array, writes=False)
+        for name, given in (plan.out or {}).items():
+            if not given.tensor.nbytes:
+                continue
+            where = yield from self.lent_table.lend_steps(given.tensor)
+            if where is not None:
+                claim.lend(name, where, given.tensor, writes=True)
+
+    def _fill_steps(self, info: ModelInfo, lease: Lease | None, arrays: Mapping[str, Any],
+                    bytes_sizes: Mapping[str, int], device: int | None, claim: Claim | None = None) -> Steps:
+        """Copy *arrays* into the leased slot (BYTES serialized straight in) but those the
+        *claim* lends; returns this thread's copy stream of the slot's (or *device*'s) GPU, None
+        without one.  No lease: everything is lent.
+
+        The copies run on that copy stream, after the event each captured input
+        carries; the server reads the slot only once they have landed (one wait,
+        never a device-wide sync).  Lent tensors are read (inputs) or written
+        (results the caller allocated) by the server in place: the same wait
+        covers the work the caller had queued on them when it called.
+        """
+        memory = None if lease is None else lease.extent.memory
+        stream = _devices.copy_stream(device) if memory is None else self._copy_stream(memory, device)
+        queued = False
+        waits = claim.waits if claim else []
+        try:
+            for spec in info.inputs:
+                if claim and spec.name in claim.inputs:
+                    continue
+                assert lease is not None and memory is not None, "an input not lent has room in a slot"
+                offset = lease.offset(spec.name)
+                array = arrays[spec.name]
+                if spec.is_bytes:
+                    _bytes.encode_into(array, memory.bytes_at(offset, bytes_sizes[spec.name]))
+                else:
+                    queued |= stream is not None and (memory.kind == "cuda" or isinstance(array, DeviceTensor))
+                    memory.write(offset, array, stream)
+            if queued:  # one wait for the copies and the lent tensors' events alike
+                for event in waits:
+                    stream.wait(event)
+                yield WaitForDevice(stream.record())
+            else:  # nothing copied: wait for the lent tensors' events themselves (no GPU work queued)
+                for event in waits:
+                    yield WaitForDevice(event)
+        except BaseException:
+            if queued:
+                stream.synchronize()  # nothing of ours may still land in the slot once it is back
+            raise
+        return stream
+
+    def infer_steps(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None, copy: bool,
+                    output_device: Any, slot_timeout: float | None, options: RequestOptions | None,
+                    out: Mapping[str, Any] | None) -> InferRun:
+        """An ``infer`` call's steps, for either client: by the quick path when the request was
+        seen before, else planned (and remembered for the quick path), one :class:`Steps` per
+        chunk of a large batch -- to be driven at once -- and how their results join."""
+        signature, quick = (None, None) if out is not None else \
+            self.engine.quick_plan(info, inputs, outputs, copy, output_device, slot_timeout, options)
+        if quick is not None:  # seen before: checked then, planned then
+            return InferRun([self.quick_steps(quick, inputs)])
+        plan = self.engine.plan(info, inputs, outputs, copy, output_device, slot_timeout, options, out=out)
+        if signature is not None:
+            self.engine.remember_quick(signature, plan)
+        if len(plan.chunks) == 1:
+            return InferRun([self.chunk_steps(plan, plan.chunks[0])])
+        rows = _intake.result_rows(info, plan.names, plan.chunks, plan.route.results)
+        return InferRun([self.chunk_steps(plan, chunk, into) for chunk, into in zip(plan.chunks, rows)],
+                        functools.partial(_intake.join_chunks, names=plan.names, placement=plan.route.results,
+                                          rows=rows[0]))
+
+    def quick_steps(self, quick: QuickPlan, arrays: Mapping[str, Any]) -> Steps:
+        """A request of a :class:`QuickPlan`: lease, copy in, send the slot's ready message,
+        copy out -- as straight-line code.  What is not the common case (no free slot, a pool
+        to make or grow, a server that forgot our regions, an output larger than its slot)
+        goes the full way (:meth:`chunk_steps`), which handles it."""
+        pool = self.pool_table.get(quick.key)
+        lease = None
+        if pool is not None and pool.layout.fits(quick.needs):
+            lease = pool.try_acquire(False)
+        if lease is None:
+            return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)]), arrays))
+        info, names = quick.plan.info, quick.plan.names
+        outputs: dict[str, Any] = {}
+        claim = Claim(self.claims, self.lent_table)  # its slot: kept out of the pool if given up on
+        claim.lease = lease
+        with self.engine.flight():
+            try:
+                self.engine.check_open()
+                memory = lease.extent.memory
+                shapes = {name: array.shape for name, array in arrays.items()}
+                slot = self._quick_slot(info, lease, shapes, names)
+                for name, view in slot.inputs:
+                    np.copyto(view, arrays[name])
+                # The request objects are bound again here if the slot served other shapes
+                # meanwhile; the gRPC message kept for these shapes is sent as it is.
+                inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, {},
+                                                                    prepare=True)
+                try:
+                    result = yield from self._send_claimed(
+                        Send(info.name, info.version, inputs, requested, None, message, claim), claim)
+                except OutputTooSmall:
+                    result = None  # the full way grows
+                if isinstance(result, RegionNotRegistered):
+                    result = None  # the full way registers again; the server ran nothing
+                if result is not None:
+                    if memory.closed:  # close() gave up waiting for us and closed it
+                        raise ClientClosed(f"the client was closed while this request on model "
+                                           f"{info.name!r} ran: its results are lost")
+                    for name, spec, view in slot.outputs:
+                        shape = _messages.output_shape(result, name)
+                        size = math.prod(shape) * spec.dtype.itemsize
+                        outputs[name] = view[:size].view(spec.dtype).reshape(shape).copy()
+            finally:
+                del lease
+                self._end_claim(claim)
+        if result is None:  # refused before it ran: the full way heals and runs it
+            return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)]), arrays))
+        if self.engine.has_disposals():
+            yield from self.engine.dispose_steps()
+        return outputs
+
+    def _quick_slot(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
+                    names: Sequence[str]) -> "_QuickSlot":
+        """The slot's views for these input shapes and outputs (made once per slot)."""
+        cache = lease.extent.requests.get(lease.index)
+        if cache is None:
+            cache = lease.extent.requests[lease.index] = {}
+        key = ("quick", tuple(shapes.items()), tuple(names))
+        slot = cache.get(key)
+        if slot is None:
+            _messages.make_room(cache)
+            memory, capacities = lease.extent.memory, lease.pool.layout.capacities
+            slot = cache[key] = _QuickSlot(
+                [(spec.name, memory.array_at(lease.offset(spec.name), spec.dtype, shapes[spec.name]))
+                 for spec in info.inputs],
+                [(name, info.output(name), memory.array_at(lease.offset(name), np.dtype(np.uint8),
+                                                           (capacities[name],)))
+                 for name in names])
+        return slot
+
+    def stream_steps(self, plan: Plan) -> Steps:
+        """One request on the client's inference stream: :class:`Emit` of each response's
+        outputs, in order, until the server's final response.
+
+        Inputs travel in a slot, held until the server is done with the
+        request -- its final response, or the stream's end -- whether or not
+        the caller reads every response (a caller that stops early leaves the
+        rest to be dropped, and the slot comes back at the end).  Outputs
+        travel in the responses, never in the slot: Triton writes every
+        response of one request into the same output region and waits for
+        no reader, so a later response would overwrite one not yet read.
+        A server that forgot our regions (it restarted) gets them again and
+        the request once more, if it had not answered yet.
+        """
+        info, names, route = plan.info, plan.names, plan.route
+        (arrays,) = plan.chunks
+        wait = None if plan.options is None else plan.options.client_timeout
+        for attempt in range(2):
+            entry, pool = yield from self._stream_send_steps(plan, arrays)
+            answered = False
+            while True:
+                response = yield NextResponse(entry, wait)
+                if response.error is not None:
+                    if isinstance(response.error, RegionNotRegistered) and pool is not None \
+                            and not answered and attempt == 0:
+                        yield from self._register_again_steps(pool)
+                        break
+                    raise response.error
+                if response.result is not None:
+                    answered = True
+                    yield Emit(_messages.wire_results(info, response.result, names, route.results))
+                if response.final:
+                    return
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def stream_send_steps(self, plan: Plan, stream: Any, requested: list | None) -> Steps:
+        """Send *plan*'s one request on *stream*, a stream of the caller's (tritonshm.grpc's
+        facade, which hands each response to its user's callback), its inputs in a slot (or
+        lent) as :meth:`stream_steps` sends them, its outputs asked for as *requested* says
+        (tritonclient's request objects, sent as they are; None: every output): outcome its
+        :class:`~._stream.Streamed` entry.  The slot comes back when the server is done
+        with the request, as for :meth:`stream_steps`."""
+        entry, _ = yield from self._stream_send_steps(plan, plan.chunks[0], stream, requested)
+        return entry
+
+    def _stream_send_steps(self, plan: Plan, arrays: Mapping[str, Any], stream: Any = None,
+                           requested: Any = _NAMES) -> Steps:
+        """Lease a slot, fill it and send the request on the stream (the client's own, or
+        *stream*): ``(entry, pool)`` (pool None on the wire).  Its :class:`~._claim.Claim`
+        (slot, lent inputs) ends when the server is done with the request: its final
+        response -- or, the stream ended first, once the server lets go of what it may
+        still read.  The outputs asked for are the plan's names, or *requested* as it is."""
+        info = plan.info
+        shapes = {name: array.shape for name, array in arrays.items()}
+        bytes_sizes = _intake.bytes_sizes(info, arrays)
+        claim = Claim(self.claims, self.lent_table)
+        with self.engine.flight():
+            try:
+                yield from self._wait_for_clashes(plan, arrays, claim)
+                if plan.route.lent and not self.fallback.wire:
+                    yield from self._lend_steps(plan, arrays, claim)
+                needs = {name: size for name, size in self.pool_table.needs(info, shapes, bytes_sizes).items()
+                         if name not in claim.inputs}  # lent inputs take no room in a slot
+                lease = None if self.fallback.wire or not needs else (
+                    yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, False, plan.route.memory))
+                claim.lease = lease
+                if self.fallback.wire or lease is None and not claim:
+                    inputs = _messages.wire_request(self.wire, info, arrays, [])[0]
+                else:
+                    yield from self._fill_steps(info, lease, arrays, bytes_sizes, plan.route.device, claim)
+                    inputs = _messages.slot_request(self.wire, info, lease, shapes, (), bytes_sizes, lent=claim)[0]
+                outputs = ([self.wire.requested_output(name) for name in plan.names] if requested is _NAMES
+                           else requested)
+                # (the driver marks the claim unanswered as it sends, until the final response)
+                entry = yield StreamSend(info.name, info.version, inputs, outputs, plan.options, claim, stream)
+            except GeneratorExit:  # whether the request went out is unknown: the claim waits for the server
+                self._end_claim(claim)
+                raise
+            except BaseException:
+                claim.unanswered = False  # not sent: the stream refused it
+                self._end_claim(claim)
+                raise
+        self.lent_table.count(len(claim.inputs))
+        pool = None if claim.lease is None else claim.lease.pool
+        entry.when_final(functools.partial(self._stream_request_done, claim))
+        return entry, pool
+
+    def _stream_request_done(self, claim: Claim, answered: bool) -> None:
+        """A streamed request's final response came (*answered*), or its stream ended first
+        (the server may still run it): its claim ends."""
+        claim.unanswered = not answered
+        self._end_claim(claim)
+
+    def _register_again_steps(self, pool: SlotPool | None) -> Steps:
+        """Register every extent of *pool*, and every lent allocation, again under its name
+        (the server restarted and forgot them all)."""
+        return register_again_steps([*(pool.extents if pool is not None else ()), *self.lent_table.extents()])
+
+    def slot_steps(self, info: ModelInfo, lease: Lease | None, shapes: Mapping[str, tuple[int, ...]],
+                   names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
+                   results: Placement, rows: _intake.Rows | None = None, stream: Any = None,
+                   ready: Any = None, options: RequestOptions | None = None, claim: Claim | None = None,
+                   out: Mapping[str, OutTensor] | None = None) -> Steps:
+        """Steps of running the inputs already in a slot (after the event *ready*, when given);
+        outputs (checked *names*) land there too, and are delivered where *results* says,
+        copied on *stream* (this thread's copy stream of the slot's or the results' GPU) and
+        landed before they are returned.  Tensors the *claim* lends are named where they are
+        instead of in the slot (no lease: all of them); results the caller allocated (*out*)
+        are returned, filled.  The claim knows whether the server answered."""
+        with self.engine.flight():
+            if ready is not None:
+                yield WaitForDevice(ready)
+            inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, bytes_sizes,
+                                                                prepare=options is None, lent=claim)
+            send = Send(info.name, info.version, inputs, requested, options, message, claim)
+            result = yield from self._send_claimed(send, claim)
+            if isinstance(result, RegionNotRegistered):
+                # The server restarted and forgot our regions: register every extent of the
+                # pool (and every lent allocation) again under its name, then retry once.
+                yield from self._register_again_steps(None if lease is None else lease.pool)
+                result = yield from self._send_claimed(send, claim, again=True)
+            if lease is not None and lease.extent.memory.closed:  # close() gave up waiting for us and closed it
+                raise ClientClosed(f"the client was closed while this request on model {info.name!r} "
+                                   f"ran: its results are lost")
+            if stream is None:
+                stream = self._copy_stream(lease.extent.memory, results.device) if lease is not None \
+                    else _devices.copy_stream(results.device)
+            try:
+                outputs, queued = _messages.collect(info, lease, result, names, copy, results, rows, stream,
+                                                    claim, out)
+                if queued:
+                    yield WaitForDevice(stream.record())
+            except BaseException:
+                # The slot goes back, and results already made are dropped (a caching allocator
+                # hands their blocks out again at once): no copy out of the one into the other
+                # may still be queued.
+                if stream is not None:
+                    stream.synchronize()
+                raise
+            return outputs
+
+    @staticmethod
+    def _send_claimed(send: Send, claim: Claim | None, again: bool = False) -> Steps:
+        """Send *send*; the result -- or, the first time, a :class:`RegionNotRegistered` to
+        heal -- with *claim* unanswered from the driver's sending (it marks it) until the
+        server's answer (a result, or an error the server sent; not a timeout, a cancellation or
+        a lost connection, after which it may still run the request: see :mod:`._claim`)."""
+        try:
+            result = yield send
+        except RegionNotRegistered as exc:
+            if claim is not None:
+                claim.unanswered = False  # refused before it ran
+            if again:
+                raise
+            return exc
+        except ServerError as exc:
+            if claim is not None and server_answered(exc):
+                claim.unanswered = False  # the server's own answer
+            raise
+        if claim is not None:
+            claim.unanswered = False
+        return result
+
+    @staticmethod
+    def _copy_stream(memory: SlotMemory, device: int | None) -> Any:
+        """This thread's copy stream of the GPU of *memory*, else of *device*; None: no GPU."""
+        return _devices.copy_stream(memory.device if memory.device is not None else device)
+
+    def request_steps(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
+                      timeout: float | None, kind: SlotKind = SYSTEM) -> Steps:
+        """A leased slot of *kind* for a zero-copy request (never a fallback: its views
+        must be where they were asked for)."""
+        lease = yield from self.pool_table.lease_steps(info, self.pool_table.needs(info, shapes, {}), timeout, True, kind,
+                                             strict=kind != SYSTEM)
+        if lease is None:
+            raise SharedMemoryRefused("request() needs shared memory, but the server cannot open ours")
+        return lease
