@@ -467,7 +467,8 @@ class SlotPool:
                 self._wake()  # a waiter must start looking at it
                 return
             self._free.append((extent, index))
-            self._collect_surplus()
+            if len(self._extents) > 1:  # only extents beyond the first are ever surplus
+                self._collect_surplus()
             self._wake()
 
     def _look_at_watched(self) -> None:
