@@ -579,6 +579,34 @@ def test_zero_copy_requests_and_chunked_batches(fake_triton):
     assert_nothing_registered(fake)
 
 
+def test_a_slot_comes_back_when_its_last_view_goes_and_leaves_nothing_behind(fake_triton):
+    """A zero-copy request's slot is back in its pool as soon as the request and every view of it
+    are gone -- on whichever thread drops the last one -- and the pool's table of leases lets go
+    of it then, also for a view kept past the client's close()."""
+    from tritonshm.client import _pool
+
+    fake = fake_triton
+    before = len(_pool._leased)
+    with fake.client(max_pool_bytes=1 << 20) as c:
+        with c.request("batched_add", 3) as req:
+            req.inputs["INPUT0"][...] = 1
+            out = req.run()["OUTPUT0"]
+        pool = live_pool(c, "batched_add")
+        assert (pool.running, pool.held, len(_pool._leased)) == (0, 1, before + 1)
+        views = [out]
+        del out
+        dropper = threading.Thread(target=views.clear)  # the last view goes on another thread
+        dropper.start()
+        dropper.join()
+        assert (pool.running, pool.held, len(_pool._leased)) == (0, 0, before)
+        with c.request("batched_add", 3) as req:
+            kept = req.run()["OUTPUT0"]
+    assert len(_pool._leased) == before + 1
+    del kept
+    assert len(_pool._leased) == before
+    assert_nothing_registered(fake)
+
+
 def test_an_output_larger_than_guessed_grows_the_pool(fake_triton):
     """The server says the bound output room is too small (OutputTooSmall with the size): the
     request runs again on a slot of a larger pool, which replaces the old one within the cap."""

@@ -93,7 +93,6 @@ from ._harness import (
     DEFAULT_SIZES,
     DEFAULT_WARMUP,
     FORMAT,
-    Unavailable,
     WrongOutput,
     check_arguments,
     run,
@@ -110,7 +109,7 @@ from ._concurrency import (
     run_concurrency,
 )
 from ..errors import InvalidOption
-from ._methods import AGAINST_LIMIT, LIMITS, METHODS, MODELS, Method
+from ._methods import AGAINST_LIMIT, LIMITS, METHODS, MODELS, Method, Unavailable
 from ._report import format_table, matplotlib_missing, write_json, write_plot
 from ._stream import (
     DEFAULT_RESPONSES,

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..demo import _size
 from ..errors import Error
-from ._methods import AGAINST_LIMIT, LIMIT_PARTS, LIMITS, METHODS, MODELS, PEERS, Method, Setting
+from ._methods import AGAINST_LIMIT, LIMIT_PARTS, LIMITS, METHODS, MODELS, PEERS, Method, Setting, Unavailable
 from ._where import resolve, server_version
 
 #: Identifies the layout of the results (and of ``--json``'s file).  /2: the HTTP floor and limit
@@ -77,11 +77,6 @@ def summarize(samples: Sequence[float]) -> dict[str, Any]:
         "iqr_s": float(p75 - p25),
         "min_s": float(a.min()), "max_s": float(a.max()),
     }
-
-
-class Unavailable(Error):
-    """Raised by a method's ``open()`` when something it needs is not there (an API of this
-    tritonshm, a library): the method is left out of the run, with the message as its status."""
 
 
 def _round(methods: list[Method], x: Any, index: int, *, check: Callable[[Method, Any, Any], str | None] | None,

@@ -6,7 +6,7 @@ the per-request work -- the part that is timed -- and returns the output as
 an array, :meth:`Method.close` undoes ``open``.  :meth:`Method.stage` runs
 untimed before every call and is empty except for the floor, whose inputs
 are by definition already in place.  An ``open`` that finds something it
-needs missing raises :class:`~tritonshm.bench._harness.Unavailable`: the
+needs missing raises :class:`Unavailable`: the
 method is then left out of the run with that message.
 
 The harness instantiates every method afresh for each size, so one size's
@@ -25,6 +25,7 @@ import numpy as np
 
 from .._transport import GRPC, HTTP, Transport
 from ..demo import _page_round
+from ..errors import Error
 
 #: Input and output names of the bundled identity models.
 INPUT, OUTPUT = "INPUT0", "OUTPUT0"
@@ -38,6 +39,11 @@ MODELS = {
     "fp32": ("identity_fp32", "FP32", np.dtype(np.float32)),
     "uint8": ("identity_uint8", "UINT8", np.dtype(np.uint8)),
 }
+
+
+class Unavailable(Error):
+    """Raised by a method's ``open()`` when something it needs is not there (an API of this
+    tritonshm, a library): the method is left out of the run, with the message as its status."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,18 +62,14 @@ class Setting:
         return self.count * self.dtype.itemsize
 
     def require_grpc(self) -> str:
-        """The gRPC host:port; :class:`~tritonshm.bench._harness.Unavailable` when none was given."""
+        """The gRPC host:port; :class:`Unavailable` when none was given."""
         if self.url is None:
-            from ._harness import Unavailable
-
             raise Unavailable(NO_GRPC)
         return self.url
 
     def require_http(self) -> str:
-        """The HTTP host:port; :class:`~tritonshm.bench._harness.Unavailable` when none was given."""
+        """The HTTP host:port; :class:`Unavailable` when none was given."""
         if self.http_url is None:
-            from ._harness import Unavailable
-
             raise Unavailable(NO_HTTP)
         return self.http_url
 

@@ -18,7 +18,7 @@ once -- so it can grow without moving what is already handed out:
 * extents beyond the first that fall idle are handed back for disposal.
 
 The pool does no I/O: registering and unregistering extents is done by
-whoever drives a request (:mod:`._engine`), never from the finalizer that
+whoever drives a request (:mod:`._engine`), never from the callback that
 returns a slot, which may run on any thread.
 """
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import mmap
+import sys
 import threading
 import time
 import weakref
@@ -54,6 +55,24 @@ def _idle(probe: Any) -> bool:
     named its stream (a DLPack consumer) done with it -- a consumer's deleter runs when its tensor
     dies, not when its kernels reading the slot have finished."""
     return probe.holders <= 1 and not probe.readers_pending()
+
+
+#: The slots leased with a handle (``try_acquire(hold=True)``), by the id of the weak reference
+#: that watches the handle: ``(that reference, pool, extent, index, probe)``; the slot goes back to
+#: its pool when the handle dies.  One plain weak reference does what ``weakref.finalize`` did
+#: here at a fraction of its cost (finalize keeps a registry of its own and atexit state: ~9 us of
+#: a lease's CPU, cold).  Like finalize's registry, the table keeps the pool until the slot is back.
+_leased: dict[int, tuple[Any, ...]] = {}
+
+
+def _handle_gone(ref: Any, _pop: Callable[..., Any] = _leased.pop,
+                 _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+    """A lease's handle died (its last view went; on any thread): its slot goes back to its pool.
+    Not while the interpreter shuts down, as finalize's callbacks made with ``atexit=False``."""
+    entry = _pop(id(ref), None)
+    if entry is not None and not _finalizing():
+        _, pool, extent, index, probe = entry
+        pool._release(extent, index, probe)
 
 
 def _round_up(value: int, to: int) -> int:
@@ -226,7 +245,11 @@ class SlotPool:
         self.slots_per_extent = slots
         self.budget = budget
         self._make_memory = make_memory
-        self._cond = threading.Condition(threading.RLock())  # finalizers may run under it
+        # One re-entrant lock (slot releases may run under it: a view dropped inside it); sections
+        # that only read or update take it straight (a C call), wait() and the wake-ups go through
+        # the condition over it.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._extents: list[Extent] = []
         self._free: collections.deque[tuple[Extent, int]] = collections.deque()
         self._watched: list[tuple[Extent, int, Any]] = []  # held natively: (extent, index, probe)
@@ -264,14 +287,14 @@ class SlotPool:
     @property
     def held(self) -> int:
         """Slots out of the pool whose request is over but whose views live on."""
-        with self._cond:
+        with self._lock:
             self._look_at_watched()
             return self.nslots - len(self._free) - self._running
 
     @property
     def extents(self) -> list[Extent]:
         """The registered extents (a copy)."""
-        with self._cond:
+        with self._lock:
             return list(self._extents)
 
     # -- growing ----------------------------------------------------------
@@ -292,7 +315,7 @@ class SlotPool:
     def add_extent(self, extent: Extent) -> bool:
         """Put a registered extent into service; False (and nothing done) if the pool
         was closed meanwhile: the caller unregisters and closes the extent then."""
-        with self._cond:
+        with self._lock:
             if self.closed:
                 return False
             self._extents.append(extent)
@@ -303,7 +326,7 @@ class SlotPool:
     def should_grow(self) -> bool:
         """True when no slot is free, some are only held by views, and one
         more extent fits in the client's budget: grow instead of waiting."""
-        with self._cond:
+        with self._lock:
             self._look_at_watched()  # first: a slot it frees is no reason to grow
             return (not self._free and not self.retired and not self._growing and self.held > 0
                     and self.budget.fits(self.extent_bytes))
@@ -311,12 +334,12 @@ class SlotPool:
     def claim_first_extent(self) -> None:
         """The pool's creator will add its first extent: until then (:meth:`stop_growing`)
         nobody else grows it, and requests wait for its slots."""
-        with self._cond:
+        with self._lock:
             self._growing = True
 
     def start_growing(self) -> bool:
         """Claim the right to add an extent (one request grows at a time); False if not due."""
-        with self._cond:
+        with self._lock:
             if not self.should_grow():
                 return False
             self._growing = True
@@ -324,7 +347,7 @@ class SlotPool:
 
     def stop_growing(self) -> None:
         """The claimed growth is over (its extent added, or it failed)."""
-        with self._cond:
+        with self._lock:
             self._growing = False
             self._wake()
 
@@ -337,7 +360,7 @@ class SlotPool:
         returns when they are all gone); without, the caller hands the slot
         back with :meth:`finished_and_back` (a request that copies its results out).
         """
-        with self._cond:
+        with self._lock:
             if not self._free:
                 self._look_at_watched()
             if not self._free or self.retired:
@@ -350,12 +373,12 @@ class SlotPool:
         try:
             if hold:
                 handle = memory.lease(base, self.layout.slot_bytes)
-                finalizer = weakref.finalize(handle, self._release, extent, index, memory.probe(handle))
-                finalizer.atexit = False
+                ref = weakref.ref(handle, _handle_gone)
+                _leased[id(ref)] = (ref, self, extent, index, memory.probe(handle))
             elif memory.kind == "cuda":
                 keep = memory.lease(base, self.layout.slot_bytes)
         except BaseException:
-            with self._cond:  # no lease came of it: the slot is free again
+            with self._lock:  # no lease came of it: the slot is free again
                 self._running -= 1
                 if not extent.closed:
                     self._free.append((extent, index))
@@ -374,7 +397,7 @@ class SlotPool:
         """:meth:`finished`, and the slot of a lease taken without *hold* back in the pool."""
         assert lease.handle is None, "a held lease returns when its views are gone"
         lease.keep = None
-        with self._cond:
+        with self._lock:
             self._running -= 1
             self._release(lease.extent, lease.index)
 
@@ -401,17 +424,17 @@ class SlotPool:
 
     def add_waiter(self, wake: Callable[[], None]) -> None:
         """Call *wake* (from any thread) when a slot comes back or the pool is retired."""
-        with self._cond:
+        with self._lock:
             self._waiters.add(wake)
 
     def remove_waiter(self, wake: Callable[[], None]) -> None:
         """Stop calling *wake*."""
-        with self._cond:
+        with self._lock:
             self._waiters.discard(wake)
 
     def exhausted(self, timeout: float | None) -> PoolExhausted:
         """The error for a request that waited *timeout* seconds for a slot."""
-        with self._cond:
+        with self._lock:
             running, held = self._running, self.held
         if held and not self.budget.fits(self.extent_bytes):
             why = (f"the client is at its byte cap ({self.budget.used} of max_pool_bytes="
@@ -428,7 +451,7 @@ class SlotPool:
 
     def finished(self) -> None:
         """A leased slot's request is over (its views may still hold it)."""
-        with self._cond:
+        with self._lock:
             self._running -= 1
             self._wake()  # a held slot may now make growing worthwhile
 
@@ -436,7 +459,7 @@ class SlotPool:
         # Runs when the lease handle dies: on any thread, possibly inside
         # another pool's lock; so no I/O here, only bookkeeping.  With a
         # probe, views the handle does not know of may still hold the slot.
-        with self._cond:
+        with self._lock:
             if extent.closed:
                 return
             if probe is not None and not _idle(probe):
@@ -444,7 +467,8 @@ class SlotPool:
                 self._wake()  # a waiter must start looking at it
                 return
             self._free.append((extent, index))
-            self._collect_surplus()
+            if len(self._extents) > 1:  # only extents beyond the first are ever surplus
+                self._collect_surplus()
             self._wake()
 
     def _look_at_watched(self) -> None:
@@ -480,8 +504,9 @@ class SlotPool:
     def _wake(self) -> None:
         if self._sleepers:
             self._cond.notify_all()
-        for wake in list(self._waiters):
-            wake()
+        if self._waiters:
+            for wake in list(self._waiters):
+                wake()
 
     # -- ending -----------------------------------------------------------
 
@@ -492,7 +517,7 @@ class SlotPool:
 
     def take_disposals(self) -> list[Extent]:
         """Extents to unregister and close now: idle surplus, or all of a drained retired pool."""
-        with self._cond:
+        with self._lock:
             out, self._surplus = self._surplus, []
             self._look_at_watched()
             if self.retired and not self.closed and len(self._free) == self.nslots:
@@ -506,13 +531,13 @@ class SlotPool:
 
     def retire(self) -> None:
         """Stop leasing from this pool; it is disposed of once every slot is back."""
-        with self._cond:
+        with self._lock:
             self.retired = True
             self._wake()  # waiters move on to the new pool
 
     def close(self) -> list[Extent]:
         """Close the pool now (the client is closing): every extent, to unregister; idempotent."""
-        with self._cond:
+        with self._lock:
             if self.closed:
                 out, self._surplus = self._surplus, []
             else:
@@ -528,7 +553,7 @@ class SlotPool:
 
     def snapshot(self, memory: str) -> PoolInfo:
         """A snapshot of this pool (*memory*: what the engine keys it by)."""
-        with self._cond:
+        with self._lock:
             return PoolInfo(self.info.name, self.info.version, memory, self.nslots,
                             self._running, self.held, self.layout.slot_bytes, self.nbytes,
                             tuple(e.name for e in self._extents if e.name is not None))

@@ -153,7 +153,7 @@ class SlotMemory(RegisteredMemory, abc.ABC):
     def lease(self, offset: int, nbytes: int) -> Any:
         """A handle on ``[offset, offset + nbytes)`` whose lifetime holds the slot.
 
-        The pool attaches a finalizer to it; views made through
+        The pool watches it with a weak reference; views made through
         :meth:`view` keep it alive.
         """
 
@@ -227,8 +227,10 @@ class SystemSlotMemory(SlotMemory):
 
     def view(self, handle: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         # The window's own ndarray() checks its arguments as public API must; these come from
-        # the slot's layout, and numpy still refuses a view past the window's end.
-        return np.frombuffer(handle, dtype, math.prod(shape), offset).reshape(shape)
+        # the slot's layout, and numpy still refuses a view past the window's end.  A 1-D view
+        # is frombuffer's own (reshaping it would only make another view object).
+        flat = np.frombuffer(handle, dtype, math.prod(shape), offset)
+        return flat if len(shape) == 1 else flat.reshape(shape)
 
     def bytes_at(self, offset: int, nbytes: int) -> memoryview:
         return self._bytes[offset:offset + nbytes].data
