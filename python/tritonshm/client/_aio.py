@@ -334,7 +334,8 @@ class Client(ClientFace):
         info = await self.model_info(model, version)
         full = engine.request_shapes(info, batch_size, shapes)
         kind = engine.routing.request_memory(info, device)
-        lease = await self._driver.drive(self._runner.request_steps(info, full, engine.slot_wait(slot_timeout), kind))
+        lease = self._runner.lease_now(info, full, kind) or \
+            await self._driver.drive(self._runner.request_steps(info, full, engine.slot_wait(slot_timeout), kind))
         return Request(SlotRequest(self._runner, info, lease, full), self._driver)
 
     async def close(self) -> None:

@@ -23,7 +23,7 @@ from ._disposal import Disposals
 from ._fallback import Fallback, Next
 from ._lent import Lent
 from ._model import ModelInfo
-from ._pool import ByteBudget, Layout, PoolInfo, SlotPool
+from ._pool import ByteBudget, Layout, Lease, PoolInfo, SlotPool
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
 from ._steps import Pause, Register, Steps, WaitForSlot
 
@@ -253,16 +253,22 @@ class PoolTable:
             yield Pause(_BUDGET_POLL)
 
 
+    def lease_now(self, info: ModelInfo, needs: Mapping[str, int], kind: SlotKind, hold: bool) -> Lease | None:
+        """The usual case of :meth:`lease_steps`, with no steps at all: a free slot of the pool
+        in service that fits *needs*; None when there is none (then take the steps)."""
+        pool = self._pools.get((info.name, info.version, kind))
+        if pool is not None and pool.layout.fits(needs):
+            return pool.try_acquire(hold)
+        return None
+
     def lease_steps(self, info: ModelInfo, needs: Mapping[str, int], timeout: float | None,
                      hold: bool, kind: SlotKind = SYSTEM, strict: bool = False) -> Steps:
         """A leased slot of *kind* that fits *needs* (None for the wire),
         growing the pool instead of waiting when the busy slots are only held by
         views.  *hold*: see :meth:`SlotPool.try_acquire`; *strict*: no fallback."""
-        pool = self._pools.get((info.name, info.version, kind))
-        if pool is not None and pool.layout.fits(needs):  # the usual case, without more steps
-            lease = pool.try_acquire(hold)
-            if lease is not None:
-                return lease
+        lease = self.lease_now(info, needs, kind, hold)
+        if lease is not None:
+            return lease
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             pool = yield from self.pool_steps(info, needs, kind, strict, deadline)

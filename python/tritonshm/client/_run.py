@@ -484,12 +484,17 @@ class Runner:
         """This thread's copy stream of the GPU of *memory*, else of *device*; None: no GPU."""
         return _devices.copy_stream(memory.device if memory.device is not None else device)
 
+    def lease_now(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]], kind: SlotKind) -> Lease | None:
+        """A zero-copy request's slot when one is free in the pool that fits it (the usual case,
+        with no steps: nothing to drive); None: take :meth:`request_steps`."""
+        return self.pool_table.lease_now(info, self.pool_table.needs(info, shapes, {}), kind, True)
+
     def request_steps(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],
                       timeout: float | None, kind: SlotKind = SYSTEM) -> Steps:
         """A leased slot of *kind* for a zero-copy request (never a fallback: its views
         must be where they were asked for)."""
-        lease = yield from self.pool_table.lease_steps(info, self.pool_table.needs(info, shapes, {}), timeout, True, kind,
-                                             strict=kind != SYSTEM)
+        lease = yield from self.pool_table.lease_steps(info, self.pool_table.needs(info, shapes, {}), timeout, True,
+                                                       kind, strict=kind != SYSTEM)
         if lease is None:
             raise SharedMemoryRefused("request() needs shared memory, but the server cannot open ours")
         return lease
