@@ -196,10 +196,12 @@ def with_grpc_stub(client: Any, stub: Any) -> Any:
 
 def grpc_metadata(client: Any, headers: Any) -> Any:
     """The gRPC metadata a tritonclient gRPC client sends with *headers* (and its own)."""
-    aio = type(client).__module__.startswith("tritonclient.grpc.aio")
-    if not usable("tritonclient.grpc.aio" if aio else "tritonclient.grpc", "InferenceServerClient._get_metadata"):
+    get_metadata = getattr(client, "_get_metadata", None)  # (every request: no more than a lookup)
+    if get_metadata is None:
+        aio = type(client).__module__.startswith("tritonclient.grpc.aio")
+        usable("tritonclient.grpc.aio" if aio else "tritonclient.grpc", "InferenceServerClient._get_metadata")  # warns
         return tuple((str(key).lower(), value) for key, value in (headers or {}).items()) or None
-    return client._get_metadata(headers)
+    return get_metadata(headers)
 
 
 @functools.cache
