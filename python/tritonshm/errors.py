@@ -386,13 +386,15 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> ServerError:
+def translate_error(exc: BaseException, doing: str, *, cuda: bool = False, address: str | None = None) -> ServerError:
     """Turn a tritonclient failure (or our HTTP wire's) into the :class:`ServerError` that says
     what to do: ``"<doing>: <hint>. Server said: <message>[; <a guess at the cause>]"``, with the
     server's ``status()`` and ``debug_details()`` carried over.
 
     *cuda* marks a CUDA registration, whose refusals the server reports as a generic
-    "invalid args".  A tritonshm error is returned as it is.
+    "invalid args".  *address* is where the client looked (its URL), named in the hint where
+    the failure's own message does not say it (a refused HTTP connection: "[Errno 111]").
+    A tritonshm error is returned as it is.
     """
     if isinstance(exc, ServerError):
         return exc
@@ -421,5 +423,7 @@ def translate_error(exc: BaseException, doing: str, *, cuda: bool = False) -> Se
     groups = match.groupdict() if match is not None else {}
     fields = rule.fields(match) if rule.fields is not None and match is not None else {}
     more = rule.more(message) if rule.more is not None else ""
+    if address is not None:
+        more = more.replace(no_server_hint(None), no_server_hint(address))
     return rule.cls(f"{doing}: {rule.hint.format(**groups)}. Server said: {message}{more}",
                     status=status, debug_details=details, **fields)

@@ -65,10 +65,11 @@ def registered_name(region: Any) -> str | None:
 
 
 def call_translated(client: Any, doing: str, method: str, *args: Any, on_success: Callable[[Any], Any] | None = None,
-                    cuda: bool = False, **kwargs: Any) -> Any:
+                    cuda: bool = False, address: str | None = None, **kwargs: Any) -> Any:
     """Call ``client.<method>(*args, **kwargs)``, turning tritonclient's
     failures into :class:`ServerError` subclasses that say what to do
-    (*doing* opens the message); for aio clients return an awaitable that
+    (*doing* opens the message; *address*, where known, is named when the
+    server cannot be reached); for aio clients return an awaitable that
     does the same.  Used by this module and by the clients."""
 
     def finish(result: Any) -> Any:
@@ -79,7 +80,7 @@ def call_translated(client: Any, doing: str, method: str, *args: Any, on_success
     except ServerError:
         raise
     except Exception as exc:  # tritonclient raises its own type, or socket errors for HTTP
-        raise translate_error(exc, doing, cuda=cuda) from exc
+        raise translate_error(exc, doing, cuda=cuda, address=address) from exc
     if not inspect.isawaitable(outcome):
         return finish(outcome)
 
@@ -87,7 +88,7 @@ def call_translated(client: Any, doing: str, method: str, *args: Any, on_success
         try:
             result = await outcome
         except Exception as exc:
-            raise translate_error(exc, doing, cuda=cuda) from exc
+            raise translate_error(exc, doing, cuda=cuda, address=address) from exc
         return finish(result)
 
     return awaited()

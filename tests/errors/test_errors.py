@@ -141,3 +141,17 @@ def test_a_closed_port_is_server_unavailable_on_every_client_naming_where_and_wh
         asyncio.run(main())
     if scheme == "http://":
         assert f"127.0.0.1:{port}" in str(caught.value)  # where it looked
+
+
+def test_an_unreachable_server_is_named_by_the_address_the_client_used_when_its_error_does_not_say():
+    """A refused HTTP connection says only "[Errno 111] Connection refused": the hint names where
+    the client looked; a message that names its address keeps that one."""
+    from tritonshm.errors import ServerUnavailable, translate_error
+
+    refused = translate_error(ConnectionRefusedError(111, "Connection refused"), "reading metadata of model 'm'",
+                              address="http://localhost:1")
+    assert isinstance(refused, ServerUnavailable)
+    assert "is a Triton server running at http://localhost:1?" in str(refused)
+    named = translate_error(Exception("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:9: "
+                                      "Failed to connect to remote host: Connection refused"), "x", address="elsewhere:1")
+    assert "running at 127.0.0.1:9?" in str(named)

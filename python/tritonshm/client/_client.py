@@ -66,6 +66,7 @@ class BlockingDriver:
     def __init__(self, engine: Engine, connector: Connector):
         self.connector = connector
         self._wire = engine.wire
+        self._url = engine.url  # where the client looks, as the caller gave it
         endpoint = engine.endpoint
         # Plain HTTP: inference requests go on this thread's socket, not through
         # tritonclient's I/O thread (None: through tritonclient).
@@ -157,13 +158,14 @@ class BlockingDriver:
             **options))
 
     def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
-        wire, doing = self._wire, f"reading metadata of model {step.model!r}"
+        # (the first call a client makes: where it looked is named if nothing answers there)
+        wire, doing, url = self._wire, f"reading metadata of model {step.model!r}", self._url
 
         def fetch(tc: Any) -> tuple[Any, Any]:
             metadata = triton.call_translated(tc, doing, "get_model_metadata", step.model, step.version,
-                                              **wire.json)
+                                              address=url, **wire.json)
             config = triton.call_translated(tc, doing, "get_model_config", step.model, step.version,
-                                            **wire.json)
+                                            address=url, **wire.json)
             return metadata, wire.model_config(config)
 
         return self.connector.call(fetch)
@@ -171,7 +173,8 @@ class BlockingDriver:
     def _fetch_model_names(self, step: FetchModelNames) -> list[str]:
         wire = self._wire
         return self.connector.call(lambda tc: wire.model_names(triton.call_translated(
-            tc, "reading the server's model repository index", "get_model_repository_index", **wire.json)))
+            tc, "reading the server's model repository index", "get_model_repository_index", address=self._url,
+            **wire.json)))
 
     def _register(self, step: Register) -> str:
         if step.name is None:
