@@ -303,12 +303,13 @@ class ServerErrorRule(NamedTuple):
     hint: str                    #: what to do; ``{name}`` takes the pattern's named groups
     status: "_re.Pattern[str] | None" = None  #: or searched in the server's status instead
     fields: Callable[["_re.Match[str]"], dict[str, Any]] | None = None  #: extra constructor arguments
-    more: Callable[[str], str] | None = None  #: a guess at the cause, read from the message: said last
+    #: a guess at the cause, read from the message (and where the client looked, if known): said last
+    more: Callable[[str, str | None], str] | None = None
 
 
 def _rule(pattern: str, cls: type[ServerError], hint: str, status: str | None = None,
           fields: Callable[["_re.Match[str]"], dict[str, Any]] | None = None,
-          more: Callable[[str], str] | None = None) -> ServerErrorRule:
+          more: Callable[[str, str | None], str] | None = None) -> ServerErrorRule:
     return ServerErrorRule(_re.compile(pattern, _re.IGNORECASE), cls, hint,
                            None if status is None else _re.compile(status, _re.IGNORECASE), fields, more)
 
@@ -328,10 +329,10 @@ _UNREACHABLE = ("failed to connect|connection refused|socket closed|expected htt
 _ADDRESS_SAID = _re.compile(r"(?:ipv[46]:|connect to host )(?P<address>\[[^\]]*\]:\d+|[^\s:\[]+:\d+)", _re.I)
 
 
-def _wrong_port_hint(message: str) -> str:
+def _wrong_port_hint(message: str, address: str | None = None) -> str:
     """A hint for the usual cause of *message*, a connection failure: one protocol's client given
-    the server's port of the other, else no server there (with the address, where the message
-    names it)."""
+    the server's port of the other, else no server there (at the address the message names, else
+    at *address*, where the client looked)."""
     grpc_at_http = _GRPC_ADDRESS.search(message)
     if grpc_at_http is not None:
         address = grpc_at_http["address"]
@@ -341,7 +342,7 @@ def _wrong_port_hint(message: str) -> str:
         return ("; the address does not answer HTTP/1.1: is it the server's gRPC port? For gRPC, give the "
                 "address as host:port, without http://")
     said = _ADDRESS_SAID.search(message)
-    return no_server_hint(said["address"] if said is not None else None)
+    return no_server_hint(said["address"] if said is not None else address)
 
 
 def no_server_hint(address: str | None) -> str:
@@ -422,8 +423,6 @@ def translate_error(exc: BaseException, doing: str, *, cuda: bool = False, addre
             return ServerError(f"{doing}: {message}", status=status, debug_details=details)
     groups = match.groupdict() if match is not None else {}
     fields = rule.fields(match) if rule.fields is not None and match is not None else {}
-    more = rule.more(message) if rule.more is not None else ""
-    if address is not None:
-        more = more.replace(no_server_hint(None), no_server_hint(address))
+    more = rule.more(message, address) if rule.more is not None else ""
     return rule.cls(f"{doing}: {rule.hint.format(**groups)}. Server said: {message}{more}",
                     status=status, debug_details=details, **fields)

@@ -11,6 +11,7 @@ import inspect
 from importlib.metadata import version
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
@@ -23,6 +24,19 @@ TRITONCLIENT = version("tritonclient")
 PACKAGE = Path(tritonshm.__file__).parent      # the installed package (a wheel's, under cibuildwheel)
 REPO = Path(__file__).resolve().parents[2]     # beside tests/: pyproject.toml, bench/ (if there)
 TESTS = Path(__file__).resolve().parents[1]    # the test suite, tests/support/ included
+
+
+class _Refused(grpc.RpcError):
+    """A gRPC failure as grpcio raises one: the server is not there."""
+
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "connection refused"
+
+    def debug_error_string(self):
+        return "debug"
 
 
 def _resolve(private: compat.Private):
@@ -46,7 +60,6 @@ def test_each_private_name_is_there_and_takes_our_arguments(private):
 
 
 def test_the_builders_and_the_grpc_parts_still_do_what_we_use_them_for():
-    import grpc
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
@@ -67,21 +80,11 @@ def test_the_builders_and_the_grpc_parts_still_do_what_we_use_them_for():
     assert compat.grpc_compression("gzip") == grpc.Compression.Gzip
     assert compat.grpc_compression(None) in (None, grpc.Compression.NoCompression)
 
-    class Refused(grpc.RpcError):
-        def code(self):
-            return grpc.StatusCode.UNAVAILABLE
-
-        def details(self):
-            return "connection refused"
-
-        def debug_error_string(self):
-            return "debug"
-
-    error = compat.grpc_error(Refused())
+    error = compat.grpc_error(_Refused())
     assert (error.message(), error.status(), error.debug_details()) == ("connection refused",
                                                                        "StatusCode.UNAVAILABLE", "debug")
     with pytest.raises(type(error)):
-        compat.raise_grpc_error(Refused())
+        compat.raise_grpc_error(_Refused())
     assert compat.grpc_parts()[1] is grpcclient.InferResult
 
 
@@ -180,19 +183,6 @@ def without(monkeypatch):
     compat.grpc_parts.cache_clear()
 
 
-class _Refused(Exception):
-    def code(self):
-        import grpc
-
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self):
-        return "connection refused"
-
-    def debug_error_string(self):
-        return "debug"
-
-
 def test_a_dropped_error_translation_warns_once_and_translates_as_tritonclient(without):
     expected = compat.grpc_error(_Refused())
     without("tritonclient.grpc._utils", "get_error_grpc")
@@ -210,8 +200,6 @@ def test_a_dropped_error_translation_warns_once_and_translates_as_tritonclient(w
 
 
 def test_a_dropped_compression_helper_is_made_here(without):
-    import grpc
-
     expected = {name: compat.grpc_compression(name) for name in ("gzip", "deflate")}
     without("tritonclient.grpc._utils", "_grpc_compression_type")
     with pytest.warns(compat.TritonclientChanged):

@@ -51,7 +51,7 @@ _QUICK_PLANS = 256      # quick plans kept (one per model, outputs and input sha
 
 class QuickPlan(NamedTuple):
     """A small request seen before, checked then: the same model, outputs and input dtypes
-    and shapes need no checking, planning or routing again (see :meth:`Engine.quick_steps`)."""
+    and shapes need no checking, planning or routing again (see :meth:`~._run.Runner.quick_steps`)."""
 
     plan: Plan                       # the plan made when it was first seen (its chunk: those inputs)
     key: tuple[str, str, SlotKind]   # its pool's key
@@ -403,7 +403,7 @@ class Engine:
     def quick_plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
                    copy: bool, output_device: Any, slot_timeout: float | None,
                    options: RequestOptions | None) -> tuple[Any, QuickPlan | None]:
-        """A request seen before, when it may take :meth:`quick_steps`: ``(signature,
+        """A request seen before, when it may take :meth:`~._run.Runner.quick_steps`: ``(signature,
         QuickPlan)``; ``(signature, None)`` when it may but was not seen (then
         :meth:`remember_quick` it once planned); ``(None, None)`` when it may not.
 

@@ -325,9 +325,7 @@ class PoolTable:
         if not self._pools and not self._retired:
             return None
         ptr = tensor.source.ptr + tensor.offset
-        with self._lock:
-            pools = [*self._pools.values(), *self._retired]
-        for pool in pools:
+        for pool in self.in_service():
             for extent in pool.extents:
                 memory = extent.memory
                 if memory.kind != "cuda" or memory.device != tensor.device or extent.name is None or memory.closed:
