@@ -291,7 +291,10 @@ CUDA_REFUSAL_CAUSES = (
     "(CUDA IPC needs the same machine and IPC namespace); "
     "the server runs in this same process (CUDA cannot open a handle in the process that "
     "exported it); the server is a CPU-only build or cannot see that GPU (device_id is in the "
-    "server's numbering: CUDA_VISIBLE_DEVICES may differ)"
+    "server's numbering: CUDA_VISIBLE_DEVICES may differ); or, where this server has opened "
+    "this process's CUDA memory before, the server still maps an earlier allocation at the same "
+    "address (memory freed while the server had it open: a registration it refused -- Triton "
+    "keeps those open -- or one not unregistered before its memory was freed): restart the server"
 )
 
 

@@ -1218,6 +1218,46 @@ def test_free_after_the_opener_closed_or_died_is_fine(fake):
     assert _free_with_child(fake, "die") == (0, b"")
 
 
+CHILD_STILL_MAPS = """
+    import json
+    from fake_cuda import FakeCudart, IpcHandle
+    import ctypes
+    fake = FakeCudart(sys.argv[1])
+    old = fake.ipc_open(bytes.fromhex(sys.argv[2]))
+    print("ready", flush=True)
+    new = bytes.fromhex(sys.stdin.readline())   # a new allocation where the freed one was
+    out = ctypes.c_void_p()
+    refused = fake.lib.cudaIpcOpenMemHandle(ctypes.byref(out), IpcHandle.from_bytes(new), 1)
+    fake.ipc_close(old)                         # (Triton: the old registration unregistered)
+    p = fake.ipc_open(new)
+    fake.ipc_close(p)
+    print(json.dumps(dict(refused=refused)))
+"""
+
+
+def test_a_new_allocation_where_a_freed_one_is_still_mapped_is_refused_until_it_is_closed(fake):
+    # Seen on an H200: memory freed while the server still mapped it (a registration Triton
+    # refused but kept open) poisons its address there -- the server refuses the handle of the
+    # next allocation at that address ("invalid args") until the old mapping is closed.
+    n = 4096
+    ptr = fake.malloc(n)
+    code = f"import sys; sys.path.insert(0, {str(TESTS_DIR)!r})\n" + textwrap.dedent(CHILD_STILL_MAPS)
+    with subprocess.Popen([sys.executable, "-c", code, fake.path, fake.ipc_get_handle(ptr).hex()],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            assert child.stdout.readline().strip() == "ready", child.stderr.read()
+            fake.free(ptr)
+            again = fake.malloc(n)
+            assert again == ptr  # the fake hands a freed base out again, as CUDA does
+            out, err = child.communicate(fake.ipc_get_handle(again).hex() + "\n", timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+    fake.free(again)
+    assert child.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1]) == dict(refused=fake_cuda.ERROR_ALREADY_MAPPED)
+
+
 # --- pinned host memory, attribute 113 --------------------------------------------
 
 
@@ -1347,7 +1387,8 @@ CHILD_TRITON_CLIENT = """
         y = np.frombuffer(fake.read(dst, nbytes), dtype=np.float32)
         client.unregister_cuda_shared_memory(f"{proto}_in")
         client.unregister_cuda_shared_memory(f"{proto}_out")
-        fake.free(src)
+        # src stays allocated: the server still maps it (2.51 keeps the refused registration's
+        # handle open), and a new allocation at a freed src's address would be refused there.
         fake.free(dst)
         client.close()
         result[proto] = dict(equal=bool(np.array_equal(x, y)), oversized=oversized)

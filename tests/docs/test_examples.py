@@ -33,6 +33,7 @@ import pathlib
 import re
 import textwrap
 import types
+import warnings
 
 import pytest
 
@@ -241,4 +242,7 @@ def test_python_blocks_run_in_order(document, server):
 @pytest.mark.usefixtures("gpu", "torch")
 @pytest.mark.parametrize("document", GPU_PAGES)
 def test_python_blocks_run_in_order_with_a_gpu(document, server):
-    run_blocks([b for b in PAGES[document] if b.kind in ("cpu", "gpu")], server)
+    # A GPU example that quietly fell back to pinned host memory did not show what it says.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="tritonshm: GPU tensors fall back", category=RuntimeWarning)
+        run_blocks([b for b in PAGES[document] if b.kind in ("cpu", "gpu")], server)

@@ -80,7 +80,10 @@
  *     with 201, as real CUDA does; opening the same handle twice in one
  *     process returns the same pointer and counts references (as
  *     cuIpcOpenMemHandle does); a freed allocation or a dead exporter gives
- *     400.  An opening process writes its pid into the segment's table until
+ *     400.  A new allocation at the base of a freed one that this process
+ *     still has open (the exporter freed it while registered) gives 208
+ *     cudaErrorAlreadyMapped until the old mapping is closed, as seen on an
+ *     H200 (Triton answers "invalid args").  An opening process writes its pid into the segment's table until
  *     its last close.  cudaFree of an allocation that a live process still
  *     has open -- undefined behaviour in CUDA, the server may read freed or
  *     reused memory -- counts stat freed_while_open and fills the memory
@@ -190,6 +193,7 @@ enum {
     NO_DEVICE = 100,
     INVALID_DEVICE = 101,
     DEVICE_UNINITIALIZED = 201, /* "invalid device context" */
+    ALREADY_MAPPED = 208,
     INVALID_RESOURCE_HANDLE = 400,
     NOT_READY = 600,
     HOST_MEMORY_ALREADY_REGISTERED = 712,
@@ -234,6 +238,8 @@ typedef struct entry {
     int device;
     long refs;            /* opened mappings: open count in this process */
     int32_t *open_slot;   /* opened mappings: our pid's slot in the open table */
+    int32_t exporter_pid; /* opened mappings: the process that allocated it ... */
+    uint64_t exporter_base;  /* ... and where it is in that process */
     int no_ipc;           /* pool or managed memory: cudaIpcGetMemHandle refuses it */
     unsigned long long buffer_id;  /* CU_POINTER_ATTRIBUTE_BUFFER_ID: unique over the process's life */
     char name[48];        /* shm name, with the leading '/' */
@@ -474,7 +480,9 @@ static uint64_t random64(void)
 
 /* ------------------------------------------------- the IPC open table
  *
- * A device segment is [data, rounded up to a page][one page of int32 pids].
+ * A device segment is [data, rounded up to a page][one page: the exporter's
+ * base address (8 bytes), then int32 pids].  The base lets an opener see a
+ * new allocation at an address it still maps (cudaErrorAlreadyMapped).
  * A process that opens the segment through IPC claims a slot with its pid
  * (atomically: the page is shared by every process that maps it) and clears
  * it at its last close, so the exporter's cudaFree can tell that someone
@@ -492,9 +500,12 @@ static size_t data_span(size_t n)
 
 static size_t segment_size(size_t n) { return data_span(n) + page_size(); }
 
-static int32_t *open_table(const entry *e) { return (int32_t *)(e->base + data_span(e->size)); }
+/* The exporter's base address, at the head of the page after the data. */
+static uint64_t *exporter_base_of(const entry *e) { return (uint64_t *)(e->base + data_span(e->size)); }
 
-static size_t open_table_slots(void) { return page_size() / sizeof(int32_t); }
+static int32_t *open_table(const entry *e) { return (int32_t *)(exporter_base_of(e) + 1); }
+
+static size_t open_table_slots(void) { return (page_size() - sizeof(uint64_t)) / sizeof(int32_t); }
 
 static int32_t *claim_open_slot(entry *e)
 {
@@ -852,6 +863,7 @@ static const struct {
     {NO_DEVICE, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
     {INVALID_DEVICE, "cudaErrorInvalidDevice", "invalid device ordinal"},
     {DEVICE_UNINITIALIZED, "cudaErrorDeviceUninitialized", "invalid device context"},
+    {ALREADY_MAPPED, "cudaErrorAlreadyMapped", "resource already mapped"},
     {INVALID_RESOURCE_HANDLE, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {NOT_READY, "cudaErrorNotReady", "device not ready"},
     {700, "cudaErrorIllegalAddress", "an illegal memory access was encountered"},
@@ -1104,6 +1116,7 @@ static int device_alloc(void **ptr, size_t nbytes, int no_ipc)
         return fail(MEMORY_ALLOCATION);
     }
     e->base = p;
+    *exporter_base_of(e) = (uint64_t)(uintptr_t)p;
     e->buffer_id = ++last_buffer_id;
     e->next = entries;
     entries = e;
@@ -1562,13 +1575,26 @@ API int cudaIpcOpenMemHandle(void **ptr, fake_ipc_handle handle, unsigned int fl
     e->map_size = map_size;
     e->device = current_device;
     e->refs = 1;
+    e->exporter_pid = body.pid;
+    e->exporter_base = *exporter_base_of(e);
     snprintf(e->name, sizeof e->name, "%s", name);
 
     pthread_mutex_lock(&lock);
     entry *twin = NULL;  /* another thread opened the same handle meanwhile */
-    for (entry *t = entries; t != NULL; t = t->next)
-        if (t->kind == KIND_OPENED && strcmp(t->name, name) == 0)
+    for (entry *t = entries; t != NULL; t = t->next) {
+        if (t->kind != KIND_OPENED)
+            continue;
+        if (strcmp(t->name, name) == 0) {
             twin = t;
+        } else if (t->exporter_pid == e->exporter_pid && t->exporter_base == e->exporter_base) {
+            /* A new allocation where one we still map was: the exporter freed that one while
+             * we had it open, and CUDA refuses the new one until the old mapping is closed. */
+            pthread_mutex_unlock(&lock);
+            munmap(p, map_size);
+            free(e);
+            return fail(ALREADY_MAPPED);
+        }
+    }
     if (twin != NULL) {
         twin->refs++;
         *ptr = twin->base;
