@@ -27,8 +27,9 @@ def _module_of(frame: Any) -> str | None:
     return name if name.startswith("tritonshm") else None
 
 
-def walk(call: Any) -> tuple[int, int, int, list[str]]:
-    """(crossings, modules entered, re-entries, modules in order) of one run of *call*."""
+def walk(call: Any, trace: list[str] | None = None) -> tuple[int, int, int, list[str]]:
+    """(crossings, modules entered, re-entries, modules in order) of one run of *call*; each
+    crossing also appended to *trace*, where given ("caller > callee.function", re-entries marked)."""
     crossings = reentries = 0
     entered: list[str] = []
     stack: list[str | None] = []
@@ -40,8 +41,12 @@ def walk(call: Any) -> tuple[int, int, int, list[str]]:
             caller = stack[-1] if stack else None
             if module is not None and caller is not None and module != caller:
                 crossings += 1
-                if module in entered:
-                    reentries += 1
+                again = module in entered
+                reentries += again
+                if trace is not None:
+                    short = module.removeprefix("tritonshm.")
+                    trace.append(f"{'  again ' if again else '        '}{caller.removeprefix('tritonshm.')} > "
+                                 f"{short}.{frame.f_code.co_name}")
             if module is not None and module not in entered:
                 entered.append(module)
             stack.append(module if module is not None else caller)
@@ -60,6 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", help="a running server's gRPC address (default: start one)")
     parser.add_argument("--size", type=int, default=4096, help="input bytes (default 4096)")
+    parser.add_argument("--trace", action="store_true", help="also print every crossing of the warm walks")
     args = parser.parse_args()
     import tritonshm
 
@@ -80,7 +86,8 @@ def main() -> None:
                 "quick path (warm)": lambda: client.infer("identity_fp32", {"INPUT0": x}),
                 "full path (warm, an option)": lambda: client.infer("identity_fp32", {"INPUT0": x}, priority=1),
             }
-            results = {name: walk(call) for name, call in walks.items()}
+            traces: dict[str, list[str]] = {name: [] for name in walks}
+            results = {name: walk(call, traces[name] if args.trace else None) for name, call in walks.items()}
 
         def cold() -> None:
             with tritonshm.Client(url) as fresh:
@@ -93,6 +100,8 @@ def main() -> None:
     for name, (crossings, modules, reentries, order) in results.items():
         print(f"{name}: {crossings} crossings, {modules} modules, {reentries} re-entries")
         print("    " + " > ".join(module.removeprefix("tritonshm.") for module in order))
+        if args.trace and name in traces:
+            print("\n".join("    " + line for line in traces[name]))
 
 
 if __name__ == "__main__":

@@ -48,6 +48,15 @@ class Disposals:
         self._lock = threading.Lock()   # extents are parked, and taken whole, from any thread
         self._parked: list[Extent] = []
         self._retry_at = 0.0
+        #: Something may be waiting to be let go of: set by whoever leaves it (a pool's idle
+        #: surplus, a retired pool, the lent table, a parked extent), cleared by the one request
+        #: end that looks (:meth:`~._engine.Engine.settle_steps`): a request that leaves nothing
+        #: behind ends on this one read.
+        self.maybe_due = False
+
+    def notice(self) -> None:
+        """Something was left to let go of (any thread): the next request's end looks."""
+        self.maybe_due = True
 
     @property
     def parked(self) -> list[Extent]:
@@ -58,6 +67,7 @@ class Disposals:
     def _park(self, extents: list[Extent]) -> None:
         with self._lock:
             self._parked.extend(extents)
+        self.maybe_due = True
 
     def _take_parked(self) -> list[Extent]:
         with self._lock:

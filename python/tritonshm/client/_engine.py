@@ -252,6 +252,17 @@ class Engine:
         is due to be asked about again."""
         return self.pool_table.has_disposals() or self.lent_table.has_disposals()
 
+    def settle_steps(self) -> Steps:
+        """The end of a request, when :attr:`Disposals.maybe_due` says something may wait to be
+        let go of (the caller reads the flag: a request that left nothing behind costs no call):
+        :meth:`dispose_steps` if anything does; the flag stays up while memory lingers."""
+        disposals = self.disposals
+        disposals.maybe_due = False  # first: what is left from now on raises it again
+        if self.has_disposals():
+            yield from self.dispose_steps()
+        if self.pool_table.lingering:
+            disposals.maybe_due = True
+
     def dispose_steps(self) -> Steps:
         """Unregister and close what the lent table let go of, the pools' idle surplus and
         drained retired pools, and parked extents when due."""

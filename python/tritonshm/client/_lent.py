@@ -292,6 +292,7 @@ class LentAllocations:
                 if entry.users == 0:
                     self._doomed.remove(entry)
                     self._disposals.append(entry.extent)
+                    self._letting_go.notice()
                 return
         for entry in self._entries.values():
             if entry.extent is extent:
@@ -364,6 +365,7 @@ class LentAllocations:
             self._doomed.append(entry)
         else:
             self._disposals.append(entry.extent)
+            self._letting_go.notice()
 
     def _forget_failed(self, key: tuple[int, int], entry: _Entry) -> None:
         """A registration that failed: out of the table, its borrowed region closed."""

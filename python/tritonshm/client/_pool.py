@@ -239,12 +239,13 @@ class SlotPool:
     """A model's slots, in one or more registered extents of equal size."""
 
     def __init__(self, info: ModelInfo, layout: Layout, slots: int, budget: ByteBudget,
-                 make_memory: Callable[[int], SlotMemory]):
+                 make_memory: Callable[[int], SlotMemory], notice_surplus: Callable[[], None] = lambda: None):
         self.info = info
         self.layout = layout
         self.slots_per_extent = slots
         self.budget = budget
         self._make_memory = make_memory
+        self._notice_surplus = notice_surplus  # the client's disposals hear of idle extents
         # One re-entrant lock (slot releases may run under it: a view dropped inside it); sections
         # that only read or update take it straight (a C call), wait() and the wake-ups go through
         # the condition over it.
@@ -499,6 +500,7 @@ class SlotPool:
                 self._extents.remove(extent)
                 self._free = collections.deque(item for item in self._free if item[0] is not extent)
                 self._surplus.append(extent)
+                self._notice_surplus()
                 break  # one at a time: the next release looks again
 
     def _wake(self) -> None:

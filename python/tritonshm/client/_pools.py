@@ -91,6 +91,12 @@ class PoolTable:
         with self._lock:
             return [*self._pools.values(), *self._retired]
 
+    @property
+    def lingering(self) -> bool:
+        """Whether memory stays to be let go of later: a retired pool not yet drained, or parked
+        extents (asked about again when due)."""
+        return bool(self._retired) or bool(self._disposals.parked)
+
     def has_disposals(self) -> bool:
         """Whether a pool has idle surplus, a retired pool is waiting to be dropped, or parked
         memory is due to be asked about again."""
@@ -162,7 +168,8 @@ class PoolTable:
                 if old is not None and old.layout.fits(needs):
                     return old  # in service, or being made: its slots come with its first extent
                 layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
-                pool = SlotPool(info, layout, self.slots, self.budget, self._memory_for(kind))
+                pool = SlotPool(info, layout, self.slots, self.budget, self._memory_for(kind),
+                                self._disposals.notice)
                 if pool.extent_bytes > self.max_pool_bytes:
                     raise InvalidOption(_pool_over_budget(info.name, self.slots, layout.slot_bytes,
                                                           self.max_pool_bytes))
@@ -171,15 +178,13 @@ class PoolTable:
                     pool.claim_first_extent()
                     self._pools[key] = pool
                     if old is not None:
-                        self._retired.add(old)
-                        old.retire()
+                        self._retire(old)
             if not fits:  # the old pool (if any) stays in service meanwhile
                 if old is not None:
                     with self._lock:
                         if self._pools.get(key) is old:  # retire it: it drains, and its bytes come back
                             del self._pools[key]
-                            self._retired.add(old)
-                            old.retire()
+                            self._retire(old)
                 yield from self._budget_steps(pool.extent_bytes, deadline, info)
                 continue
             try:
@@ -209,6 +214,12 @@ class PoolTable:
                 self._check_open()
             return pool  # retired meanwhile (a larger one replaced it)? the caller looks again
 
+
+    def _retire(self, pool: SlotPool) -> None:
+        """*pool* out of service (under the lock): it drains, then it is dropped."""
+        self._retired.add(pool)
+        pool.retire()
+        self._disposals.notice()
 
     def _take_out_of_service(self, key: tuple[str, str, SlotKind], pool: SlotPool) -> None:
         """A pool whose first extent could not be made: out of the pools, its waiters woken."""

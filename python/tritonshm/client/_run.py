@@ -66,6 +66,7 @@ class Runner:
         self.pool_table = engine.pool_table
         self.lent_table = engine.lent_table
         self.claims = engine.claims
+        self.disposals = engine.disposals
 
     def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None = None) -> Steps:
         """Steps of one chunk of *plan* (its *arrays* fit a slot): lease, copy in, run,
@@ -87,8 +88,8 @@ class Runner:
                     yield from self.engine.dispose_steps()
                 raise
             self._end_claim(claim)
-            if self.engine.has_disposals():
-                yield from self.engine.dispose_steps()  # what the finished request left idle
+            if self.disposals.maybe_due:
+                yield from self.engine.settle_steps()  # what the finished request left idle
             return outputs
 
     def _end_claim(self, claim: Claim) -> None:
@@ -293,8 +294,8 @@ class Runner:
                 self._end_claim(claim)
         if result is None:  # refused before it ran: the full way heals and runs it
             return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)]), arrays))
-        if self.engine.has_disposals():
-            yield from self.engine.dispose_steps()
+        if self.disposals.maybe_due:
+            yield from self.engine.settle_steps()
         return outputs
 
     def _quick_slot(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
