@@ -117,21 +117,32 @@ class Transport:
         """Run the gRPC inference *message* (from :meth:`request_message`) on *client*: its
         ``InferResult`` (awaitable for aio) -- what tritonclient's ``infer`` does once it has
         built the message, which is the part skipped."""
+        return self.sender(client)(message)
+
+    def sender(self, client: Any) -> Callable[[Any], Any]:
+        """:meth:`send_message` bound to *client* once -- its stub's ``ModelInfer``, its
+        metadata, tritonclient's result and error types looked up now -- for a client that sends
+        many: a function of a message.  Failures are tritonclient's
+        (``InferenceServerException``), as its ``infer`` raises them."""
         grpc, InferResult, raise_error_grpc = _tritonclient_compat.grpc_parts()
-        metadata = _tritonclient_compat.grpc_metadata(client, None)
-        stub = _tritonclient_compat.grpc_stub(client)
+        metadata_of = _tritonclient_compat.grpc_metadata_of(client)
+        model_infer = _tritonclient_compat.grpc_stub(client).ModelInfer
         if self.aio:
-            async def sent() -> Any:
+            async def send_awaited(message: Any) -> Any:
                 try:
-                    return InferResult(await stub.ModelInfer(request=message, metadata=metadata))
+                    return InferResult(await model_infer(request=message, metadata=metadata_of(None)))
                 except grpc.RpcError as rpc_error:
                     raise_error_grpc(rpc_error)
 
-            return sent()
-        try:
-            return InferResult(stub.ModelInfer(request=message, metadata=metadata))
-        except grpc.RpcError as rpc_error:
-            raise_error_grpc(rpc_error)
+            return send_awaited
+
+        def send(message: Any) -> Any:
+            try:
+                return InferResult(model_infer(request=message, metadata=metadata_of(None)))
+            except grpc.RpcError as rpc_error:
+                raise_error_grpc(rpc_error)
+
+        return send
 
 
 GRPC = Transport("grpc", False, "tritonclient.grpc")

@@ -24,7 +24,7 @@ import functools
 import importlib
 import inspect
 import warnings
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, Callable, NamedTuple, NoReturn
 
 from .errors import InferenceServerException
 
@@ -196,12 +196,18 @@ def with_grpc_stub(client: Any, stub: Any) -> Any:
 
 def grpc_metadata(client: Any, headers: Any) -> Any:
     """The gRPC metadata a tritonclient gRPC client sends with *headers* (and its own)."""
-    get_metadata = getattr(client, "_get_metadata", None)  # (every request: no more than a lookup)
+    return grpc_metadata_of(client)(headers)
+
+
+def grpc_metadata_of(client: Any) -> Callable[[Any], Any]:
+    """What makes the gRPC metadata a tritonclient gRPC client sends with some headers (and its
+    own: a plugin's too, so it is asked per request), bound once."""
+    get_metadata = getattr(client, "_get_metadata", None)
     if get_metadata is None:
         aio = type(client).__module__.startswith("tritonclient.grpc.aio")
         usable("tritonclient.grpc.aio" if aio else "tritonclient.grpc", "InferenceServerClient._get_metadata")  # warns
-        return tuple((str(key).lower(), value) for key, value in (headers or {}).items()) or None
-    return get_metadata(headers)
+        return lambda headers: tuple((str(key).lower(), value) for key, value in (headers or {}).items()) or None
+    return get_metadata
 
 
 @functools.cache

@@ -772,17 +772,33 @@ def test_a_small_request_seen_before_is_not_planned_again(fake_triton, monkeypat
     assert_nothing_registered(fake_triton)
 
 
-def test_options_with_nothing_asked_are_no_options_and_keep_the_quick_path(fake_triton, monkeypatch):
-    """options=RequestOptions() (what tritonshm.grpc / .http pass on every call) is the same as
-    none: a small request seen before is not planned again; an option asked for still is."""
+def test_options_ride_the_quick_path_each_with_its_own_request(fake_triton, monkeypatch):
+    """A small request seen before is not planned again, with options or without
+    (options=RequestOptions() is none: what tritonshm.grpc / .http pass on every call); options
+    are checked on every call, and each request takes its own to the server."""
     with fake_triton.client() as c:
         planned = record_plans(monkeypatch, c)
+        priorities = []
+        execute = fake_triton._execute
+
+        def seen(request):
+            given = request.parameters.get("priority")
+            priorities.append(None if given is None else given.uint64_param)
+            return execute(request)
+
+        monkeypatch.setattr(fake_triton, "_execute", seen)
         for seed in range(4):
             out = c.infer("identity_fp32", {"INPUT0": data(seed)}, options=tritonshm.RequestOptions())
             np.testing.assert_array_equal(out["OUTPUT0"], data(seed))
+        for seed, priority in ((4, 3), (5, 7), (6, None)):
+            options = {} if priority is None else {"priority": priority}
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(seed)}, **options)["OUTPUT0"],
+                                          data(seed))
         assert planned == ["identity_fp32"]
-        c.infer("identity_fp32", {"INPUT0": data(0)}, options=tritonshm.RequestOptions(priority=0))
-        assert planned == ["identity_fp32"] * 2  # given, even at its default: checked and planned
+        assert priorities == [None] * 4 + [3, 7, None]
+        with pytest.raises(tritonshm.InvalidOption):  # checked before anything is sent, quick or not
+            c.infer("identity_fp32", {"INPUT0": data(0)}, priority=-1)
+        assert len(priorities) == 7
     assert_nothing_registered(fake_triton)
 
 

@@ -20,7 +20,7 @@ import weakref
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from .. import _http1, _transport, triton
-from ..errors import ServerTimeout
+from ..errors import ServerError, ServerTimeout, translate_error
 from . import _devices, _messages
 from ._client import SETTLE_SECONDS, BlockingDriver, release_everything
 from ._engine import Engine
@@ -63,6 +63,8 @@ class AsyncDriver:
     def __init__(self, engine: Engine, aio_client: Any):
         self.aio_client = aio_client
         self._wire = engine.wire
+        self._http = engine.wire.http
+        self._grpc_send: Callable[[Any], Any] | None = None  # ready messages, on the aio client
         endpoint = engine.endpoint
         # Plain HTTP: inference requests go on the loop's own sockets (None: tritonclient).
         self._http1 = None if endpoint is None else _http1.AsyncConnections(endpoint)
@@ -82,10 +84,14 @@ class AsyncDriver:
 
     async def drive(self, steps: Steps) -> Any:
         """Carry out *steps* on the event loop; their result."""
-        step = advance(steps)
-        while not isinstance(step, Done):
-            step = advance(steps, *await self._carry_out(steps, step))
-        return step.value
+        outcome: Any = None
+        failure: BaseException | None = None
+        while True:
+            try:  # (advance(), written out: this loop runs every request)
+                step = steps.throw(failure) if failure is not None else steps.send(outcome)
+            except StopIteration as stop:
+                return stop.value
+            outcome, failure = await self._carry_out(steps, step)
 
     async def iterate(self, steps: Steps) -> AsyncGenerator[Any, None]:
         """Carry out *steps*, yielding the values they :class:`Emit`; closing the iterator (or
@@ -173,8 +179,16 @@ class AsyncDriver:
         doing = f"inferring with model {step.model!r}"
         if self._http1 is not None:  # on the loop's own sockets: a message made ready once, or now
             return await self._http1.send(step.message or _messages.http_request(step))
-        if step.message is not None and not self._wire.http:  # gRPC, made ready once: sent as it is
-            return await triton.call_translated(self._wire, doing, "send_message", self.aio_client, step.message)
+        if step.message is not None and not self._http:  # gRPC, made ready once: sent as it is
+            send = self._grpc_send
+            if send is None:
+                send = self._grpc_send = self._wire.sender(self.aio_client)
+            try:
+                return await send(step.message)
+            except ServerError:
+                raise
+            except Exception as exc:  # as triton.call_translated turns them
+                raise translate_error(exc, doing) from exc
         options = {} if step.options is None else step.options.infer_kwargs(self._wire.http)
         return await triton.call_translated(
             self.aio_client, doing, "infer", step.model, step.inputs, model_version=step.version,
@@ -280,8 +294,15 @@ class Client(ClientFace):
         and request options checked, when this is called, on the calling
         thread (the order point of the contract), not when the result is awaited.
         """
+        engine = self._engine
+        checked = engine.request_options(options) if options else engine.default_options
+        if out is None:
+            quick = self._runner.quick_steps_for(model, version, inputs, outputs, copy, output_device,
+                                                 slot_timeout, checked)
+            if quick is not None:  # seen before
+                return self._driver.drive(quick)
         return self._infer(model, _devices.capture_inputs(inputs), outputs, version, copy, slot_timeout,
-                           output_device, self._engine.request_options(options), _devices.capture_out(out))
+                           output_device, checked, _devices.capture_out(out))
 
     async def _infer(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
                      copy: bool, slot_timeout: float | None, output_device: str | int,

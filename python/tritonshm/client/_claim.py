@@ -94,10 +94,6 @@ class Claim:
         self.tensors: list[tuple[DeviceTensor, bool]] = []
         self.unanswered = False  # sent, and neither answered nor refused by the server yet
 
-    def __bool__(self) -> bool:
-        """Whether the request lends anything."""
-        return bool(self.inputs or self.outputs)
-
     def lend(self, name: str, where: Lent, tensor: DeviceTensor, writes: bool) -> None:
         """*tensor* is named where it is (*where*) as input (or, *writes*, result) *name*."""
         (self.outputs if writes else self.inputs)[name] = where

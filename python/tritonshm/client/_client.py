@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 
 from .. import _http1, triton
-from ..errors import ServerTimeout
+from ..errors import ServerError, ServerTimeout, translate_error
 from . import _devices, _messages
 from ._engine import Engine
 from ._face import ClientFace
@@ -66,6 +66,8 @@ class BlockingDriver:
     def __init__(self, engine: Engine, connector: Connector):
         self.connector = connector
         self._wire = engine.wire
+        self._http = engine.wire.http
+        self._grpc_send: Callable[[Any], Any] | None = None  # ready messages, on the shared client
         self._url = engine.url  # where the client looks, as the caller gave it
         endpoint = engine.endpoint
         # Plain HTTP: inference requests go on this thread's socket, not through
@@ -89,14 +91,17 @@ class BlockingDriver:
     def drive(self, steps: Steps) -> Any:
         """Carry out *steps*, blocking; their result."""
         handlers = self.handlers
-        step = advance(steps)
-        while not isinstance(step, Done):
+        outcome: Any = None
+        failure: BaseException | None = None
+        while True:
+            try:  # (advance(), written out: this loop runs every request)
+                step = steps.throw(failure) if failure is not None else steps.send(outcome)
+            except StopIteration as stop:
+                return stop.value
             try:
                 outcome, failure = handlers[type(step)](step), None
             except Exception as exc:
                 outcome, failure = None, exc
-            step = advance(steps, outcome, failure)
-        return step.value
 
     def iterate(self, steps: Steps) -> Iterator[Any]:
         """Carry out *steps* up to their first :class:`NextResponse` now (the request is
@@ -148,9 +153,16 @@ class BlockingDriver:
             step.claim.unanswered = True  # on its way: the server may run it from now on
         if self._http1 is not None:  # on this thread's socket: a message made ready once, or now
             return self._http1.send(step.message or _messages.http_request(step))
-        if step.message is not None and not self._wire.http:  # gRPC, made ready once: sent as it is
-            return self.connector.call(lambda tc: triton.call_translated(
-                self._wire, f"inferring with model {step.model!r}", "send_message", tc, step.message))
+        if step.message is not None and not self._http:  # gRPC, made ready once: sent as it is
+            send = self._grpc_send
+            if send is None:
+                send = self._grpc_send = self._wire.sender(self.connector.shared)
+            try:
+                return send(step.message)
+            except ServerError:
+                raise
+            except Exception as exc:  # as triton.call_translated turns them
+                raise translate_error(exc, f"inferring with model {step.model!r}") from exc
         doing = f"inferring with model {step.model!r}"
         options = {} if step.options is None else step.options.infer_kwargs(self._wire.http)
         return self.connector.call(lambda tc: triton.call_translated(
@@ -357,10 +369,15 @@ class Client(ClientFace):
         :class:`~tritonshm.RequestOptions`.  They are
         checked before anything is sent; the client's *headers* come first.
         """
-        engine, drive = self._engine, self._driver.drive
+        drive, engine = self._driver.drive, self._engine
+        checked = engine.request_options(options) if options else engine.default_options
+        if out is None:
+            quick = self._runner.quick_steps_for(model, version, inputs, outputs, copy, output_device,
+                                                 slot_timeout, checked)
+            if quick is not None:  # seen before
+                return drive(quick)
         info = self.model_info(model, version)
-        run = self._runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout,
-                                 engine.request_options(options), out)
+        run = self._runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, checked, out)
         if run.join is None:
             return drive(run.steps[0])
         workers = self._workers_for("chunk")  # the chunks of a large batch at once

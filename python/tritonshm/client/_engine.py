@@ -14,9 +14,7 @@ import dataclasses
 import functools
 import os
 import threading
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
-
-import numpy as np
+from typing import Any, Callable, Mapping, Sequence
 
 from .. import _http1, _transport
 from ..errors import (
@@ -39,23 +37,11 @@ from ._plan import Plan, Routing
 from ._pool import ByteBudget, PoolInfo
 from ._disposal import Disposals
 from ._pools import PoolTable, host_memory
-from ._slots import SYSTEM, SlotKind
 from ._steps import FetchModel, FetchModelNames, Steps
 
-__all__ = ["Engine", "QuickPlan", "TRANSPORTS", "engine_setting"]
+__all__ = ["Engine", "TRANSPORTS", "engine_setting"]
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
-_QUICK_BYTES = 1 << 20  # requests up to this many input bytes may take the quick path
-_QUICK_PLANS = 256      # quick plans kept (one per model, outputs and input shapes and dtypes)
-
-
-class QuickPlan(NamedTuple):
-    """A small request seen before, checked then: the same model, outputs and input dtypes
-    and shapes need no checking, planning or routing again (see :meth:`~._run.Runner.quick_steps`)."""
-
-    plan: Plan                       # the plan made when it was first seen (its chunk: those inputs)
-    key: tuple[str, str, SlotKind]   # its pool's key
-    needs: dict[str, int]            # what a slot of that pool must hold
 
 
 class _InFlight:
@@ -77,7 +63,7 @@ class _InFlight:
         engine = self._engine
         with engine._lock:
             engine._in_flight -= 1
-            if engine._in_flight == 0 and engine._closed:
+            if engine._in_flight == 0 and engine.closed:
                 engine._idle.notify_all()
 
 
@@ -110,8 +96,9 @@ class Engine:
             raise InvalidOption(f"by_reference must be True or False, not {by_reference!r}")
         if isinstance(max_lent_bytes, bool) or not isinstance(max_lent_bytes, int) or max_lent_bytes < 0:
             raise InvalidOption(f"max_lent_bytes must be an int >= 0, not {max_lent_bytes!r}")
-        # Every request's options start from these (a client-wide header for a gateway's auth).
-        self._default_options = None if headers is None else RequestOptions.of(headers=headers)
+        #: Every request's options start from these (a client-wide header for a gateway's auth;
+        #: None: none).
+        self.default_options = None if headers is None else RequestOptions.of(headers=headers)
         make_host_memory = host_memory(pinned)
         if transport == "cuda":
             _devices.require_cuda("transport='cuda'")
@@ -140,8 +127,9 @@ class Engine:
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
         self._in_flight_counter = _InFlight(self)
-        self._quick_plans: dict[tuple, QuickPlan] = {}  # small requests seen before, by signature
-        self._closed = False
+        #: Whether the client stopped taking requests (see :meth:`stop_accepting`): a plain
+        #: attribute, read on every request.
+        self.closed = False
 
     @property
     def connect(self) -> Callable[[], Any]:
@@ -174,25 +162,20 @@ class Engine:
         """Guards the engine's tables; a driver takes it to keep its own state in step."""
         return self._lock
 
-    @property
-    def closed(self) -> bool:
-        """Whether the client stopped taking requests (see :meth:`stop_accepting`)."""
-        return self._closed
-
     def stop_accepting(self) -> bool:
         """Refuse new requests from now on; False if that was already so (close is idempotent)."""
         with self._lock:
-            was_open, self._closed = not self._closed, True
+            was_open, self.closed = not self.closed, True
         return was_open
 
     def check_open(self) -> None:
         """Raise :class:`ClientClosed` once the client stopped taking requests."""
-        if self._closed:
+        if self.closed:
             raise ClientClosed(f"{self.describe()} is closed")
 
     def describe(self) -> str:
         """The client's repr: its flavour, URL and state."""
-        state = "closed" if self._closed else self.fallback.describe()
+        state = "closed" if self.closed else self.fallback.describe()
         kind = "aio.Client" if self.aio else "Client"
         return f"<tritonshm.{kind} {self.url!r} {state}>"
 
@@ -343,7 +326,7 @@ class Engine:
         its keyword arguments (tritonclient's names and meanings: ``timeout`` is the server's, in
         microseconds) and ``options=`` (a :class:`RequestOptions`), over the client's defaults.
         None when there are none."""
-        defaults = self._default_options
+        defaults = self.default_options
         if not given:
             return defaults
         given = dict(given)
@@ -408,48 +391,6 @@ class Engine:
             raise ShapeMismatch(f"a streamed request is one request: model {info.name!r} takes at most "
                                 f"max_batch_size={info.max_batch_size} rows, not {rows}")
         return plan
-
-    # -- the quick path -----------------------------------------------------
-
-    def quick_plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
-                   copy: bool, output_device: Any, slot_timeout: float | None,
-                   options: RequestOptions | None) -> tuple[Any, QuickPlan | None]:
-        """A request seen before, when it may take :meth:`~._run.Runner.quick_steps`: ``(signature,
-        QuickPlan)``; ``(signature, None)`` when it may but was not seen (then
-        :meth:`remember_quick` it once planned); ``(None, None)`` when it may not.
-
-        Quick requests are small ones of plain numpy arrays on host slots, copied
-        results where they were, no options: the common case, where checking and
-        planning again cost as much as the rest of the call.
-        """
-        if options is not None or not copy or output_device != "auto" or slot_timeout is not None \
-                or self.fallback.wire or self.routing.transport == "cuda" or len(inputs) > 8:
-            return None, None
-        signature: list[Any] = [info.name, info.version, None if outputs is None else tuple(outputs)]
-        total = 0
-        for name, array in inputs.items():
-            if type(array) is not np.ndarray or not array.flags.c_contiguous:
-                return None, None
-            total += array.nbytes
-            signature += (name, array.dtype, array.shape)
-        if total > _QUICK_BYTES:
-            return None, None
-        key = tuple(signature)
-        return key, self._quick_plans.get(key)
-
-    def remember_quick(self, signature: Any, plan: Plan) -> None:
-        """Keep *plan* for the requests of *signature* (from :meth:`quick_plan`), if it is one
-        the quick path can run: one chunk, host slots, results on the host, no BYTES."""
-        info = plan.info
-        if len(plan.chunks) != 1 or plan.route.memory != SYSTEM or plan.route.results.device is not None \
-                or info.has_bytes or info.decoupled:
-            return
-        (arrays,) = plan.chunks
-        shapes = {name: array.shape for name, array in arrays.items()}
-        needs = self.pool_table.needs(info, shapes, {})
-        if len(self._quick_plans) >= _QUICK_PLANS:
-            self._quick_plans.clear()
-        self._quick_plans[signature] = QuickPlan(plan._replace(chunks=[]), (info.name, info.version, SYSTEM), needs)
 
     # -- the zero-copy path -----------------------------------------------
 

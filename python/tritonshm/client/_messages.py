@@ -23,7 +23,8 @@ from ._model import ModelInfo
 from ._pool import Lease
 from ._steps import Send
 
-__all__ = ["collect", "http_request", "make_room", "output_shape", "rows_for", "slot_request", "wire_request", "wire_results"]
+__all__ = ["collect", "http_request", "make_room", "output_shape", "own_request", "rows_for", "slot_request", "wire_request",
+           "wire_results"]
 
 _MESSAGES_PER_SLOT = 16  # what a slot keeps per input shapes and outputs (messages, quick views)
 
@@ -199,6 +200,32 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mappin
     if message is None:
         make_room(cache)
         message = cache[message_key] = wire.request_message(info.name, info.version, inputs, requested)
+    return inputs, requested, message
+
+
+def own_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
+                names: Sequence[str]) -> tuple[list, list, Any]:
+    """Request objects of the slot's own for these input shapes and outputs -- bound once and
+    never again, unlike :func:`slot_request`'s, so the quick path keeps them with their message
+    -- and the message (None where a tensor travels in it: an empty input).  No BYTES inputs."""
+    memory, name = lease.extent.memory, lease.extent.name
+    inputs, in_message = [], False
+    for spec in info.inputs:
+        shape = list(shapes[spec.name])
+        infer_input = wire.infer_input(spec.name, shape, spec.datatype)
+        nbytes = math.prod(shape) * spec.dtype.itemsize
+        if nbytes:
+            memory.bind_input(infer_input, name, lease.offset(spec.name), nbytes)
+        else:  # Triton refuses a 0-byte binding: an empty tensor travels in the message
+            infer_input.set_data_from_numpy(np.empty(shape, spec.dtype))
+            in_message = True
+        inputs.append(infer_input)
+    requested = []
+    for output in names:
+        requested_output = wire.requested_output(output)
+        memory.bind_output(requested_output, name, lease.offset(output), lease.pool.layout.capacities[output])
+        requested.append(requested_output)
+    message = None if in_message else wire.request_message(info.name, info.version, inputs, requested)
     return inputs, requested, message
 
 

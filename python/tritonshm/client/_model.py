@@ -35,12 +35,12 @@ class TensorSpec:
         """The numpy dtype (object for BYTES)."""
         return _dtypes.numpy_dtype(self.datatype)
 
-    @property
+    @functools.cached_property  # (read on every request: a plain attribute after the first)
     def is_bytes(self) -> bool:
         """True for BYTES (variable-length strings) tensors."""
         return self.datatype == "BYTES"
 
-    @property
+    @functools.cached_property
     def fixed(self) -> bool:
         """True when no dim is variable and the datatype has a fixed size."""
         return -1 not in self.dims and not self.is_bytes
@@ -57,7 +57,7 @@ class ModelInfo:
     max_batch_size: int         #: 0 when the model does not batch
     decoupled: bool = False     #: answers a request with any number of responses (streams only)
 
-    @property
+    @functools.cached_property  # (read on every request: a plain attribute after the first)
     def batched(self) -> bool:
         """True when inputs carry a leading batch dim."""
         return self.max_batch_size > 0

@@ -22,7 +22,7 @@ from ..errors import ClientClosed, OutputTooSmall, RegionNotRegistered, ServerEr
 from . import _bytes, _devices, _intake, _messages
 from ._claim import Claim, Span, server_answered
 from ._devices import DeviceTensor, OutTensor, Placement
-from ._engine import Engine, QuickPlan
+from ._engine import Engine
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._plan import Plan
@@ -35,6 +35,8 @@ __all__ = ["InferRun", "Runner"]
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 _CLASH_POLL = 0.005  # how often a request waiting for clashing memory to be let go of looks again
 _NAMES: Any = object()  # a streamed request asks for its plan's outputs by name (not for objects given)
+_QUICK_BYTES = 1 << 20  # requests up to this many input bytes may take the quick path
+_QUICK_PLANS = 256      # quick plans kept (one per model, outputs and input shapes and dtypes)
 
 
 class InferRun(NamedTuple):
@@ -47,12 +49,27 @@ class InferRun(NamedTuple):
 
 
 
+class QuickPlan:
+    """A small request seen before, checked then: the same model, outputs and input dtypes
+    and shapes need no checking, planning or routing again (see :meth:`Runner.quick_steps`)."""
+
+    __slots__ = ("plan", "key", "needs", "pool")
+
+    def __init__(self, plan: Plan, key: tuple[str, str, SlotKind], needs: dict[str, int]):
+        self.plan = plan    # the plan made when it was first seen (its chunk: those inputs)
+        self.key = key      # its pool's key
+        self.needs = needs  # what a slot of that pool must hold
+        self.pool: SlotPool | None = None  # the pool it leased from last, while in service and fitting
+
+
 class _QuickSlot(NamedTuple):
-    """One slot made ready for quick requests of some input shapes: views of its inputs
-    and of its outputs' bytes."""
+    """One slot made ready for quick requests of some input shapes: views of its inputs and
+    of its outputs' bytes, and request objects of its own with their message (see
+    :func:`._messages.own_request`)."""
 
     inputs: list[tuple[str, np.ndarray]]
     outputs: list[tuple[str, Any, np.ndarray]]
+    request: tuple[list, list, Any]
 
 
 class Runner:
@@ -67,6 +84,8 @@ class Runner:
         self.lent_table = engine.lent_table
         self.claims = engine.claims
         self.disposals = engine.disposals
+        self._flight = engine.flight()  # one request in flight while entered (reusable)
+        self._quick_plans: dict[tuple, QuickPlan] = {}  # small requests seen before, by signature
 
     def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None = None) -> Steps:
         """Steps of one chunk of *plan* (its *arrays* fit a slot): lease, copy in, run,
@@ -75,7 +94,7 @@ class Runner:
         What the server may touch -- the slot, the tensors lent -- is held by the chunk's
         :class:`~._claim.Claim`, which lets go of it when the chunk ends: at once if the
         server answered, else once the server lets go of it."""
-        with self.engine.flight():
+        with self._flight:
             claim = Claim(self.claims, self.lent_table)
             try:
                 outputs = yield from self._chunk_attempts(plan, arrays, rows, claim)
@@ -107,7 +126,7 @@ class Runner:
         if route.lent and not self.fallback.wire:  # (a server that refused CUDA memory: the table says so)
             yield from self._lend_steps(plan, arrays, claim)
         needs = self.pool_table.needs(info, shapes, bytes_sizes)
-        if claim:  # lent tensors take no room in a slot
+        if claim.tensors:  # lent tensors take no room in a slot
             needs = {name: size for name, size in needs.items()
                      if name not in claim.inputs and name not in claim.outputs}
         for attempt in range(_GROW_ATTEMPTS):
@@ -201,10 +220,10 @@ class Runner:
         memory = None if lease is None else lease.extent.memory
         stream = _devices.copy_stream(device) if memory is None else self._copy_stream(memory, device)
         queued = False
-        waits = claim.waits if claim else []
+        waits = claim.waits if claim is not None else []
         try:
             for spec in info.inputs:
-                if claim and spec.name in claim.inputs:
+                if claim is not None and spec.name in claim.inputs:
                     continue
                 assert lease is not None and memory is not None, "an input not lent has room in a slot"
                 offset = lease.offset(spec.name)
@@ -233,13 +252,14 @@ class Runner:
         """An ``infer`` call's steps, for either client: by the quick path when the request was
         seen before, else planned (and remembered for the quick path), one :class:`Steps` per
         chunk of a large batch -- to be driven at once -- and how their results join."""
-        signature, quick = (None, None) if out is not None else \
-            self.engine.quick_plan(info, inputs, outputs, copy, output_device, slot_timeout, options)
+        signature = None if out is not None else \
+            self._quick_signature(info.name, info.version, inputs, outputs, copy, output_device, slot_timeout)
+        quick = None if signature is None else self._quick_plans.get(signature)
         if quick is not None:  # seen before: checked then, planned then
-            return InferRun([self.quick_steps(quick, inputs)])
+            return InferRun([self.quick_steps(quick, inputs, options)])
         plan = self.engine.plan(info, inputs, outputs, copy, output_device, slot_timeout, options, out=out)
         if signature is not None:
-            self.engine.remember_quick(signature, plan)
+            self._remember_quick(signature, plan)
         if len(plan.chunks) == 1:
             return InferRun([self.chunk_steps(plan, plan.chunks[0])])
         rows = _intake.result_rows(info, plan.names, plan.chunks, plan.route.results)
@@ -247,42 +267,87 @@ class Runner:
                         functools.partial(_intake.join_chunks, names=plan.names, placement=plan.route.results,
                                           rows=rows[0]))
 
-    def quick_steps(self, quick: QuickPlan, arrays: Mapping[str, Any]) -> Steps:
-        """A request of a :class:`QuickPlan`: lease, copy in, send the slot's ready message,
-        copy out -- as straight-line code.  What is not the common case (no free slot, a pool
-        to make or grow, a server that forgot our regions, an output larger than its slot)
-        goes the full way (:meth:`chunk_steps`), which handles it."""
-        pool = self.pool_table.get(quick.key)
-        lease = None
-        if pool is not None and pool.layout.fits(quick.needs):
-            lease = pool.try_acquire(False)
+    # -- the quick path -----------------------------------------------------
+
+    def quick_steps_for(self, model: str, version: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
+                        copy: bool, output_device: Any, slot_timeout: float | None,
+                        options: RequestOptions | None) -> Steps | None:
+        """An ``infer`` call's steps by the quick path (:meth:`quick_steps`) when it may take it
+        and was seen before -- no model lookup, no checks, no plan: the caller's first call --
+        else None (then :meth:`infer_steps`).  *options*: the call's, checked."""
+        signature = self._quick_signature(model, version, inputs, outputs, copy, output_device, slot_timeout)
+        quick = None if signature is None else self._quick_plans.get(signature)
+        return None if quick is None else self.quick_steps(quick, inputs, options)
+
+    def _quick_signature(self, model: str, version: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
+                         copy: bool, output_device: Any, slot_timeout: float | None) -> tuple | None:
+        """What makes a request the same as one seen before, when it may take the quick path (else
+        None): small ones of plain numpy arrays on host slots, copied results where they were --
+        the common case, where checking and planning again cost as much as the rest.  Options
+        are not part of it: they travel with each request (a sequence's id changes every time)."""
+        if not copy or output_device != "auto" or slot_timeout is not None or self.fallback.wire \
+                or self.engine.routing.transport == "cuda" or len(inputs) > 8:
+            return None
+        signature: list[Any] = [model, version, None if outputs is None else tuple(outputs)]
+        total = 0
+        for name, array in inputs.items():
+            if type(array) is not np.ndarray or not array.flags.c_contiguous:
+                return None
+            total += array.nbytes
+            signature += (name, array.dtype, array.shape)
+        return tuple(signature) if total <= _QUICK_BYTES else None
+
+    def _remember_quick(self, signature: tuple, plan: Plan) -> None:
+        """Keep *plan* for the requests of *signature*, if it is one the quick path can run: one
+        chunk, host slots, results on the host, no BYTES."""
+        info = plan.info
+        if len(plan.chunks) != 1 or plan.route.memory != SYSTEM or plan.route.results.device is not None \
+                or info.has_bytes or info.decoupled:
+            return
+        (arrays,) = plan.chunks
+        needs = self.pool_table.needs(info, {name: array.shape for name, array in arrays.items()}, {})
+        if len(self._quick_plans) >= _QUICK_PLANS:
+            self._quick_plans.clear()
+        self._quick_plans[signature] = QuickPlan(plan._replace(chunks=[]), (info.name, info.version, SYSTEM), needs)
+
+    def quick_steps(self, quick: QuickPlan, arrays: Mapping[str, Any], options: RequestOptions | None) -> Steps:
+        """A request of a :class:`QuickPlan`: lease, copy in, send the slot's ready message (made
+        with these *options* where there are any), copy out -- as straight-line code over what
+        the plan and the slot keep.  What is not the common case (no free slot, a pool to make or
+        grow, a server that forgot our regions, an output larger than its slot) goes the full
+        way (:meth:`chunk_steps`), which handles it."""
+        if self.engine.closed:
+            self.engine.check_open()
+        pool = quick.pool
+        if pool is None or pool.retired:  # (a larger pool replaced it, or it went out of service)
+            pool = quick.pool = self.pool_table.get(quick.key)
+            if pool is not None and not pool.layout.fits(quick.needs):
+                pool = quick.pool = None
+        lease = None if pool is None else pool.try_acquire(False)
         if lease is None:
-            return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)]), arrays))
-        info, names = quick.plan.info, quick.plan.names
+            return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)], options=options), arrays))
+        info = quick.plan.info
         outputs: dict[str, Any] = {}
         claim = Claim(self.claims, self.lent_table)  # its slot: kept out of the pool if given up on
         claim.lease = lease
-        with self.engine.flight():
+        with self._flight:
             try:
-                self.engine.check_open()
-                memory = lease.extent.memory
-                shapes = {name: array.shape for name, array in arrays.items()}
-                slot = self._quick_slot(info, lease, shapes, names)
+                slot = self._quick_slot(info, lease, arrays, quick.plan.names)
                 for name, view in slot.inputs:
                     np.copyto(view, arrays[name])
-                # The request objects are bound again here if the slot served other shapes
-                # meanwhile; the gRPC message kept for these shapes is sent as it is.
-                inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, {},
-                                                                    prepare=True)
+                inputs, requested, message = slot.request
                 try:
-                    result = yield from self._send_claimed(
-                        Send(info.name, info.version, inputs, requested, None, message, claim), claim)
+                    result = yield from self._send_claimed(Send(
+                        info.name, info.version, inputs, requested, options, message if options is None else None,
+                        claim), claim)
                 except OutputTooSmall:
+                    if options is not None and not options.may_run_twice:
+                        raise  # it ran: not again (the full way says the same)
                     result = None  # the full way grows
                 if isinstance(result, RegionNotRegistered):
                     result = None  # the full way registers again; the server ran nothing
                 if result is not None:
-                    if memory.closed:  # close() gave up waiting for us and closed it
+                    if lease.extent.closed:  # close() gave up waiting for us and let go of it
                         raise ClientClosed(f"the client was closed while this request on model "
                                            f"{info.name!r} ran: its results are lost")
                     for name, spec, view in slot.outputs:
@@ -292,29 +357,32 @@ class Runner:
             finally:
                 del lease
                 self._end_claim(claim)
-        if result is None:  # refused before it ran: the full way heals and runs it
-            return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)]), arrays))
+        if result is None:  # refused before it ran, or outgrown: the full way heals and runs it
+            return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)], options=options), arrays))
         if self.disposals.maybe_due:
             yield from self.engine.settle_steps()
         return outputs
 
-    def _quick_slot(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
+    def _quick_slot(self, info: ModelInfo, lease: Lease, arrays: Mapping[str, Any],
                     names: Sequence[str]) -> "_QuickSlot":
-        """The slot's views for these input shapes and outputs (made once per slot)."""
+        """The slot's views and request for these inputs' shapes and outputs (made once per slot)."""
         cache = lease.extent.requests.get(lease.index)
         if cache is None:
             cache = lease.extent.requests[lease.index] = {}
-        key = ("quick", tuple(shapes.items()), tuple(names))
+        given = tuple((name, array.shape) for name, array in arrays.items())
+        key = ("quick", given, *names)
         slot = cache.get(key)
         if slot is None:
             _messages.make_room(cache)
+            shapes = dict(given)
             memory, capacities = lease.extent.memory, lease.pool.layout.capacities
             slot = cache[key] = _QuickSlot(
                 [(spec.name, memory.array_at(lease.offset(spec.name), spec.dtype, shapes[spec.name]))
                  for spec in info.inputs],
                 [(name, info.output(name), memory.array_at(lease.offset(name), np.dtype(np.uint8),
                                                            (capacities[name],)))
-                 for name in names])
+                 for name in names],
+                _messages.own_request(self.wire, info, lease, shapes, names))
         return slot
 
     def stream_steps(self, plan: Plan) -> Steps:
@@ -373,7 +441,7 @@ class Runner:
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays)
         claim = Claim(self.claims, self.lent_table)
-        with self.engine.flight():
+        with self._flight:
             try:
                 yield from self._wait_for_clashes(plan, arrays, claim)
                 if plan.route.lent and not self.fallback.wire:
@@ -383,7 +451,7 @@ class Runner:
                 lease = None if self.fallback.wire or not needs else (
                     yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, False, plan.route.memory))
                 claim.lease = lease
-                if self.fallback.wire or lease is None and not claim:
+                if self.fallback.wire or lease is None and not claim.tensors:
                     inputs = _messages.wire_request(self.wire, info, arrays, [])[0]
                 else:
                     yield from self._fill_steps(info, lease, arrays, bytes_sizes, plan.route.device, claim)
@@ -426,7 +494,7 @@ class Runner:
         landed before they are returned.  Tensors the *claim* lends are named where they are
         instead of in the slot (no lease: all of them); results the caller allocated (*out*)
         are returned, filled.  The claim knows whether the server answered."""
-        with self.engine.flight():
+        with self._flight:
             if ready is not None:
                 yield WaitForDevice(ready)
             inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, bytes_sizes,
