@@ -211,6 +211,7 @@ def main() -> int:
         _recorded_stub(tc, "ModelInfer")
         for connection in {id(k): k for k in [c.tritonclient]}.values():
             _recorded_stub(connection, "ModelInfer")
+        c._driver._grpc_send = None  # it bound the stub's ModelInfer at its first send: again, to the recording
         if h is not None:
             _recorded_http(h)
         for fn in methods.values():  # record (the first call through each stub goes out once)

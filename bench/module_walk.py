@@ -4,8 +4,9 @@
 Issue 33's measure of the client's shape: a warm call (the model known, its pool made, the
 request seen before) traced with ``sys.setprofile``; every call from one tritonshm module
 into another is a crossing, and a crossing into a module the walk entered before is a
-*re-entry*.  Three walks: the quick path (a request seen before), the full path (the same
-request with an option, which the quick path does not take) and a cold call (a new client).
+*re-entry*.  Four walks: the quick path (a request seen before), the same request with an
+option (it travels with the request, planned once), the full path (results as views of the
+slot, ``copy=False``, which the quick path does not take) and a cold call (a new client).
 
     python bench/module_walk.py --url localhost:8001          # a running server
     python bench/module_walk.py                               # starts a LocalServer
@@ -82,9 +83,11 @@ def main() -> None:
             for _ in range(3):  # warm: the model known, the pool made, the request seen
                 client.infer("identity_fp32", {"INPUT0": x})
                 client.infer("identity_fp32", {"INPUT0": x}, priority=1)
+                client.infer("identity_fp32", {"INPUT0": x}, copy=False)
             walks = {
                 "quick path (warm)": lambda: client.infer("identity_fp32", {"INPUT0": x}),
-                "full path (warm, an option)": lambda: client.infer("identity_fp32", {"INPUT0": x}, priority=1),
+                "an option (warm, priority=1)": lambda: client.infer("identity_fp32", {"INPUT0": x}, priority=1),
+                "full path (warm, copy=False)": lambda: client.infer("identity_fp32", {"INPUT0": x}, copy=False),
             }
             traces: dict[str, list[str]] = {name: [] for name in walks}
             results = {name: walk(call, traces[name] if args.trace else None) for name, call in walks.items()}

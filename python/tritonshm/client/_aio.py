@@ -281,7 +281,8 @@ class Client(ClientFace):
     async def model_info(self, model: str, version: str = "") -> ModelInfo:
         """What the server says about *model* (cached per model and version)."""
         engine = self._engine
-        engine.check_open()
+        if engine.closed:
+            engine.check_open()
         return engine.cached_model(model, version) or await self._driver.drive(engine.model_steps(model, version))
 
     def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,

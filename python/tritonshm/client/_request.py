@@ -50,8 +50,8 @@ class SlotRequest:
         checked = self._runner.engine.request_options(options or {})
         device = self._lease.extent.memory.device
         ready = None if device is None else _devices.current_stream_event(device, stream)
-        return self._runner.slot_steps(self.info, self._lease, self._shapes, names, False, {},
-                                       Placement(device), ready=ready, options=checked)
+        return self._runner.run_steps(self.info, self._lease, self._shapes, names, Placement(device), ready,
+                                      checked)
 
     def close(self) -> None:
         """Give up the hold on the slot (views keep it until they go); idempotent."""

@@ -161,7 +161,8 @@ class Runner:
                 continue
             finally:
                 del lease  # now, not when a traceback holding this frame dies
-            self.lent_table.count(len(claim.inputs), len(claim.outputs))
+            if claim.tensors:
+                self.lent_table.count(len(claim.inputs), len(claim.outputs))
             return outputs
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -467,7 +468,8 @@ class Runner:
                 claim.unanswered = False  # not sent: the stream refused it
                 self._end_claim(claim)
                 raise
-        self.lent_table.count(len(claim.inputs))
+        if claim.tensors:
+            self.lent_table.count(len(claim.inputs))
         pool = None if claim.lease is None else claim.lease.pool
         entry.when_final(functools.partial(self._stream_request_done, claim))
         return entry, pool
@@ -493,38 +495,38 @@ class Runner:
         copied on *stream* (this thread's copy stream of the slot's or the results' GPU) and
         landed before they are returned.  Tensors the *claim* lends are named where they are
         instead of in the slot (no lease: all of them); results the caller allocated (*out*)
-        are returned, filled.  The claim knows whether the server answered."""
-        with self._flight:
-            if ready is not None:
-                yield WaitForDevice(ready)
-            inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, bytes_sizes,
-                                                                prepare=options is None, lent=claim)
-            send = Send(info.name, info.version, inputs, requested, options, message, claim)
-            result = yield from self._send_claimed(send, claim)
-            if isinstance(result, RegionNotRegistered):
-                # The server restarted and forgot our regions: register every extent of the
-                # pool (and every lent allocation) again under its name, then retry once.
-                yield from self._register_again_steps(None if lease is None else lease.pool)
-                result = yield from self._send_claimed(send, claim, again=True)
-            if lease is not None and lease.extent.memory.closed:  # close() gave up waiting for us and closed it
-                raise ClientClosed(f"the client was closed while this request on model {info.name!r} "
-                                   f"ran: its results are lost")
-            if stream is None:
-                stream = self._copy_stream(lease.extent.memory, results.device) if lease is not None \
-                    else _devices.copy_stream(results.device)
-            try:
-                outputs, queued = _messages.collect(info, lease, result, names, copy, results, rows, stream,
-                                                    claim, out)
-                if queued:
-                    yield WaitForDevice(stream.record())
-            except BaseException:
-                # The slot goes back, and results already made are dropped (a caching allocator
-                # hands their blocks out again at once): no copy out of the one into the other
-                # may still be queued.
-                if stream is not None:
-                    stream.synchronize()
-                raise
-            return outputs
+        are returned, filled.  The claim knows whether the server answered.  The caller counts
+        the request in flight (:meth:`run_steps`)."""
+        if ready is not None:
+            yield WaitForDevice(ready)
+        inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, bytes_sizes,
+                                                            prepare=options is None, lent=claim)
+        send = Send(info.name, info.version, inputs, requested, options, message, claim)
+        result = yield from self._send_claimed(send, claim)
+        if isinstance(result, RegionNotRegistered):
+            # The server restarted and forgot our regions: register every extent of the
+            # pool (and every lent allocation) again under its name, then retry once.
+            yield from self._register_again_steps(None if lease is None else lease.pool)
+            result = yield from self._send_claimed(send, claim, again=True)
+        if lease is not None and lease.extent.closed:  # close() gave up waiting for us and let go of it
+            raise ClientClosed(f"the client was closed while this request on model {info.name!r} "
+                               f"ran: its results are lost")
+        if stream is None:
+            stream = self._copy_stream(lease.extent.memory, results.device) if lease is not None \
+                else _devices.copy_stream(results.device)
+        try:
+            outputs, queued = _messages.collect(info, lease, result, names, copy, results, rows, stream,
+                                                claim, out)
+            if queued:
+                yield WaitForDevice(stream.record())
+        except BaseException:
+            # The slot goes back, and results already made are dropped (a caching allocator
+            # hands their blocks out again at once): no copy out of the one into the other
+            # may still be queued.
+            if stream is not None:
+                stream.synchronize()
+            raise
+        return outputs
 
     @staticmethod
     def _send_claimed(send: Send, claim: Claim | None, again: bool = False) -> Steps:
@@ -551,7 +553,16 @@ class Runner:
     @staticmethod
     def _copy_stream(memory: SlotMemory, device: int | None) -> Any:
         """This thread's copy stream of the GPU of *memory*, else of *device*; None: no GPU."""
-        return _devices.copy_stream(memory.device if memory.device is not None else device)
+        device = memory.device if memory.device is not None else device
+        return None if device is None else _devices.copy_stream(device)
+
+    def run_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]], names: Sequence[str],
+                  results: Placement, ready: Any, options: RequestOptions | None) -> Steps:
+        """A zero-copy request's run (:class:`~._request.SlotRequest`): :meth:`slot_steps` over its
+        slot, results as views, counted in flight."""
+        with self._flight:
+            return (yield from self.slot_steps(info, lease, shapes, names, False, {}, results, ready=ready,
+                                               options=options))
 
     def lease_now(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]], kind: SlotKind) -> Lease | None:
         """A zero-copy request's slot when one is free in the pool that fits it (the usual case,
