@@ -60,15 +60,15 @@ def record_plans(monkeypatch: pytest.MonkeyPatch, client: Any) -> list[str]:
     """A list that gets the model's name of each request *client* (a ``tritonshm.Client`` or
     ``aio.Client``) plans in full -- checks, splits and routes -- from now on (not the small
     requests seen before, which take the quick path), until *monkeypatch* is undone."""
-    engine = client._engine
+    planner = client._engine.planner
     planned: list[str] = []
-    real = engine.plan
+    real = planner.plan
 
     def plan(info: Any, *args: Any, **kwargs: Any) -> Any:
         planned.append(info.name)
         return real(info, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "plan", plan)
+    monkeypatch.setattr(planner, "plan", plan)
     return planned
 
 

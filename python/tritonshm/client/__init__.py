@@ -57,15 +57,15 @@ tests/client/test_package_layers.py):
 ``_steps``      the vocabulary of sans-I/O request steps
 ``_pool``       one slot pool: layout, extents, leases, growth
 ``_messages``   what goes on the wire for a slot (request objects, ready messages) and what is read back
-``_plan``       a request's :class:`Plan` and :class:`Route`; the client's routing
-``_stream``     streamed requests: one gRPC stream per client, responses by request id
 ``_fallback``   the transport state machine: what the server cannot open, and so how requests travel
+``_plan``       :class:`Planner`: a call's checks, chunks and :class:`Route` -- its :class:`Plan`
+``_stream``     streamed requests: one gRPC stream per client, responses by request id
 ``_disposal``   letting go of memory, the one way: unregister, park what is refused, close
 ``_lent``       the caller's GPU allocations lent to the server: a bounded table, held, let go
 ``_claim``      what one request holds while the server may touch it, and the one place it ends
 ``_pools``      the pool table: find, make, grow, retire, lease, the byte budget
-``_engine``     :class:`Engine`: settings and state, lifecycle, discovery, planning
-``_run``        :class:`Runner`: every request's steps -- lend, lease, fill, send, heal; the quick path
+``_engine``     :class:`Engine`: settings and state, lifecycle and requests in flight, discovery
+``_run``        :class:`Runner`: every request's steps -- lend, lease, fill, send, heal; the quick path and its plans
 ``_face``       what both clients answer without I/O: settings, snapshots
 ``_request``    the zero-copy request's core both clients' ``Request`` hold
 ``_threads``    worker threads and connections of the blocking client

@@ -296,7 +296,8 @@ class Client(ClientFace):
         thread (the order point of the contract), not when the result is awaited.
         """
         engine = self._engine
-        checked = engine.request_options(options) if options else engine.default_options
+        planner = engine.planner
+        checked = planner.request_options(options) if options else planner.default_options
         if out is None:
             quick = self._runner.quick_steps_for(model, version, inputs, outputs, copy, output_device,
                                                  slot_timeout, checked)
@@ -326,14 +327,14 @@ class Client(ClientFace):
         server has finished the request.
         """
         return self._stream(model, _devices.capture_inputs(inputs), outputs, version, slot_timeout, output_device,
-                            self._engine.request_options(options))
+                            self._engine.planner.request_options(options))
 
     async def _stream(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
                       slot_timeout: float | None, output_device: str | int,
                       options: RequestOptions | None) -> AsyncIterator[dict[str, Any]]:
         engine = self._engine
         info = await self.model_info(model, version)
-        plan = engine.stream_plan(info, inputs, outputs, output_device, slot_timeout, options)
+        plan = engine.planner.stream_plan(info, inputs, outputs, output_device, slot_timeout, options)
         async with contextlib.aclosing(self._driver.iterate(self._runner.stream_steps(plan))) as responses:
             async for outputs_of_one in responses:
                 yield outputs_of_one
@@ -343,7 +344,7 @@ class Client(ClientFace):
         """:meth:`tritonshm.Client._stream_to`, awaited (for tritonshm.grpc.aio's ``stream_infer``)."""
         engine = self._engine
         info = await self.model_info(model, version)
-        plan = engine.stream_plan(info, inputs, None, "auto", None, options)
+        plan = engine.planner.stream_plan(info, inputs, None, "auto", None, options)
         return await self._driver.drive(self._runner.stream_send_steps(plan, stream, requested))
 
     async def request(self, model: str, batch_size: int | None = None, *,
@@ -352,12 +353,12 @@ class Client(ClientFace):
                       **misplaced: Any) -> Request:
         """Like :meth:`tritonshm.Client.request`; the request's ``run()`` returns an awaitable."""
         engine = self._engine
-        engine.refuse_lease_options(misplaced)
+        engine.planner.refuse_lease_options(misplaced)
         info = await self.model_info(model, version)
-        full = engine.request_shapes(info, batch_size, shapes)
+        full = engine.planner.request_shapes(info, batch_size, shapes)
         kind = engine.routing.request_memory(info, device)
         lease = self._runner.lease_now(info, full, kind) or \
-            await self._driver.drive(self._runner.request_steps(info, full, engine.slot_wait(slot_timeout), kind))
+            await self._driver.drive(self._runner.request_steps(info, full, engine.planner.slot_wait(slot_timeout), kind))
         return Request(SlotRequest(self._runner, info, lease, full), self._driver)
 
     async def close(self) -> None:
@@ -380,11 +381,27 @@ class Client(ClientFace):
             await self._driver.aio_client.close()
 
     async def _until_idle(self, timeout: float | None) -> None:
-        """Wait (without blocking the loop) until no request is in flight, or *timeout* passed."""
+        """Wait (without blocking the loop) until no request is in flight, or *timeout* passed:
+        woken by the last one's end, on whichever thread it ends."""
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while self._engine.in_flight and (deadline is None or loop.time() < deadline):
-            await asyncio.sleep(0.005)
+        idle = loop.create_future()
+
+        def resolve() -> None:
+            if not idle.done():
+                idle.set_result(None)
+
+        def wake() -> None:
+            try:
+                loop.call_soon_threadsafe(resolve)
+            except RuntimeError:
+                pass  # the loop is gone: nobody waits any more
+
+        if self._engine.in_flight.on_idle(wake):
+            return
+        try:
+            await asyncio.wait_for(idle, timeout)
+        except asyncio.TimeoutError:
+            pass  # close() stops waiting: what the requests left is held for the server
 
     async def __aenter__(self) -> "Client":
         return self

@@ -371,7 +371,8 @@ class Client(ClientFace):
         checked before anything is sent; the client's *headers* come first.
         """
         drive, engine = self._driver.drive, self._engine
-        checked = engine.request_options(options) if options else engine.default_options
+        planner = engine.planner
+        checked = planner.request_options(options) if options else planner.default_options
         if out is None:
             quick = self._runner.quick_steps_for(model, version, inputs, outputs, copy, output_device,
                                                  slot_timeout, checked)
@@ -407,8 +408,9 @@ class Client(ClientFace):
         """
         engine = self._engine
         info = self.model_info(model, version)
-        plan = engine.stream_plan(info, inputs, outputs, output_device, slot_timeout,
-                                  engine.request_options(options))
+        planner = engine.planner
+        plan = planner.stream_plan(info, inputs, outputs, output_device, slot_timeout,
+                                   planner.request_options(options))
         return self._driver.iterate(self._runner.stream_steps(plan))
 
     def _stream_to(self, stream: Any, model: str, inputs: Mapping[str, Any], requested: list | None,
@@ -420,7 +422,7 @@ class Client(ClientFace):
         final response, or once the server lets go of it)."""
         engine = self._engine
         info = self.model_info(model, version)
-        plan = engine.stream_plan(info, inputs, None, "auto", None, options)
+        plan = engine.planner.stream_plan(info, inputs, None, "auto", None, options)
         return self._driver.drive(self._runner.stream_send_steps(plan, stream, requested))
 
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
@@ -451,12 +453,12 @@ class Client(ClientFace):
         ``torch.from_dlpack(req.inputs["INPUT0"])``).
         """
         engine = self._engine
-        engine.refuse_lease_options(misplaced)
+        engine.planner.refuse_lease_options(misplaced)
         info = self.model_info(model, version)
-        full = engine.request_shapes(info, batch_size, shapes)
+        full = engine.planner.request_shapes(info, batch_size, shapes)
         kind = engine.routing.request_memory(info, device)
         lease = self._runner.lease_now(info, full, kind) or \
-            self._driver.drive(self._runner.request_steps(info, full, engine.slot_wait(slot_timeout), kind))
+            self._driver.drive(self._runner.request_steps(info, full, engine.planner.slot_wait(slot_timeout), kind))
         return Request(SlotRequest(self._runner, info, lease, full), self._driver)
 
     # -- lifetime ---------------------------------------------------------
@@ -475,7 +477,7 @@ class Client(ClientFace):
             return
         for group in list(self._workers.values()):
             group.shutdown()  # finish what was submitted, while the pools still exist
-        engine.wait_idle(engine.slot_timeout)
+        engine.in_flight.wait_idle(engine.slot_timeout)
         self._driver.close_wire()  # streams still open end with ClientClosed; their slots come back
         detached = self._finalizer.detach()
         if detached is not None:

@@ -2,8 +2,8 @@
 
 :class:`Engine` holds the client's settings and state -- discovery (models), the pool table
 (:mod:`._pools`), the lent table (:mod:`._lent`), the fallback (:mod:`._fallback`), letting
-go of memory (:mod:`._disposal`), the requests in flight -- and plans requests (checks,
-routing, chunks, the quick path's cache).  A request's steps are :mod:`._run`'s; it never
+go of memory (:mod:`._disposal`), the requests in flight -- and the planner of its calls
+(:class:`~._plan.Planner`).  A request's steps are :mod:`._run`'s; it never
 talks to the server itself: :class:`~tritonshm.Client` drives the steps with blocking calls
 and threads, :class:`tritonshm.aio.Client` with asyncio.  So all of it exists once.
 """
@@ -14,57 +14,72 @@ import dataclasses
 import functools
 import os
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from .. import _http1, _transport
-from ..errors import (
-    ClientClosed,
-    DTypeMismatch,
-    InvalidOption,
-    InvalidOptionType,
-    ServerError,
-    ShapeMismatch,
-    UNKNOWN_MODEL,
-    unknown_model,
-)
-from . import _devices, _intake
+from ..errors import UNKNOWN_MODEL, ClientClosed, InvalidOption, ServerError, unknown_model
+from . import _devices
 from ._claim import Claims
 from ._fallback import Fallback
 from ._lent import LentAllocations, LentInfo, LentStats
-from ._model import ModelInfo, shape_fits
+from ._model import ModelInfo
 from ._options import RequestOptions, check_slot_timeout
-from ._plan import Plan, Routing
+from ._plan import Planner, Routing
 from ._pool import ByteBudget, PoolInfo
 from ._disposal import Disposals
 from ._pools import PoolTable, host_memory
 from ._steps import FetchModel, FetchModelNames, Steps
 
-__all__ = ["Engine", "TRANSPORTS", "engine_setting"]
+__all__ = ["Engine", "InFlight", "TRANSPORTS", "engine_setting"]
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
 
 
-class _InFlight:
-    """``with engine._flight():`` -- one request in flight for the block.  A plain context
-    manager (a request enters several times: a contextlib generator costs microseconds);
-    close() is woken only once the client is closing."""
+class InFlight:
+    """The requests between their first step and their last, counted: ``with in_flight:`` (a
+    plain context manager: a request enters it several times, and a contextlib generator costs
+    microseconds).  A closing client waits until none is left, blocking (:meth:`wait_idle`) or
+    woken from any thread (:meth:`on_idle`: the asyncio client's future); until one does, a
+    request's end wakes nobody."""
 
-    __slots__ = ("_engine",)
+    __slots__ = ("count", "_lock", "_idle", "_closing", "_wakes")
 
-    def __init__(self, engine: "Engine"):
-        self._engine = engine
+    def __init__(self) -> None:
+        self.count = 0  #: requests in flight now (its only writer: this object)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._closing = False  # someone waits for the last one
+        self._wakes: list[Callable[[], None]] = []
 
     def __enter__(self) -> None:
-        engine = self._engine
-        with engine._lock:
-            engine._in_flight += 1
+        with self._lock:
+            self.count += 1
 
     def __exit__(self, *exc_info: Any) -> None:
-        engine = self._engine
-        with engine._lock:
-            engine._in_flight -= 1
-            if engine._in_flight == 0 and engine.closed:
-                engine._idle.notify_all()
+        with self._lock:
+            self.count -= 1
+            if self.count or not self._closing:
+                return
+            self._idle.notify_all()
+            wakes, self._wakes = self._wakes, []
+        for wake in wakes:
+            wake()
+
+    def wait_idle(self, timeout: float | None) -> bool:
+        """Block until no request is in flight (True), or *timeout* seconds passed (False)."""
+        with self._lock:
+            self._closing = True
+            return self._idle.wait_for(lambda: self.count == 0, timeout)
+
+    def on_idle(self, wake: Callable[[], None]) -> bool:
+        """Call *wake* (once, from the thread that ends the last request) when no request is in
+        flight; True, and no call, when none is now."""
+        with self._lock:
+            self._closing = True
+            if self.count == 0:
+                return True
+            self._wakes.append(wake)
+            return False
 
 
 def engine_setting(name: str, doc: str) -> property:
@@ -96,9 +111,6 @@ class Engine:
             raise InvalidOption(f"by_reference must be True or False, not {by_reference!r}")
         if isinstance(max_lent_bytes, bool) or not isinstance(max_lent_bytes, int) or max_lent_bytes < 0:
             raise InvalidOption(f"max_lent_bytes must be an int >= 0, not {max_lent_bytes!r}")
-        #: Every request's options start from these (a client-wide header for a gateway's auth;
-        #: None: none).
-        self.default_options = None if headers is None else RequestOptions.of(headers=headers)
         make_host_memory = host_memory(pinned)
         if transport == "cuda":
             _devices.require_cuda("transport='cuda'")
@@ -110,6 +122,9 @@ class Engine:
         self.wire, self._address, self._ssl = _transport.parse_url(url, aio=aio)
         # What the server has shown it cannot open, and so how requests travel (its only writer).
         self.fallback = Fallback(transport, "HTTP" if self.wire.http else "gRPC")
+        # Every call's checks, chunks and route (the client's headers under its options).
+        self.planner = Planner(self.routing, self.wire, url, self.fallback, slot_timeout,
+                               None if headers is None else RequestOptions.of(headers=headers))
         self._verbose = verbose
         self._connect_options = dict(connect_options or {})
         self._lock = threading.RLock()
@@ -123,10 +138,8 @@ class Engine:
         self.lent_table = LentAllocations(max_lent_bytes, self.disposals, self.fallback)
         # The caller's memory that unfinished requests name (a request that would clash waits).
         self.claims = Claims()
-        # Requests between their first step and their last: close() lets them finish first.
-        self._in_flight = 0
-        self._idle = threading.Condition(self._lock)
-        self._in_flight_counter = _InFlight(self)
+        #: Requests between their first step and their last: close() lets them finish first.
+        self.in_flight = InFlight()
         #: Whether the client stopped taking requests (see :meth:`stop_accepting`): a plain
         #: attribute, read on every request.
         self.closed = False
@@ -288,141 +301,3 @@ class Engine:
         """After :meth:`release_steps`: close parked host memory, and hold device memory the
         server still refuses to let go of for the life of the process (never freed under it)."""
         self.disposals.give_up()
-
-    # -- requests in flight -----------------------------------------------
-
-    def flight(self) -> "_InFlight":
-        """Count one request in flight for its duration (generator steps: until they end or close)."""
-        return self._in_flight_counter
-
-    @property
-    def in_flight(self) -> int:
-        """Requests between their first step and their last."""
-        return self._in_flight
-
-    def wait_idle(self, timeout: float | None) -> bool:
-        """Block until no request is in flight (True), or *timeout* seconds passed (False)."""
-        with self._lock:
-            return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
-
-    # -- requests ---------------------------------------------------------
-
-    def slot_wait(self, slot_timeout: float | None) -> float | None:
-        """How long one call waits for a slot: its own *slot_timeout* (checked), else the client's."""
-        return self.slot_timeout if slot_timeout is None else check_slot_timeout(slot_timeout)
-
-    @staticmethod
-    def refuse_lease_options(given: Mapping[str, Any]) -> None:
-        """``request()`` leases a slot and sends nothing: request options (``timeout``, the
-        server's, included) belong to its ``run()``."""
-        if given:
-            raise InvalidOptionType(
-                f"request() takes no request options ({', '.join(sorted(given))}): give them to its run(), "
-                f"which sends the request (timeout= there is the server's, in microseconds); request()'s "
-                f"wait for a slot, in seconds, is slot_timeout=")
-
-    def request_options(self, given: Mapping[str, Any]) -> RequestOptions | None:
-        """The options of one call, checked for this client's protocol before anything is sent:
-        its keyword arguments (tritonclient's names and meanings: ``timeout`` is the server's, in
-        microseconds) and ``options=`` (a :class:`RequestOptions`), over the client's defaults.
-        None when there are none."""
-        defaults = self.default_options
-        if not given:
-            return defaults
-        given = dict(given)
-        base = given.pop("options", None)
-        if "server_timeout" in given:
-            raise InvalidOptionType(f"server_timeout is now timeout={given['server_timeout']!r} (the server's "
-                                    f"timeout in microseconds, as in tritonclient); the wait for a slot, in "
-                                    f"seconds, is slot_timeout")
-        options = RequestOptions.of(base, **given)
-        if not options.given:
-            # Nothing asked (options=RequestOptions(), as tritonshm.grpc / .http pass every call):
-            # the same as no options, so such a call keeps the quick path and the prepared message.
-            return defaults
-        if defaults is not None:
-            options = defaults.merged(options)
-        if self.wire.http:
-            options.http_infer_kwargs()
-            if options.client_timeout is not None:
-                raise InvalidOption("client_timeout needs gRPC: tritonclient.http has no per-request client "
-                                    "timeout (give the connection's network_timeout in connect_options)")
-        else:
-            options.grpc_infer_kwargs()
-        return options
-
-    def plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
-             copy: bool, output_device: Any = "auto", slot_timeout: float | None = None,
-             options: RequestOptions | None = None, streamed: bool = False,
-             out: Mapping[str, Any] | None = None) -> Plan:
-        """The request's :class:`Plan`: checked inputs split into chunks of at most
-        ``max_batch_size``, the output names, the route of its tensors, the wait
-        for a slot (*slot_timeout*, default the client's), and the results the caller
-        allocated (*out*: output name -> GPU tensor, written in place)."""
-        arrays, batch = _intake.check_inputs(info, inputs)
-        names = _intake.output_names(info, outputs)
-        if info.decoupled and not streamed:
-            raise InvalidOption(f"model {info.name!r} is decoupled (any number of responses per request): "
-                                f"Triton answers it over a gRPC stream only; use stream()")
-        chunks = _intake.split_batch(info, arrays, batch)
-        if len(chunks) > 1 and not copy:
-            raise InvalidOption(
-                f"copy=False needs one slot, but a batch of {batch} on model {info.name!r} "
-                f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
-            )
-        route = self.routing.route(info, arrays, output_device)
-        given = _devices.capture_out(out)
-        if given:
-            _intake.check_out(info, given, names, chunks, route.results, copy)
-        return Plan(info, chunks, names, route, copy, self.slot_wait(slot_timeout), options,
-                    given or None)
-
-    def stream_plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
-                    output_device: Any = "auto", slot_timeout: float | None = None,
-                    options: RequestOptions | None = None) -> Plan:
-        """The :class:`Plan` of a streamed request: one request (never split: a decoupled model's
-        responses belong to the request that asked), outputs copied out of each response."""
-        if self.wire.http:
-            raise InvalidOption(f"streaming needs gRPC (Triton streams only over ModelStreamInfer), "
-                                f"but this client's URL {self.url!r} is HTTP")
-        plan = self.plan(info, inputs, outputs, True, output_device, slot_timeout, options, streamed=True)
-        if len(plan.chunks) > 1:
-            rows = sum(len(next(iter(chunk.values()))) for chunk in plan.chunks)
-            raise ShapeMismatch(f"a streamed request is one request: model {info.name!r} takes at most "
-                                f"max_batch_size={info.max_batch_size} rows, not {rows}")
-        return plan
-
-    # -- the zero-copy path -----------------------------------------------
-
-    def request_shapes(self, info: ModelInfo, batch_size: int | None,
-                       shapes: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
-        """Checked full input shapes of a zero-copy request."""
-        if info.decoupled:
-            raise InvalidOption(f"model {info.name!r} is decoupled: Triton answers it over a gRPC stream "
-                                f"only; use stream()")
-        if self.fallback.wire:
-            raise InvalidOption("request() needs shared memory, but this client is on the wire transport")
-        given = {k: tuple(v) for k, v in (shapes or {}).items()}
-        if info.batched:
-            if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
-                    or not 1 <= batch_size <= info.max_batch_size:
-                raise ShapeMismatch(
-                    f"model {info.name!r} batches up to {info.max_batch_size}: "
-                    f"give 1 <= batch_size <= {info.max_batch_size}, not {batch_size}"
-                )
-        elif batch_size is not None:
-            raise ShapeMismatch(f"model {info.name!r} does not batch: leave batch_size out")
-        full: dict[str, tuple[int, ...]] = {}
-        for spec in info.inputs:
-            if spec.is_bytes:
-                raise DTypeMismatch(f"input {spec.name!r} is BYTES, which request() cannot view; use infer()")
-            want = info.shape_of(spec, batch_size or 1)
-            shape = given.get(spec.name) or want
-            if not shape_fits(want, shape) or any(s < 0 for s in shape):
-                raise ShapeMismatch(
-                    f"input {spec.name!r} of model {info.name!r} needs a shape like {list(want)} "
-                    f"(give variable dims with shapes=), got {list(shape)}"
-                )
-            full[spec.name] = tuple(shape)
-        return full
-

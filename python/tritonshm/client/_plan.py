@@ -4,22 +4,25 @@
 (host, pinned or CUDA, by the transport and the inputs' device) and of where
 its results land; :class:`Route` is that choice for one request, and
 :class:`Plan` the whole request, made once and passed whole through the
-engine's steps.
+runner's steps.  :class:`Planner` makes them: a call's checks (inputs,
+outputs, options for the client's protocol), its chunks and its route --
+functions of the call and of the client's settings, no I/O.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple, Sequence
 
-from ..errors import InvalidOption
-from . import _devices
+from ..errors import DTypeMismatch, InvalidOption, InvalidOptionType, ShapeMismatch
+from . import _devices, _intake
 from ._devices import DeviceTensor, OutTensor, Placement
-from ._model import ModelInfo
-from ._options import RequestOptions
+from ._fallback import Fallback
+from ._model import ModelInfo, shape_fits
+from ._options import RequestOptions, check_slot_timeout
 from ._slots import SYSTEM, SlotKind
 
-__all__ = ["Plan", "Route", "Routing"]
+__all__ = ["Plan", "Planner", "Route", "Routing"]
 
 
 class Route(NamedTuple):
@@ -111,3 +114,139 @@ class Routing:
             raise InvalidOption(f"model {info.name!r} has BYTES tensors, which travel in host slots only: "
                                 f"request() it without device=")
         return kind
+
+
+class Planner:
+    """The plans of one client's calls (see the module): checked for its protocol (*wire*,
+    *url*), routed by its *routing*, waiting *slot_timeout* seconds for a slot unless a call
+    says otherwise, its *default_options* under every call's; *fallback* says whether the
+    server took our memory at all."""
+
+    def __init__(self, routing: Routing, wire: Any, url: str, fallback: Fallback, slot_timeout: float | None,
+                 default_options: RequestOptions | None):
+        self.routing = routing
+        self.wire = wire
+        self.url = url
+        self.fallback = fallback
+        self.slot_timeout = slot_timeout
+        #: Every request's options start from these (a client-wide header for a gateway's auth;
+        #: None: none).
+        self.default_options = default_options
+
+    def slot_wait(self, slot_timeout: float | None) -> float | None:
+        """How long one call waits for a slot: its own *slot_timeout* (checked), else the client's."""
+        return self.slot_timeout if slot_timeout is None else check_slot_timeout(slot_timeout)
+
+    @staticmethod
+    def refuse_lease_options(given: Mapping[str, Any]) -> None:
+        """``request()`` leases a slot and sends nothing: request options (``timeout``, the
+        server's, included) belong to its ``run()``."""
+        if given:
+            raise InvalidOptionType(
+                f"request() takes no request options ({', '.join(sorted(given))}): give them to its run(), "
+                f"which sends the request (timeout= there is the server's, in microseconds); request()'s "
+                f"wait for a slot, in seconds, is slot_timeout=")
+
+    def request_options(self, given: Mapping[str, Any]) -> RequestOptions | None:
+        """The options of one call, checked for this client's protocol before anything is sent:
+        its keyword arguments (tritonclient's names and meanings: ``timeout`` is the server's, in
+        microseconds) and ``options=`` (a :class:`RequestOptions`), over the client's defaults.
+        None when there are none."""
+        defaults = self.default_options
+        if not given:
+            return defaults
+        given = dict(given)
+        base = given.pop("options", None)
+        if "server_timeout" in given:
+            raise InvalidOptionType(f"server_timeout is now timeout={given['server_timeout']!r} (the server's "
+                                    f"timeout in microseconds, as in tritonclient); the wait for a slot, in "
+                                    f"seconds, is slot_timeout")
+        options = RequestOptions.of(base, **given)
+        if not options.given:
+            # Nothing asked (options=RequestOptions(), as tritonshm.grpc / .http pass every call):
+            # the same as no options, so such a call keeps the quick path and the prepared message.
+            return defaults
+        if defaults is not None:
+            options = defaults.merged(options)
+        if self.wire.http:
+            options.http_infer_kwargs()
+            if options.client_timeout is not None:
+                raise InvalidOption("client_timeout needs gRPC: tritonclient.http has no per-request client "
+                                    "timeout (give the connection's network_timeout in connect_options)")
+        else:
+            options.grpc_infer_kwargs()
+        return options
+
+    def plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
+             copy: bool, output_device: Any = "auto", slot_timeout: float | None = None,
+             options: RequestOptions | None = None, streamed: bool = False,
+             out: Mapping[str, Any] | None = None) -> Plan:
+        """The request's :class:`Plan`: checked inputs split into chunks of at most
+        ``max_batch_size``, the output names, the route of its tensors, the wait
+        for a slot (*slot_timeout*, default the client's), and the results the caller
+        allocated (*out*: output name -> GPU tensor, written in place)."""
+        arrays, batch = _intake.check_inputs(info, inputs)
+        names = _intake.output_names(info, outputs)
+        if info.decoupled and not streamed:
+            raise InvalidOption(f"model {info.name!r} is decoupled (any number of responses per request): "
+                                f"Triton answers it over a gRPC stream only; use stream()")
+        chunks = _intake.split_batch(info, arrays, batch)
+        if len(chunks) > 1 and not copy:
+            raise InvalidOption(
+                f"copy=False needs one slot, but a batch of {batch} on model {info.name!r} "
+                f"(max_batch_size {info.max_batch_size}) spans several; use copy=True or smaller batches"
+            )
+        route = self.routing.route(info, arrays, output_device)
+        given = _devices.capture_out(out)
+        if given:
+            _intake.check_out(info, given, names, chunks, route.results, copy)
+        return Plan(info, chunks, names, route, copy, self.slot_wait(slot_timeout), options,
+                    given or None)
+
+    def stream_plan(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
+                    output_device: Any = "auto", slot_timeout: float | None = None,
+                    options: RequestOptions | None = None) -> Plan:
+        """The :class:`Plan` of a streamed request: one request (never split: a decoupled model's
+        responses belong to the request that asked), outputs copied out of each response."""
+        if self.wire.http:
+            raise InvalidOption(f"streaming needs gRPC (Triton streams only over ModelStreamInfer), "
+                                f"but this client's URL {self.url!r} is HTTP")
+        plan = self.plan(info, inputs, outputs, True, output_device, slot_timeout, options, streamed=True)
+        if len(plan.chunks) > 1:
+            rows = sum(len(next(iter(chunk.values()))) for chunk in plan.chunks)
+            raise ShapeMismatch(f"a streamed request is one request: model {info.name!r} takes at most "
+                                f"max_batch_size={info.max_batch_size} rows, not {rows}")
+        return plan
+
+    def request_shapes(self, info: ModelInfo, batch_size: int | None,
+                       shapes: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
+        """Checked full input shapes of a zero-copy request."""
+        if info.decoupled:
+            raise InvalidOption(f"model {info.name!r} is decoupled: Triton answers it over a gRPC stream "
+                                f"only; use stream()")
+        if self.fallback.wire:
+            raise InvalidOption("request() needs shared memory, but this client is on the wire transport")
+        given = {k: tuple(v) for k, v in (shapes or {}).items()}
+        if info.batched:
+            if isinstance(batch_size, bool) or not isinstance(batch_size, int) \
+                    or not 1 <= batch_size <= info.max_batch_size:
+                raise ShapeMismatch(
+                    f"model {info.name!r} batches up to {info.max_batch_size}: "
+                    f"give 1 <= batch_size <= {info.max_batch_size}, not {batch_size}"
+                )
+        elif batch_size is not None:
+            raise ShapeMismatch(f"model {info.name!r} does not batch: leave batch_size out")
+        full: dict[str, tuple[int, ...]] = {}
+        for spec in info.inputs:
+            if spec.is_bytes:
+                raise DTypeMismatch(f"input {spec.name!r} is BYTES, which request() cannot view; use infer()")
+            want = info.shape_of(spec, batch_size or 1)
+            shape = given.get(spec.name) or want
+            if not shape_fits(want, shape) or any(s < 0 for s in shape):
+                raise ShapeMismatch(
+                    f"input {spec.name!r} of model {info.name!r} needs a shape like {list(want)} "
+                    f"(give variable dims with shapes=), got {list(shape)}"
+                )
+            full[spec.name] = tuple(shape)
+        return full
+

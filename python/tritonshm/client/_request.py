@@ -47,7 +47,7 @@ class SlotRequest:
         if self._lease is None:
             raise ClientClosed("this request is closed")
         names = _intake.output_names(self.info, outputs)
-        checked = self._runner.engine.request_options(options or {})
+        checked = self._runner.planner.request_options(options or {})
         device = self._lease.extent.memory.device
         ready = None if device is None else _devices.current_stream_event(device, stream)
         return self._runner.run_steps(self.info, self._lease, self._shapes, names, Placement(device), ready,

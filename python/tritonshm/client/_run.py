@@ -84,7 +84,8 @@ class Runner:
         self.lent_table = engine.lent_table
         self.claims = engine.claims
         self.disposals = engine.disposals
-        self._flight = engine.flight()  # one request in flight while entered (reusable)
+        self.planner = engine.planner
+        self._flight = engine.in_flight  # one request in flight while entered (reusable)
         self._quick_plans: dict[tuple, QuickPlan] = {}  # small requests seen before, by signature
 
     def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None = None) -> Steps:
@@ -258,7 +259,7 @@ class Runner:
         quick = None if signature is None else self._quick_plans.get(signature)
         if quick is not None:  # seen before: checked then, planned then
             return InferRun([self.quick_steps(quick, inputs, options)])
-        plan = self.engine.plan(info, inputs, outputs, copy, output_device, slot_timeout, options, out=out)
+        plan = self.planner.plan(info, inputs, outputs, copy, output_device, slot_timeout, options, out=out)
         if signature is not None:
             self._remember_quick(signature, plan)
         if len(plan.chunks) == 1:
@@ -287,7 +288,7 @@ class Runner:
         the common case, where checking and planning again cost as much as the rest.  Options
         are not part of it: they travel with each request (a sequence's id changes every time)."""
         if not copy or output_device != "auto" or slot_timeout is not None or self.fallback.wire \
-                or self.engine.routing.transport == "cuda" or len(inputs) > 8:
+                or self.planner.routing.transport == "cuda" or len(inputs) > 8:
             return None
         signature: list[Any] = [model, version, None if outputs is None else tuple(outputs)]
         total = 0
