@@ -56,7 +56,8 @@ tests/client/test_package_layers.py):
 ``_slots``      the slot-memory interface: system, pinned and CUDA slots
 ``_steps``      the vocabulary of sans-I/O request steps
 ``_pool``       one slot pool: layout, extents, leases, growth
-``_messages``   what goes on the wire for a slot (request objects, ready messages) and what is read back
+``_messages``   what goes on the wire for a request: a slot's request objects, ready messages
+``_results``    what comes back: outputs read out of a slot or a reply, a batch's rows and join, ``out=``
 ``_fallback``   the transport state machine: what the server cannot open, and so how requests travel
 ``_plan``       :class:`Planner`: a call's checks, chunks and :class:`Route` -- its :class:`Plan`
 ``_stream``     streamed requests: one gRPC stream per client, responses by request id

@@ -1,25 +1,25 @@
 """Tensor intake: the caller's inputs, checked against the model before anything is sent.
 
 Also the bookkeeping around it: which outputs are wanted, how a batch
-larger than ``max_batch_size`` splits into chunks and how their outputs
-join again, and how many bytes each tensor needs in a slot.
+larger than ``max_batch_size`` splits into chunks, and how many bytes each
+tensor needs in a slot.  (How the chunks' outputs join again:
+:mod:`._results`.)
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import DTypeMismatch, InvalidOption, NameMismatch, OutputTooSmall, ReadOnlyRegion, ShapeMismatch
+from ..errors import DTypeMismatch, InvalidOption, NameMismatch, ReadOnlyRegion, ShapeMismatch
 from . import _bytes, _devices
-from ._devices import HOST, Placement
+from ._devices import Placement
 from ._model import ModelInfo, shape_fits
 
-__all__ = ["check_inputs", "check_out", "check_answer_fits_out", "into_out", "output_names", "split_batch", "Rows", "result_rows",
-           "join_chunks", "slot_needs"]
+__all__ = ["bytes_sizes", "check_inputs", "check_out", "output_names", "slot_needs", "split_batch"]
 
 # A BYTES output's first guess when nothing better is known; the server
 # says how much it really needs and the slot grows to that.
@@ -126,96 +126,12 @@ def check_out(info: ModelInfo, out: Mapping[str, _devices.OutTensor], names: Seq
                                 f"{info.name!r} has shape {list(want)} (-1 = any) for this request")
 
 
-def check_answer_fits_out(info: ModelInfo, name: str, shape: tuple[int, ...], given: _devices.OutTensor) -> None:
-    """The server's shape of output *name* is the shape of the tensor the caller allocated for it."""
-    if tuple(shape) != given.tensor.shape:
-        nbytes = math.prod(shape) * given.tensor.dtype.itemsize
-        raise ShapeMismatch(f"model {info.name!r} returned output {name!r} of shape {list(shape)} ({nbytes} bytes), "
-                            f"but out[{name!r}] has shape {list(given.tensor.shape)} ({given.tensor.nbytes} bytes)")
-
-
-def out_too_small(info: ModelInfo, exc: OutputTooSmall, given: _devices.OutTensor) -> ShapeMismatch:
-    """The error of an ``out=`` tensor too small for what the server made of output ``exc.output``
-    (the server said so, before writing anything): no larger slot can help, so no second run."""
-    needed = f"{exc.needed} bytes" if exc.needed is not None else "more bytes"
-    return ShapeMismatch(f"model {info.name!r} made output {exc.output!r} of {needed}, but out[{exc.output!r}] "
-                         f"holds {given.tensor.nbytes} bytes (shape {list(given.tensor.shape)}): give a tensor "
-                         f"of the output's shape (the model ran once; nothing was written)")
-
-
-def into_out(info: ModelInfo, outputs: dict[str, Any],
-             out: Mapping[str, _devices.OutTensor] | None) -> dict[str, Any]:
-    """*outputs* of the plain gRPC/HTTP path copied into the results the caller allocated."""
-    for name, given in (out or {}).items():
-        made = outputs[name]
-        check_answer_fits_out(info, name, made.shape, given)
-        _devices.copy_bytes(given.tensor.source, made, given.tensor.nbytes, dst_offset=given.tensor.offset)
-        outputs[name] = given.obj
-    return outputs
-
-
 def split_batch(info: ModelInfo, arrays: dict[str, np.ndarray], batch: int) -> list[dict[str, np.ndarray]]:
     """The inputs in chunks of at most ``max_batch_size`` items (one chunk if they fit)."""
     if not info.batched or batch <= info.max_batch_size:
         return [arrays]
     step = info.max_batch_size
     return [{n: a[i:i + step] for n, a in arrays.items()} for i in range(0, batch, step)]
-
-
-class Rows(NamedTuple):
-    """Where one chunk's fixed-size outputs go: rows ``start : start + count`` of
-    the whole batch's result arrays (*arrays*: output name -> array); *ready*: for
-    device arrays of a caching allocator, the event their copies wait for first."""
-
-    arrays: Mapping[str, Any]
-    start: int
-    count: int  # type: ignore[assignment]  # the field shadows tuple.count(), which nothing here calls
-    ready: Any = None
-
-
-def result_rows(info: ModelInfo, names: Sequence[str], chunks: Sequence[Mapping[str, Any]],
-                placement: Placement = HOST) -> list[Rows | None]:
-    """The whole batch's result arrays, made before the chunks run, and each chunk's rows of them.
-
-    Outputs of fixed size are copied out of each chunk's slot straight into
-    their rows, instead of into arrays of their own that are then joined (a
-    second copy of every output).  Others (variable dims, BYTES) are joined.
-    """
-    fixed = [name for name in names if info.output(name).fixed]
-    if not fixed or not info.batched:
-        return [None] * len(chunks)
-    counts = [next(iter(chunk.values())).shape[0] for chunk in chunks]
-    batch = sum(counts)
-    arrays = {}
-    for name in fixed:
-        spec = info.output(name)
-        shape = (batch,) + spec.dims
-        arrays[name] = np.empty(shape, spec.dtype) if placement.device is None \
-            else _devices.empty(placement, spec.dtype, shape)
-    # A caching allocator (torch, cupy) hands out memory safe on the allocating thread's current
-    # stream only.  A copy into a result on the same thread is ordered after that stream by its
-    # own DLPack handshake; these are copied into on workers, whose current stream is another:
-    # their copies wait for this event of the caller's stream first.
-    ready = None
-    if placement.device is not None and placement.library != "tritonshm":
-        ready = _devices.current_stream_event(placement.device)
-    starts = np.cumsum([0] + counts[:-1]).tolist()
-    return [Rows(arrays, start, count, ready) for start, count in zip(starts, counts)]
-
-
-def join_chunks(parts: Sequence[Mapping[str, Any]], names: Sequence[str],
-                placement: Placement = HOST, rows: Rows | None = None) -> dict[str, Any]:
-    """The outputs of a chunked batch, reassembled in order (on the GPU where *placement*
-    says); outputs the chunks wrote into *rows* are its arrays."""
-    joined = {}
-    for name in names:
-        if rows is not None and name in rows.arrays:
-            joined[name] = rows.arrays[name]
-            continue
-        pieces = [part[name] for part in parts]
-        on_host = placement.device is None or isinstance(pieces[0], np.ndarray)  # BYTES stay on the host
-        joined[name] = np.concatenate(pieces) if on_host else _devices.concatenate(pieces, placement)
-    return joined
 
 
 def slot_needs(info: ModelInfo, shapes: Mapping[str, tuple[int, ...]],

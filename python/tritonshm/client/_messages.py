@@ -1,11 +1,11 @@
-"""What goes on the wire for a request, and what is read back.
+"""What goes on the wire for a request.
 
 A slot's request objects (tritonclient's ``InferInput`` and
 ``InferRequestedOutput``, bound to its offsets) and its ready messages
 (gRPC's ``ModelInferRequest``, HTTP's prepared request), made once and kept
-on its extent; the messages of the plain gRPC/HTTP path; and the outputs
-read out of a slot or a reply, copied or viewed, on the host or a GPU.  Functions of their arguments: no engine
-state, no I/O.
+on its extent; and the messages of the plain gRPC/HTTP path.  Functions of
+their arguments: no engine state, no I/O (what comes back is
+:mod:`._results`').
 """
 
 from __future__ import annotations
@@ -16,15 +16,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .. import _http1
-from ..errors import ShapeMismatch
-from . import _bytes, _devices, _intake
-from ._devices import DeviceTensor, Placement
+from . import _devices
+from ._devices import DeviceTensor
 from ._model import ModelInfo
 from ._pool import Lease
 from ._steps import Send
 
-__all__ = ["collect", "http_request", "make_room", "output_shape", "own_request", "rows_for", "slot_request", "wire_request",
-           "wire_results"]
+__all__ = ["http_request", "make_room", "own_request", "slot_request", "wire_request"]
 
 _MESSAGES_PER_SLOT = 16  # what a slot keeps per input shapes and outputs (messages, quick views)
 
@@ -38,65 +36,6 @@ def make_room(cache: dict[Any, Any]) -> None:
             del cache[key]
 
 
-def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[str],
-            copy: bool, results: Placement, rows: _intake.Rows | None = None,
-            stream: Any = None, lent: Any = None,
-            allocated: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
-    """The outputs of *result*, read from the slot: views that hold it where
-    ``copy=False`` and the slot is where the results are wanted, else copies
-    (numpy on the host, or device arrays made by the results' library);
-    outputs with *rows* go there (and are left out of the dict); results the
-    caller *allocated* (``out=``) are those objects, written by the server where
-    *lent*, else copied in.  Copies touching a GPU are queued on *stream*;
-    also returns whether any was."""
-    if lease is None:  # everything lent: the server wrote each result where the caller wanted it
-        assert allocated is not None and lent and all(n in lent.outputs for n in names), \
-            "a result not lent has room in a slot"
-        for name in names:
-            _intake.check_answer_fits_out(info, name, output_shape(result, name), allocated[name])
-        return {name: allocated[name].obj for name in names}, False
-    memory, layout = lease.extent.memory, lease.pool.layout
-    on_gpu = stream is not None and (memory.kind == "cuda" or results.device is not None)
-    outputs, queued = {}, False
-    if rows is not None and rows.ready is not None:
-        stream.wait(rows.ready)  # the batch's results were allocated on the caller's stream
-    for name in names:
-        spec = info.output(name)
-        shape = output_shape(result, name)
-        into = rows_for(info, rows, name, shape)
-        given = None if allocated is None else allocated.get(name)
-        if given is not None:
-            _intake.check_answer_fits_out(info, name, shape, given)
-            if not (lent and name in lent.outputs):  # not lent: copied in from the slot
-                memory.read_into(given.tensor.source, lease.offset(name), given.tensor.nbytes,
-                                 given.tensor.offset, stream)
-                queued |= on_gpu
-            outputs[name] = given.obj
-        elif into is not None:
-            memory.read_into(into[0], lease.offset(name), into[2], into[1], stream)
-            queued |= on_gpu
-        elif spec.is_bytes:
-            raw = memory.bytes_at(lease.offset(name), layout.capacities[name])
-            outputs[name] = _bytes.decode(raw, math.prod(shape), shape)
-            del raw
-        elif not copy and memory.device == results.device:
-            outputs[name] = memory.view(lease.handle, layout.offsets[name], spec.dtype, shape)
-        elif results.device is None:
-            outputs[name] = memory.copy_out(lease.offset(name), spec.dtype, shape, stream)
-            queued |= on_gpu
-        else:
-            out = outputs[name] = _devices.empty(results, spec.dtype, shape)
-            memory.read_into(out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize, 0, stream)
-            queued |= on_gpu
-    return outputs, queued
-
-
-def output_shape(result: Any, name: str) -> tuple[int, ...]:
-    """The shape the server gave output *name* in *result* (gRPC: a protobuf tensor; HTTP: JSON)."""
-    tensor = result.get_output(name)
-    return tuple(map(int, tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
-
-
 def http_request(send: Send) -> _http1.Prepared:
     """The HTTP request of a :class:`Send` that carries no message made ready ahead (it has
     options, BYTES sizes of its own, or its tensors in the message)."""
@@ -104,19 +43,6 @@ def http_request(send: Send) -> _http1.Prepared:
         return _http1.prepare(send.model, send.version, send.inputs, send.outputs)
     return _http1.prepare(send.model, send.version, send.inputs, send.outputs, send.options.http_infer_kwargs(),
                           send.options.idempotent)
-
-
-def rows_for(info: ModelInfo, rows: _intake.Rows | None, name: str,
-             shape: tuple[int, ...]) -> tuple[Any, int, int] | None:
-    """``(array, byte offset, nbytes)`` where output *name* of this chunk goes, or None."""
-    if rows is None or name not in rows.arrays:
-        return None
-    spec = info.output(name)
-    if shape != (rows.count,) + spec.dims:
-        raise ShapeMismatch(f"model {info.name!r} returned output {name!r} of shape {list(shape)} "
-                            f"for a chunk of {rows.count}; its config says {[rows.count, *spec.dims]}")
-    row_bytes = math.prod(spec.dims) * spec.dtype.itemsize
-    return rows.arrays[name], rows.start * row_bytes, rows.count * row_bytes
 
 
 def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mapping[str, tuple[int, ...]],
@@ -263,23 +189,3 @@ def wire_request(wire: Any, info: ModelInfo, arrays: Mapping[str, np.ndarray],
     return inputs, [wire.requested_output(n) for n in names]
 
 
-def wire_results(info: ModelInfo, result: Any, names: Sequence[str], results: Placement,
-                 rows: _intake.Rows | None = None) -> dict[str, Any]:
-    """The outputs of a plain gRPC/HTTP reply, moved to the GPU where *results*
-    says; outputs with *rows* go there (and are left out of the dict)."""
-    outputs = {}
-    if rows is not None and rows.ready is not None:
-        _devices.copy_stream(results.device).wait(rows.ready)
-    for name in names:
-        array = result.as_numpy(name)
-        into = rows_for(info, rows, name, array.shape)
-        if into is not None and results.device is None:
-            assert rows is not None  # rows_for() found room in them
-            np.copyto(into[0][rows.start:rows.start + rows.count], array)
-        elif into is not None:
-            _devices.copy_bytes(into[0], np.ascontiguousarray(array), into[2], into[1])
-        elif results.device is None or array.dtype.hasobject:
-            outputs[name] = array
-        else:
-            outputs[name] = _devices.to_device(array, results)
-    return outputs

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from ..errors import ClientClosed, OutputTooSmall, RegionNotRegistered, ServerError, SharedMemoryRefused, TensorInUse
-from . import _bytes, _devices, _intake, _messages
+from . import _bytes, _devices, _intake, _messages, _results
 from ._claim import Claim, Span, server_answered
 from ._devices import DeviceTensor, OutTensor, Placement
 from ._engine import Engine
@@ -88,7 +88,7 @@ class Runner:
         self._flight = engine.in_flight  # one request in flight while entered (reusable)
         self._quick_plans: dict[tuple, QuickPlan] = {}  # small requests seen before, by signature
 
-    def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None = None) -> Steps:
+    def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _results.Rows | None = None) -> Steps:
         """Steps of one chunk of *plan* (its *arrays* fit a slot): lease, copy in, run,
         collect (fixed-size outputs into *rows* of a chunked batch's results, when given).
 
@@ -118,7 +118,7 @@ class Runner:
             self.lent_table.count_abandoned()
         claim.end()
 
-    def _chunk_attempts(self, plan: Plan, arrays: Mapping[str, Any], rows: _intake.Rows | None,
+    def _chunk_attempts(self, plan: Plan, arrays: Mapping[str, Any], rows: _results.Rows | None,
                         claim: Claim) -> Steps:
         info, names, route = plan.info, plan.names, plan.route
         shapes = {name: array.shape for name, array in arrays.items()}
@@ -138,8 +138,8 @@ class Runner:
                 if lease is None:
                     inputs, requested = _messages.wire_request(self.wire, info, arrays, names)
                     result = yield Send(info.name, info.version, inputs, requested, plan.options)
-                    outputs = _messages.wire_results(info, result, names, route.results, rows)
-                    return _intake.into_out(info, outputs, plan.out)
+                    outputs = _results.wire_results(info, result, names, route.results, rows)
+                    return _results.into_out(info, outputs, plan.out)
             claim.lease = lease
             try:
                 stream = yield from self._fill_steps(info, lease, arrays, bytes_sizes, route.device, claim)
@@ -153,7 +153,7 @@ class Runner:
                 # twice) or cannot help (the caller's out= tensor is the room it had).
                 given = None if plan.out is None or exc.output is None else plan.out.get(exc.output)
                 if given is not None:
-                    raise _intake.out_too_small(info, exc, given) from None
+                    raise _results.out_too_small(info, exc, given) from None
                 if exc.output not in needs or exc.needed is None or attempt + 1 == _GROW_ATTEMPTS \
                         or not (plan.options is None or plan.options.may_run_twice):
                     raise
@@ -264,9 +264,9 @@ class Runner:
             self._remember_quick(signature, plan)
         if len(plan.chunks) == 1:
             return InferRun([self.chunk_steps(plan, plan.chunks[0])])
-        rows = _intake.result_rows(info, plan.names, plan.chunks, plan.route.results)
+        rows = _results.result_rows(info, plan.names, plan.chunks, plan.route.results)
         return InferRun([self.chunk_steps(plan, chunk, into) for chunk, into in zip(plan.chunks, rows)],
-                        functools.partial(_intake.join_chunks, names=plan.names, placement=plan.route.results,
+                        functools.partial(_results.join_chunks, names=plan.names, placement=plan.route.results,
                                           rows=rows[0]))
 
     # -- the quick path -----------------------------------------------------
@@ -353,7 +353,7 @@ class Runner:
                         raise ClientClosed(f"the client was closed while this request on model "
                                            f"{info.name!r} ran: its results are lost")
                     for name, spec, view in slot.outputs:
-                        shape = _messages.output_shape(result, name)
+                        shape = _results.output_shape(result, name)
                         size = math.prod(shape) * spec.dtype.itemsize
                         outputs[name] = view[:size].view(spec.dtype).reshape(shape).copy()
             finally:
@@ -417,7 +417,7 @@ class Runner:
                     raise response.error
                 if response.result is not None:
                     answered = True
-                    yield Emit(_messages.wire_results(info, response.result, names, route.results))
+                    yield Emit(_results.wire_results(info, response.result, names, route.results))
                 if response.final:
                     return
         raise AssertionError("unreachable: the second attempt returns or raises")
@@ -488,7 +488,7 @@ class Runner:
 
     def slot_steps(self, info: ModelInfo, lease: Lease | None, shapes: Mapping[str, tuple[int, ...]],
                    names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
-                   results: Placement, rows: _intake.Rows | None = None, stream: Any = None,
+                   results: Placement, rows: _results.Rows | None = None, stream: Any = None,
                    ready: Any = None, options: RequestOptions | None = None, claim: Claim | None = None,
                    out: Mapping[str, OutTensor] | None = None) -> Steps:
         """Steps of running the inputs already in a slot (after the event *ready*, when given);
@@ -516,7 +516,7 @@ class Runner:
             stream = self._copy_stream(lease.extent.memory, results.device) if lease is not None \
                 else _devices.copy_stream(results.device)
         try:
-            outputs, queued = _messages.collect(info, lease, result, names, copy, results, rows, stream,
+            outputs, queued = _results.collect(info, lease, result, names, copy, results, rows, stream,
                                                 claim, out)
             if queued:
                 yield WaitForDevice(stream.record())

@@ -1,0 +1,199 @@
+"""What comes back for a request: its outputs, read out of a slot or a reply, copied or viewed,
+on the host or a GPU; the rows of a chunked batch's results and their joining; the results
+the caller allocated (``out=``).  Functions of their arguments: no engine state, no I/O
+(what goes out is :mod:`._messages`').
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from ..errors import OutputTooSmall, ShapeMismatch
+from . import _bytes, _devices
+from ._devices import HOST, Placement
+from ._model import ModelInfo
+from ._pool import Lease
+
+__all__ = ["Rows", "check_answer_fits_out", "collect", "into_out", "join_chunks", "out_too_small", "output_shape",
+           "result_rows", "rows_for", "wire_results"]
+
+
+def check_answer_fits_out(info: ModelInfo, name: str, shape: tuple[int, ...], given: _devices.OutTensor) -> None:
+    """The server's shape of output *name* is the shape of the tensor the caller allocated for it."""
+    if tuple(shape) != given.tensor.shape:
+        nbytes = math.prod(shape) * given.tensor.dtype.itemsize
+        raise ShapeMismatch(f"model {info.name!r} returned output {name!r} of shape {list(shape)} ({nbytes} bytes), "
+                            f"but out[{name!r}] has shape {list(given.tensor.shape)} ({given.tensor.nbytes} bytes)")
+
+
+def out_too_small(info: ModelInfo, exc: OutputTooSmall, given: _devices.OutTensor) -> ShapeMismatch:
+    """The error of an ``out=`` tensor too small for what the server made of output ``exc.output``
+    (the server said so, before writing anything): no larger slot can help, so no second run."""
+    needed = f"{exc.needed} bytes" if exc.needed is not None else "more bytes"
+    return ShapeMismatch(f"model {info.name!r} made output {exc.output!r} of {needed}, but out[{exc.output!r}] "
+                         f"holds {given.tensor.nbytes} bytes (shape {list(given.tensor.shape)}): give a tensor "
+                         f"of the output's shape (the model ran once; nothing was written)")
+
+
+def into_out(info: ModelInfo, outputs: dict[str, Any],
+             out: Mapping[str, _devices.OutTensor] | None) -> dict[str, Any]:
+    """*outputs* of the plain gRPC/HTTP path copied into the results the caller allocated."""
+    for name, given in (out or {}).items():
+        made = outputs[name]
+        check_answer_fits_out(info, name, made.shape, given)
+        _devices.copy_bytes(given.tensor.source, made, given.tensor.nbytes, dst_offset=given.tensor.offset)
+        outputs[name] = given.obj
+    return outputs
+
+
+class Rows(NamedTuple):
+    """Where one chunk's fixed-size outputs go: rows ``start : start + count`` of
+    the whole batch's result arrays (*arrays*: output name -> array); *ready*: for
+    device arrays of a caching allocator, the event their copies wait for first."""
+
+    arrays: Mapping[str, Any]
+    start: int
+    count: int  # type: ignore[assignment]  # the field shadows tuple.count(), which nothing here calls
+    ready: Any = None
+
+
+def result_rows(info: ModelInfo, names: Sequence[str], chunks: Sequence[Mapping[str, Any]],
+                placement: Placement = HOST) -> list[Rows | None]:
+    """The whole batch's result arrays, made before the chunks run, and each chunk's rows of them.
+
+    Outputs of fixed size are copied out of each chunk's slot straight into
+    their rows, instead of into arrays of their own that are then joined (a
+    second copy of every output).  Others (variable dims, BYTES) are joined.
+    """
+    fixed = [name for name in names if info.output(name).fixed]
+    if not fixed or not info.batched:
+        return [None] * len(chunks)
+    counts = [next(iter(chunk.values())).shape[0] for chunk in chunks]
+    batch = sum(counts)
+    arrays = {}
+    for name in fixed:
+        spec = info.output(name)
+        shape = (batch,) + spec.dims
+        arrays[name] = np.empty(shape, spec.dtype) if placement.device is None \
+            else _devices.empty(placement, spec.dtype, shape)
+    # A caching allocator (torch, cupy) hands out memory safe on the allocating thread's current
+    # stream only.  A copy into a result on the same thread is ordered after that stream by its
+    # own DLPack handshake; these are copied into on workers, whose current stream is another:
+    # their copies wait for this event of the caller's stream first.
+    ready = None
+    if placement.device is not None and placement.library != "tritonshm":
+        ready = _devices.current_stream_event(placement.device)
+    starts = np.cumsum([0] + counts[:-1]).tolist()
+    return [Rows(arrays, start, count, ready) for start, count in zip(starts, counts)]
+
+
+def join_chunks(parts: Sequence[Mapping[str, Any]], names: Sequence[str],
+                placement: Placement = HOST, rows: Rows | None = None) -> dict[str, Any]:
+    """The outputs of a chunked batch, reassembled in order (on the GPU where *placement*
+    says); outputs the chunks wrote into *rows* are its arrays."""
+    joined = {}
+    for name in names:
+        if rows is not None and name in rows.arrays:
+            joined[name] = rows.arrays[name]
+            continue
+        pieces = [part[name] for part in parts]
+        on_host = placement.device is None or isinstance(pieces[0], np.ndarray)  # BYTES stay on the host
+        joined[name] = np.concatenate(pieces) if on_host else _devices.concatenate(pieces, placement)
+    return joined
+
+
+def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[str],
+            copy: bool, results: Placement, rows: Rows | None = None,
+            stream: Any = None, lent: Any = None,
+            allocated: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
+    """The outputs of *result*, read from the slot: views that hold it where
+    ``copy=False`` and the slot is where the results are wanted, else copies
+    (numpy on the host, or device arrays made by the results' library);
+    outputs with *rows* go there (and are left out of the dict); results the
+    caller *allocated* (``out=``) are those objects, written by the server where
+    *lent*, else copied in.  Copies touching a GPU are queued on *stream*;
+    also returns whether any was."""
+    if lease is None:  # everything lent: the server wrote each result where the caller wanted it
+        assert allocated is not None and lent and all(n in lent.outputs for n in names), \
+            "a result not lent has room in a slot"
+        for name in names:
+            check_answer_fits_out(info, name, output_shape(result, name), allocated[name])
+        return {name: allocated[name].obj for name in names}, False
+    memory, layout = lease.extent.memory, lease.pool.layout
+    on_gpu = stream is not None and (memory.kind == "cuda" or results.device is not None)
+    outputs, queued = {}, False
+    if rows is not None and rows.ready is not None:
+        stream.wait(rows.ready)  # the batch's results were allocated on the caller's stream
+    for name in names:
+        spec = info.output(name)
+        shape = output_shape(result, name)
+        into = rows_for(info, rows, name, shape)
+        given = None if allocated is None else allocated.get(name)
+        if given is not None:
+            check_answer_fits_out(info, name, shape, given)
+            if not (lent and name in lent.outputs):  # not lent: copied in from the slot
+                memory.read_into(given.tensor.source, lease.offset(name), given.tensor.nbytes,
+                                 given.tensor.offset, stream)
+                queued |= on_gpu
+            outputs[name] = given.obj
+        elif into is not None:
+            memory.read_into(into[0], lease.offset(name), into[2], into[1], stream)
+            queued |= on_gpu
+        elif spec.is_bytes:
+            raw = memory.bytes_at(lease.offset(name), layout.capacities[name])
+            outputs[name] = _bytes.decode(raw, math.prod(shape), shape)
+            del raw
+        elif not copy and memory.device == results.device:
+            outputs[name] = memory.view(lease.handle, layout.offsets[name], spec.dtype, shape)
+        elif results.device is None:
+            outputs[name] = memory.copy_out(lease.offset(name), spec.dtype, shape, stream)
+            queued |= on_gpu
+        else:
+            out = outputs[name] = _devices.empty(results, spec.dtype, shape)
+            memory.read_into(out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize, 0, stream)
+            queued |= on_gpu
+    return outputs, queued
+
+
+def output_shape(result: Any, name: str) -> tuple[int, ...]:
+    """The shape the server gave output *name* in *result* (gRPC: a protobuf tensor; HTTP: JSON)."""
+    tensor = result.get_output(name)
+    return tuple(map(int, tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
+
+
+def rows_for(info: ModelInfo, rows: Rows | None, name: str,
+             shape: tuple[int, ...]) -> tuple[Any, int, int] | None:
+    """``(array, byte offset, nbytes)`` where output *name* of this chunk goes, or None."""
+    if rows is None or name not in rows.arrays:
+        return None
+    spec = info.output(name)
+    if shape != (rows.count,) + spec.dims:
+        raise ShapeMismatch(f"model {info.name!r} returned output {name!r} of shape {list(shape)} "
+                            f"for a chunk of {rows.count}; its config says {[rows.count, *spec.dims]}")
+    row_bytes = math.prod(spec.dims) * spec.dtype.itemsize
+    return rows.arrays[name], rows.start * row_bytes, rows.count * row_bytes
+
+
+def wire_results(info: ModelInfo, result: Any, names: Sequence[str], results: Placement,
+                 rows: Rows | None = None) -> dict[str, Any]:
+    """The outputs of a plain gRPC/HTTP reply, moved to the GPU where *results*
+    says; outputs with *rows* go there (and are left out of the dict)."""
+    outputs = {}
+    if rows is not None and rows.ready is not None:
+        _devices.copy_stream(results.device).wait(rows.ready)
+    for name in names:
+        array = result.as_numpy(name)
+        into = rows_for(info, rows, name, array.shape)
+        if into is not None and results.device is None:
+            assert rows is not None  # rows_for() found room in them
+            np.copyto(into[0][rows.start:rows.start + rows.count], array)
+        elif into is not None:
+            _devices.copy_bytes(into[0], np.ascontiguousarray(array), into[2], into[1])
+        elif results.device is None or array.dtype.hasobject:
+            outputs[name] = array
+        else:
+            outputs[name] = _devices.to_device(array, results)
+    return outputs
