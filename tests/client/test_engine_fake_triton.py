@@ -778,15 +778,6 @@ def test_options_ride_the_quick_path_each_with_its_own_request(fake_triton, monk
     are checked on every call, and each request takes its own to the server."""
     with fake_triton.client() as c:
         planned = record_plans(monkeypatch, c)
-        priorities = []
-        execute = fake_triton._execute
-
-        def seen(request):
-            given = request.parameters.get("priority")
-            priorities.append(None if given is None else given.uint64_param)
-            return execute(request)
-
-        monkeypatch.setattr(fake_triton, "_execute", seen)
         for seed in range(4):
             out = c.infer("identity_fp32", {"INPUT0": data(seed)}, options=tritonshm.RequestOptions())
             np.testing.assert_array_equal(out["OUTPUT0"], data(seed))
@@ -795,10 +786,12 @@ def test_options_ride_the_quick_path_each_with_its_own_request(fake_triton, monk
             np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(seed)}, **options)["OUTPUT0"],
                                           data(seed))
         assert planned == ["identity_fp32"]
+        priorities = [seen["priority"].uint64_param if "priority" in seen else None
+                      for seen in fake_triton.parameters_seen]
         assert priorities == [None] * 4 + [3, 7, None]
         with pytest.raises(tritonshm.InvalidOption):  # checked before anything is sent, quick or not
             c.infer("identity_fp32", {"INPUT0": data(0)}, priority=-1)
-        assert len(priorities) == 7
+        assert len(fake_triton.parameters_seen) == 7
     assert_nothing_registered(fake_triton)
 
 

@@ -281,6 +281,9 @@ class FakeTriton:
         self.calls: collections.Counter = collections.Counter()  # by kind of call (see the module doc)
         self.begun: collections.Counter = collections.Counter()  # the same, counted before the delay
         self.violations: list[str] = []
+        #: The parameters of each inference request run, in order (what options reached the server:
+        #: "priority", "timeout", "sequence_id", ... as ``InferParameter`` messages).
+        self.parameters_seen: list[dict[str, Any]] = []
         self.alive = True
         self.delay = 0.0                 # seconds before every call
         self.delays: dict[str, float] = {}  # per kind of call ("fetch", "register", ...): instead
@@ -733,6 +736,8 @@ class FakeTriton:
             if not self.alive:
                 raise _refused("Socket closed (fake Triton died)", grpc.StatusCode.UNAVAILABLE)
         model = self._model(request.model_name)
+        with self._lock:
+            self.parameters_seen.append(dict(request.parameters))
         raw = iter(request.raw_input_contents)
         arrays = {}
         for tensor in request.inputs:
