@@ -889,3 +889,16 @@ def wait_for(predicate, seconds: float = 5.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out waiting"
         time.sleep(0.005)
+
+
+def test_misused_calls_of_a_request_seen_before_get_the_full_way_s_errors(fake_triton):
+    """The quick path looks a call up before any check: a call it cannot look up (an unhashable
+    model or output name) goes the full way, which says what is wrong."""
+    with fake_triton.client() as c:
+        c.infer("identity_fp32", {"INPUT0": data(0)})
+        with pytest.raises(tritonshm.InvalidOption, match="model name"):
+            c.infer(["identity_fp32"], {"INPUT0": data(0)})
+        with pytest.raises(tritonshm.Error):
+            c.infer("identity_fp32", {"INPUT0": data(0)}, outputs=[["OUTPUT0"]])
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(1)})["OUTPUT0"], data(1))
+    assert_nothing_registered(fake_triton)

@@ -195,16 +195,21 @@ class Engine:
     # -- discovery --------------------------------------------------------
 
     def cached_model(self, model: str, version: str) -> ModelInfo | None:
-        """What the server said about *model* before, if it was asked (no I/O)."""
+        """What the server said about *model* before, if it was asked (no I/O; None for what is no
+        model name: :meth:`model_steps` says why)."""
+        if type(model) is not str or type(version) is not str:
+            return None
         return self._models.get((model, version))
 
     def model_steps(self, model: str, version: str) -> Steps:
         """What the server says about *model* (cached per model and version)."""
+        if not isinstance(model, str) or not model:
+            raise InvalidOption(f"a model name must be a non-empty str, not {model!r}")
+        if not isinstance(version, str):
+            raise InvalidOption(f"a model version must be a str ('' for the server's choice), not {version!r}")
         key = (model, version)
         info = self._models.get(key)
         if info is None:
-            if not isinstance(model, str) or not model:
-                raise InvalidOption(f"a model name must be a non-empty str, not {model!r}")
             try:
                 metadata, config = yield FetchModel(model, version)
             except ServerError as exc:

@@ -122,7 +122,7 @@ class Runner:
                         claim: Claim) -> Steps:
         info, names, route = plan.info, plan.names, plan.route
         shapes = {name: array.shape for name, array in arrays.items()}
-        bytes_sizes = _intake.bytes_sizes(info, arrays)
+        bytes_sizes = _intake.bytes_sizes(info, arrays) if info.has_bytes else {}
         yield from self._wait_for_clashes(plan, arrays, claim)
         if route.lent and not self.fallback.wire:  # (a server that refused CUDA memory: the table says so)
             yield from self._lend_steps(plan, arrays, claim)
@@ -171,12 +171,12 @@ class Runner:
         """Wait until no unfinished request names the caller's GPU memory this one writes, or
         writes what this one reads (a request the client gave up on, still running on the
         server); :class:`TensorInUse` after the request's slot_timeout."""
-        if not self.claims.busy:
-            return
         named = [(f"input {name!r}", Span.of(array, False)) for name, array in arrays.items()
                  if isinstance(array, DeviceTensor) and array.nbytes]
         named += [(f"out[{name!r}]", Span.of(given.tensor, True)) for name, given in (plan.out or {}).items()
                   if given.tensor.nbytes]
+        if not named or not self.claims.busy:  # (host tensors are the client's copies: nothing to clash)
+            return
         deadline = None if plan.slot_timeout is None else time.monotonic() + plan.slot_timeout
         for what, span in named:
             while self.claims.conflict(span, claim):
@@ -288,8 +288,10 @@ class Runner:
         the common case, where checking and planning again cost as much as the rest.  Options
         are not part of it: they travel with each request (a sequence's id changes every time)."""
         if not copy or output_device != "auto" or slot_timeout is not None or self.fallback.wire \
-                or self.planner.routing.transport == "cuda" or len(inputs) > 8:
+                or self.planner.routing.transport == "cuda" or len(inputs) > 8 or type(model) is not str:
             return None
+        if outputs is not None and any(type(name) is not str for name in outputs):
+            return None  # (the full way says what is wrong with them)
         signature: list[Any] = [model, version, None if outputs is None else tuple(outputs)]
         total = 0
         for name, array in inputs.items():
