@@ -102,7 +102,7 @@ class Transport:
 
     def request_message(self, model: str, version: str, inputs: list, outputs: list) -> Any:
         """The whole inference request, made once to be sent many times: gRPC its
-        ``ModelInferRequest`` (for :meth:`send_message`), HTTP an :class:`~tritonshm._http1.Prepared`
+        ``ModelInferRequest`` (for a :meth:`sender`), HTTP an :class:`~tritonshm._http1.Prepared`
         (for :class:`~tritonshm._http1.Connections`).  *inputs* and *outputs* live in shared
         memory: no tensor travels in the message."""
         if self.http:
@@ -113,16 +113,12 @@ class Transport:
             model_name=model, inputs=inputs, model_version=version, request_id="", outputs=outputs,
             sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=None, parameters=None)
 
-    def send_message(self, client: Any, message: Any) -> Any:
-        """Run the gRPC inference *message* (from :meth:`request_message`) on *client*: its
-        ``InferResult`` (awaitable for aio) -- what tritonclient's ``infer`` does once it has
-        built the message, which is the part skipped."""
-        return self.sender(client)(message)
-
     def sender(self, client: Any) -> Callable[[Any], Any]:
-        """:meth:`send_message` bound to *client* once -- its stub's ``ModelInfer``, its
-        metadata, tritonclient's result and error types looked up now -- for a client that sends
-        many: a function of a message.  Failures are tritonclient's
+        """What runs gRPC inference messages (from :meth:`request_message`) on *client*: a
+        function of a message, its ``InferResult`` (awaitable for aio) -- what tritonclient's
+        ``infer`` does once it has built the message, which is the part skipped.  Bound once per
+        client: its stub's ``ModelInfer``, its metadata, tritonclient's result and error types
+        are looked up now, not per request.  Failures are tritonclient's
         (``InferenceServerException``), as its ``infer`` raises them."""
         grpc, InferResult, raise_error_grpc = _tritonclient_compat.grpc_parts()
         metadata_of = _tritonclient_compat.grpc_metadata_of(client)

@@ -118,7 +118,6 @@ class Engine:
         self.aio = aio
         self.url = url
         self.transport = transport
-        self.slot_timeout = slot_timeout
         self.wire, self._address, self._ssl = _transport.parse_url(url, aio=aio)
         # What the server has shown it cannot open, and so how requests travel (its only writer).
         self.fallback = Fallback(transport, "HTTP" if self.wire.http else "gRPC")
@@ -159,6 +158,12 @@ class Engine:
         if not self.wire.http or self._ssl or self._verbose:
             return None
         return _http1.Endpoint.parse(self._address, self._connect_options)
+
+    @property
+    def slot_timeout(self) -> float | None:
+        """How long a request waits for a slot, in seconds, unless it says otherwise (the
+        planner's setting)."""
+        return self.planner.slot_timeout
 
     @property
     def by_reference(self) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 from .. import _http1
 from . import _devices
 from ._devices import DeviceTensor
-from ._model import ModelInfo
+from ._model import ModelInfo, TensorSpec
 from ._pool import Lease
 from ._steps import Send
 
@@ -91,11 +91,7 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mappin
             continue
         nbytes = bytes_sizes[spec.name] if spec.is_bytes else math.prod(shape) * spec.dtype.itemsize
         if nbytes == 0:
-            # Triton refuses a shared-memory binding of 0 bytes: an empty
-            # tensor travels in the message (it costs nothing there).
-            empty = wire.infer_input(spec.name, shape, spec.datatype)
-            empty.set_data_from_numpy(np.empty(shape, spec.dtype))
-            inputs.append(empty)
+            inputs.append(_empty_input(wire, spec, shape))
             message_key = None  # its data travels in the message: nothing to keep
             continue
         cached = cache.get(spec.name)
@@ -138,13 +134,13 @@ def own_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, t
     inputs, in_message = [], False
     for spec in info.inputs:
         shape = list(shapes[spec.name])
-        infer_input = wire.infer_input(spec.name, shape, spec.datatype)
         nbytes = math.prod(shape) * spec.dtype.itemsize
-        if nbytes:
-            memory.bind_input(infer_input, name, lease.offset(spec.name), nbytes)
-        else:  # Triton refuses a 0-byte binding: an empty tensor travels in the message
-            infer_input.set_data_from_numpy(np.empty(shape, spec.dtype))
+        if nbytes == 0:
+            inputs.append(_empty_input(wire, spec, shape))
             in_message = True
+            continue
+        infer_input = wire.infer_input(spec.name, shape, spec.datatype)
+        memory.bind_input(infer_input, name, lease.offset(spec.name), nbytes)
         inputs.append(infer_input)
     requested = []
     for output in names:
@@ -153,6 +149,14 @@ def own_request(wire: Any, info: ModelInfo, lease: Lease, shapes: Mapping[str, t
         requested.append(requested_output)
     message = None if in_message else wire.request_message(info.name, info.version, inputs, requested)
     return inputs, requested, message
+
+
+def _empty_input(wire: Any, spec: TensorSpec, shape: list[int]) -> Any:
+    """An input of 0 bytes: Triton refuses a shared-memory binding of 0 bytes, so the empty
+    tensor travels in the message (it costs nothing there)."""
+    empty = wire.infer_input(spec.name, shape, spec.datatype)
+    empty.set_data_from_numpy(np.empty(shape, spec.dtype))
+    return empty
 
 
 def _lent_request(wire: Any, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]], names: Sequence[str],
