@@ -44,7 +44,7 @@ import zlib
 from typing import Any, Mapping, NamedTuple, Sequence
 from urllib.parse import quote
 
-from .errors import ClientClosed, Error, ServerError, ServerTimeout, ServerUnavailable
+from .errors import ClientClosed, Error, Outcome, ServerError, ServerTimeout, ServerUnavailable
 from . import _tritonclient_compat
 from .errors import no_server_hint, translate_error
 
@@ -474,7 +474,12 @@ def result_of(response: Response, doing: str) -> Any:
         from tritonclient.utils import InferenceServerException
 
         # The status as tritonclient.http gives it: it tells the server's own answer from ours.
-        raise translate_error(InferenceServerException(msg=message, status=str(response.status)), doing)
+        error = translate_error(InferenceServerException(msg=message, status=str(response.status)), doing)
+        # Triton's own answer carries its JSON error body, and never a 502 or 504 (errors.OUTCOMES):
+        # anything else came from something in front of it (a gateway that gave up waiting).
+        triton = isinstance(answer, dict) and bool(answer.get("error")) and response.status not in (502, 504)
+        error.outcome = Outcome.ANSWERED if triton else Outcome.UNKNOWN
+        raise error
     return Result(answer)
 
 
@@ -560,18 +565,24 @@ class _ConnectionsBase:
             self._open.pop(sock, None)
         sock.close()
 
-    def unavailable(self, doing: str, exc: BaseException) -> Error:
-        """*exc*, met while *doing*, in tritonshm's terms."""
+    def unavailable(self, doing: str, exc: BaseException, sent: bool = True) -> Error:
+        """*exc*, met while *doing*, in tritonshm's terms.  Not *sent*: the request had not been
+        wholly written (no connection, or it broke while writing), so the server cannot be
+        running it -- said in the error's ``outcome`` (errors.OUTCOMES)."""
         if self.closed:
             return ClientClosed(f"{doing}: the client was closed")
+        error: ServerError
         if isinstance(exc, (TimeoutError, BlockingIOError)):  # a kernel timeout (SO_RCVTIMEO) is EAGAIN
-            return ServerTimeout(f"{doing}: no answer from {self.host.decode()} within network_timeout="
-                                 f"{self.endpoint.network_timeout} s")
-        if isinstance(exc, ValueError):
-            return ServerError(f"{doing}: the server's answer is not HTTP/1.1 as expected: {exc}")
-        address = self.host.decode()
-        return ServerUnavailable(f"{doing}: cannot reach the Triton server at {address} ({exc})"
-                                 f"{no_server_hint(address)}")
+            error = ServerTimeout(f"{doing}: no answer from {self.host.decode()} within network_timeout="
+                                  f"{self.endpoint.network_timeout} s")
+        elif isinstance(exc, ValueError):
+            error = ServerError(f"{doing}: the server's answer is not HTTP/1.1 as expected: {exc}")
+        else:
+            address = self.host.decode()
+            error = ServerUnavailable(f"{doing}: cannot reach the Triton server at {address} ({exc})"
+                                      f"{no_server_hint(address)}")
+        error.outcome = Outcome.UNKNOWN if sent else Outcome.NOT_SENT
+        return error
 
 
 class Connections(_ConnectionsBase):
@@ -586,17 +597,18 @@ class Connections(_ConnectionsBase):
             reused = sock is not None
             if sock is None:
                 sock = self._connect(doing)
-            reader, response = ResponseReader(), None
+            reader, response, sent = ResponseReader(), None, False
             try:
                 for piece in pieces:
                     sock.sendall(piece)
+                sent = True  # (a request not wholly written is never run: Triton reads it whole first)
                 while response is None:
                     response = self._read(reader, sock.recv(reader.wanted()))
             except (OSError, ValueError) as exc:
                 self._discard(sock)
                 if self._may_retry(request, reused, reader, exc):
                     continue
-                raise self.unavailable(doing, exc) from exc
+                raise self.unavailable(doing, exc, sent) from exc
             return self._done(sock, response, doing)
         raise AssertionError("unreachable: the second try uses a fresh connection")
 
@@ -616,7 +628,7 @@ class Connections(_ConnectionsBase):
         try:
             sock = socket.create_connection((endpoint.host, endpoint.port), endpoint.connection_timeout)
         except OSError as exc:
-            raise self.unavailable(doing, exc) from exc
+            raise self.unavailable(doing, exc, sent=False) from exc
         # The wait for an answer is the kernel's (SO_RCVTIMEO / SO_SNDTIMEO on a blocking socket,
         # EAGAIN when it runs out): a Python timeout would poll(2) before every send and receive.
         sock.settimeout(None)
@@ -641,17 +653,18 @@ class AsyncConnections(_ConnectionsBase):
             reused = sock is not None
             if sock is None:
                 sock = await self._connect(loop, doing)
-            reader, response = ResponseReader(), None
+            reader, response, sent = ResponseReader(), None, False
             try:
                 for piece in pieces:
                     await loop.sock_sendall(sock, piece)
+                sent = True  # (a request not wholly written is never run: Triton reads it whole first)
                 while response is None:
                     chunk = await asyncio.wait_for(loop.sock_recv(sock, reader.wanted()), self.endpoint.network_timeout)
                     response = self._read(reader, chunk)
             except (OSError, ValueError, asyncio.TimeoutError) as exc:
                 if self._may_retry(request, reused, reader, exc):
                     continue
-                raise self.unavailable(doing, exc) from exc
+                raise self.unavailable(doing, exc, sent) from exc
             finally:
                 if response is None:  # failed, or cancelled: what is left of the answer is unread on it
                     self._discard(sock)
@@ -687,7 +700,7 @@ class AsyncConnections(_ConnectionsBase):
                 sock.close()
                 raise
         except (OSError, asyncio.TimeoutError) as exc:
-            raise self.unavailable(doing, exc) from exc
+            raise self.unavailable(doing, exc, sent=False) from exc
         return self._adopt(sock, doing)
 
 

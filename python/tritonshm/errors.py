@@ -15,6 +15,7 @@ says what to do: one table, :data:`SERVER_ERRORS`, of (pattern, class, hint).
 
 from __future__ import annotations
 
+import enum as _enum
 import errno as _errno
 import os as _os
 import re as _re
@@ -64,6 +65,9 @@ __all__ = [
     "InvalidOption",
     "InvalidOptionType",
     "MalformedBytes",
+    "Outcome",
+    "OUTCOMES",
+    "outcome_of",
 ]
 
 
@@ -165,7 +169,13 @@ class DLPackError(Error, BufferError):
 
 
 class ServerError(Error):
-    """The Triton server refused a request; the message says what to do."""
+    """The Triton server refused a request; the message says what to do.
+
+    ``outcome``: where the request ended (:class:`Outcome`), set by a wire that knows it
+    (tritonshm's own HTTP wire does); None: read from :data:`OUTCOMES` (:func:`outcome_of`).
+    """
+
+    outcome: "Outcome | None" = None
 
 
 class ServerUnavailable(ServerError, ConnectionError):
@@ -429,3 +439,89 @@ def translate_error(exc: BaseException, doing: str, *, cuda: bool = False, addre
     more = rule.more(message, address) if rule.more is not None else ""
     return rule.cls(f"{doing}: {rule.hint.format(**groups)}. Server said: {message}{more}",
                     status=status, debug_details=details, **fields)
+
+
+# -- where a failed request ended ----------------------------------------------------------
+
+
+class Outcome(_enum.Enum):
+    """Where a request that failed ended, as far as its memory goes: what the server may still
+    read or write (a slot, the caller's lent tensors) comes back at once for the first two, and
+    only once the server provably let go of it for the last (``client/_claim.py``)."""
+
+    NOT_SENT = "never reached the server"  #: no connection carried it: nothing of it runs there
+    ANSWERED = "the server's own answer"   #: Triton refused or failed it: it is done with it
+    UNKNOWN = "unknown"                    #: the server may still run it
+
+
+class OutcomeRule(NamedTuple):
+    """One row of :data:`OUTCOMES`."""
+
+    status: "_re.Pattern[str]"             #: matched against the error's ``status()``
+    message: "_re.Pattern[str] | None"     #: and, where given, searched in its message
+    outcome: Outcome
+    why: str                               #: where to check it
+
+
+def _outcome_rule(status: str, message: str | None, outcome: Outcome, why: str) -> OutcomeRule:
+    return OutcomeRule(_re.compile(status, _re.IGNORECASE),
+                       None if message is None else _re.compile(message, _re.IGNORECASE), outcome, why)
+
+
+# gRPC core's words for a call that found no connection to go on (grpcio: "failed to connect to all
+# addresses; last error: UNKNOWN: ipv4:127.0.0.1:8001: Failed to connect to remote host: Connection
+# refused"; "DNS resolution failed for ..."): the call failed before it was started on a stream.
+_NO_CONNECTION = ("failed to connect to all addresses|dns resolution failed|name or service not known"
+                  "|temporary failure in name resolution|nodename nor servname")
+# gRPC core's words for a stream or connection that broke under a call (not Triton's: its errors
+# are its own messages): "Socket closed", "Connection reset by peer", "Stream removed", "Received
+# RST_STREAM with error code 2", "Received http2 header with status: 502" (a proxy), GOAWAY.
+_BROKEN_STREAM = ("socket closed|connection reset|broken pipe|stream removed|rst_stream|http2 header"
+                  "|goaway|end of tcp stream|keepalive|transport closing|connection aborted")
+
+#: How a failed request ended, read from the error when the wire that raised it did not say
+#: (tritonclient's gRPC errors, whose ``status()`` is ``"StatusCode.<NAME>"``); first match wins.
+#: Triton answers with the gRPC status of its own error (``core``'s TRITONSERVER_Error codes, mapped
+#: in ``server``'s src/grpc/grpc_utils.cc: INVALID_ARG -> INVALID_ARGUMENT, NOT_FOUND, INTERNAL,
+#: UNAVAILABLE, UNSUPPORTED -> UNIMPLEMENTED, ALREADY_EXISTS, CANCELLED); gRPC core uses
+#: UNAVAILABLE for a connection that failed or broke, and for a proxy's 502/503/504
+#: (grpc/doc/http-grpc-status-mapping.md).  Where the two share a status, the answer is
+#: "unknown": holding memory that the server let go of costs one unregister to find out;
+#: handing back memory it still writes is a wrong answer.  Tritonshm's HTTP wire sets
+#: :attr:`ServerError.outcome` itself (``_http1``): a connection never made, or a request not
+#: wholly written, never arrived; an answer with Triton's JSON error body (``{"error": ...}``,
+#: src/http_server.cc) is the server's, unless its status is 502 or 504, which Triton never sends;
+#: anything else (a gateway's page, a timeout, a reset after the request went out) is unknown.
+OUTCOMES: tuple[OutcomeRule, ...] = (
+    _outcome_rule("unavailable", _NO_CONNECTION, Outcome.NOT_SENT,
+                  "gRPC core found no connection to start the call on"),
+    _outcome_rule("unavailable|cancelled|deadline_exceeded", None, Outcome.UNKNOWN,
+                  "a connection that broke, a proxy's 502/503/504, the client's deadline, a cancellation: "
+                  "the request may be running on the server"),
+    _outcome_rule("internal|unknown", _BROKEN_STREAM, Outcome.UNKNOWN,
+                  "gRPC core's words for a broken stream, not Triton's"),
+    _outcome_rule(r"^50[234]$", None, Outcome.UNKNOWN,
+                  "an HTTP status a gateway in front of Triton sends when it gave up on it (tritonclient.http)"),
+    _outcome_rule(".", None, Outcome.ANSWERED,
+                  "any other status is Triton's answer (its error codes, src/grpc/grpc_utils.cc)"),
+)
+
+
+def outcome_of(exc: BaseException) -> Outcome:
+    """Where the request whose sending raised *exc* ended (see :class:`Outcome`): the wire's
+    word where it gave one, else :data:`OUTCOMES`; a failure that is no server error (the
+    client closed, a task cancelled, an interrupt) and one without a status are unknown --
+    except a shared-memory refusal (:class:`RegistrationError`: the server checks the regions
+    a request names before it runs it)."""
+    if not isinstance(exc, ServerError):
+        return Outcome.UNKNOWN
+    if exc.outcome is not None:
+        return exc.outcome
+    status = exc.status()
+    if not status:
+        return Outcome.ANSWERED if isinstance(exc, RegistrationError) else Outcome.UNKNOWN
+    message = exc.message()
+    for rule in OUTCOMES:
+        if rule.status.search(status) and (rule.message is None or rule.message.search(message)):
+            return rule.outcome
+    return Outcome.UNKNOWN

@@ -861,10 +861,11 @@ def test_a_pool_over_max_pool_bytes_names_the_setting_that_would_fit_it(fake_tri
     assert_nothing_registered(fake_triton)
 
 
-def test_a_slot_the_client_gave_up_on_is_never_handed_to_another_request(fake_triton):
+def test_a_slot_the_client_gave_up_on_comes_back_only_once_the_server_let_go_of_it(fake_triton):
     """The client stops waiting for a request (client_timeout) while the server goes on: its slot
     stays out of the pool -- the next requests get other slots, and the late write of the old
-    request never lands in their inputs or results."""
+    request never lands in their inputs or results -- until the server is done with it (it
+    refuses to unregister the region meanwhile); then the slot serves again."""
     fake = fake_triton
     with fake.client(slots=2, max_pool_bytes=MAX_POOL_BYTES) as c:
         c.infer("identity_fp32", {"INPUT0": data(0)})
@@ -874,13 +875,15 @@ def test_a_slot_the_client_gave_up_on_is_never_handed_to_another_request(fake_tr
             c.infer("identity_fp32", {"INPUT0": data(1)})
         assert c.stats().abandoned == 1
         pool = live_pool(c, "identity_fp32")
-        free = free_slots(pool)
+        assert [p.awaiting_server for p in c.pools()] == [2]  # its extent is out of leasing: both slots
         fake.client_gives_up_after = None
         fake.release()  # the late request runs now and writes into its slot
         wait_for(lambda: fake.late_writes == 1)
         for i in range(2, 12):
             np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(i)})["OUTPUT0"], data(i))
-        assert free_slots(pool) == free == pool.nslots - 1  # the abandoned slot stays out, for good
+        # the server let go of it (it agreed to unregister the region): its extent serves again
+        wait_for(lambda: (c.infer("identity_fp32", {"INPUT0": data(0)}), c.pools()[0].awaiting_server)[1] == 0)
+        assert free_slots(pool) == pool.nslots
     fake.check()
 
 

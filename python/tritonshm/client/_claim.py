@@ -6,24 +6,33 @@ inputs read where they are, ``out=`` results written where they are).
 :class:`Claim` holds all of it for one request, and :meth:`Claim.end` decides,
 for every path a request can end by, when it is let go of:
 
-* **the server answered** (a result, or an error it sent): nothing of the
-  request runs on the server any more -- the slot goes back, the lent
-  allocations are one request less busy, the tensors go with the claim;
-* **the client gave up without an answer** (``client_timeout``, a cancelled
-  aio call, a stream that ended first, a server that stopped answering, a
+* **the server is done with it** -- it answered (a result, or an error it sent),
+  or the request never reached it (no connection carried it): the slot goes
+  back, the lent allocations are one request less busy, the tensors go with the
+  claim;
+* **the outcome is unknown** (``client_timeout``, a cancelled aio call, a stream
+  that ended first, a connection that broke, a gateway's 502/503/504, a
   ``close()`` that stopped waiting): the server may still run the request, read
-  its inputs and write its outputs.  The slot stays out of its pool; each lent
-  allocation is taken out of the lent table, to be unregistered, and the
-  registration holds the request's tensors until the server lets go of it --
-  Triton refuses to unregister a region a running request uses, and a
-  restarted or vanished server holds nothing -- so torch cannot hand their
-  blocks to another tensor meanwhile (:meth:`~._lent.LentAllocations.abandon`).
+  its inputs and write its outputs.  Its slot is held for the server: the slot's
+  extent leaves leasing until an unregister of it succeeds (Triton refuses to
+  unregister a region a running request uses; a restarted server holds nothing),
+  then comes back whole (:meth:`~._pool.SlotPool.hold_for_server`,
+  :meth:`~._disposal.Disposals.prove_steps`).  Each lent allocation is taken out of
+  the lent table, to be unregistered, and the registration holds the request's
+  tensors until the server lets go of it, so torch cannot hand their blocks to
+  another tensor meanwhile (:meth:`~._lent.LentAllocations.abandon`); a view of one
+  of the client's own slots is held by that slot's extent likewise.
+
+Which failure is which is :func:`tritonshm.errors.outcome_of`'s one table
+(:data:`~tritonshm.errors.OUTCOMES`); :meth:`Claim.ended_by` reads it.
 
 :class:`Claims` is the engine's register of the caller's GPU memory that
 unfinished requests name (*spans*).  A request that would write where one of
-them may read or write, or read where one may write, waits for it
-(:meth:`Claims.conflict`): a retry into the same ``out=`` tensor after a timeout
-never races the late write of the request it replaces.
+them may read or write, or read where one may write, waits for it: checking
+and entering the register are one step under one lock (:meth:`Claims.enter`),
+so two requests writing one ``out=`` never run at once, and a retry into the
+same ``out=`` tensor after a timeout never races the late write of the request
+it replaces.
 """
 
 from __future__ import annotations
@@ -31,27 +40,12 @@ from __future__ import annotations
 import threading
 from typing import Any, NamedTuple
 
-from ..errors import RegistrationError, ServerError, ServerTimeout, ServerUnavailable
+from ..errors import Outcome, outcome_of
 from ._devices import DeviceTensor
 from ._lent import Lent, LentAllocations
 from ._pool import Extent, Lease
 
-__all__ = ["Claim", "Claims", "Span", "server_answered"]
-
-# Statuses of failures that are not the server's answer to the request: the client gave up, or
-# lost the connection (the server may run the request all the same).
-_NOT_ANSWERS = ("CANCELLED", "DEADLINE_EXCEEDED", "UNAVAILABLE")
-
-
-def server_answered(exc: BaseException) -> bool:
-    """Whether the failure *exc* of a sent request is the server's answer to it (then the
-    server is done with the request), rather than the client giving up or losing it."""
-    if isinstance(exc, RegistrationError):  # refused before it ran, or an output too large
-        return True
-    if not isinstance(exc, ServerError) or isinstance(exc, (ServerTimeout, ServerUnavailable)):
-        return False
-    status = exc.status()
-    return status is not None and not any(word in status for word in _NOT_ANSWERS)
+__all__ = ["Claim", "Claims", "Span"]
 
 
 class Span(NamedTuple):
@@ -77,59 +71,68 @@ class Span(NamedTuple):
 
 class Claim:
     """Everything the server may touch for one request (see the module): its *lease* (set by
-    the engine when it leases a slot), the tensors it lends by name, the events of the work the
-    caller had queued on them (waited for before the request is sent), and whether it was sent
-    and not yet answered."""
+    the engine when it leases a slot; *owns_lease* False: a zero-copy request's, which outlives
+    its runs), the tensors it lends by name, the events of the work the caller had queued on
+    them (waited for before the request is sent), where in the caller's memory it reads and
+    writes (*spans*, entered in :class:`Claims` before anything is lent), and whether it was
+    sent and the server may still run it (*unanswered*: set by the driver as it sends)."""
 
-    __slots__ = ("lease", "inputs", "outputs", "waits", "tensors", "unanswered", "_claims", "_allocations")
+    __slots__ = ("lease", "owns_lease", "inputs", "outputs", "waits", "tensors", "spans", "unanswered",
+                 "_claims", "_allocations")
 
     def __init__(self, claims: "Claims", allocations: LentAllocations) -> None:
         self._claims = claims
         self._allocations = allocations
         self.lease: Lease | None = None
+        self.owns_lease = True
         self.inputs: dict[str, Lent] = {}     # inputs read where they are
         self.outputs: dict[str, Lent] = {}    # out= results written where they are
         self.waits: list[Any] = []
         # The lent tensors (their captures hold their memory), each with whether it is written.
         self.tensors: list[tuple[DeviceTensor, bool]] = []
+        self.spans: list[Span] = []  # the caller's memory the request names, while it runs
         self.unanswered = False  # sent, and neither answered nor refused by the server yet
+
+    def ended_by(self, exc: BaseException) -> None:
+        """Sending the request raised *exc*: the server is done with it unless the outcome is
+        unknown (:func:`~tritonshm.errors.outcome_of`, the one table)."""
+        if outcome_of(exc) is not Outcome.UNKNOWN:
+            self.unanswered = False
 
     def lend(self, name: str, where: Lent, tensor: DeviceTensor, writes: bool) -> None:
         """*tensor* is named where it is (*where*) as input (or, *writes*, result) *name*."""
         (self.outputs if writes else self.inputs)[name] = where
-        if not self.tensors:
-            self._claims.add(self)
         self.tensors.append((tensor, writes))
         self.waits.append(tensor.source.event)
 
-    def spans(self) -> list[Span]:
+    def lent_spans(self) -> list[Span]:
         """Where the lent tensors are."""
         return [Span.of(tensor, writes) for tensor, writes in self.tensors]
 
     def end_lease(self) -> None:
-        """Let go of the slot (the rest stays claimed): back to its pool if the server answered
-        (or, leased with a handle, once the views of it are gone); else kept out of it."""
+        """Let go of the slot (the rest stays claimed): if the server is done with the request,
+        back to its pool (or, leased with a handle, once the views of it are gone; a zero-copy
+        request's stays with it); else held for the server (:meth:`~._pool.SlotPool.hold_for_server`)."""
         lease, self.lease = self.lease, None
         if lease is None:
             return
-        if not self.unanswered:
-            if lease.handle is None:
-                lease.pool.finished_and_back(lease)  # results were copied out: nothing holds the slot
-            else:
-                lease.pool.finished()  # its views hold it, and bring it back when they die
+        if self.unanswered:
+            lease.pool.hold_for_server(lease)
+        elif not self.owns_lease:
             return
-        # The server may still write the slot: it never comes back to its pool (it goes with its
-        # extent, when the client closes); a held lease's handle is kept for the server with it.
-        lease.pool.finished()
-        if lease.handle is not None:
-            lease.extent.kept_for_server.append(lease.handle)
+        elif lease.handle is None:
+            lease.pool.finished_and_back(lease)  # results were copied out: nothing holds the slot
+        else:
+            lease.pool.finished(lease)  # its views hold it, and bring it back when they die
 
     def end(self) -> None:
         """The request is over for the client: let go of what the server is done with, and hand
-        what it may still touch to the registrations that hold it until it lets go (idempotent)."""
+        what it may still touch to what holds it until the server provably lets go (idempotent)."""
         if self.lease is not None:
             self.end_lease()
         if not self.tensors:  # nothing lent (the quick path's claim: a slot only)
+            if self.spans:
+                self._claims.settle(self)
             return
         lent = [*self.inputs.values(), *self.outputs.values()]
         if not self.unanswered:
@@ -137,7 +140,15 @@ class Claim:
                 self._allocations.finished(where)
             self._claims.settle(self)
         else:
-            extents = [self._allocations.abandon(where, [t for t, _ in self.tensors]) for where in lent]
+            tensors = [t for t, _ in self.tensors]
+            extents = []
+            for where in lent:
+                pool = where.extent.pool
+                if pool is not None:  # a view of one of our own slots: held by its extent
+                    pool.keep_for_server(where.extent, tensors)
+                    extents.append(where.extent)
+                else:
+                    extents.append(self._allocations.abandon(where, tensors))
             self._claims.abandon(self, extents)
         self.inputs, self.outputs, self.tensors, self.waits = {}, {}, [], []
 
@@ -145,9 +156,9 @@ class Claim:
 class Claims:
     """The caller's memory that unfinished requests name (see the module).
 
-    A request is here from its first lending until it ends answered, or -- the client gave
-    up on it -- until every registration that holds its tensors is let go of (the server
-    let go of it: see :meth:`Claim.end`).
+    A request is here from before it lends anything until it ends with the server done with
+    it, or -- the outcome unknown -- until every registration that holds its lent tensors is
+    let go of (the server let go of it: see :meth:`Claim.end`).
     """
 
     def __init__(self) -> None:
@@ -160,43 +171,49 @@ class Claims:
         """Whether any unfinished request names the caller's memory (cheap: no lock)."""
         return bool(self._running or self._abandoned)
 
-    def add(self, claim: Claim) -> None:
-        """*claim* names the caller's memory from now on (:meth:`Claim.lend`)."""
-        with self._lock:
-            self._running.add(claim)
-
-    def conflict(self, span: Span, claim: Claim) -> bool:
-        """Whether another unfinished request names memory that clashes with *span*."""
+    def enter(self, claim: Claim, spans: list[Span]) -> Span | None:
+        """Enter *claim* as naming *spans*, unless one of them clashes with memory another
+        unfinished request names: then that span, and nothing entered (wait, and try again).
+        One step under the lock: no other request can enter a clashing span in between."""
         with self._lock:
             self._forget_released()
-            running = [other for other in self._running if other is not claim]
-            abandoned = [spans for spans, _ in self._abandoned]
-        return any(span.clashes(other) for owner in running for other in owner.spans()) \
-            or any(span.clashes(other) for spans in abandoned for other in spans)
+            for span in spans:
+                for other in self._running:
+                    if other is not claim and any(span.clashes(theirs) for theirs in other.spans):
+                        return span
+                for theirs, _ in self._abandoned:
+                    if any(span.clashes(one) for one in theirs):
+                        return span
+            claim.spans = spans
+            self._running.add(claim)
+            return None
 
     def settle(self, claim: Claim) -> None:
-        """*claim*'s request was answered: its memory is free."""
+        """The server is done with *claim*'s request: its memory is free."""
         with self._lock:
             self._running.discard(claim)
+        claim.spans = []
 
     def abandon(self, claim: Claim, extents: list[Extent]) -> None:
-        """The client gave up on *claim*'s request: its memory stays named until *extents* (the
-        registrations holding it) are let go of."""
-        spans = claim.spans()
+        """The outcome of *claim*'s request is unknown: its lent memory stays named until
+        *extents* (the registrations holding it) are let go of."""
+        spans = claim.lent_spans()
         with self._lock:
             self._running.discard(claim)
             if spans and extents:
                 self._abandoned.append((spans, extents))
+        claim.spans = []
 
     def awaiting(self) -> int:
-        """Requests the client gave up on whose memory the server may still touch."""
+        """Requests whose outcome is unknown whose lent memory the server may still touch."""
         with self._lock:
             self._forget_released()
             return len(self._abandoned)
 
     def _forget_released(self) -> None:
         # Under the lock.  An abandoned request is over once each registration naming its
-        # memory has been let go of (unregistered: the server no longer uses it).
+        # memory has been let go of (unregistered, or a slot's extent proven: the server no
+        # longer uses it).
         if self._abandoned:
             self._abandoned = [(spans, extents) for spans, extents in self._abandoned
-                               if not all(e.memory.closed for e in extents)]
+                               if not all(e.released_by_server for e in extents)]

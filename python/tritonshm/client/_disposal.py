@@ -9,6 +9,16 @@ open through CUDA IPC (``cudaFree`` under another process's mapping is
 undefined behaviour): what a server keeps refusing is held for the life of
 the process (:data:`held_for_the_server`).
 
+A pool's extent that holds slots for a request of unknown outcome (timed out,
+cancelled, cut off: the server may still write them) is *proven* before it
+serves again (:meth:`Disposals.prove_steps`): unregistered, which Triton
+2.50-2.52 refuse while a request uses the region, then registered again under
+its name, which every release refuses ("already in manager") while the old
+registration lives on -- from 2.53 an unregister of a region in use succeeds
+and takes effect when its last request ends.  Both done, the server holds
+nothing of it: the extent comes back whole.  A restarted server forgets it at
+once.  Asked on a backoff, by whoever drives requests.
+
 :class:`Disposals` holds one client's parked extents and runs these steps;
 they hold no engine and no client: a forgotten client's finalizer runs them too.
 """
@@ -19,14 +29,16 @@ import os
 import threading
 import time
 
-from ..errors import ServerError, ServerUnavailable
-from ._pool import Extent
-from ._steps import Pause, Steps, Unregister
+from ..errors import RegistrationError, ServerError, ServerUnavailable
+from ._pool import Extent, SlotPool
+from ._steps import Pause, Register, Steps, Unregister
 
 __all__ = ["Disposals", "held_for_the_server"]
 
 _SETTLE_INTERVAL = 0.02  # how often a closing client asks again to unregister what is parked
 _RETRY_INTERVAL = 0.05   # at most this often, requests ask again to unregister what is parked
+_PROVE_FIRST = 0.01      # an extent held for the server: first asked again after this, then
+_PROVE_MAX = 0.5         # ... twice as long each time, up to this
 
 # Device memory a server refused to let go of when its client closed: held for the life of the
 # process (freeing it under the server would be undefined behaviour; the driver frees it at exit).
@@ -48,6 +60,7 @@ class Disposals:
         self._lock = threading.Lock()   # extents are parked, and taken whole, from any thread
         self._parked: list[Extent] = []
         self._retry_at = 0.0
+        self._proving: list[Extent] = []  # pools' extents held for the server, asked on a backoff
         #: Something may be waiting to be let go of: set by whoever leaves it (a pool's idle
         #: surplus, a retired pool, the lent table, a parked extent), cleared by the one request
         #: end that looks (:meth:`~._engine.Engine.settle_steps`): a request that leaves nothing
@@ -114,9 +127,92 @@ class Disposals:
                 raise
 
     def due(self) -> bool:
-        """Whether parked extents should be asked about again now (at most every
-        _RETRY_INTERVAL: requests must not each pay a round trip to a server that still says no)."""
-        return bool(self._parked) and time.monotonic() >= self._retry_at
+        """Whether parked extents, or extents held for the server, should be asked about again
+        now (on their backoff: requests must not each pay a round trip to a server that still
+        says no)."""
+        if not self._parked and not self._proving:
+            return False
+        now = time.monotonic()
+        return bool(self._parked) and now >= self._retry_at or any(e.retry_at <= now for e in self._proving)
+
+    @property
+    def proving(self) -> bool:
+        """Whether extents held for the server wait to be proven (cheap: no lock)."""
+        return bool(self._proving)
+
+    def prove(self, extents: list[Extent]) -> None:
+        """Ask the server about *extents* (held for it: :meth:`~._pool.SlotPool.hold_for_server`,
+        nothing of ours running on them) from now on, until it let go of each."""
+        if extents:
+            for extent in extents:
+                extent.retry_at, extent.backoff = 0.0, _PROVE_FIRST
+            with self._lock:
+                self._proving.extend(extents)
+            self.maybe_due = True
+
+    def prove_steps(self) -> Steps:
+        """Ask the server about each extent held for it whose backoff is over: unregister it,
+        then register it again under its name (see the module); an extent both succeed for is
+        back in its pool (:meth:`~._pool.SlotPool.restore`), or let go of if its pool no longer
+        serves.  Refused or unreachable: asked again later, twice as late."""
+        now = time.monotonic()
+        with self._lock:
+            due = [e for e in self._proving if e.retry_at <= now]
+            if not due:
+                return
+            self._proving = [e for e in self._proving if e.retry_at > now]
+        for index, extent in enumerate(due):
+            try:
+                proven = yield from self._prove_steps(extent)
+            except GeneratorExit:
+                with self._lock:
+                    self._proving.extend(due[index:])  # (the one cut short starts over: idempotent)
+                raise
+            if not proven:
+                extent.retry_at = time.monotonic() + extent.backoff
+                extent.backoff = min(2 * extent.backoff, _PROVE_MAX)
+                with self._lock:
+                    self._proving.append(extent)
+
+    def _prove_steps(self, extent: Extent) -> Steps:
+        """One ask about *extent*: True once it is settled (back in its pool, or let go of)."""
+        pool = extent.pool
+        if extent.closed or pool is None:  # its pool closed: its close unregisters it
+            return True
+        if os.getpid() != self.creator_pid:
+            return False  # (a forked child asks nothing of the server: the names are its parent's)
+        name = extent.name
+        assert name is not None, "a pool's extents are registered"
+        # Both every time: a server that restarted in between may have it registered again by a
+        # request that healed (then the unregister lets go of that, and the register succeeds).
+        try:
+            yield Unregister(name)
+        except ServerError:
+            return False  # in use (Triton 2.50-2.52), or unreachable: ask again later
+        try:
+            yield Register(extent.memory, name)
+        except RegistrationError as exc:
+            if "already" in str(exc):
+                return False  # the old registration lives on: a request still uses it (2.53+)
+            self._drop(pool, extent)  # it cannot be registered again: let go of, its slots with it
+            return True
+        except ServerError:
+            return False  # unreachable: register it when the server is back
+        except GeneratorExit:
+            # Whether the server registered it is unknown: out of the pool, unregistered later.
+            pool.drop_extent(extent)
+            self._park([extent])
+            raise
+        if not pool.restore(extent):  # its pool retired meanwhile: the memory goes
+            self._drop(pool, extent)
+            return True
+        return True
+
+    def _drop(self, pool: SlotPool, extent: Extent) -> None:
+        """*extent* leaves *pool*, registered with the server or not: parked, its unregister
+        (harmless for a name the server does not have) and closing to follow."""
+        pool.drop_extent(extent)
+        self._park([extent])
 
     def retry_steps(self, when_due: bool = False) -> Steps:
         """Ask again to unregister and close the parked extents (only if :meth:`due`, with

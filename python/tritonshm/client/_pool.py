@@ -171,10 +171,26 @@ class Extent(Generic[_Memory]):
         # Per slot index: the request objects naming its offsets, made once and reused (they die
         # with the extent, so a later extent can never inherit another's bindings).
         self.requests: dict[int, dict[Any, Any]] = {}
-        # What requests the client gave up on named in this memory, which the server may still
-        # read or write (the caller's tensors, a slot's lease): held until the memory is let go
-        # of -- after the server agreed to unregister it, or for good (see ._claim).
+        # What requests of unknown outcome named in this memory, which the server may still read
+        # or write (the caller's tensors, views of a slot): held until the server agreed to
+        # unregister it (or for good, see ._claim).
         self.kept_for_server: list[Any] = []
+        # A pool's extent: its pool (None: a lent allocation), and what it holds for the server.
+        self.pool: "SlotPool | None" = None
+        self.running = 0               # its slots whose request is in flight
+        #: Its slots whose request's outcome is unknown, each with whether its lease is back (its
+        #: views gone, or it had none): out of service until an unregister proves the server done.
+        self.for_server: dict[int, bool] = {}
+        self.suspended = False         # out of leasing until then (see SlotPool.hold_for_server)
+        self.idle: list[int] = []      # slots that came back meanwhile
+        self.retry_at = 0.0            # when to ask the server again, and how long after that
+        self.backoff = 0.0
+
+    @property
+    def released_by_server(self) -> bool:
+        """Whether the server may no longer touch anything a request of unknown outcome named
+        here: the memory was let go of, or the server agreed to unregister it since."""
+        return self.memory.closed or not (self.kept_for_server or self.for_server)
 
     def release_memory(self) -> None:
         """Close the memory (views keep what they use), give its bytes back and let go of what
@@ -214,6 +230,9 @@ class Lease:
     # A lease without a handle that still keeps its memory alive while the request runs (device
     # memory: closing the extent under an in-flight copy or inference must not free it).
     keep: Any = None
+    # Its last request's outcome is unknown: held for the server (SlotPool.hold_for_server), no
+    # longer counted running; a zero-copy request's lease runs again once the server let go.
+    for_server: bool = False
 
     def offset(self, tensor: str) -> int:
         """Where *tensor* starts in the extent's memory."""
@@ -233,6 +252,9 @@ class PoolInfo:
     slot_bytes: int         #: the bytes of one slot (every input and output of a full batch)
     nbytes: int             #: registered bytes, every extent together
     regions: tuple[str, ...]  #: the names the extents are registered under
+    #: slots out of service until the server lets go of them: requests of unknown outcome
+    #: (timed out, cancelled, cut off) may still run there (see :meth:`SlotPool.hold_for_server`)
+    awaiting_server: int = 0
 
 
 class SlotPool:
@@ -259,6 +281,8 @@ class SlotPool:
         self._sleepers = 0                               # threads blocked in wait()
         self._surplus: list[Extent] = []  # idle extents, waiting to be unregistered
         self._growing = False              # a request is registering one more extent
+        self._suspended = 0                # extents held for the server (out of leasing)
+        self._to_prove: list[Extent] = []  # ... that nothing of ours runs on: to ask the server
         self.retired = False               # a larger pool replaced this one
         self.closed = False
         # Per extent and slot: InferInput / InferRequestedOutput objects reused across requests.
@@ -290,7 +314,13 @@ class SlotPool:
         """Slots out of the pool whose request is over but whose views live on."""
         with self._lock:
             self._look_at_watched()
-            return self.nslots - len(self._free) - self._running
+            return self.nslots - len(self._free) - self._running - self._awaiting()
+
+    def _awaiting(self) -> int:
+        # Under the lock: slots out of service until the server lets go of their extent.
+        if not self._suspended:
+            return 0
+        return sum(len(e.for_server) + len(e.idle) for e in self._extents if e.suspended)
 
     @property
     def extents(self) -> list[Extent]:
@@ -320,16 +350,18 @@ class SlotPool:
             if self.closed:
                 return False
             self._extents.append(extent)
+            extent.pool = self
             self._free.extend((extent, i) for i in reversed(range(extent.nslots)))
             self._wake()
             return True
 
     def should_grow(self) -> bool:
-        """True when no slot is free, some are only held by views, and one
+        """True when no slot is free, some are only held (by views, or for the server), and one
         more extent fits in the client's budget: grow instead of waiting."""
         with self._lock:
             self._look_at_watched()  # first: a slot it frees is no reason to grow
-            return (not self._free and not self.retired and not self._growing and self.held > 0
+            return (not self._free and not self.retired and not self._growing
+                    and (self.held > 0 or self._suspended > 0 or not self._extents)
                     and self.budget.fits(self.extent_bytes))
 
     def claim_first_extent(self) -> None:
@@ -368,6 +400,7 @@ class SlotPool:
                 return None
             extent, index = self._free.pop()  # LIFO: the slot used last is still in cache
             self._running += 1
+            extent.running += 1
         base = index * self.layout.slot_bytes
         handle = keep = None
         memory = extent.memory
@@ -381,16 +414,18 @@ class SlotPool:
         except BaseException:
             with self._lock:  # no lease came of it: the slot is free again
                 self._running -= 1
+                extent.running -= 1
                 if not extent.closed:
-                    self._free.append((extent, index))
+                    self._back(extent, index)
                 self._wake()
             raise
         return Lease(self, extent, index, handle, base, keep)
 
     def wait_slice(self, left: float | None) -> float | None:
-        """How long to wait for a slot at a time: *left*, or less while slots
-        held by DLPack tensors must be looked at again (nothing wakes us for them)."""
-        if not self._watched:
+        """How long to wait for a slot at a time: *left*, or less while slots held by DLPack
+        tensors must be looked at again (nothing wakes us for them), or while slots held for
+        the server wait for it to let go (the waiter asks it: see :meth:`hold_for_server`)."""
+        if not self._watched and not self._suspended:
             return left
         return _PROBE_INTERVAL if left is None else min(left, _PROBE_INTERVAL)
 
@@ -399,7 +434,7 @@ class SlotPool:
         assert lease.handle is None, "a held lease returns when its views are gone"
         lease.keep = None
         with self._lock:
-            self._running -= 1
+            self._end_running(lease)
             self._release(lease.extent, lease.index)
 
     def wait(self, timeout: float | None) -> bool:
@@ -436,8 +471,13 @@ class SlotPool:
     def exhausted(self, timeout: float | None) -> PoolExhausted:
         """The error for a request that waited *timeout* seconds for a slot."""
         with self._lock:
-            running, held = self._running, self.held
-        if held and not self.budget.fits(self.extent_bytes):
+            running, held, awaiting = self._running, self.held, self._awaiting()
+        if awaiting and not running:
+            why = (f"{awaiting} slots wait for the server to finish requests whose outcome is unknown "
+                   f"(timed out, cancelled or cut off: it may still write their slots); they come back once "
+                   f"it lets go of them (an unregister it accepts, or a restart). Wait longer (slot_timeout=), "
+                   f"or raise max_pool_bytes so that the pool can grow around them")
+        elif held and not self.budget.fits(self.extent_bytes):
             why = (f"the client is at its byte cap ({self.budget.used} of max_pool_bytes="
                    f"{self.budget.limit}) with {held} slots held by live result views (copy=False "
                    f"results or request() views still referenced): drop arrays you no longer need "
@@ -447,14 +487,126 @@ class SlotPool:
                    f"requests come; raise slots= or slot_timeout=")
         return PoolExhausted(
             f"no slot of the pool for model {self.info.name!r} came free for {timeout} s "
-            f"({self.nslots} slots: {running} running, {held} held): {why}"
+            f"({self.nslots} slots: {running} running, {held} held, {awaiting} awaiting the server): {why}"
         )
 
-    def finished(self) -> None:
-        """A leased slot's request is over (its views may still hold it)."""
+    def finished(self, lease: Lease) -> None:
+        """*lease*'s request is over, or a zero-copy request let go of it (its views may still
+        hold the slot)."""
         with self._lock:
-            self._running -= 1
+            self._end_running(lease)
             self._wake()  # a held slot may now make growing worthwhile
+
+    def resume(self, lease: Lease) -> None:
+        """A zero-copy request's lease runs again (:meth:`finished` ends it)."""
+        with self._lock:
+            self._running += 1
+            lease.extent.running += 1
+            lease.for_server = False
+
+    def _end_running(self, lease: Lease) -> None:
+        # Under the lock.  A lease held for the server stopped counting as running then.
+        if lease.for_server:
+            return
+        self._running -= 1
+        extent = lease.extent
+        extent.running -= 1
+        if extent.suspended and extent.running == 0:
+            self._provable(extent)
+
+    # -- holding slots for the server --------------------------------------
+
+    def hold_for_server(self, lease: Lease) -> None:
+        """*lease*'s request may still run on the server (its outcome is unknown): its slot stays
+        out of the pool, and its extent leaves leasing, until the server provably let go of it.
+
+        The proof is an unregister of the extent that succeeds: Triton refuses to unregister
+        a region a running request uses, and a restarted server holds nothing.  It is asked
+        once no request of ours runs on the extent (none would let it succeed), by whoever
+        drives requests (:meth:`take_provable`; the client's disposals), on a backoff; then
+        the extent is registered again and comes back whole (:meth:`restore`).  Meanwhile the
+        pool grows around it within ``max_pool_bytes``, or its waiters wait, asking."""
+        with self._lock:
+            extent = lease.extent
+            extent.for_server[lease.index] = lease.handle is None  # (no handle: nothing else holds it)
+            self._suspend(extent)
+            self._end_running(lease)
+            lease.for_server = True
+            lease.keep = None  # (the extent keeps its memory: it is closed only after the proof)
+
+    def keep_for_server(self, extent: Extent, kept: list[Any]) -> None:
+        """A request of unknown outcome read *kept*, views of *extent*'s slots (results passed on
+        as inputs): they are held, and the extent out of leasing, as for :meth:`hold_for_server`."""
+        with self._lock:
+            extent.kept_for_server.extend(kept)
+            self._suspend(extent)
+            if extent.running == 0:
+                self._provable(extent)
+
+    def _suspend(self, extent: Extent) -> None:
+        # Under the lock: *extent* out of leasing (its free slots wait with it).
+        if extent.suspended or extent.closed:
+            return
+        extent.suspended = True
+        self._suspended += 1
+        extent.idle = [index for e, index in self._free if e is extent]
+        if extent.idle:
+            self._free = collections.deque(item for item in self._free if item[0] is not extent)
+
+    def _provable(self, extent: Extent) -> None:
+        # Under the lock: nothing of ours runs on *extent* any more; the server may be asked.
+        if extent not in self._to_prove and not extent.closed:
+            self._to_prove.append(extent)
+            self._notice_surplus()
+
+    @property
+    def has_provable(self) -> bool:
+        """Whether extents wait for their first ask of the server (cheap: no lock)."""
+        return bool(self._to_prove)
+
+    def take_provable(self) -> list[Extent]:
+        """Extents held for the server that nothing of ours runs on: to be asked (the client's
+        disposals ask each on a backoff until the server agrees, then :meth:`restore`)."""
+        with self._lock:
+            out, self._to_prove = self._to_prove, []
+            return out
+
+    def restore(self, extent: Extent) -> bool:
+        """The server let go of *extent* and it is registered again: back in service, with the
+        slots held for the server free (those whose lease is still out come back with it).
+        False, nothing done, when the pool no longer serves (then :meth:`drop_extent`)."""
+        with self._lock:
+            if self.retired or self.closed or extent.closed or not extent.suspended:
+                return False
+            extent.suspended = False
+            self._suspended -= 1
+            kept, extent.kept_for_server = extent.kept_for_server, []
+            back = [index for index, returned in extent.for_server.items() if returned] + extent.idle
+            extent.for_server, extent.idle = {}, []
+            self._free.extend((extent, index) for index in back)
+            self._wake()
+        del kept  # (views of our own slots: dropping them may return those slots, under no lock)
+        return True
+
+    def drop_extent(self, extent: Extent) -> None:
+        """*extent* leaves the pool for good (a retired pool's, proven; or one that could not be
+        registered again): its slots with it; the caller closes its memory."""
+        with self._lock:
+            if extent in self._extents:
+                self._extents.remove(extent)
+            if extent.suspended:
+                extent.suspended = False
+                self._suspended -= 1
+            self._free = collections.deque(item for item in self._free if item[0] is not extent)
+            self._watched = [item for item in self._watched if item[0] is not extent]
+            extent.closed = True
+            self._wake()
+
+    @property
+    def awaiting_server(self) -> int:
+        """Slots out of service until the server lets go (held for it, or in an extent that is)."""
+        with self._lock:
+            return self._awaiting()
 
     def _release(self, extent: Extent, index: int, probe: Any = None) -> None:
         # Runs when the lease handle dies: on any thread, possibly inside
@@ -463,14 +615,24 @@ class SlotPool:
         with self._lock:
             if extent.closed:
                 return
+            if index in extent.for_server:  # the server may still write it: back after the proof
+                extent.for_server[index] = True
+                return
             if probe is not None and not _idle(probe):
                 self._watched.append((extent, index, probe))
                 self._wake()  # a waiter must start looking at it
                 return
-            self._free.append((extent, index))
+            self._back(extent, index)
             if len(self._extents) > 1:  # only extents beyond the first are ever surplus
                 self._collect_surplus()
             self._wake()
+
+    def _back(self, extent: Extent, index: int) -> None:
+        # Under the lock: a slot free again (to wait with its extent, while it is held for the server).
+        if extent.suspended:
+            extent.idle.append(index)
+        else:
+            self._free.append((extent, index))
 
     def _look_at_watched(self) -> None:
         """Free the watched slots whose last view is gone (under the lock)."""
@@ -483,7 +645,7 @@ class SlotPool:
             if not _idle(probe):
                 still.append((extent, index, probe))
             else:
-                self._free.append((extent, index))
+                self._back(extent, index)
         if len(still) != len(self._watched):
             self._watched = still
             self._collect_surplus()
@@ -548,6 +710,7 @@ class SlotPool:
                 self.closed = self.retired = True
             self._free.clear()
             self._watched.clear()
+            self._to_prove = []
             for extent in out:
                 extent.closed = True
             self._wake()
@@ -558,7 +721,7 @@ class SlotPool:
         with self._lock:
             return PoolInfo(self.info.name, self.info.version, memory, self.nslots,
                             self._running, self.held, self.layout.slot_bytes, self.nbytes,
-                            tuple(e.name for e in self._extents if e.name is not None))
+                            tuple(e.name for e in self._extents if e.name is not None), self._awaiting())
 
     def __repr__(self) -> str:
         return (f"<SlotPool {self.info.name!r} {self.nslots} slots x {self.layout.slot_bytes} B, "

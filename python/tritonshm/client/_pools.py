@@ -93,25 +93,27 @@ class PoolTable:
 
     @property
     def lingering(self) -> bool:
-        """Whether memory stays to be let go of later: a retired pool not yet drained, or parked
-        extents (asked about again when due)."""
-        return bool(self._retired) or bool(self._disposals.parked)
+        """Whether memory stays to be let go of later: a retired pool not yet drained, parked
+        extents, or extents held for the server (asked about again when due)."""
+        return bool(self._retired) or bool(self._disposals.parked) or self._disposals.proving
 
     def has_disposals(self) -> bool:
-        """Whether a pool has idle surplus, a retired pool is waiting to be dropped, or parked
-        memory is due to be asked about again."""
+        """Whether a pool has idle surplus or extents held for the server to ask about, a retired
+        pool is waiting to be dropped, or parked (or held) memory is due to be asked about again."""
         return bool(self._retired) or self._disposals.due() \
-            or any(pool.has_surplus for pool in list(self._pools.values()))
+            or any(pool.has_surplus or pool.has_provable for pool in list(self._pools.values()))
 
     def dispose_steps(self) -> Steps:
         """Unregister and close idle surplus extents and drained retired pools (and ask again about
         parked memory, when due: it holds pool bytes too)."""
         yield from self._disposals.retry_steps(when_due=True)
         for pool in self.in_service():
+            self._disposals.prove(pool.take_provable())
             yield from self._disposals.drop_all_steps(pool.take_disposals())
             if pool.closed:
                 with self._lock:
                     self._retired.discard(pool)
+        yield from self._disposals.prove_steps()
 
     def close_steps(self) -> Steps:
         """Empty the table now (every pool out of service), then the steps that unregister and
@@ -300,6 +302,8 @@ class PoolTable:
                     self._check_open()
                 if extent is not None:
                     continue  # else another pool took the bytes meanwhile: wait for a slot
+            if pool.has_provable or self._disposals.due():  # slots held for the server: ask it about them
+                yield from self.dispose_steps()
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise pool.exhausted(timeout)

@@ -58,7 +58,7 @@ class SlotRequest:
         lease, self._lease = self._lease, None
         if lease is not None:
             self.inputs = {}
-            lease.pool.finished()
+            lease.pool.finished(lease)
 
     def __del__(self) -> None:
         self.close()

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import ClientClosed, OutputTooSmall, RegionNotRegistered, ServerError, SharedMemoryRefused, TensorInUse
 from . import _bytes, _devices, _intake, _messages, _results
-from ._claim import Claim, Span, server_answered
+from ._claim import Claim, Span
 from ._devices import DeviceTensor, OutTensor, Placement
 from ._engine import Engine
 from ._model import ModelInfo
@@ -175,20 +175,25 @@ class Runner:
                  if isinstance(array, DeviceTensor) and array.nbytes]
         named += [(f"out[{name!r}]", Span.of(given.tensor, True)) for name, given in (plan.out or {}).items()
                   if given.tensor.nbytes]
-        if not named or not self.claims.busy:  # (host tensors are the client's copies: nothing to clash)
+        if not named:  # (host tensors are the client's copies: nothing to clash)
             return
+        spans = [span for _, span in named]
         deadline = None if plan.slot_timeout is None else time.monotonic() + plan.slot_timeout
-        for what, span in named:
-            while self.claims.conflict(span, claim):
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TensorInUse(
-                        f"{what} of this request on model {plan.info.name!r} is memory an earlier request "
-                        f"still uses: one the client gave up on (client_timeout, cancelled, closed), which "
-                        f"the server may still be running; waited slot_timeout={plan.slot_timeout} s for the "
-                        f"server to be done with it. Wait longer (slot_timeout=), or give other tensors")
-                if self.engine.has_disposals():  # among them, asking the server again to let go of it
-                    yield from self.engine.dispose_steps()
-                yield Pause(_CLASH_POLL)
+        while True:
+            # Checked and entered in one step: a request starting meanwhile sees this one's spans.
+            clash = self.claims.enter(claim, spans)
+            if clash is None:
+                return
+            what = next(what for what, span in named if span is clash)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TensorInUse(
+                    f"{what} of this request on model {plan.info.name!r} is memory another request still "
+                    f"uses: one running now, or one the client gave up on (client_timeout, cancelled, "
+                    f"closed) that the server may still be running; waited slot_timeout={plan.slot_timeout} s "
+                    f"for it to be done. Wait longer (slot_timeout=), or give other tensors")
+            if self.engine.has_disposals():  # among them, asking the server again to let go of it
+                yield from self.engine.dispose_steps()
+            yield Pause(_CLASH_POLL)
 
     def _lend_steps(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
         """Lend the server the GPU inputs of one chunk, and the results the caller allocated,
@@ -545,9 +550,9 @@ class Runner:
             if again:
                 raise
             return exc
-        except ServerError as exc:
-            if claim is not None and server_answered(exc):
-                claim.unanswered = False  # the server's own answer
+        except BaseException as exc:
+            if claim is not None:
+                claim.ended_by(exc)  # the server's own answer, or it never arrived: done with it
             raise
         if claim is not None:
             claim.unanswered = False
@@ -562,10 +567,40 @@ class Runner:
     def run_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]], names: Sequence[str],
                   results: Placement, ready: Any, options: RequestOptions | None) -> Steps:
         """A zero-copy request's run (:class:`~._request.SlotRequest`): :meth:`slot_steps` over its
-        slot, results as views, counted in flight."""
+        slot, results as views, counted in flight.  Its :class:`~._claim.Claim` holds the slot for
+        the server if the outcome is unknown (the request keeps its lease); a run after such a one
+        first waits, up to the client's slot_timeout, for the server to let go of the slot."""
         with self._flight:
-            return (yield from self.slot_steps(info, lease, shapes, names, False, {}, results, ready=ready,
-                                               options=options))
+            if lease.for_server:
+                yield from self._await_server(info, lease)
+            claim = Claim(self.claims, self.lent_table)
+            claim.lease, claim.owns_lease = lease, False
+            try:
+                return (yield from self.slot_steps(info, lease, shapes, names, False, {}, results, ready=ready,
+                                                   options=options, claim=claim))
+            finally:
+                self._end_claim(claim)
+
+    def _await_server(self, info: ModelInfo, lease: Lease) -> Steps:
+        """Wait until the server let go of *lease*'s slot, held for it since a run of unknown
+        outcome (asking it, as waiting leases do), then count the lease running again."""
+        timeout = self.planner.slot_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        extent = lease.extent
+        while lease.index in extent.for_server:
+            if extent.closed:
+                self.engine.check_open()
+                raise ClientClosed("this request's slot was let go of")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TensorInUse(
+                    f"this request on model {info.name!r} was given up on in its last run (client_timeout, "
+                    f"cancelled, a lost connection), and the server may still write its slot; waited "
+                    f"slot_timeout={timeout} s for the server to let go of it. Run it again later, or close it "
+                    f"and make another")
+            if self.engine.has_disposals():
+                yield from self.engine.dispose_steps()
+            yield Pause(_CLASH_POLL)
+        lease.pool.resume(lease)
 
     def lease_now(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]], kind: SlotKind) -> Lease | None:
         """A zero-copy request's slot when one is free in the pool that fits it (the usual case,
