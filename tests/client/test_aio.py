@@ -138,3 +138,28 @@ def test_aio_a_port_of_the_other_protocol_is_named_as_the_likely_mistake(server)
                     await c.infer("identity_fp32", x)
 
     run(main())
+
+
+def test_aio_close_ends_a_request_in_flight_with_client_closed_and_a_cancelled_one_stays_cancelled(
+        server, protocol):
+    """close() gives up waiting (slot_timeout) for a request the server still runs: the request
+    raises ClientClosed on both protocols, never a CancelledError nobody asked for (a TaskGroup
+    or asyncio.wait_for would take it for its own); a task its caller cancelled while the client
+    closed still raises CancelledError (issue 38, case 8)."""
+    async def scenario():
+        c = tritonshm.aio.Client(client_url(server, protocol), slot_timeout=0.1)
+        data = np.arange(8, dtype=np.float32)
+        await c.infer("slow_fp32", {"INPUT0": data})  # the model known, its pool made
+        running = asyncio.create_task(c.infer("slow_fp32", {"INPUT0": data}))
+        cancelled = asyncio.create_task(c.infer("slow_fp32", {"INPUT0": data + 1}))
+        await asyncio.sleep(0.2)  # the server works on the one, the other waits in its queue
+        closing = asyncio.create_task(c.close())
+        await asyncio.sleep(0.05)  # close() waits for them (0.1 s)
+        cancelled.cancel()
+        await closing
+        with pytest.raises(tritonshm.ClientClosed):
+            await running
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+
+    run(scenario())

@@ -20,7 +20,7 @@ import weakref
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from .. import _http1, _transport, triton
-from ..errors import ServerError, ServerTimeout, translate_error
+from ..errors import ClientClosed, ServerError, ServerTimeout, translate_error
 from . import _devices, _messages
 from ._client import SETTLE_SECONDS, BlockingDriver, release_everything
 from ._engine import Engine
@@ -62,6 +62,7 @@ class AsyncDriver:
 
     def __init__(self, engine: Engine, aio_client: Any):
         self.aio_client = aio_client
+        self._engine = engine
         self._wire = engine.wire
         self._http = engine.wire.http
         self._grpc_send: Callable[[Any], Any] | None = None  # ready messages, on the aio client
@@ -117,7 +118,7 @@ class AsyncDriver:
     async def _carry_out(self, steps: Steps, step: Any) -> tuple[Any, BaseException | None]:
         """One step's outcome, or its failure.  Shielded: a cancelled caller leaves the
         step's I/O to finish, and the steps to end after it (see :meth:`_abandon`)."""
-        task = asyncio.ensure_future(self.handlers[type(step)](step))
+        task = asyncio.ensure_future(self._handle(step))
         try:
             return await asyncio.shield(task), None
         except asyncio.CancelledError:
@@ -125,6 +126,23 @@ class AsyncDriver:
             raise
         except Exception as exc:
             return None, exc
+
+    async def _handle(self, step: Any) -> Any:
+        """Carry out *step* (in its own task: see :meth:`_carry_out`); I/O cancelled under it by
+        :meth:`Client.close` fails with :class:`ClientClosed`.
+
+        gRPC ends the calls of a channel being closed as cancelled, and grpc.aio raises
+        ``CancelledError`` for them: left as it is, the caller's task would raise a cancellation
+        nobody asked for (TaskGroup and ``asyncio.wait_for`` take it for their own), where over
+        HTTP the same request raises ClientClosed.  The caller's own cancellation never reaches
+        this task (shielded), so it still raises ``CancelledError``.
+        """
+        try:
+            return await self.handlers[type(step)](step)
+        except asyncio.CancelledError:
+            if not self._engine.closed:
+                raise  # (the loop shutting down)
+            raise ClientClosed("the client was closed while this request waited on the server") from None
 
     async def close_wire(self) -> None:
         """End the inference streams that are open and the HTTP/1.1 connections (requests on
