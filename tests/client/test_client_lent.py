@@ -195,10 +195,11 @@ def test_by_reference_false_copies(url, torch_caching):
 def test_the_bounds_hold_and_only_cold_allocations_make_room(url, fake_cuda, torch_caching):
     with tritonshm.Client(url, max_lent_bytes=5 << 20) as c:
         table = lent_allocations(c)
-        # each a segment of its own, of different sizes (an idle one of the same size, lent once,
-        # would be taken for the fresh allocation per request that "used once" copies)
+        # each a segment of its own; a is given twice (an idle allocation lent once when a new one
+        # appears is taken for the fresh allocation per request that "used once" copies)
         a = torch_caching.empty(4 << 20, np.uint8)
         b = torch_caching.empty(2 << 20, np.uint8)
+        c.infer("identity_uint8", {"INPUT0": a})
         c.infer("identity_uint8", {"INPUT0": a})
         assert len(c.lent()) == 1
         # b does not fit beside a, and a was used just now: b is copied, a stays

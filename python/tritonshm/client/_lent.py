@@ -34,14 +34,18 @@ Lend only what pays: registering an allocation costs 1-3 ms and holding it
 keeps its memory from the caller's allocator, while a device copy of 64 MiB
 takes tens of microseconds.  So a buffer the caller uses again is lent, and
 one made afresh for each request is copied ("used once"): once an idle
-allocation lent for one request only is found when a new one of its size
-appears (it is let go of then, so torch can reuse its segment), new
-allocations are copied until the caller gives a tensor it gave before.
+allocation lent for one request only is found when a new one appears --
+whatever the sizes of the two: ``x = batch.cuda()`` with variable batch or
+sequence lengths is the usual case -- it is let go of (so torch can reuse its
+segment), and new allocations are copied until the caller gives a tensor it
+gave before (one copied, or one whose allocation was let go of so).
 
 A request the client gave up on (:mod:`._claim`) may still be run by the
 server: :meth:`~LentAllocations.abandon` takes its allocations out of the
 table, to be unregistered, and has their registrations hold the request's
-tensors until the server lets go of them.
+tensors until the server lets go of them.  A registration still on its way
+when the client closes is its lend steps' to let go of: unregistered when its
+reply comes, its memory held until then (:meth:`~LentAllocations.forget`).
 
 Memory CUDA IPC cannot export (``cudaMallocAsync`` pools, expandable
 segments, managed memory), a table with no room, or a server that cannot
@@ -59,19 +63,24 @@ import weakref
 from typing import Any, NamedTuple
 
 from .._memory._cuda_region import CudaRegion
-from ..errors import NotShareable, RegistrationError, SharedMemoryRefused
+from ..errors import (ClientClosed, NotShareable, RegistrationError, ServerError, ServerTimeout, ServerUnavailable,
+                      SharedMemoryRefused)
 from ._devices import DeviceTensor
-from ._disposal import Disposals
+from ._disposal import Disposals, held_for_the_server
 from ._fallback import Fallback
 from ._pool import ByteBudget, Extent
 from ._slots import RegisteredMemory
-from ._steps import Pause, Register, Steps
+from ._steps import Pause, Register, Steps, Unregister
 
 __all__ = ["COPIED_WHY", "Lent", "LentAllocations", "LentInfo", "LentMemory", "LentStats"]
 
 _REGISTER_POLL = 0.0005  # how often a request waits for another's registration of the same allocation
 MAX_LENT_ENTRIES = 32    # allocations registered at most, whatever their size
-_RECENT = 8              # tensors copied as "used once" remembered, to see them given again
+_RECENT = 8              # tensors taken for "used once" remembered, to see them given again
+# The statuses of a call cut short rather than answered (a channel closed under it, a deadline, a
+# lost connection): a registration that ends so may have been carried out all the same.
+_CUT = ("CANCELLED", "DEADLINE_EXCEEDED", "UNAVAILABLE")
+_CLOSED_WHILE_REGISTERING = "the client was closed while this request registered a GPU tensor's allocation"
 
 #: Why a GPU tensor was copied rather than lent, as :attr:`LentStats.copied` counts them.
 COPIED_WHY = {
@@ -139,17 +148,28 @@ class LentStats:
 
 
 class _Entry:
-    __slots__ = ("extent", "handle", "users", "last_used", "lent", "reused")
+    __slots__ = ("extent", "handle", "users", "last_used", "lent", "reused", "origin")
 
     extent: Extent[LentMemory]
 
-    def __init__(self, extent: Extent, handle: bytes):
+    def __init__(self, extent: Extent, handle: bytes, origin: "weakref.ref[Any] | None" = None):
         self.extent = extent
         self.handle = handle
         self.users = 1
         self.last_used = time.monotonic()
         self.lent = 1
         self.reused = False  # registered for a tensor the caller gave again: never taken for "used once"
+        self.origin = origin  # the caller's tensor it was registered for (to see it given again)
+
+
+def _cut(exc: BaseException) -> bool:
+    """Whether a registration that raised *exc* may have been carried out all the same: its
+    call was cut short (cancelled, as a closed channel does; timed out; its connection lost),
+    or ended by no error of the server's, rather than answered by the server."""
+    if not isinstance(exc, ServerError) or isinstance(exc, (ServerTimeout, ServerUnavailable)):
+        return True
+    status = exc.status()
+    return status is not None and any(word in status.upper() for word in _CUT)
 
 
 class LentAllocations:
@@ -180,8 +200,10 @@ class LentAllocations:
         self._disposals: list[Extent] = []  # out of the table and unused: to unregister, then let go
         self._doomed: list[_Entry] = []   # out of the table, still named by requests
         self._stats = LentStats()
+        self._closed = False              # the client closed: nothing is registered any more
         # Whether the caller makes a fresh allocation per request (then new ones are copied), and
-        # the tensors copied so since, to see one given again (then it is lent: see the module).
+        # the tensors taken for "used once" (copied, or their allocation let go of), to see one
+        # given again (then it is lent: see the module).
         self._fresh_per_request = False
         self._recent: collections.deque[weakref.ref[Any]] = collections.deque(maxlen=_RECENT)
 
@@ -206,6 +228,9 @@ class LentAllocations:
         while True:
             full = used_once = given_again = False
             with self._lock:
+                if self._closed:
+                    region.close()
+                    raise ClientClosed("the client was closed while this request lent a GPU tensor")
                 entry = self._entries.get(key)
                 if entry is not None and (entry.handle != handle or entry.extent.memory.nbytes != region.nbytes):
                     # A new allocation where a freed one was: its registration is stale, and the
@@ -220,14 +245,15 @@ class LentAllocations:
                     region.close()  # the entry's own region holds the allocation
                     return Lent(entry.extent, entry.extent.name, offset, tensor.nbytes)
                 if entry is None:
-                    used_once, given_again = self._used_once(tensor, region.nbytes)
+                    used_once, given_again = self._used_once(tensor)
                 if entry is not None or used_once:
                     pass
                 elif not self._make_room(region.nbytes):
                     full = True
                 elif not self._disposals:  # what was let go of is gone: its bytes are back
                     if self.budget.take(region.nbytes):
-                        entry = _Entry(Extent(LentMemory(region), 0, self.budget, region.nbytes), handle)
+                        entry = _Entry(Extent(LentMemory(region), 0, self.budget, region.nbytes), handle,
+                                       tensor.origin)
                         entry.reused = given_again
                         self._entries[key] = entry
                         self._nbytes += region.nbytes
@@ -247,18 +273,29 @@ class LentAllocations:
                 region.close()
                 return self._copied("server cannot open CUDA memory")
         try:
-            name = entry.extent.name = yield Register(entry.extent.memory)
+            name = yield Register(entry.extent.memory)
         except (SharedMemoryRefused, RegistrationError) as exc:
-            self._forget_failed(key, entry)
+            if self._forget_failed(key, entry, exc):
+                raise ClientClosed(_CLOSED_WHILE_REGISTERING) from exc
             if isinstance(exc, SharedMemoryRefused):
                 self._fallback.lending_refused_because(str(exc))
                 return self._copied("server cannot open CUDA memory")
             return self._copied("server refused")
-        except BaseException:
-            self._forget_failed(key, entry)
+        except BaseException as exc:
+            self._forget_failed(key, entry, exc)
             raise
         with self._lock:
+            # Named, and the client's closing seen, at once (under the lock forget() holds).
+            entry.extent.name = name
             self._stats.registrations += 1
+            late = self._closed
+            if late and entry in self._doomed:
+                self._doomed.remove(entry)  # forget() left it to these steps
+        if late:
+            # The reply came after the client closed and let go of the rest: these steps alone
+            # know this registration now; the request is not sent.
+            yield from self._unregister_late_steps(entry.extent, name)
+            raise ClientClosed(_CLOSED_WHILE_REGISTERING)
         return Lent(entry.extent, name, offset, tensor.nbytes)
 
     def finished(self, lent: Lent) -> None:
@@ -310,28 +347,31 @@ class LentAllocations:
             self._stats.copied[why] = self._stats.copied.get(why, 0) + 1
         return None
 
-    def _used_once(self, tensor: DeviceTensor, nbytes: int) -> tuple[bool, bool]:
-        """``(copy, given_again)`` for *tensor*, in an allocation of *nbytes* the table does not
-        hold: whether it is better copied (the caller makes a fresh allocation per request: see
-        the module), and whether the caller gave this very tensor before.  Under the lock.
+    def _used_once(self, tensor: DeviceTensor) -> tuple[bool, bool]:
+        """``(copy, given_again)`` for *tensor*, in an allocation the table does not hold:
+        whether it is better copied (the caller makes a fresh allocation per request: see the
+        module), and whether the caller gave this very tensor before.  Under the lock.
 
         Whether the caller still has a tensor cannot be seen: torch keeps a tensor's Python
         object alive while its storage has another owner (our capture holds one), and cupy's
-        export holds the array.  So the sign is the allocation pattern: an idle allocation of
-        the same size, lent for one request only (and never given again), when a new one
-        appears."""
+        export holds the array.  So the sign is the allocation pattern: an idle allocation lent
+        for one request only (and never given again) when a new one appears, whatever the
+        sizes of the two -- batches of variable size make a new allocation of another size each
+        time, and a buffer used again is found in the table, never new."""
         given = None if tensor.origin is None else tensor.origin()
         if given is not None and any(ref() is given for ref in self._recent):
             self._fresh_per_request = False  # a tensor given again: the caller reuses its buffers
             return False, True
         for key, entry in list(self._entries.items()):
-            if entry.users == 0 and entry.lent == 1 and not entry.reused and entry.extent.name is not None \
-                    and entry.extent.memory.nbytes == nbytes:
+            if entry.users == 0 and entry.lent == 1 and not entry.reused and entry.extent.name is not None:
                 # Holding it keeps its memory from the caller's allocator, which then makes a
-                # new segment for each request: let go of it, and copy such tensors from now on.
+                # new segment for each request: let go of it, and copy such tensors from now on
+                # (its tensor given again after all is lent again: the caller reuses it).
                 self._remove(key)
                 self._stats.evictions += 1
                 self._fresh_per_request = True
+                if entry.origin is not None:
+                    self._recent.append(entry.origin)
         if not self._fresh_per_request:
             return False, False
         if tensor.origin is not None:
@@ -367,13 +407,40 @@ class LentAllocations:
             self._disposals.append(entry.extent)
             self._letting_go.notice()
 
-    def _forget_failed(self, key: tuple[int, int], entry: _Entry) -> None:
-        """A registration that failed: out of the table, its borrowed region closed."""
+    def _forget_failed(self, key: tuple[int, int], entry: _Entry, exc: BaseException) -> bool:
+        """A registration that failed with *exc*: out of the table (or of the doomed), its
+        borrowed region closed -- except where the client closed while it was on its way and
+        the call was cut rather than answered (:func:`_cut`: a closed client's channel cancels
+        it): the server may have registered it all the same, and nobody can ask it any more,
+        so the memory is held for the life of the process.  Returns whether the client closed."""
         with self._lock:
             if self._entries.get(key) is entry:
                 self._entries.pop(key)
                 self._nbytes -= entry.extent.memory.nbytes
-        entry.extent.release_memory()
+            elif entry in self._doomed:  # taken out of the table (forget(), closing) meanwhile
+                self._doomed.remove(entry)
+            closed = self._closed
+        if closed and _cut(exc):
+            held_for_the_server.append(entry.extent)
+        else:
+            entry.extent.release_memory()
+        return closed
+
+    def _unregister_late_steps(self, extent: Extent, name: str) -> Steps:
+        """Unregister (*name*), then let go of, an allocation whose registration's reply came
+        after the client closed.  Its closing has let go of the rest and asks the server
+        nothing more: an allocation the server does not let go of now (refused, or the closed
+        client's connection is gone) is held for the life of the process, never freed under the
+        server (as the closing client's own refused memory: :data:`~._disposal.held_for_the_server`)."""
+        try:
+            yield Unregister(name)
+        except ServerError:
+            held_for_the_server.append(extent)
+            return
+        except GeneratorExit:  # (aio: cancelled while the Unregister was out; its outcome unknown)
+            held_for_the_server.append(extent)
+            raise
+        extent.release_memory()
 
     def drop_steps(self, extents: list[Extent]) -> Steps:
         """Unregister, then let go of, extents out of the table (parked where the server refuses)."""
@@ -393,13 +460,20 @@ class LentAllocations:
         """Every allocation out of the table: the idle ones to drop now (returned), the ones
         requests still name once they finish -- or, *in_use_too* (a closing client that stopped
         waiting for its requests), now as well: the server refuses to unregister what a request
-        still uses, so those are parked, held, until it lets go of them."""
+        still uses, so those are parked, held, until it lets go of them.
+
+        *in_use_too* closes the table: nothing is lent from it any more.  A registration still
+        on its way then has no name to unregister yet: it is left to the lend steps awaiting its
+        reply, which unregister it when it comes (its memory held until then: dropping it now
+        would close it unnamed, with no unregister, while the server may map it)."""
         with self._lock:
             for key in list(self._entries):
                 self._remove(key)
             if in_use_too:
-                self._disposals.extend(entry.extent for entry in self._doomed)
-                self._doomed.clear()
+                self._closed = True
+                named = [entry for entry in self._doomed if entry.extent.name is not None]
+                self._disposals.extend(entry.extent for entry in named)
+                self._doomed = [entry for entry in self._doomed if entry.extent.name is None]
         return self.take_disposals()
 
     def extents(self) -> list[Extent]:
