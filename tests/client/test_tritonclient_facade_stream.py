@@ -216,9 +216,9 @@ def test_stop_stream_with_cancel_requests_tells_the_callback_and_never_reuses_th
         assert errors and errors[-1].status() == "StatusCode.CANCELLED"
         assert len(answers) < 50
         # The server may still be reading the request's slot (the stream ended before its
-        # final response): the slot is kept out of its pool, never leased again.
+        # final response): the slot is kept out of its pool until the server let go of it.
         [pool] = client.tritonshm.pools()
-        assert (pool.running, pool.held) == (0, 1)
+        assert (pool.running, pool.held) == (0, 0) and pool.awaiting_server >= 1
         # A new stream works after it, on another slot.
         again = []
         client.start_stream(lambda result, error: again.append((result, error)))
@@ -226,7 +226,7 @@ def test_stop_stream_with_cancel_requests_tells_the_callback_and_never_reuses_th
         client.stop_stream()
         assert [error for _, error in again] == [None, None]
         [pool] = client.tritonshm.pools()
-        assert (pool.running, pool.held) == (0, 1) and pool.slots >= 2
+        assert (pool.running, pool.held) == (0, 0)
     finally:
         client.close()
 

@@ -150,9 +150,11 @@ class Runner:
                 # A variable-size output outgrew its guess: grow to what the server asked for
                 # and run again on a slot of a larger pool -- unless running it again would do
                 # harm (Triton says so after the model ran; a sequence's state would advance
-                # twice) or cannot help (the caller's out= tensor is the room it had).
+                # twice) or cannot help (the caller's out= tensor was the room, lent, or is
+                # smaller than the output: an out= copied from the slot only needs a larger slot).
                 given = None if plan.out is None or exc.output is None else plan.out.get(exc.output)
-                if given is not None:
+                if given is not None and (exc.output in claim.outputs or exc.needed is None
+                                          or exc.needed > given.tensor.nbytes):
                     raise _results.out_too_small(info, exc, given) from None
                 if exc.output not in needs or exc.needed is None or attempt + 1 == _GROW_ATTEMPTS \
                         or not (plan.options is None or plan.options.may_run_twice):

@@ -1,0 +1,364 @@
+"""Every way a request ends, one rule (issue 38): what the server may still read or write -- a
+slot, the caller's ``out=`` -- comes back at once when the request never reached the server or
+the server answered, and only once the server provably let go of it when the outcome is
+unknown (a timeout, a gateway's 504, a connection lost): never before, and never "never".
+
+``slow_fp32`` answers 500 ms after it is asked, one request at a time, so a client that gives
+up at 0.1 s leaves the server running the request.  The clients here have one slot and no
+room to grow (``max_pool_bytes`` of one extent): a slot held for ever would starve them, and one
+handed back too early would be leased again while the server still writes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tritonshm
+import tritonshm.aio
+from tritonshm.errors import OUTCOMES, Outcome, ServerError, ServerTimeout, outcome_of
+from triton_fixtures import client_url
+
+SLOW = "slow_fp32"  # answers 500 ms after it is asked
+GIVE_UP = 0.1
+
+
+def x_of(value: float) -> np.ndarray:
+    return np.full(4, value, np.float32)
+
+
+def one_slot_client(url: str, aio: bool = False, **settings):
+    """A client of one slot that cannot grow: its pool's one extent is all max_pool_bytes allows."""
+    with tritonshm.Client(url, slots=1) as probe:
+        probe.infer(SLOW, {"INPUT0": x_of(0)})
+        (pool,) = probe.pools()
+        extent = pool.nbytes
+    cls = tritonshm.aio.Client if aio else tritonshm.Client
+    return cls(url, slots=1, max_pool_bytes=extent, slot_timeout=30, **settings)
+
+
+def give_up_options(protocol: str) -> tuple[dict, dict]:
+    """(the client's settings, a call's options) that make it give up on a slow_fp32 request:
+    gRPC's per-call client_timeout; over HTTP, the connection's network_timeout."""
+    if protocol == "grpc":
+        return {}, {"client_timeout": GIVE_UP}
+    return {"connect_options": {"network_timeout": GIVE_UP}}, {}
+
+
+def awaiting(client) -> int:
+    return sum(p.awaiting_server for p in client.pools())
+
+
+def shm_segments() -> set[str]:
+    import os
+
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"tritonshm-{os.getpid()}-")}
+
+
+# -- the one table ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status, message, outcome", [
+    ("StatusCode.UNAVAILABLE", "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: "
+                               "Failed to connect to remote host: Connection refused", Outcome.NOT_SENT),
+    ("StatusCode.UNAVAILABLE", "DNS resolution failed for nohost:8001: C-ares status is not ARES_SUCCESS",
+     Outcome.NOT_SENT),
+    ("StatusCode.UNAVAILABLE", "Socket closed", Outcome.UNKNOWN),
+    ("StatusCode.UNAVAILABLE", "Received http2 header with status: 504", Outcome.UNKNOWN),  # a proxy's
+    ("StatusCode.UNAVAILABLE", "Server not ready", Outcome.UNKNOWN),  # Triton's, but shares the status
+    ("StatusCode.DEADLINE_EXCEEDED", "Deadline Exceeded", Outcome.UNKNOWN),
+    ("StatusCode.CANCELLED", "Locally cancelled by application!", Outcome.UNKNOWN),
+    ("StatusCode.INTERNAL", "Received RST_STREAM with error code 2", Outcome.UNKNOWN),
+    ("StatusCode.UNKNOWN", "Stream removed", Outcome.UNKNOWN),
+    ("StatusCode.INTERNAL", "Failed to process the request(s) for model 'm', message: boom", Outcome.ANSWERED),
+    ("StatusCode.INVALID_ARGUMENT", "unexpected shape for input 'INPUT0'", Outcome.ANSWERED),
+    ("StatusCode.NOT_FOUND", "Request for unknown model: 'm' is not found", Outcome.ANSWERED),
+    ("504", "HTTP 504: b'upstream request timeout'", Outcome.UNKNOWN),  # tritonclient.http's
+    ("400", "unexpected shape", Outcome.ANSWERED),
+])
+def test_the_table_reads_where_a_failure_happened(status, message, outcome):
+    assert outcome_of(ServerError(f"inferring with model 'm': {message}", status=status)) is outcome
+    assert any(rule.outcome is outcome for rule in OUTCOMES)
+
+
+def test_failures_with_no_status_are_unknown_unless_the_wire_said():
+    assert outcome_of(ServerTimeout("no answer within network_timeout")) is Outcome.UNKNOWN
+    assert outcome_of(tritonshm.ClientClosed("closed")) is Outcome.UNKNOWN
+    assert outcome_of(asyncio.CancelledError()) is Outcome.UNKNOWN
+    said = tritonshm.ServerUnavailable("cannot reach the Triton server")
+    said.outcome = Outcome.NOT_SENT
+    assert outcome_of(said) is Outcome.NOT_SENT
+
+
+# -- given up on, then served ----------------------------------------------------------------
+
+
+def _served_again(client, protocol: str) -> None:
+    """The server finished what the client gave up on: the slot serves again.  (Requests on
+    another model drive the asking; over HTTP, where the connection's network_timeout is shorter
+    than slow_fp32, the slot is leased rather than run.)"""
+    deadline = time.monotonic() + 30
+    while awaiting(client):
+        assert time.monotonic() < deadline, "the slot never came back"
+        client.infer("identity_fp32", {"INPUT0": x_of(0)})
+    if protocol == "grpc":
+        np.testing.assert_array_equal(client.infer(SLOW, {"INPUT0": x_of(7)})["OUTPUT0"], x_of(7))
+    with client.request(SLOW, shapes={"INPUT0": [4]}, slot_timeout=1):
+        pass
+    assert awaiting(client) == 0
+
+
+@pytest.mark.server
+def test_one_slot_survives_requests_given_up_on(server, protocol):
+    """Each request given up on waits for the one before it to end on the server (the one slot
+    comes back only then), then is given up on in turn; the slot serves once the last ended.
+    (Held for ever before: the second request raised PoolExhausted.)"""
+    settings, call = give_up_options(protocol)
+    before = shm_segments()
+    with one_slot_client(client_url(server, protocol), **settings) as c:
+        for i in range(20):
+            with pytest.raises(tritonshm.ServerTimeout):
+                c.infer(SLOW, {"INPUT0": x_of(100 + i)}, **call)
+            assert awaiting(c) == 1  # the server still runs it: its slot is held for it
+        _served_again(c, protocol)
+        assert len(c.pools()[0].regions) == 1
+    assert shm_segments() == before
+
+
+@pytest.mark.server
+def test_one_slot_survives_requests_given_up_on_aio(server, protocol):
+    settings, call = give_up_options(protocol)
+
+    async def main() -> None:
+        async with one_slot_client(client_url(server, protocol), aio=True, **settings) as c:
+            for i in range(20):
+                with pytest.raises(tritonshm.ServerTimeout):
+                    await c.infer(SLOW, {"INPUT0": x_of(100 + i)}, **call)
+                assert awaiting(c) == 1
+            deadline = time.monotonic() + 30
+            while awaiting(c):
+                assert time.monotonic() < deadline, "the slot never came back"
+                await c.infer("identity_fp32", {"INPUT0": x_of(0)})
+            if protocol == "grpc":
+                np.testing.assert_array_equal((await c.infer(SLOW, {"INPUT0": x_of(7)}))["OUTPUT0"], x_of(7))
+
+    before = shm_segments()
+    asyncio.run(main())
+    assert shm_segments() == before
+
+
+# -- refused while the server is down, then served after a restart ---------------------------
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("aio", [False, True], ids=["sync", "aio"])
+def test_one_slot_survives_a_server_down_and_restarted(fresh_server, protocol, aio):
+    """Requests refused with "connection refused" never reached the server: their slot is back
+    at once (it was held for ever: every later request raised PoolExhausted)."""
+    url = client_url(fresh_server, protocol)
+    c = one_slot_client(url, aio=aio)
+
+    async def run(coro_or_value):
+        return await coro_or_value if aio else coro_or_value
+
+    async def main() -> None:
+        np.testing.assert_array_equal((await run(c.infer(SLOW, {"INPUT0": x_of(1)})))["OUTPUT0"], x_of(1))
+        fresh_server.stop()
+        for i in range(20):
+            with pytest.raises(tritonshm.ServerUnavailable):
+                await run(c.infer(SLOW, {"INPUT0": x_of(i)}))
+            assert awaiting(c) == 0  # it never reached a server
+        fresh_server.start()  # the same ports; it knows none of our regions
+        np.testing.assert_array_equal((await run(c.infer(SLOW, {"INPUT0": x_of(2)})))["OUTPUT0"], x_of(2))
+        if aio:
+            await c.close()
+        else:
+            c.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.server
+def test_a_slot_given_up_on_comes_back_after_a_restart(fresh_server, protocol):
+    settings, call = give_up_options(protocol)
+    with one_slot_client(client_url(fresh_server, protocol), **settings) as c:
+        c.infer(SLOW, {"INPUT0": x_of(1)})
+        with pytest.raises(tritonshm.ServerTimeout):
+            c.infer(SLOW, {"INPUT0": x_of(2)}, **call)
+        assert awaiting(c) == 1
+        fresh_server.restart()  # holds nothing of ours any more
+        np.testing.assert_array_equal(c.infer(SLOW, {"INPUT0": x_of(3)})["OUTPUT0"], x_of(3))
+        assert awaiting(c) == 0
+
+
+# -- the zero-copy request -------------------------------------------------------------------
+
+
+@pytest.mark.server
+def test_a_zero_copy_request_given_up_on_keeps_its_slot_from_the_next(server):
+    with one_slot_client(server.grpc_url) as c:
+        first = c.request(SLOW, shapes={"INPUT0": [4]})
+        first.inputs["INPUT0"][:] = 800
+        where = first.inputs["INPUT0"].__array_interface__["data"][0]
+        with pytest.raises(tritonshm.ServerTimeout):
+            first.run(client_timeout=GIVE_UP)
+        first.close()
+        assert awaiting(c) == 1
+        # the next request waits for the server to finish the first, then has the slot
+        with c.request(SLOW, shapes={"INPUT0": [4]}) as second:
+            assert awaiting(c) == 0
+            assert second.inputs["INPUT0"].__array_interface__["data"][0] == where
+            second.inputs["INPUT0"][:] = 1
+            np.testing.assert_array_equal(second.run()["OUTPUT0"], x_of(1))
+
+
+@pytest.mark.server
+def test_running_a_zero_copy_request_again_waits_for_the_server(server):
+    with tritonshm.Client(server.grpc_url, slots=1, slot_timeout=0.05) as c:
+        with c.request(SLOW, shapes={"INPUT0": [4]}) as req:
+            req.inputs["INPUT0"][:] = 5
+            with pytest.raises(tritonshm.ServerTimeout):
+                req.run(client_timeout=GIVE_UP)
+            # the server still runs it, and may write the slot: not sent again into it
+            with pytest.raises(tritonshm.TensorInUse, match="given up on in its last run"):
+                req.run()
+            time.sleep(0.6)  # the server is done with it by now
+            np.testing.assert_array_equal(req.run()["OUTPUT0"], x_of(5))
+
+
+# -- a gateway's 504 -------------------------------------------------------------------------
+
+
+class GatewayThatGivesUp:
+    """An HTTP/1.1 stand-in for a proxy in front of Triton: it forwards every call, but answers
+    the first inference request 504 at once while Triton goes on running it."""
+
+    def __init__(self, upstream: str):
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.gave_up = 0
+        self._upstream_threads: list[threading.Thread] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _read_message(sock: socket.socket, buffer: bytearray) -> bytes | None:
+        while b"\r\n\r\n" not in buffer:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None
+            buffer += chunk
+        head, _, rest = bytes(buffer).partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(rest) < length:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None
+            rest += chunk
+        buffer[:] = rest[length:]
+        return head + b"\r\n\r\n" + rest[:length]
+
+    def _forward(self, request: bytes) -> bytes:
+        with socket.create_connection(self.upstream) as up:
+            head, _, body = request.partition(b"\r\n\r\n")
+            lines = [line for line in head.split(b"\r\n") if not line.lower().startswith(b"connection:")]
+            up.sendall(b"\r\n".join(lines) + b"\r\nConnection: close\r\n\r\n" + body)
+            answer = bytearray()
+            while chunk := up.recv(65536):
+                answer += chunk
+        head, _, body = bytes(answer).partition(b"\r\n\r\n")
+        lines = [line for line in head.split(b"\r\n") if not line.lower().startswith((b"connection:",
+                                                                                      b"transfer-encoding:"))]
+        if not any(line.lower().startswith(b"content-length:") for line in lines):
+            lines.append(b"Content-Length: %d" % len(body))
+        return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+    def _serve(self, conn: socket.socket) -> None:
+        buffer = bytearray()
+        with conn:
+            while (request := self._read_message(conn, buffer)) is not None:
+                if b"/infer " in request.split(b"\r\n", 1)[0] and not self.gave_up:
+                    self.gave_up += 1
+                    thread = threading.Thread(target=self._forward, args=(request,), daemon=True)
+                    thread.start()  # Triton runs it; its answer is dropped
+                    self._upstream_threads.append(thread)
+                    body = b"upstream request timeout"
+                    conn.sendall(b"HTTP/1.1 504 Gateway Timeout\r\nContent-Type: text/plain\r\n"
+                                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                    continue
+                conn.sendall(self._forward(request))
+
+    def close(self) -> None:
+        self.listener.close()
+        for thread in self._upstream_threads:
+            thread.join(5)
+
+
+@pytest.mark.server
+def test_a_gateways_504_is_no_answer_from_triton(server):
+    """A 504 from a proxy came before Triton finished: the slot stays held for the server (it was
+    handed back, and the next request's slot got Triton's late write)."""
+    gateway = GatewayThatGivesUp(server.http_url)
+    try:
+        with one_slot_client(gateway.url) as c:
+            c.infer(SLOW, {"INPUT0": x_of(1)})
+            with pytest.raises(tritonshm.ServerError, match="504") as caught:
+                c.infer(SLOW, {"INPUT0": x_of(800)})
+            assert outcome_of(caught.value) is Outcome.UNKNOWN and gateway.gave_up == 1
+            assert awaiting(c) == 1
+            np.testing.assert_array_equal(c.infer(SLOW, {"INPUT0": x_of(2)})["OUTPUT0"], x_of(2))
+            assert awaiting(c) == 0
+    finally:
+        gateway.close()
+
+
+@pytest.mark.server
+def test_tritons_own_http_error_is_its_answer(server):
+    """Triton's 503 with its JSON error body (a request that timed out in the model's queue) is
+    the server's answer: the slot is back at once."""
+    with tritonshm.Client("http://" + server.http_url, slots=2) as c:
+        x = np.ones((1, 4), np.float32)
+        c.infer("echo_request", {"INPUT0": x})
+        busy = c.infer_async("echo_request", {"INPUT0": x}, parameters={"delay_ms": 400})
+        time.sleep(0.1)  # it holds the model's one instance: the next one queues
+        with pytest.raises(tritonshm.ServerError, match="(?i)timeout expired") as caught:
+            c.infer("echo_request", {"INPUT0": x}, timeout=1)
+        assert caught.value.status() == "503" and outcome_of(caught.value) is Outcome.ANSWERED
+        assert awaiting(c) == 0
+        busy.result()
+
+
+# -- an out= copied from a slot ----------------------------------------------------------------
+
+
+@pytest.mark.server
+def test_a_copied_out_of_the_right_size_takes_a_variable_output_larger_than_the_slots_guess(
+        fake_cuda_server, fake_cuda, torch_caching):
+    """``by_reference=False``: the out= tensor is not the room the server writes, the slot is; the
+    slot's guess for tile_fp32's output (as large as the input) was short, not out= (it was
+    refused: "made output 'OUTPUT0' of 8000 bytes, but out['OUTPUT0'] holds 8000 bytes")."""
+    x = torch_caching.from_numpy(np.arange(1000, dtype=np.float32))
+    y = torch_caching.empty(2000, np.float32)  # tile_fp32 returns the input twice
+    with tritonshm.Client(fake_cuda_server.grpc_url, by_reference=False) as c:
+        out = c.infer("tile_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+        assert out["OUTPUT0"] is y
+        np.testing.assert_array_equal(y.numpy(), np.tile(np.arange(1000, dtype=np.float32), 2))
+    del x, y
