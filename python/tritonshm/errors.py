@@ -175,6 +175,8 @@ class ServerError(Error):
     (tritonshm's own HTTP wire does); None: read from :data:`OUTCOMES` (:func:`outcome_of`).
     """
 
+    #: Where the request ended (:class:`Outcome`), where the wire that raised this knew it; None:
+    #: :func:`outcome_of` reads :data:`OUTCOMES`.
     outcome: "Outcome | None" = None
 
 
