@@ -63,8 +63,8 @@ import weakref
 from typing import Any, NamedTuple
 
 from .._memory._cuda_region import CudaRegion
-from ..errors import (ClientClosed, NotShareable, RegistrationError, ServerError, ServerTimeout, ServerUnavailable,
-                      SharedMemoryRefused)
+from ..errors import (ClientClosed, NotShareable, Outcome, RegistrationError, ServerError, SharedMemoryRefused,
+                      outcome_of)
 from ._devices import DeviceTensor
 from ._disposal import Disposals, held_for_the_server
 from ._fallback import Fallback
@@ -77,9 +77,6 @@ __all__ = ["COPIED_WHY", "Lent", "LentAllocations", "LentInfo", "LentMemory", "L
 _REGISTER_POLL = 0.0005  # how often a request waits for another's registration of the same allocation
 MAX_LENT_ENTRIES = 32    # allocations registered at most, whatever their size
 _RECENT = 8              # tensors taken for "used once" remembered, to see them given again
-# The statuses of a call cut short rather than answered (a channel closed under it, a deadline, a
-# lost connection): a registration that ends so may have been carried out all the same.
-_CUT = ("CANCELLED", "DEADLINE_EXCEEDED", "UNAVAILABLE")
 _CLOSED_WHILE_REGISTERING = "the client was closed while this request registered a GPU tensor's allocation"
 
 #: Why a GPU tensor was copied rather than lent, as :attr:`LentStats.copied` counts them.
@@ -160,16 +157,6 @@ class _Entry:
         self.lent = 1
         self.reused = False  # registered for a tensor the caller gave again: never taken for "used once"
         self.origin = origin  # the caller's tensor it was registered for (to see it given again)
-
-
-def _cut(exc: BaseException) -> bool:
-    """Whether a registration that raised *exc* may have been carried out all the same: its
-    call was cut short (cancelled, as a closed channel does; timed out; its connection lost),
-    or ended by no error of the server's, rather than answered by the server."""
-    if not isinstance(exc, ServerError) or isinstance(exc, (ServerTimeout, ServerUnavailable)):
-        return True
-    status = exc.status()
-    return status is not None and any(word in status.upper() for word in _CUT)
 
 
 class LentAllocations:
@@ -420,7 +407,9 @@ class LentAllocations:
             elif entry in self._doomed:  # taken out of the table (forget(), closing) meanwhile
                 self._doomed.remove(entry)
             closed = self._closed
-        if closed and _cut(exc):
+        # A registration of unknown outcome (cut short: a channel closed under it, a deadline, a
+        # lost connection) may have been carried out all the same (errors.OUTCOMES).
+        if closed and outcome_of(exc) is Outcome.UNKNOWN:
             held_for_the_server.append(entry.extent)
         else:
             entry.extent.release_memory()

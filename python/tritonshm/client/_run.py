@@ -180,22 +180,22 @@ class Runner:
         if not named:  # (host tensors are the client's copies: nothing to clash)
             return
         spans = [span for _, span in named]
-        deadline = None if plan.slot_timeout is None else time.monotonic() + plan.slot_timeout
-        while True:
-            # Checked and entered in one step: a request starting meanwhile sees this one's spans.
+        clashes: list[Span] = []
+
+        def entered() -> bool:  # checked and entered in one step: a request starting meanwhile sees these
             clash = self.claims.enter(claim, spans)
-            if clash is None:
-                return
-            what = next(what for what, span in named if span is clash)
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TensorInUse(
-                    f"{what} of this request on model {plan.info.name!r} is memory another request still "
-                    f"uses: one running now, or one the client gave up on (client_timeout, cancelled, "
-                    f"closed) that the server may still be running; waited slot_timeout={plan.slot_timeout} s "
-                    f"for it to be done. Wait longer (slot_timeout=), or give other tensors")
-            if self.engine.has_disposals():  # among them, asking the server again to let go of it
-                yield from self.engine.dispose_steps()
-            yield Pause(_CLASH_POLL)
+            clashes[:] = [] if clash is None else [clash]
+            return clash is None
+
+        def timed_out() -> TensorInUse:
+            what = next(what for what, span in named if span is clashes[0])
+            return TensorInUse(
+                f"{what} of this request on model {plan.info.name!r} is memory another request still "
+                f"uses: one running now, or one the client gave up on (client_timeout, cancelled, "
+                f"closed) that the server may still be running; waited slot_timeout={plan.slot_timeout} s "
+                f"for it to be done. Wait longer (slot_timeout=), or give other tensors")
+
+        yield from self._wait_until(entered, plan.slot_timeout, timed_out)
 
     def _lend_steps(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
         """Lend the server the GPU inputs of one chunk, and the results the caller allocated,
@@ -587,22 +587,36 @@ class Runner:
         """Wait until the server let go of *lease*'s slot, held for it since a run of unknown
         outcome (asking it, as waiting leases do), then count the lease running again."""
         timeout = self.planner.slot_timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
         extent = lease.extent
-        while lease.index in extent.for_server:
+
+        def let_go() -> bool:
             if extent.closed:
                 self.engine.check_open()
                 raise ClientClosed("this request's slot was let go of")
+            return lease.index not in extent.for_server
+
+        def timed_out() -> TensorInUse:
+            return TensorInUse(
+                f"this request on model {info.name!r} was given up on in its last run (client_timeout, "
+                f"cancelled, a lost connection), and the server may still write its slot; waited "
+                f"slot_timeout={timeout} s for the server to let go of it. Run it again later, or close it "
+                f"and make another")
+
+        yield from self._wait_until(let_go, timeout, timed_out)
+        lease.pool.resume(lease)
+
+    def _wait_until(self, done: Callable[[], bool], timeout: float | None,
+                    timed_out: Callable[[], BaseException]) -> Steps:
+        """Wait, up to *timeout* seconds, until ``done()``: for memory that another request holds, or
+        that the server may still use for one given up on -- asking the server again about what is
+        held for it meanwhile; then ``timed_out()`` is raised."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done():
             if deadline is not None and time.monotonic() >= deadline:
-                raise TensorInUse(
-                    f"this request on model {info.name!r} was given up on in its last run (client_timeout, "
-                    f"cancelled, a lost connection), and the server may still write its slot; waited "
-                    f"slot_timeout={timeout} s for the server to let go of it. Run it again later, or close it "
-                    f"and make another")
+                raise timed_out()
             if self.engine.has_disposals():
                 yield from self.engine.dispose_steps()
             yield Pause(_CLASH_POLL)
-        lease.pool.resume(lease)
 
     def lease_now(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]], kind: SlotKind) -> Lease | None:
         """A zero-copy request's slot when one is free in the pool that fits it (the usual case,
