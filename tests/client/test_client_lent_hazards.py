@@ -202,6 +202,7 @@ def test_a_streamed_request_whose_answer_is_not_waited_for_keeps_its_input(fake_
     del keeper
 
 
+@pytest.mark.server  # (a server of its own: not from the fixtures that mark their users)
 def test_a_stream_ended_early_keeps_its_lent_input_until_the_server_is_done(fake_cudart_path, fake_cuda,
                                                                            torch_caching):
     """close() ends a stream whose request still runs (after a grace period the stream is cancelled:
