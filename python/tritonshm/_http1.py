@@ -468,19 +468,25 @@ def result_of(response: Response, doing: str) -> Any:
     except (ValueError, OSError, zlib.error):
         answer = None
     if response.status != 200 or not isinstance(answer, dict) or "error" in answer:
-        message = answer.get("error") if isinstance(answer, dict) else None
-        if not message:
-            message = f"HTTP {response.status}: {body[:200]!r}"
-        from tritonclient.utils import InferenceServerException
-
-        # The status as tritonclient.http gives it: it tells the server's own answer from ours.
-        error = translate_error(InferenceServerException(msg=message, status=str(response.status)), doing)
-        # Triton's own answer carries its JSON error body, and never a 502 or 504 (errors.OUTCOMES):
-        # anything else came from something in front of it (a gateway that gave up waiting).
-        triton = isinstance(answer, dict) and bool(answer.get("error")) and response.status not in (502, 504)
-        error.outcome = Outcome.ANSWERED if triton else Outcome.UNKNOWN
-        raise error
+        raise _error_answer(response.status, answer, body, doing)  # (made elsewhere: no local holds it)
     return Result(answer)
+
+
+def _error_answer(status: int, answer: Any, body: bytes, doing: str) -> ServerError:
+    """The error an HTTP answer other than a result (its *status*, its JSON *answer* if any)
+    stands for, with where the request ended (its ``outcome``)."""
+    message = answer.get("error") if isinstance(answer, dict) else None
+    if not message:
+        message = f"HTTP {status}: {body[:200]!r}"
+    from tritonclient.utils import InferenceServerException
+
+    # The status as tritonclient.http gives it: it tells the server's own answer from ours.
+    error = translate_error(InferenceServerException(msg=message, status=str(status)), doing)
+    # Triton's own answer carries its JSON error body, and never a 502 or 504 (errors.OUTCOMES):
+    # anything else came from something in front of it (a gateway that gave up waiting).
+    triton = isinstance(answer, dict) and bool(answer.get("error")) and status not in (502, 504)
+    error.outcome = Outcome.ANSWERED if triton else Outcome.UNKNOWN
+    return error
 
 
 # -- the drivers -----------------------------------------------------------------

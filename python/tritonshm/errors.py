@@ -15,6 +15,7 @@ says what to do: one table, :data:`SERVER_ERRORS`, of (pattern, class, hint).
 
 from __future__ import annotations
 
+import copy as _copy
 import enum as _enum
 import errno as _errno
 import os as _os
@@ -507,6 +508,15 @@ OUTCOMES: tuple[OutcomeRule, ...] = (
     _outcome_rule(".", None, Outcome.ANSWERED,
                   "any other status is Triton's answer (its error codes, src/grpc/grpc_utils.cc)"),
 )
+
+
+def copy_for_another_caller(exc: BaseException) -> BaseException:
+    """A copy of *exc* (its attributes too, not its traceback), for one more caller to raise:
+    one exception object raised by many gathers every raiser's frames in its traceback, and
+    with them their requests' tensors and slots, for as long as any caller keeps it."""
+    twin = _copy.copy(exc)
+    twin.__cause__, twin.__suppress_context__ = exc.__cause__, exc.__suppress_context__
+    return twin
 
 
 def outcome_of(exc: BaseException) -> Outcome:

@@ -208,7 +208,7 @@ def test_a_stream_ended_early_keeps_its_lent_input_until_the_server_is_done(fake
     """close() ends a stream whose request still runs (after a grace period the stream is cancelled:
     a server of this test's own): the stream's end is not the server's answer, so the request's
     lent input -- which the caller drops -- stays held for the server, never handed to the next
-    tensor.  (The asyncio client: the blocking one's stream reader hangs after that cancel, see
+    tensor.  (The asyncio client; for the blocking one's stream reader after that cancel, see
     test_closing_a_client_mid_stream_ends_its_stream_reader.)"""
     from tritonshm.server import LocalServer
 
@@ -245,13 +245,12 @@ def test_a_stream_ended_early_keeps_its_lent_input_until_the_server_is_done(fake
         del z, keeper
 
 
-@pytest.mark.xfail(strict=True, reason="library bug: after close() cancels a stream, the blocking client's "
-                   "reader thread waits for good in grpc's debug_error_string() (tritonclient's get_error_grpc), "
-                   "holding the stream's table, its ClientClosed and, through its traceback, the request's plan")
+@pytest.mark.server
 def test_closing_a_client_mid_stream_ends_its_stream_reader(fresh_server):
     """close() with a streamed request still running past the grace period cancels the stream: its
     reader thread ends too (it holds the stream's table, and through the error raised to the
-    caller the request's plan -- the caller's tensors)."""
+    caller the request's plan -- the caller's tensors).  It waited for good in grpc's
+    debug_error_string(), which tritonclient's error asks for, on the cancelled call."""
     c = tritonshm.Client(fresh_server.grpc_url)
     responses = c.stream("stream_fp32", {"INPUT0": np.ones(4, np.float32), "COUNT": np.array([3], np.int32)},
                          parameters={"delay_ms": 1500})

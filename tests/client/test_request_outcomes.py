@@ -12,6 +12,7 @@ handed back too early would be leased again while the server still writes it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import threading
 import time
@@ -190,6 +191,60 @@ def test_running_a_zero_copy_request_again_waits_for_the_server(server):
                 req.run()
             time.sleep(0.6)  # the server is done with it by now
             np.testing.assert_array_equal(req.run()["OUTPUT0"], x_of(5))
+
+
+@pytest.fixture
+def no_collector():
+    """Only reference counts free memory meanwhile: a slot kept by a reference cycle -- until the
+    garbage collector happens to run, which a steady service may not do for minutes -- shows."""
+    gc.collect()
+    gc.disable()
+    yield
+    gc.enable()
+
+
+@pytest.mark.server
+def test_a_zero_copy_request_given_up_on_and_closed_leaves_nothing_holding_its_slot(server, no_collector):
+    """The failure's traceback held the driver's frame, and the frame the failure: a cycle that
+    kept the request's lease, and the client's one slot, until a garbage collection (the next
+    request waited its slot_timeout and raised PoolExhausted, "1 held")."""
+    with one_slot_client(server.grpc_url) as c:
+        with c.request(SLOW, shapes={"INPUT0": [4]}) as req:
+            req.inputs["INPUT0"][:] = 5
+            with pytest.raises(tritonshm.ServerTimeout):
+                req.run(client_timeout=GIVE_UP)
+        with c.request(SLOW, shapes={"INPUT0": [4]}, slot_timeout=5) as again:  # once the server is done
+            again.inputs["INPUT0"][:] = 6
+            np.testing.assert_array_equal(again.run()["OUTPUT0"], x_of(6))
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("aio", [False, True], ids=["sync", "aio"])
+def test_a_failed_request_leaves_nothing_holding_its_slot(server, aio, no_collector):
+    """Triton's own error (a queue timeout) ends a request whose results would have been views
+    (``copy=False``): its slot is back at once, though the caller keeps the failure (whose
+    traceback keeps the request's frames, its lease among them) and no garbage collection runs."""
+    x = np.ones((1, 4), np.float32)
+
+    async def main() -> None:
+        cls = tritonshm.aio.Client if aio else tritonshm.Client
+        c = cls("http://" + server.http_url, slots=2)
+
+        async def run(coro_or_value):
+            return await coro_or_value if aio else coro_or_value
+
+        await run(c.infer("echo_request", {"INPUT0": x}))
+        busy = (asyncio.ensure_future(c.infer("echo_request", {"INPUT0": x}, parameters={"delay_ms": 400}))
+                if aio else c.infer_async("echo_request", {"INPUT0": x}, parameters={"delay_ms": 400}))
+        await asyncio.sleep(0.1)  # it holds the model's one instance: the next one queues
+        with pytest.raises(tritonshm.ServerError, match="(?i)timeout expired") as kept:
+            await run(c.infer("echo_request", {"INPUT0": x}, timeout=1, copy=False))
+        (pool,) = c.pools()
+        assert pool.held == 0 and kept.value.__traceback__ is not None
+        await busy if aio else busy.result()
+        await run(c.close())
+
+    asyncio.run(main())
 
 
 # -- a gateway's 504 -------------------------------------------------------------------------

@@ -86,7 +86,10 @@ def test_a_broken_stream_ends_every_open_request_and_refuses_new_ones():
     b.when_final(lambda answered: ended.append(("b", answered)))
     gone = tritonshm.ServerUnavailable("gone")
     table.fail_all(gone)
-    assert inbox_a.get_nowait().error is gone and inbox_b.get_nowait().error is gone
+    errors = [inbox_a.get_nowait().error, inbox_b.get_nowait().error]
+    # each request its own copy: one object raised by both would gather both callers' frames
+    assert all(type(e) is type(gone) and str(e) == str(gone) for e in errors)
+    assert errors[0] is not errors[1] and gone not in errors
     # not answered: the server may still be running them (their claims hold what they name)
     assert ended == [("b", False)] and a.final and b.final
     later = []

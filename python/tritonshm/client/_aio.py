@@ -92,6 +92,9 @@ class AsyncDriver:
                 step = steps.throw(failure) if failure is not None else steps.send(outcome)
             except StopIteration as stop:
                 return stop.value
+            except BaseException:
+                failure = None  # see _steps.advance: no cycle through this frame to the failure
+                raise
             outcome, failure = await self._carry_out(steps, step)
 
     async def iterate(self, steps: Steps) -> AsyncGenerator[Any, None]:
@@ -106,11 +109,14 @@ class AsyncDriver:
                     step = advance(steps)
                     continue
                 try:
-                    outcome = await self._carry_out(steps, step)
+                    result, failure = await self._carry_out(steps, step)
                 except asyncio.CancelledError:
                     handed_on = True  # _abandon ends the steps once the step's I/O is over
                     raise
-                step = advance(steps, *outcome)
+                try:
+                    step = advance(steps, result, failure)
+                finally:
+                    failure = None  # (see _steps.advance)
         finally:
             if not handed_on:
                 steps.close()
@@ -184,6 +190,7 @@ class AsyncDriver:
                         advance(steps, None if failure is not None else done.result(), failure)
                     except Exception:
                         pass  # what came next failed: closing below still runs the steps' clean-up
+                    failure = None  # (see _steps.advance)
             steps.close()
 
         if task.done():

@@ -124,6 +124,10 @@ class Claim:
             lease.pool.finished_and_back(lease)  # results were copied out: nothing holds the slot
         else:
             lease.pool.finished(lease)  # its views hold it, and bring it back when they die
+        if self.owns_lease:
+            # What holds the slot from now on is the views of it, not the lease record, which a
+            # failure's traceback keeps (in its frames) for as long as the caller keeps the failure.
+            lease.handle = None
 
     def end(self) -> None:
         """The request is over for the client: let go of what the server is done with, and hand

@@ -98,6 +98,9 @@ class BlockingDriver:
                 step = steps.throw(failure) if failure is not None else steps.send(outcome)
             except StopIteration as stop:
                 return stop.value
+            except BaseException:
+                failure = None  # see _steps.advance: no cycle through this frame to the failure
+                raise
             try:
                 outcome, failure = handlers[type(step)](step), None
             except Exception as exc:

@@ -423,7 +423,10 @@ class Runner:
                             and not answered and attempt == 0:
                         yield from self._register_again_steps(pool)
                         break
-                    raise response.error
+                    try:
+                        raise response.error
+                    finally:
+                        response = None  # (see _steps.advance: the frame must not hold its failure)
                 if response.result is not None:
                     answered = True
                     yield Emit(_results.wire_results(info, response.result, names, route.results))

@@ -126,8 +126,16 @@ class Done:
 
 def advance(steps: Steps, outcome: Any = None, failure: BaseException | None = None) -> Any:
     """Hand the last step's *outcome* (or *failure*) to *steps*: the next
-    step, or :class:`Done` with their result."""
+    step, or :class:`Done` with their result.
+
+    A failure the steps raise again leaves with this frame in its traceback: the frame must not
+    hold it too, or the two make a cycle that keeps every frame of the request -- its lease, the
+    caller's tensors -- alive until the garbage collector happens to run (a slot out of its pool
+    meanwhile; with one slot, the next request waits and fails)."""
     try:
         return steps.throw(failure) if failure is not None else steps.send(outcome)
     except StopIteration as stop:
         return Done(stop.value)
+    except BaseException:
+        failure = None
+        raise

@@ -36,7 +36,7 @@ import threading
 from typing import Any, Callable, NamedTuple
 
 from .. import _tritonclient_compat
-from ..errors import ClientClosed, ServerUnavailable, translate_error
+from ..errors import ClientClosed, ServerUnavailable, copy_for_another_caller, translate_error
 
 __all__ = ["AsyncStream", "BlockingStream", "StreamResponse", "StreamTable", "Streamed", "open_kwargs",
            "request_message", "send_on_stream", "stream_key"]
@@ -101,7 +101,7 @@ class StreamTable:
         """A new request on the stream, its responses handed to *deliver*."""
         with _table_lock:
             if self.broken is not None:
-                raise self.broken
+                raise copy_for_another_caller(self.broken)
             entry = Streamed(f"tshm-{self._prefix}-{next(self._ids)}", inbox, deliver)
             self._open[entry.id] = entry
         return entry
@@ -149,8 +149,8 @@ class StreamTable:
                 self.broken = error
             entries, self._open = list(self._open.values()), {}
             ended = [(entry, entry._end(answered=False)) for entry in entries]
-        for entry, callbacks in ended:
-            entry._deliver(StreamResponse(None, True, error))
+        for entry, callbacks in ended:  # (each its own copy of the error: see copy_for_another_caller)
+            entry._deliver(StreamResponse(None, True, copy_for_another_caller(error)))
             for callback in callbacks:
                 callback(False)
 
@@ -280,7 +280,10 @@ class BlockingStream:
                 table.dispatch(message, _wrap_result)
             error: BaseException = ServerUnavailable("the server ended the inference stream")
         except Exception as exc:
-            error = _stream_error(exc)
+            # Cancelled by close(): grpc's debug_error_string() (which tritonclient's error asks
+            # for) never returns for a call cancelled under a reader; close() said what it is.
+            error = ClientClosed("the client was closed while this stream was open") if call.cancelled() \
+                else _stream_error(exc)
         table.fail_all(error)
 
     def close(self) -> None:
