@@ -69,12 +69,14 @@ class Endpoint(NamedTuple):
     @classmethod
     def parse(cls, address: str, options: dict[str, Any] | None = None) -> "Endpoint":
         """From ``"host:port"`` (``"[::1]:8000"`` for IPv6) and tritonclient.http's
-        ``connection_timeout`` / ``network_timeout`` among the client's connect options."""
+        ``connection_timeout`` / ``network_timeout`` among the client's connect options --
+        or tritonclient.http.aio's one ``conn_timeout`` (aiohttp's total), for both."""
         host, _, port = address.rpartition(":")
         options = options or {}
+        either = options.get("conn_timeout", 60.0)
 
         def seconds(name: str) -> float | None:
-            value = options.get(name, 60.0)
+            value = options.get(name, either)
             return None if value is None else float(value)
 
         return cls(host.strip("[]") or "localhost", int(port), seconds("connection_timeout"),

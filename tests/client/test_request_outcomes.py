@@ -43,12 +43,13 @@ def one_slot_client(url: str, aio: bool = False, **settings):
     return cls(url, slots=1, max_pool_bytes=extent, slot_timeout=30, **settings)
 
 
-def give_up_options(protocol: str) -> tuple[dict, dict]:
+def give_up_options(protocol: str, aio: bool = False) -> tuple[dict, dict]:
     """(the client's settings, a call's options) that make it give up on a slow_fp32 request:
-    gRPC's per-call client_timeout; over HTTP, the connection's network_timeout."""
+    gRPC's per-call client_timeout; over HTTP, the connection's network_timeout (tritonclient.http's
+    name; tritonclient.http.aio's is conn_timeout)."""
     if protocol == "grpc":
         return {}, {"client_timeout": GIVE_UP}
-    return {"connect_options": {"network_timeout": GIVE_UP}}, {}
+    return {"connect_options": {"conn_timeout" if aio else "network_timeout": GIVE_UP}}, {}
 
 
 def awaiting(client) -> int:
@@ -99,30 +100,42 @@ def test_failures_with_no_status_are_unknown_unless_the_wire_said():
 # -- given up on, then served ----------------------------------------------------------------
 
 
-def _served_again(client, protocol: str) -> None:
+async def _served_again(client, protocol: str, aio: bool = False) -> None:
     """The server finished what the client gave up on: the slot serves again (a lease waiting
     for it asks the server; over HTTP, where the connection's network_timeout is shorter than
     slow_fp32, the slot is leased rather than run)."""
-    with client.request(SLOW, shapes={"INPUT0": [4]}, slot_timeout=30):
+    leased = client.request(SLOW, shapes={"INPUT0": [4]}, slot_timeout=30)
+    with (await leased if aio else leased):
         assert awaiting(client) == 0
     if protocol == "grpc":
-        np.testing.assert_array_equal(client.infer(SLOW, {"INPUT0": x_of(7)})["OUTPUT0"], x_of(7))
+        out = client.infer(SLOW, {"INPUT0": x_of(7)})
+        np.testing.assert_array_equal((await out if aio else out)["OUTPUT0"], x_of(7))
 
 
 @pytest.mark.server
-def test_one_slot_survives_requests_given_up_on(server, protocol):
+@pytest.mark.parametrize("aio", [False, True], ids=["sync", "aio"])
+def test_one_slot_survives_requests_given_up_on(server, protocol, aio):
     """Each request given up on waits for the one before it to end on the server (the one slot
     comes back only then), then is given up on in turn; the slot serves once the last ended.
-    (Held for ever before: the second request raised PoolExhausted.)"""
-    settings, call = give_up_options(protocol)
+    (Held for ever before: the second request raised PoolExhausted.  The asyncio client's lease
+    then waited out its slot_timeout: the slot the server let go of woke nobody.)"""
+    settings, call = give_up_options(protocol, aio)
     before = shm_segments()
-    with one_slot_client(client_url(server, protocol), **settings) as c:
+
+    async def main() -> None:
+        c = one_slot_client(client_url(server, protocol), aio=aio, **settings)
         for i in range(20):
+            began = time.monotonic()
             with pytest.raises(tritonshm.ServerTimeout):
-                c.infer(SLOW, {"INPUT0": x_of(100 + i)}, **call)
+                done = c.infer(SLOW, {"INPUT0": x_of(100 + i)}, **call)
+                await done if aio else done
             assert awaiting(c) == 1  # the server still runs it: its slot is held for it
-        _served_again(c, protocol)
+            assert time.monotonic() - began < 10  # (its wait for the slot: about the 0.5 s the server takes)
+        await _served_again(c, protocol, aio)
         assert len(c.pools()[0].regions) == 1
+        await c.close() if aio else c.close()
+
+    asyncio.run(main())
     assert shm_segments() == before
 
 
@@ -173,7 +186,7 @@ def test_a_slot_given_up_on_comes_back_after_a_restart(fresh_server, protocol):
             c.infer(SLOW, {"INPUT0": x_of(2)}, **call)
         assert awaiting(c) == 1
         fresh_server.restart()  # holds nothing of ours any more
-        _served_again(c, protocol)
+        asyncio.run(_served_again(c, protocol))
 
 
 # -- the zero-copy request -------------------------------------------------------------------

@@ -256,6 +256,8 @@ class AsyncDriver:
 
         step.pool.add_waiter(wake)
         try:
+            if step.pool.ready():  # it came back before we were listening (this task started late)
+                return True
             await asyncio.wait_for(event.wait(), step.timeout)
             return True
         except asyncio.TimeoutError:

@@ -448,8 +448,7 @@ class SlotPool:
             self._sleepers += 1
             try:
                 while True:
-                    self._look_at_watched()  # before looking for a free slot: it may make one
-                    if self._free or self.retired or self.should_grow():
+                    if self.ready():
                         return True
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
@@ -457,6 +456,13 @@ class SlotPool:
                     self._cond.wait(self.wait_slice(left))
             finally:
                 self._sleepers -= 1
+
+    def ready(self) -> bool:
+        """Whether a request waiting for a slot should look again now: one is free, the pool was
+        retired, or it should grow."""
+        with self._lock:
+            self._look_at_watched()  # before looking for a free slot: it may make one
+            return bool(self._free) or self.retired or self.should_grow()
 
     def add_waiter(self, wake: Callable[[], None]) -> None:
         """Call *wake* (from any thread) when a slot comes back or the pool is retired."""

@@ -304,6 +304,8 @@ class PoolTable:
                     continue  # else another pool took the bytes meanwhile: wait for a slot
             if pool.has_provable or self._disposals.due():  # slots held for the server: ask it about them
                 yield from self.dispose_steps()
+                if pool.ready():
+                    continue  # the server let go of slots, and they are free: no wake-up comes for them
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise pool.exhausted(timeout)
