@@ -229,8 +229,8 @@ class SlotRoute:
         if streamed:
             return _Planned(client, arrays, [], checked, _unused)
         version = model_version or (yield from self._version_run(facade, model_name))
-        wanted = list(info.output_names) if names is _ALL else names
-        return _Planned(client, arrays, wanted, checked, functools.partial(self._made, model_name, version, info))
+        return _Planned(client, arrays, None if names is _ALL else names, checked,
+                        functools.partial(self._made, model_name, version, info))
 
     def _made(self, model_name: str, version: str, info: Any, outputs_made: Mapping[str, np.ndarray]) -> Any:
         """The tritonclient result of the outputs the held client returned."""
@@ -355,7 +355,7 @@ class _Planned(NamedTuple):
 
     client: Any
     arrays: dict[str, np.ndarray]
-    wanted: list[str]
+    wanted: list[str] | None  # None or []: every output (the held client's outputs=)
     options: RequestOptions
     result: Callable[[Mapping[str, np.ndarray]], Any]
 

@@ -274,11 +274,14 @@ def input_class(mixin: type, base: type, http: bool, module: str) -> type:
                                               "__qualname__": "InferInput", hook: content})
 
 
+@functools.cache
 def result_class(mixin: type, base: type) -> type:
     """A class of *mixin* over tritonclient's ``InferResult`` *base* (its name, module and doc
     are the mixin's), whose inherited ``get_output`` and ``get_response`` read the response the
     mixin's ``_make_response()`` builds, on first use: tritonclient keeps the server's response
-    as ``_result``, and this class makes that a property."""
+    as ``_result``, and this class makes that a property.  Its results pickle (for multiprocessing
+    and caches, as tritonclient.http's do; tritonclient.grpc's do not) with their own copy of the
+    data; one class per pair."""
 
     def response(self: Any) -> Any:
         made = self.__dict__.get("_made_response")
@@ -286,6 +289,21 @@ def result_class(mixin: type, base: type) -> type:
             made = self.__dict__["_made_response"] = self._make_response()
         return made
 
+    def reduce(self: Any) -> tuple[Any, ...]:
+        # The class has no name pickle can import (it is made here): pickled as the pair that makes
+        # it again, and the state but the response, which is made again from it on use (a gRPC
+        # response would not pickle: its protobuf class names a module that does not import).
+        state = {key: value for key, value in self.__dict__.items() if key != "_made_response"}
+        return _unpickled_result, (mixin, base, state)
+
     return type(mixin.__name__, (mixin, base), {"__doc__": mixin.__doc__, "__module__": mixin.__module__,
                                                 "__qualname__": mixin.__qualname__,
-                                                "_result": property(response)})
+                                                "_result": property(response), "__reduce__": reduce})
+
+
+def _unpickled_result(mixin: type, base: type, state: dict[str, Any]) -> Any:
+    """A :func:`result_class` result from its pickled *state*."""
+    cls: Any = result_class(mixin, base)
+    result = cls.__new__(cls)
+    result.__dict__.update(state)
+    return result

@@ -75,6 +75,13 @@ def test_two_inputs_two_outputs_and_output_selection(client):
     assert list(only) == ["OUTPUT1"] and np.array_equal(only["OUTPUT1"], a - b)
 
 
+def test_empty_outputs_means_every_output_as_in_tritonclient(client):
+    a, b = floats(16, seed=1), floats(16, seed=2)
+    out = client.infer("add_sub", {"INPUT0": a, "INPUT1": b}, outputs=[])
+    assert sorted(out) == ["OUTPUT0", "OUTPUT1"]
+    assert np.array_equal(out["OUTPUT0"], a + b) and np.array_equal(out["OUTPUT1"], a - b)
+
+
 def test_accepts_array_likes_with_the_right_dtype(client):
     out = client.infer("identity_int64", {"INPUT0": [1, 2, 3]})
     assert out["OUTPUT0"].tolist() == [1, 2, 3]
@@ -102,6 +109,12 @@ def test_bad_inputs_are_refused_before_anything_is_sent(client):
     assert isinstance(named.value, tritonshm.ShapeMismatch)
     with pytest.raises(tritonshm.NameMismatch, match=r"has outputs \['OUTPUT0'\]; unknown.*NOPE"):
         client.infer("identity_fp32", {"INPUT0": floats(4)}, outputs=["NOPE"])
+
+
+def test_an_empty_batch_is_refused_before_anything_is_sent(client):
+    with pytest.raises(tritonshm.ShapeMismatch, match=r"input 'INPUT0' of model 'batched_fp32'.*0 rows.*at least one"):
+        client.infer("batched_fp32", {"INPUT0": floats(0, 4)})
+    assert not live_pools(client)  # no slot made, nothing sent
 
 
 def test_large_batches_are_chunked_and_reassembled_in_order(client):

@@ -69,6 +69,11 @@ def check_inputs(info: ModelInfo, inputs: Mapping[str, Any]) -> tuple[dict[str, 
                 f"(-1 = any), got {list(array.shape)}"
             )
         if info.batched:
+            if array.shape[0] == 0:  # Triton's answer would be a byte-size mismatch ("Expected 16, got 0")
+                raise ShapeMismatch(
+                    f"input {spec.name!r} of model {info.name!r} has 0 rows: a batch needs at least one "
+                    f"(shape {list(array.shape)})"
+                )
             if batch is not None and array.shape[0] != batch:
                 raise ShapeMismatch(
                     f"inputs of model {info.name!r} disagree on the batch size: "
@@ -80,16 +85,18 @@ def check_inputs(info: ModelInfo, inputs: Mapping[str, Any]) -> tuple[dict[str, 
 
 
 def output_names(info: ModelInfo, outputs: Sequence[str] | None) -> list[str]:
-    """The outputs to ask for: all of the model's, or the checked selection."""
+    """The outputs to ask for: all of the model's (*outputs* None or empty, as in tritonclient,
+    which sends no list then), or the checked selection."""
     known = info.output_names
-    if outputs is None:
-        return list(known)
     if isinstance(outputs, str):
         raise InvalidOption(f"outputs must be a sequence of names, not the str {outputs!r}")
-    unknown = [name for name in outputs if name not in known]
+    names = [] if outputs is None else list(outputs)
+    if not names:
+        return list(known)
+    unknown = [name for name in names if name not in known]
     if unknown:
         raise NameMismatch(f"model {info.name!r} has outputs {list(known)}; unknown {unknown}")
-    return list(outputs)
+    return names
 
 
 def check_out(info: ModelInfo, out: Mapping[str, _devices.OutTensor], names: Sequence[str],
