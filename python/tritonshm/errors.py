@@ -15,7 +15,6 @@ says what to do: one table, :data:`SERVER_ERRORS`, of (pattern, class, hint).
 
 from __future__ import annotations
 
-import copy as _copy
 import enum as _enum
 import errno as _errno
 import os as _os
@@ -364,8 +363,8 @@ def _wrong_port_hint(message: str, address: str | None = None) -> str:
 def no_server_hint(address: str | None) -> str:
     """What to say after "cannot reach the Triton server" (at *address*, where known)."""
     where = f"at {address}" if address else "at that address"
-    return (f"; is a Triton server running {where}? `tritonshm server` starts one here (gRPC on 8001, "
-            f"HTTP on 8000)")
+    return (f"; is a Triton server running {where}? `tritonshm server --grpc-port 8001 --http-port 8000` "
+            f"starts one here, on Triton's usual ports")
 
 
 #: The server's errors that mean something we can say more about, first match wins.  Anything
@@ -514,7 +513,11 @@ def copy_for_another_caller(exc: BaseException) -> BaseException:
     """A copy of *exc* (its attributes too, not its traceback), for one more caller to raise:
     one exception object raised by many gathers every raiser's frames in its traceback, and
     with them their requests' tensors and slots, for as long as any caller keeps it."""
-    twin = _copy.copy(exc)
+    # (not copy.copy: that calls __init__ again, whose arguments need not be args -- tritonclient's
+    # InferenceServerException's are not)
+    twin = type(exc).__new__(type(exc), *exc.args)
+    twin.args = exc.args  # (OSError's __new__ leaves them to an __init__ a subclass overrides)
+    twin.__dict__.update(exc.__dict__)
     twin.__cause__, twin.__suppress_context__ = exc.__cause__, exc.__suppress_context__
     return twin
 

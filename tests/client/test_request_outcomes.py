@@ -394,3 +394,53 @@ def test_a_copied_out_of_the_right_size_takes_a_variable_output_larger_than_the_
         assert out["OUTPUT0"] is y
         np.testing.assert_array_equal(y.numpy(), np.tile(np.arange(1000, dtype=np.float32), 2))
     del x, y
+
+
+# -- a server older than 2.50: nothing it says proves it done --------------------------------
+
+
+@pytest.mark.parametrize("version, held", [("2.49.0", True), ("2.45.0", True), ("1.9.0", True),
+                                           ("2.50.0", False), ("2.51.0", False), ("2.53.0dev", False),
+                                           ("", False), ("unknown", False)])
+def test_what_the_servers_version_says_about_its_answers(version, held):
+    from tritonshm.client._disposal import Disposals
+
+    disposals = Disposals(0, old_server_hold=7.0)
+    disposals.server_is(version)
+    assert disposals.hold == (7.0 if held else 0.0)
+
+
+def _claims_to_be(version: str, monkeypatch) -> None:
+    """The server (Triton 2.51 here) says it is *version*: a stand-in for an older release."""
+    from tritonshm.client._client import BlockingDriver
+
+    monkeypatch.setattr(BlockingDriver, "_fetch_server_version", lambda self, step: version)
+
+
+@pytest.mark.server
+def test_on_a_server_older_than_2_50_a_slot_given_up_on_is_held_old_server_hold(fresh_server, monkeypatch):
+    """Before 2.50 Triton unregisters a region a running request uses at once, so the proof
+    proves nothing: the slot is held old_server_hold seconds (one warning says so), and comes back
+    at once when the server is seen to restart."""
+    _claims_to_be("2.49.0", monkeypatch)
+    with one_slot_client(fresh_server.grpc_url, old_server_hold=3.0) as c:
+        with pytest.warns(RuntimeWarning, match="old_server_hold=3.0"):
+            with pytest.raises(tritonshm.ServerTimeout):
+                c.infer(SLOW, {"INPUT0": x_of(1)}, client_timeout=GIVE_UP)
+            given_up = time.monotonic()
+            np.testing.assert_array_equal(c.infer(SLOW, {"INPUT0": x_of(2)})["OUTPUT0"], x_of(2))
+        assert time.monotonic() - given_up >= 3.0  # not at ~0.5 s, when the server said it let go
+        with pytest.raises(tritonshm.ServerTimeout):  # no second warning
+            c.infer(SLOW, {"INPUT0": x_of(3)}, client_timeout=GIVE_UP)
+        fresh_server.restart()
+        restarted = time.monotonic()
+        deadline = restarted + 30
+        while True:  # (the channel reconnects on a backoff of its own)
+            try:
+                out = c.infer(SLOW, {"INPUT0": x_of(4)})
+                break
+            except tritonshm.ServerUnavailable:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        np.testing.assert_array_equal(out["OUTPUT0"], x_of(4))
+        assert awaiting(c) == 0

@@ -84,8 +84,6 @@ def test_server_refuses_bad_ports_at_once():
     assert done.returncode == 2 and "must differ" in done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="issue 39: errors.no_server_hint names plain `tritonshm server`, which serves "
-                                       "free ports, not 8001/8000; its text is errors.py's, changed there")
 def test_the_no_server_hint_names_a_command_that_serves_the_ports_it_says():
     # An unreachable server's error says how to start one where clients look (Triton's usual ports):
     # `tritonshm server` alone serves free ones, so the command it names must say the ports.

@@ -29,7 +29,7 @@ from ._run import Runner
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._request import RequestFace, SlotRequest
-from ._steps import (Done, Emit, FetchModel, FetchModelNames, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
+from ._steps import (Done, Emit, FetchModel, FetchModelNames, FetchServerVersion, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
                      WaitForDevice, WaitForSlot, advance)
 from ._stream import AsyncStream, send_on_stream
 from ._threads import Connector
@@ -76,6 +76,7 @@ class AsyncDriver:
             Send: self._send,
             FetchModel: self._fetch_model,
             FetchModelNames: self._fetch_model_names,
+            FetchServerVersion: self._fetch_server_version,
             Register: self._register,
             Unregister: lambda step: triton.unregister(self.aio_client, step.name, patience=0.0),
             WaitForSlot: self._wait_for_slot,
@@ -219,6 +220,11 @@ class AsyncDriver:
             self.aio_client, doing, "infer", step.model, step.inputs, model_version=step.version,
             outputs=step.outputs, **options)
 
+    async def _fetch_server_version(self, step: FetchServerVersion) -> str:
+        metadata = await triton.call_translated(self.aio_client, "reading the server's metadata",
+                                                "get_server_metadata", **self._wire.json)
+        return str(metadata.get("version", "")) if isinstance(metadata, dict) else ""
+
     async def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
         wire, tc = self._wire, self.aio_client
         doing = f"reading metadata of model {step.model!r}"
@@ -278,11 +284,12 @@ class Client(ClientFace):
                  max_pool_bytes: int = 1 << 30, slot_timeout: float | None = 60.0, verbose: bool = False,
                  connect_options: Mapping[str, Any] | None = None, pinned: bool | int = False,
                  headers: Mapping[str, str] | None = None, by_reference: bool = True,
-                 max_lent_bytes: int = 2 << 30):
+                 max_lent_bytes: int = 2 << 30, old_server_hold: float = 60.0):
         self._engine = engine = Engine(url, aio=True, transport=transport, slots=slots,
                                        max_pool_bytes=max_pool_bytes, slot_timeout=slot_timeout, verbose=verbose,
                                        connect_options=connect_options, pinned=pinned, headers=headers,
-                                       by_reference=by_reference, max_lent_bytes=max_lent_bytes)
+                                       by_reference=by_reference, max_lent_bytes=max_lent_bytes,
+                                       old_server_hold=old_server_hold)
         self._driver = AsyncDriver(engine, engine.connect())   # TLS and verbosity as the URL and options say
         self._runner = Runner(engine)  # every request's steps, over the engine's state
         # A forgotten client cannot await anything at garbage collection: a

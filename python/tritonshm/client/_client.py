@@ -19,7 +19,7 @@ from ._run import Runner
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._request import RequestFace, SlotRequest
-from ._steps import (Done, Emit, FetchModel, FetchModelNames, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
+from ._steps import (Done, Emit, FetchModel, FetchModelNames, FetchServerVersion, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
                      WaitForDevice, WaitForSlot, advance)
 from ._stream import BlockingStream, send_on_stream
 from ._threads import Connector, Workers
@@ -81,6 +81,7 @@ class BlockingDriver:
             Send: self._send,
             FetchModel: self._fetch_model,
             FetchModelNames: self._fetch_model_names,
+            FetchServerVersion: self._fetch_server_version,
             Register: self._register,
             Unregister: self._unregister,
             WaitForSlot: lambda step: step.pool.wait(step.timeout),
@@ -171,6 +172,12 @@ class BlockingDriver:
         return self.connector.call(lambda tc: triton.call_translated(
             tc, doing, "infer", step.model, step.inputs, model_version=step.version, outputs=step.outputs,
             **options))
+
+    def _fetch_server_version(self, step: FetchServerVersion) -> str:
+        wire = self._wire
+        metadata = self.connector.call(lambda tc: triton.call_translated(
+            tc, "reading the server's metadata", "get_server_metadata", address=self._url, **wire.json))
+        return str(metadata.get("version", "")) if isinstance(metadata, dict) else ""
 
     def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
         # (the first call a client makes: where it looked is named if nothing answers there)
@@ -268,18 +275,22 @@ class Client(ClientFace):
     with the server once and kept alive until it is let go of -- when more than
     *max_lent_bytes* (or 32 allocations) are registered, on :meth:`forget`, on
     :meth:`close`; memory CUDA IPC cannot share is copied (:meth:`stats` says
-    how many and why).
+    how many and why).  A request given up on (a timeout, a cancel, a lost
+    connection) holds what it named until the server provably finished it; a
+    server older than Triton 2.50 cannot say so, and there it is held
+    *old_server_hold* seconds (or until the server restarts), with one warning.
     """
 
     def __init__(self, url: str = "localhost:8001", *, transport: str = "auto", slots: int = 4,
                  max_pool_bytes: int = 1 << 30, slot_timeout: float | None = 60.0, verbose: bool = False,
                  connect_options: Mapping[str, Any] | None = None, pinned: bool | int = False,
                  headers: Mapping[str, str] | None = None, by_reference: bool = True,
-                 max_lent_bytes: int = 2 << 30):
+                 max_lent_bytes: int = 2 << 30, old_server_hold: float = 60.0):
         self._engine = engine = Engine(url, aio=False, transport=transport, slots=slots,
                                        max_pool_bytes=max_pool_bytes, slot_timeout=slot_timeout, verbose=verbose,
                                        connect_options=connect_options, pinned=pinned, headers=headers,
-                                       by_reference=by_reference, max_lent_bytes=max_lent_bytes)
+                                       by_reference=by_reference, max_lent_bytes=max_lent_bytes,
+                                       old_server_hold=old_server_hold)
         connector = Connector(engine.connect, engine.wire.http, io_threads=slots)
         self._driver = BlockingDriver(engine, connector)
         self._runner = Runner(engine)  # every request's steps, over the engine's state

@@ -19,6 +19,12 @@ and takes effect when its last request ends.  Both done, the server holds
 nothing of it: the extent comes back whole.  A restarted server forgets it at
 once.  Asked on a backoff, by whoever drives requests.
 
+A server older than 2.50 unregisters a region a running request uses at once
+and writes on into its mapping: nothing it says proves it done.  There what a
+request of unknown outcome named is held for *old_server_hold* seconds, or
+until the server is seen to have restarted (a request finds our regions
+forgotten), with one warning (:meth:`Disposals.server_is`).
+
 :class:`Disposals` holds one client's parked extents and runs these steps;
 they hold no engine and no client: a forgotten client's finalizer runs them too.
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 
 from ..errors import RegistrationError, ServerError, ServerUnavailable
 from ._pool import Extent, SlotPool
@@ -39,6 +46,9 @@ _SETTLE_INTERVAL = 0.02  # how often a closing client asks again to unregister w
 _RETRY_INTERVAL = 0.05   # at most this often, requests ask again to unregister what is parked
 _PROVE_FIRST = 0.01      # an extent held for the server: first asked again after this, then
 _PROVE_MAX = 0.5         # ... twice as long each time, up to this
+# The first Triton release that refuses to unregister a region a running request uses (server
+# PR #7567, 24.09); from 2.53 (PR #7743) the unregister is deferred and re-registering refused.
+PROVING_SERVER = (2, 50)
 
 # Device memory a server refused to let go of when its client closed: held for the life of the
 # process (freeing it under the server would be undefined behaviour; the driver frees it at exit).
@@ -55,8 +65,14 @@ class Disposals:
     its steps (:mod:`._steps`) are run by the client's driver, or by the finalizer's.
     """
 
-    def __init__(self, creator_pid: int):
+    def __init__(self, creator_pid: int, old_server_hold: float = 60.0):
         self.creator_pid = creator_pid
+        self.old_server_hold = old_server_hold
+        #: Seconds what a request of unknown outcome named is held before the server is asked
+        #: (0: the server's answers prove it; set by :meth:`server_is`).
+        self.hold = 0.0
+        self._version = ""
+        self._warned = False
         self._lock = threading.Lock()   # extents are parked, and taken whole, from any thread
         self._parked: list[Extent] = []
         self._retry_at = 0.0
@@ -66,6 +82,42 @@ class Disposals:
         #: end that looks (:meth:`~._engine.Engine.settle_steps`): a request that leaves nothing
         #: behind ends on this one read.
         self.maybe_due = False
+
+    def server_is(self, version: str) -> None:
+        """The server said it is *version* (its metadata; '' where it gave none: taken as one
+        whose answers prove, as every release since 2.50 and tritonclient's own servers)."""
+        try:
+            major, minor = (int(part) for part in version.split(".")[:2])
+        except ValueError:
+            self.hold = 0.0
+            return
+        self.hold = self.old_server_hold if (major, minor) < PROVING_SERVER else 0.0
+        self._version = version
+
+    def hold_for_old_server(self, extents: list[Extent]) -> None:
+        """*extents* hold what a request of unknown outcome named: on a server whose answers
+        prove nothing, none is asked about (nor let go of) for :attr:`hold` seconds."""
+        if not self.hold or not extents:
+            return
+        until = time.monotonic() + self.hold
+        for extent in extents:
+            extent.not_before = max(extent.not_before, until)
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"Triton {self._version} lets go of shared memory a running request still uses when asked "
+                f"(releases before 2.50 do): what a request given up on named (its slot, lent tensors) is held "
+                f"old_server_hold={self.old_server_hold} s, or until the server restarts, instead of until the "
+                f"server provably finished it. Upgrade the server, or set old_server_hold= to the longest a "
+                f"request may run", RuntimeWarning, stacklevel=3)
+
+    def server_restarted(self) -> None:
+        """A request found our regions forgotten: the server restarted, and holds nothing of
+        what it ran before; what was held for an older server may be asked about now."""
+        with self._lock:
+            for extent in (*self._proving, *self._parked):
+                extent.not_before = extent.retry_at = 0.0
+        self.maybe_due = True
 
     def notice(self) -> None:
         """Something was left to let go of (any thread): the next request's end looks."""
@@ -96,6 +148,9 @@ class Disposals:
         through CUDA IPC is undefined behaviour), and a name left registered is a leak on the
         server.  A server that is gone has let go.
         """
+        if extent.not_before > time.monotonic():  # held for a server whose answers prove nothing
+            self._park([extent])
+            return
         try:
             if extent.name is not None and os.getpid() == self.creator_pid:
                 yield Unregister(extent.name)
@@ -144,8 +199,9 @@ class Disposals:
         """Ask the server about *extents* (held for it: :meth:`~._pool.SlotPool.hold_for_server`,
         nothing of ours running on them) from now on, until it let go of each."""
         if extents:
+            self.hold_for_old_server(extents)
             for extent in extents:
-                extent.retry_at, extent.backoff = 0.0, _PROVE_FIRST
+                extent.retry_at, extent.backoff = extent.not_before, _PROVE_FIRST
             with self._lock:
                 self._proving.extend(extents)
             self.maybe_due = True

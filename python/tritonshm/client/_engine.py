@@ -28,7 +28,7 @@ from ._plan import Planner, Routing
 from ._pool import ByteBudget, PoolInfo
 from ._disposal import Disposals
 from ._pools import PoolTable, host_memory
-from ._steps import FetchModel, FetchModelNames, Steps
+from ._steps import FetchModel, FetchModelNames, FetchServerVersion, Steps
 
 __all__ = ["Engine", "InFlight", "TRANSPORTS", "engine_setting"]
 
@@ -101,7 +101,7 @@ class Engine:
                  slots: int = 4, max_pool_bytes: int = 1 << 30, slot_timeout: float | None = 60.0,
                  verbose: bool = False, connect_options: Mapping[str, Any] | None = None,
                  pinned: bool | int = False, headers: Mapping[str, str] | None = None,
-                 by_reference: bool = True, max_lent_bytes: int = 2 << 30):
+                 by_reference: bool = True, max_lent_bytes: int = 2 << 30, old_server_hold: float = 60.0):
         if transport not in TRANSPORTS:
             raise InvalidOption(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
@@ -111,6 +111,9 @@ class Engine:
             raise InvalidOption(f"by_reference must be True or False, not {by_reference!r}")
         if isinstance(max_lent_bytes, bool) or not isinstance(max_lent_bytes, int) or max_lent_bytes < 0:
             raise InvalidOption(f"max_lent_bytes must be an int >= 0, not {max_lent_bytes!r}")
+        if isinstance(old_server_hold, bool) or not isinstance(old_server_hold, (int, float)) \
+                or not 0 <= old_server_hold < float("inf"):
+            raise InvalidOption(f"old_server_hold must be a finite number of seconds >= 0, not {old_server_hold!r}")
         make_host_memory = host_memory(pinned)
         if transport == "cuda":
             _devices.require_cuda("transport='cuda'")
@@ -129,7 +132,8 @@ class Engine:
         self._lock = threading.RLock()
         self._models: dict[tuple[str, str], ModelInfo] = {}
         # Letting go of memory, the one way (a forked child must not unregister our names).
-        self.disposals = Disposals(os.getpid())
+        self.disposals = Disposals(os.getpid(), float(old_server_hold))
+        self._version_known = False  # the server's version read (on the first model read)
         # The slot pools, by model, version and memory, and the budget they share.
         self.pool_table = PoolTable(slots, max_pool_bytes, make_host_memory, self.routing.pinned, self.fallback,
                                     self.disposals, self._lock, self.check_open)
@@ -215,6 +219,8 @@ class Engine:
         key = (model, version)
         info = self._models.get(key)
         if info is None:
+            if not self._version_known:
+                yield from self._server_version_steps()
             try:
                 metadata, config = yield FetchModel(model, version)
             except ServerError as exc:
@@ -229,6 +235,16 @@ class Engine:
             with self._lock:
                 self._models[key] = info
         return info
+
+    def _server_version_steps(self) -> Steps:
+        """Read which release the server is, once: it decides what proves that the server let go
+        of memory a request given up on named (:meth:`~._disposal.Disposals.server_is`)."""
+        try:
+            version = yield FetchServerVersion()
+        except ServerError:
+            return  # (asked again with the next model; the model read says what is wrong)
+        self.disposals.server_is(version)
+        self._version_known = True
 
     # -- pools ------------------------------------------------------------
 

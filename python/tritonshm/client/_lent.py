@@ -306,6 +306,7 @@ class LentAllocations:
                     self._remove(key)  # named by this request still: doomed, until the last one ends
                     break
             self._one_user_less(extent)
+        self._letting_go.hold_for_old_server([extent])
         return extent
 
     def _one_user_less(self, extent: Extent) -> None:

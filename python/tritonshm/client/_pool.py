@@ -185,6 +185,7 @@ class Extent(Generic[_Memory]):
         self.idle: list[int] = []      # slots that came back meanwhile
         self.retry_at = 0.0            # when to ask the server again, and how long after that
         self.backoff = 0.0
+        self.not_before = 0.0          # held until then for a server older than 2.50 (see ._disposal)
 
     @property
     def released_by_server(self) -> bool:

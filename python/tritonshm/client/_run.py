@@ -495,7 +495,8 @@ class Runner:
 
     def _register_again_steps(self, pool: SlotPool | None) -> Steps:
         """Register every extent of *pool*, and every lent allocation, again under its name
-        (the server restarted and forgot them all)."""
+        (the server restarted and forgot them all: what was held for it may be asked about)."""
+        self.disposals.server_restarted()
         return register_again_steps([*(pool.extents if pool is not None else ()), *self.lent_table.extents()])
 
     def slot_steps(self, info: ModelInfo, lease: Lease | None, shapes: Mapping[str, tuple[int, ...]],

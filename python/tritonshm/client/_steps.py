@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Generator, NamedTuple
 
-__all__ = ["FetchModel", "FetchModelNames", "Register", "Unregister", "WaitForSlot", "WaitForDevice", "Pause", "Send", "StreamSend",
+__all__ = ["FetchModel", "FetchModelNames", "FetchServerVersion", "Register", "Unregister", "WaitForSlot", "WaitForDevice", "Pause", "Send", "StreamSend",
            "NextResponse", "Emit", "Done", "advance", "Steps"]
 
 
@@ -25,6 +25,10 @@ class FetchModel(NamedTuple):
 
     model: str
     version: str
+
+
+class FetchServerVersion(NamedTuple):
+    """Read the server's metadata: outcome its version, a str ('' where it gives none)."""
 
 
 class FetchModelNames(NamedTuple):
