@@ -109,10 +109,12 @@ class Connector:
         return self._shared
 
     def call(self, fn: Callable[[Any], Any]) -> Any:
-        """``fn(client)`` with a tritonclient client that is safe in this thread."""
-        if not self.http:
+        """``fn(client)`` with a tritonclient client that is safe in this thread -- after
+        :meth:`close`, a short-lived one of its own (a call that must still reach the server:
+        unregistering memory whose registration's reply came after the client closed)."""
+        if not self.http and not self._closed:
             return fn(self._shared or self.shared)
-        io = self._io_workers()
+        io = None if not self.http else self._io_workers()
         if io is None:
             # Closing (or closed): a short-lived client of this thread's own.
             client = self.new()
