@@ -139,7 +139,7 @@ def refuse_unregister(monkeypatch, name: str, times: int | None = None, error=No
     *error* (default: Triton 2.51's "currently in use", a ``ServerError``); *before* is called
     at each refusal.  Returns the list of refusals made so far (it grows as they happen)."""
     from tritonshm import triton
-    from tritonshm.errors import ServerError
+    from tritonshm.errors import ServerError, copy_for_another_caller
 
     real_unregister, refusals = triton.unregister, []
     if error is None:
@@ -150,7 +150,7 @@ def refuse_unregister(monkeypatch, name: str, times: int | None = None, error=No
             refusals.append(what)
             if before is not None:
                 before()
-            raise type(error)(*error.args)  # a fresh one: a raised instance keeps its frames alive
+            raise copy_for_another_caller(error)  # a fresh one: a raised instance keeps its frames alive
         return real_unregister(client, what, **kwargs)
 
     monkeypatch.setattr(triton, "unregister", unregister)

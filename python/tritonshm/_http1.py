@@ -41,7 +41,7 @@ import struct
 import threading
 import weakref
 import zlib
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 from urllib.parse import quote
 
 from .errors import ClientClosed, Error, Outcome, ServerError, ServerTimeout, ServerUnavailable
@@ -596,8 +596,9 @@ class _ConnectionsBase:
 class Connections(_ConnectionsBase):
     """Blocking HTTP/1.1 connections to one server, used by whichever thread sends."""
 
-    def send(self, request: Prepared) -> Any:
-        """Send *request*, read its answer: what :func:`result_of` makes of it."""
+    def send(self, request: Prepared, again: Callable[[], None] | None = None) -> Any:
+        """Send *request*, read its answer: what :func:`result_of` makes of it.  ``again()`` is
+        called before it goes out a second time (see :meth:`_may_retry`)."""
         doing = f"inferring with model {request.model!r}"
         pieces = request.wire(self.host)
         for attempt in range(2):
@@ -615,6 +616,8 @@ class Connections(_ConnectionsBase):
             except (OSError, ValueError) as exc:
                 self._discard(sock)
                 if self._may_retry(request, reused, reader, exc):
+                    if again is not None:
+                        again()
                     continue
                 raise self.unavailable(doing, exc, sent) from exc
             return self._done(sock, response, doing)
@@ -650,7 +653,7 @@ class Connections(_ConnectionsBase):
 class AsyncConnections(_ConnectionsBase):
     """The same on an event loop: non-blocking sockets read and written by the loop."""
 
-    async def send(self, request: Prepared) -> Any:
+    async def send(self, request: Prepared, again: Callable[[], None] | None = None) -> Any:
         """Send *request*, read its answer (see :meth:`Connections.send`).  A task cancelled
         in the middle drops its connection: what is left of the answer is unread on it."""
         doing = f"inferring with model {request.model!r}"
@@ -671,6 +674,8 @@ class AsyncConnections(_ConnectionsBase):
                     response = self._read(reader, chunk)
             except (OSError, ValueError, asyncio.TimeoutError) as exc:
                 if self._may_retry(request, reused, reader, exc):
+                    if again is not None:
+                        again()
                     continue
                 raise self.unavailable(doing, exc, sent) from exc
             finally:

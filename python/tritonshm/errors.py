@@ -439,8 +439,11 @@ def translate_error(exc: BaseException, doing: str, *, cuda: bool = False, addre
     groups = match.groupdict() if match is not None else {}
     fields = rule.fields(match) if rule.fields is not None and match is not None else {}
     more = rule.more(message, address) if rule.more is not None else ""
-    return rule.cls(f"{doing}: {rule.hint.format(**groups)}. Server said: {message}{more}",
-                    status=status, debug_details=details, **fields)
+    error = rule.cls(f"{doing}: {rule.hint.format(**groups)}. Server said: {message}{more}",
+                     status=status, debug_details=details, **fields)
+    if isinstance(exc, ConnectionRefusedError):
+        error.outcome = Outcome.NOT_SENT  # (tritonclient.http's: nothing listens there)
+    return error
 
 
 # -- where a failed request ended ----------------------------------------------------------

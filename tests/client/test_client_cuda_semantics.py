@@ -372,10 +372,19 @@ def test_a_failing_collect_leaves_no_copy_queued_out_of_the_slot(url, fake_cuda,
             kept.clear()
 
 
-def test_device_memory_of_an_unreachable_server_is_parked_then_freed(url, fake_cuda, monkeypatch):
+@pytest.mark.parametrize("status, message, freed", [
+    ("StatusCode.UNAVAILABLE", "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: "
+                               "Failed to connect to remote host: Connection refused", True),
+    ("StatusCode.UNAVAILABLE", "Socket closed", False),  # cut off after it went out: alive, maybe slow
+    ("StatusCode.UNAVAILABLE", "Received http2 header with status: 502", False),  # a proxy's
+], ids=["refused", "socket-closed", "gateway"])
+def test_device_memory_of_an_unreachable_server_is_parked_then_freed(url, fake_cuda, monkeypatch, status,
+                                                                     message, freed):
     """An unregistration that cannot reach the server (a network failure: the server may still have
     our memory open) parks device memory; close() asks again, and frees it only once the server
-    has stayed unreachable for the whole settle time (gone: it holds nothing)."""
+    has stayed unreachable -- no connection made, nothing listening -- for the whole settle time
+    (gone: it holds nothing).  A call cut off after it went out says nothing of the server, which
+    may be alive and slow: that memory is held for the life of the process (it was freed)."""
     from fake_cuda import KIND_ALLOC, KIND_UNKNOWN
     from tritonshm.client import _disposal
     from tritonshm.errors import ServerUnavailable
@@ -387,10 +396,16 @@ def test_device_memory_of_an_unreachable_server_is_parked_then_freed(url, fake_c
     seen = []
     with tritonshm.Client(url) as helper:  # as a server that went away would: it holds nothing
         triton.unregister(helper.tritonclient, name)
-    refuse_unregister(monkeypatch, name, error=ServerUnavailable(f"unregistering {name!r}: failed to connect"),
+    refuse_unregister(monkeypatch, name, error=ServerUnavailable(f"unregistering {name!r}: {message}", status=status),
                       before=lambda: seen.append(fake_cuda.pointer_kind(ptr)))  # still allocated at every try
     c.close()
     gc.collect()
     assert len(seen) > 1 and set(seen) == {KIND_ALLOC}  # asked again while parked
-    assert fake_cuda.pointer_kind(ptr) == KIND_UNKNOWN
-    assert not [e for e in _disposal.held_for_the_server if e.name == name]
+    held = [e for e in _disposal.held_for_the_server if e.name == name]
+    try:
+        assert fake_cuda.pointer_kind(ptr) == (KIND_UNKNOWN if freed else KIND_ALLOC)
+        assert len(held) == (0 if freed else 1)
+    finally:
+        for extent in held:  # (this test's own clean-up: the server holds nothing of it)
+            _disposal.held_for_the_server.remove(extent)
+            extent.release_memory()

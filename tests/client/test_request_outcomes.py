@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import socket
+import struct
 import threading
 import time
 
@@ -274,6 +275,7 @@ class GatewayThatGivesUp:
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.gave_up = 0
         self.armed = False  # give up on the next inference request
+        self.reset_next = False  # reset the connection of the next one, once it is forwarded
         self._upstream_threads: list[threading.Thread] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -335,6 +337,14 @@ class GatewayThatGivesUp:
                     conn.sendall(b"HTTP/1.1 504 Gateway Timeout\r\nContent-Type: text/plain\r\n"
                                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
                     continue
+                if b"/infer " in request.split(b"\r\n", 1)[0] and self.reset_next:
+                    self.reset_next = False
+                    thread = threading.Thread(target=self._forward, args=(request,), daemon=True)
+                    thread.start()  # Triton runs it; its answer is dropped
+                    self._upstream_threads.append(thread)
+                    time.sleep(0.1)  # (it reached Triton)
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return  # closed with a reset: no byte of an answer
                 conn.sendall(self._forward(request))
 
     def close(self) -> None:
@@ -358,6 +368,47 @@ def test_a_gateways_504_is_no_answer_from_triton(server):
             assert awaiting(c) == 1
             np.testing.assert_array_equal(c.infer(SLOW, {"INPUT0": x_of(2)})["OUTPUT0"], x_of(2))
             assert awaiting(c) == 0
+    finally:
+        gateway.close()
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("aio", [False, True], ids=["sync", "aio"])
+def test_a_request_sent_again_after_a_reset_is_held_for_the_server(server, aio):
+    """A kept connection reset before any byte of an answer: the request goes out again on a
+    fresh one (most likely the server closed the connection unread) -- but a proxy had forwarded
+    the first copy, which Triton runs too, and may still write the slot after the second's
+    answer (with more than one instance).  The slot is held until the server provably let go
+    (it was back at once: nothing asked the server)."""
+    from support.insides import wrap_step
+    from tritonshm.client._steps import Unregister
+
+    gateway = GatewayThatGivesUp(server.http_url)
+    asked: list[str] = []
+
+    def watched(unregister):
+        def handler(step):
+            asked.append(step.name)
+            return unregister(step)
+        return handler
+
+    async def main() -> None:
+        c = one_slot_client(gateway.url, aio=aio)
+        wrap_step(c, Unregister, watched)
+        first = c.infer(SLOW, {"INPUT0": x_of(1)})  # (its connection is kept)
+        await first if aio else first
+        gateway.reset_next = True
+        answer = c.infer(SLOW, {"INPUT0": x_of(5)})
+        np.testing.assert_array_equal((await answer if aio else answer)["OUTPUT0"], x_of(5))
+        assert len(gateway._upstream_threads) == 1  # (the first copy went to Triton)
+        assert asked == list(c.pools()[0].regions)  # the slot was held, and the server asked about it
+        answer = c.infer(SLOW, {"INPUT0": x_of(2)})
+        np.testing.assert_array_equal((await answer if aio else answer)["OUTPUT0"], x_of(2))
+        assert awaiting(c) == 0
+        await c.close() if aio else c.close()
+
+    try:
+        asyncio.run(main())
     finally:
         gateway.close()
 

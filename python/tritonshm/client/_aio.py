@@ -204,7 +204,8 @@ class AsyncDriver:
             step.claim.unanswered = True  # on its way: the server may run it from now on
         doing = f"inferring with model {step.model!r}"
         if self._http1 is not None:  # on the loop's own sockets: a message made ready once, or now
-            return await self._http1.send(step.message or _messages.http_request(step))
+            return await self._http1.send(step.message or _messages.http_request(step),
+                                          None if step.claim is None else step.claim.went_out_again)
         if step.message is not None and not self._http:  # gRPC, made ready once: sent as it is
             send = self._grpc_send
             if send is None:

@@ -75,10 +75,11 @@ class Claim:
     its runs), the tensors it lends by name, the events of the work the caller had queued on
     them (waited for before the request is sent), where in the caller's memory it reads and
     writes (*spans*, entered in :class:`Claims` before anything is lent), and whether it was
-    sent and the server may still run it (*unanswered*: set by the driver as it sends)."""
+    sent and the server may still run it (*unanswered*: set by the driver as it sends; or
+    *sent_twice*, whatever the answer)."""
 
     __slots__ = ("lease", "owns_lease", "inputs", "outputs", "waits", "tensors", "spans", "unanswered",
-                 "_claims", "_allocations")
+                 "sent_twice", "_claims", "_allocations")
 
     def __init__(self, claims: "Claims", allocations: LentAllocations) -> None:
         self._claims = claims
@@ -92,6 +93,21 @@ class Claim:
         self.tensors: list[tuple[DeviceTensor, bool]] = []
         self.spans: list[Span] = []  # the caller's memory the request names, while it runs
         self.unanswered = False  # sent, and neither answered nor refused by the server yet
+        # It went out twice -- HTTP/1.1 sends an idempotent request again on a fresh connection
+        # when a kept one was reset before any byte of an answer came, which most likely means
+        # the server closed it unread; but a proxy that forwarded it before the reset leaves the
+        # first copy running on the server, still writing the slot after the second's answer.
+        # So it is held for the server as if unanswered (a rare case: the proof costs little).
+        self.sent_twice = False
+
+    def went_out_again(self) -> None:
+        """The wire sent the request once more (see :attr:`sent_twice`); any thread."""
+        self.sent_twice = True
+
+    @property
+    def server_may_run_it(self) -> bool:
+        """Whether the server may still read or write what the request named."""
+        return self.unanswered or self.sent_twice
 
     def ended_by(self, exc: BaseException) -> None:
         """Sending the request raised *exc*: the server is done with it unless the outcome is
@@ -116,7 +132,7 @@ class Claim:
         lease, self.lease = self.lease, None
         if lease is None:
             return
-        if self.unanswered:
+        if self.server_may_run_it:
             lease.pool.hold_for_server(lease)
         elif not self.owns_lease:
             return
@@ -139,7 +155,7 @@ class Claim:
                 self._claims.settle(self)
             return
         lent = [*self.inputs.values(), *self.outputs.values()]
-        if not self.unanswered:
+        if not self.server_may_run_it:
             for where in lent:
                 self._allocations.finished(where)
             self._claims.settle(self)

@@ -156,7 +156,8 @@ class BlockingDriver:
         if step.claim is not None:
             step.claim.unanswered = True  # on its way: the server may run it from now on
         if self._http1 is not None:  # on this thread's socket: a message made ready once, or now
-            return self._http1.send(step.message or _messages.http_request(step))
+            return self._http1.send(step.message or _messages.http_request(step),
+                                    None if step.claim is None else step.claim.went_out_again)
         if step.message is not None and not self._http:  # gRPC, made ready once: sent as it is
             send = self._grpc_send
             if send is None:

@@ -36,7 +36,7 @@ import threading
 import time
 import warnings
 
-from ..errors import RegistrationError, ServerError, ServerUnavailable
+from ..errors import Outcome, RegistrationError, ServerError, outcome_of
 from ._pool import Extent, SlotPool
 from ._steps import Pause, Register, Steps, Unregister
 
@@ -160,10 +160,13 @@ class Disposals:
             self._park([extent])
             raise
         except ServerError as exc:
-            # Unreachable may be a dead server (it holds nothing open any more) or a passing
+            # Unreachable -- no connection could be made (refused: nothing listens where the
+            # server was) -- may be a dead server (it holds nothing open any more) or a passing
             # network failure (it still has our memory open): device memory is parked either
-            # way, and freed if the server stays unreachable (see give_up).
-            unreachable = isinstance(exc, ServerUnavailable)
+            # way, and freed if the server stays unreachable (see give_up).  A call cut off
+            # after it went out (a closed socket, a proxy's 502/503/504, a timeout) says
+            # nothing of the server: one alive but slow still maps the memory.
+            unreachable = outcome_of(exc) is Outcome.NOT_SENT
             if not unreachable or extent.memory.kind == "cuda":
                 extent.unreachable = unreachable
                 self._park([extent])
