@@ -148,7 +148,10 @@ class SlotRoute:
         pending = planned.client.infer_async(model_name, arrays, outputs=planned.wanted,
                                              version=model_version,
                                              options=planned.options)
-        return _then(pending, planned.result)
+        # The request keeps the facade alive until it ends, as tritonclient's callback (which
+        # names its client) does: a facade dropped meanwhile is closed -- its slots with it --
+        # only once its requests are answered, not under them.
+        return _then(pending, planned.result, keep=facade)
 
     async def infer_aio(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
                         outputs: Sequence[Any] | None, request_id: str, options: Mapping[str, Any]) -> Any:
@@ -387,12 +390,20 @@ async def _drive_aio(plan: Generator[Any, Any, _Planned | None]) -> _Planned | N
         return done.value
 
 
-def _then(pending: concurrent.futures.Future, make: Callable[[Any], Any]) -> concurrent.futures.Future:
+def _then(pending: concurrent.futures.Future, make: Callable[[Any], Any], keep: Any = None) -> concurrent.futures.Future:
     """A future of ``make(pending's value)``; *pending*'s failure or cancellation as its own.
-    Cancelling it cancels *pending* (a request not yet started is never sent)."""
+    Cancelling it cancels *pending* (a request not yet started is never sent).  *keep* is held
+    until *pending* is settled and the future's callbacks have run, then let go of."""
     future: concurrent.futures.Future = concurrent.futures.Future()
+    kept = [keep]  # (a list: emptied once settled, so a finished request pins nothing)
 
     def settle(done: concurrent.futures.Future) -> None:
+        try:
+            _settle(done)
+        finally:
+            kept.clear()  # last: the callbacks have run; dropping it may close a dropped facade
+
+    def _settle(done: concurrent.futures.Future) -> None:
         if future.cancelled():
             return  # cancelled while it ran: the caller was told so already
         if done.cancelled():
