@@ -205,3 +205,45 @@ def _unregister_what_is_left(probe, before):
     held, held_for_the_server[:] = list(held_for_the_server), []
     for extent in held:
         extent.release_memory()
+
+
+# -- healing after a restart, while another call lets go of a lent allocation --------------------------
+
+def test_healing_after_a_restart_holds_the_lent_allocations_it_registers_again(fake_cuda_server, fake_cuda,
+                                                                               torch_caching):
+    """A request finds the server restarted (every region forgotten) and registers the pools and
+    the lent allocations again; ``forget()`` lets go of a lent allocation meanwhile.  Before: the
+    allocation, named by no request, was unregistered and closed under its registration on its
+    way -- the healing request failed, or the server kept a name nobody unregisters.  Now healing
+    holds what it registers again (as a request that names it): forget() leaves it doomed, and it
+    is unregistered once the registration is over."""
+    x = torch_caching.from_numpy(np.full(N, 7, np.float32))
+    torch_caching.synchronize()
+    probe = tritonshm.Client(client_url(fake_cuda_server, "grpc"))
+    before = lent_names(probe)
+    with tritonshm.Client(client_url(fake_cuda_server, "grpc")) as c:
+        c.infer("identity_fp32", {"INPUT0": x})  # x's allocation stays registered
+        c.infer("identity_fp32", {"INPUT0": np.ones(N, np.float32)})  # (and a host pool)
+        assert len(c.lent()) == 1
+        forgot = []
+
+        def racing(register):
+            def handler(step):
+                if step.name is not None and step.name.startswith("tritonshm-lent-") and not forgot:
+                    forgot.append(True)
+                    c.forget()  # another call lets go of it, while its registration is on its way
+                return register(step)
+            return handler
+
+        probe.tritonclient.unregister_cuda_shared_memory()  # as a restarted server: nothing registered
+        probe.tritonclient.unregister_system_shared_memory()
+        wrap_step(c, Register, racing)
+        out = c.infer("identity_fp32", {"INPUT0": np.ones(N, np.float32)})  # heals, then runs
+        np.testing.assert_array_equal(out["OUTPUT0"], np.ones(N, np.float32))
+        assert forgot and not c.lent()
+        c.infer("identity_fp32", {"INPUT0": np.ones(N, np.float32)})  # (its end lets go of what is due)
+        assert lent_names(probe) - before == set(), "a lent allocation left registered on the server"
+    del x
+    gc.collect()
+    assert torch_caching.empty_cache() == 1
+    probe.close()

@@ -309,6 +309,11 @@ class LentAllocations:
         self._letting_go.hold_for_old_server([extent])
         return extent
 
+    # An entry leaves _doomed when its last user is done, and every user is: the request that
+    # registers it ends its use on every path (_forget_failed; a reply after close() takes it out
+    # itself), a request it is lent to enters the Lent in its claim with no step in between
+    # (Runner._lend_steps), and the claim's end, in a finally, ends each (finished, or abandon),
+    # as healed() does for healing().
     def _one_user_less(self, extent: Extent) -> None:
         # Under the lock.  A request naming *extent* is over.
         for entry in self._doomed:
@@ -466,10 +471,22 @@ class LentAllocations:
                 self._doomed = [entry for entry in self._doomed if entry.extent.name is None]
         return self.take_disposals()
 
-    def extents(self) -> list[Extent]:
-        """The registered allocations' extents (to register again after a server restart)."""
+    def healing(self) -> list[Extent]:
+        """The registered allocations' extents, to register again after a server restart, each
+        held -- one user more, as a request that names it -- until :meth:`healed`: another
+        thread that lets go of one meanwhile (evicts it, forgets it) leaves it doomed, to be
+        unregistered only once this registration is over, never closed under it."""
         with self._lock:
-            return [e.extent for e in self._entries.values() if e.extent.name is not None]
+            entries = [e for e in self._entries.values() if e.extent.name is not None]
+            for entry in entries:
+                entry.users += 1
+            return [entry.extent for entry in entries]
+
+    def healed(self, extents: list[Extent]) -> None:
+        """The registrations :meth:`healing` held for are over."""
+        with self._lock:
+            for extent in extents:
+                self._one_user_less(extent)
 
     # -- what users see --------------------------------------------------
 

@@ -33,10 +33,10 @@ import time
 import weakref
 from typing import Any, Callable, Generic, Mapping, TypeVar
 
-from ..errors import PoolExhausted, RegistrationError
+from ..errors import PoolExhausted, RegionClosed, RegistrationError
 from ._model import ModelInfo
 from ._slots import RegisteredMemory, SlotMemory
-from ._steps import Register, Steps
+from ._steps import Register, Steps, Unregister
 
 __all__ = ["ByteBudget", "Layout", "SlotPool", "Lease", "Extent", "PoolInfo", "register_again_steps"]
 
@@ -209,13 +209,25 @@ class Extent(Generic[_Memory]):
 
 
 def register_again_steps(extents: list[Extent]) -> Steps:
-    """Register *extents* again under their names (the server restarted and forgot them)."""
+    """Register *extents* again under their names (the server restarted and forgot them).  A
+    pool's extent taken out of service meanwhile (idle surplus, a retired pool: closed, to be
+    unregistered) is skipped, or, closed while its registration was on its way, unregistered
+    again: its disposal's unregister may have come first."""
     for extent in extents:
+        if extent.closed:
+            continue
         try:
             yield Register(extent.memory, extent.name)
         except RegistrationError as exc:
             if "already" not in str(exc):  # another request of ours re-registered it
                 raise
+            continue
+        except RegionClosed:
+            if extent.closed:
+                continue  # (its disposal closed it since we looked)
+            raise
+        if extent.closed and extent.name is not None:
+            yield Unregister(extent.name)
 
 
 @dataclasses.dataclass(slots=True)

@@ -497,7 +497,11 @@ class Runner:
         """Register every extent of *pool*, and every lent allocation, again under its name
         (the server restarted and forgot them all: what was held for it may be asked about)."""
         self.disposals.server_restarted()
-        return register_again_steps([*(pool.extents if pool is not None else ()), *self.lent_table.extents()])
+        lent = self.lent_table.healing()  # (held meanwhile: never let go of under its registration)
+        try:
+            yield from register_again_steps([*(pool.extents if pool is not None else ()), *lent])
+        finally:
+            self.lent_table.healed(lent)
 
     def slot_steps(self, info: ModelInfo, lease: Lease | None, shapes: Mapping[str, tuple[int, ...]],
                    names: Sequence[str], copy: bool, bytes_sizes: Mapping[str, int],
