@@ -22,7 +22,7 @@ import functools
 import inspect
 import math
 import threading
-from typing import Any, Callable, Generator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Collection, Generator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -193,6 +193,21 @@ class SlotRoute:
                                                None if outputs is None else list(outputs), model_version,
                                                planned.options)
 
+    def heal(self, regions: Collection[str]) -> None:
+        """Register again, under their names, the held client's slot pools that hold any of
+        *regions*, which the server no longer knows (``unregister_system_shared_memory()`` of
+        everything, a restart): before a streamed request it refused for that is sent again.
+        The held client's own requests heal so themselves (its ``Runner``)."""
+        client = self._client
+        if client is not None:
+            client._driver.drive(_heal_steps(client, regions))
+
+    async def heal_aio(self, regions: Collection[str]) -> None:
+        """:meth:`heal` of a route whose slots are a :class:`tritonshm.aio.Client`."""
+        client = self._client
+        if client is not None:
+            await client._driver.drive(_heal_steps(client, regions))
+
     def _plan(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
               outputs: Sequence[Any] | None, request_id: str, options: Mapping[str, Any],
               streamed: bool = False) -> Generator[Any, Any, _Planned | None]:
@@ -350,6 +365,15 @@ class SlotRoute:
             version = max(numeric, key=int) if numeric else (versions[-1] if versions else "")
             self._versions[(model, "")] = version
         return str(version)
+
+
+def _heal_steps(client: Any, regions: Collection[str]) -> Generator[Any, Any, None]:
+    """The held *client*'s steps that register again every pool holding one of *regions* --
+    those its own stream takes before it sends a refused request again (``Runner.stream_steps``)."""
+    runner = client._runner
+    for pool in client._engine.pool_table.in_service():
+        if any(extent.name in regions for extent in pool.extents):
+            yield from runner._register_again_steps(pool)
 
 
 class _Planned(NamedTuple):

@@ -29,7 +29,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Sequence
 
 from . import _tritonclient_compat as compat
 from .client._stream import StreamTable, Streamed
-from .errors import ClientClosed, InferenceServerException
+from .errors import ClientClosed, InferenceServerException, RegionNotRegistered, translate_error
 
 __all__ = ["FacadeStream", "AioFacadeStream"]
 
@@ -44,6 +44,15 @@ class _Asked(NamedTuple):
     empty_final: bool
 
 
+class _Sent(NamedTuple):
+    """A request on the stream: what its caller asked, and -- for one the slots carried, until
+    its first response -- its message, to send again should the server have forgotten the
+    slot's region (``unregister_system_shared_memory()`` of everything, a restart)."""
+
+    asked: _Asked
+    message: Any = None
+
+
 class _Sender:
     """One request's way onto a stream: what the engine's ``StreamSend`` step sends on."""
 
@@ -54,8 +63,10 @@ class _Sender:
         self._asked = asked
 
     def send(self, message: Any) -> Streamed:
-        """Put *message* on the stream under an id of ours; its entry."""
-        return self._stream.send(message, self._asked)
+        """Put *message* on the stream under an id of ours; its entry.  The message is kept
+        until the first response: it names the slot (no tensor), and is sent again if the
+        server forgot the slot's region."""
+        return self._stream.send(message, self._asked, keep=True)
 
 
 class _StreamCore:
@@ -66,8 +77,12 @@ class _StreamCore:
     def __init__(self, route: Any) -> None:
         self._route = route
         self._table = StreamTable()
-        self._asked: dict[str, _Asked] = {}
+        self._sent: dict[str, _Sent] = {}  # the requests the server has not ended, by our id
         self._lock = threading.Lock()
+        # Half-closing waits for every request's end: one the server refused for a region it
+        # forgot is sent again on this stream (see :meth:`answer`).
+        self._closing = False
+        self._half_closed = False
 
     def request(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
                 outputs: Sequence[Any] | None, request_id: str, empty_final: bool,
@@ -87,14 +102,15 @@ class _StreamCore:
                                       **{**_REQUEST_DEFAULTS, **options})
         self.send(message, asked)
 
-    def send(self, message: Any, asked: _Asked) -> Streamed:
+    def send(self, message: Any, asked: _Asked, keep: bool = False) -> Streamed:
         """Put *message* on the stream under an id of ours, asking for the server's empty
-        final response (so the table knows when the server is done with it); its entry."""
+        final response (so the table knows when the server is done with it); its entry.
+        With *keep*, the message is kept until its first response (see :class:`_Sent`)."""
         self._check_open()
         message.parameters[_EMPTY_FINAL].bool_param = True
         entry = self._table.open(None, _undelivered)
         with self._lock:
-            self._asked[entry.id] = asked
+            self._sent[entry.id] = _Sent(asked, message if keep else None)
         message.id = entry.id
         self._put(message)
         return entry
@@ -105,38 +121,91 @@ class _StreamCore:
     def _put(self, message: Any) -> None:
         raise NotImplementedError
 
-    def answer(self, message: Any) -> tuple[tuple[Any, Any] | None, list[Callable[[bool], None]]]:
+    def answer(self, message: Any) -> tuple[tuple[Any, Any] | None, list[Callable[[bool], None]], _Sent | None]:
         """What one ``ModelStreamInferResponse`` is for the caller -- ``(result, error)`` as
         tritonclient's callback hears them, or None for an empty final response not asked
-        for -- and what is to run once it was delivered (the request's end: its slot back)."""
+        for -- and what is to run once it was delivered (the request's end: its slot back).
+
+        Third, a request to send again (else None): one the slots carried that the server
+        refused, before anything else answered it, for a region it does not know -- tritonclient
+        uses no region to forget.  The caller hears nothing of it yet: the driver registers the
+        regions again and sends it once more (:meth:`send_again`), as the held client does for
+        its own requests."""
         taken = self._table.take(message)
         if taken is None:
-            return None, []  # not one of ours: never sent on this stream
+            return None, [], None  # not one of ours: never sent on this stream
         entry, final, at_final = taken
         with self._lock:
-            asked = self._asked.pop(entry.id) if final else self._asked[entry.id]
+            sent = self._sent.pop(entry.id) if final else self._sent[entry.id]
+            if not final and sent.message is not None:
+                self._sent[entry.id] = sent._replace(message=None)  # answered: never sent again
+        if message.error_message and final and sent.message is not None and _region_forgotten(message.error_message):
+            return None, at_final, sent
+        return self._heard(message, entry.id, sent.asked, final), at_final, None
+
+    def _heard(self, message: Any, our_id: str, asked: _Asked, final: bool) -> tuple[Any, Any] | None:
         response = message.infer_response
         response.id = asked.request_id
         if message.error_message:
             # The server names the request in its errors: by the caller's id, as it would have.
-            said = message.error_message.replace(f"[request id: {entry.id}]",
+            said = message.error_message.replace(f"[request id: {our_id}]",
                                                  f"[request id: {asked.request_id or '<id_unknown>'}]")
-            return (None, InferenceServerException(msg=said)), at_final
+            return None, InferenceServerException(msg=said)
         if final and not response.outputs and not asked.empty_final:
-            return None, at_final
+            return None
         _, result_type, _ = compat.grpc_parts()
-        return (result_type(response), None), at_final
+        return result_type(response), None
+
+    def resent(self, sent: _Sent, at_final: list[Callable[[bool], None]], refusal: Any,
+               failure: BaseException | None) -> tuple[tuple[Any, Any] | None, list[Callable[[bool], None]]]:
+        """After :meth:`answer` asked for *sent* to go again (the regions registered again, or
+        *failure* doing so): send it under a new id of ours, its slot held until that one ends
+        (*at_final* moves to it); what the caller hears now -- nothing, or, where it could
+        not go again, the server's *refusal* -- and what is to run then."""
+        if failure is None:
+            again = type(sent.message)()
+            again.CopyFrom(sent.message)
+            try:
+                entry = self.send(again, sent.asked)  # not kept: sent again once only
+            except InferenceServerException:
+                pass  # the stream is no longer usable: the caller hears the refusal
+            else:
+                for callback in at_final:
+                    entry.when_final(callback)
+                return None, []
+        return self._heard(refusal, refusal.infer_response.id, sent.asked, True), at_final
 
     def end(self, error: BaseException) -> None:
         """The stream is over: requests still open end unanswered (their slots wait for the
         server to let go of them)."""
         self._table.fail_all(error)
         with self._lock:
-            self._asked.clear()
+            self._sent.clear()
+
+    def half_close_due(self, closing: bool = False) -> bool:
+        """Whether the stream is to be half-closed now, once (*closing*: the caller is done
+        sending): when the caller is done and the server has ended every request."""
+        with self._lock:
+            self._closing = self._closing or closing
+            due = self._closing and not self._sent and not self._half_closed
+            self._half_closed = self._half_closed or due
+        return due
 
 
 def _undelivered(response: Any) -> None:
     """An entry's deliver: never called (responses are read with ``StreamTable.take``)."""
+
+
+def _region_forgotten(error_message: str) -> bool:
+    """Whether the server's error says it does not know a shared-memory region (errors.py's
+    table: :class:`~tritonshm.errors.RegionNotRegistered`)."""
+    return isinstance(translate_error(Exception(error_message), "streaming"), RegionNotRegistered)
+
+
+def regions_named(message: Any) -> set[str]:
+    """The shared-memory regions a ``ModelInferRequest`` names."""
+    return {tensor.parameters["shared_memory_region"].string_param
+            for tensor in (*message.inputs, *message.outputs) if "shared_memory_region" in tensor.parameters}
 
 
 #: tritonclient's request builder's arguments at async_stream_infer's defaults.
@@ -191,7 +260,14 @@ class FacadeStream(_StreamCore):
         ended: BaseException = ClientClosed("the inference stream ended")
         try:
             for message in self._call:
-                answer, at_final = self.answer(message)
+                answer, at_final, again = self.answer(message)
+                if again is not None:  # refused for a region the server forgot: registered again, resent
+                    try:
+                        self._route.heal(regions_named(again.message))
+                    except Exception as failure:
+                        answer, at_final = self.resent(again, at_final, message, failure)
+                    else:
+                        answer, at_final = self.resent(again, at_final, message, None)
                 try:
                     if answer is not None:
                         result, error = answer
@@ -199,6 +275,8 @@ class FacadeStream(_StreamCore):
                 finally:
                     for callback in at_final:
                         callback(True)
+                if self.half_close_due():
+                    self._requests.put(None)
         except grpc.RpcError as rpc_error:
             # As tritonclient: the stream may still be usable (is_active); the caller is told once.
             self._active = self._call.is_active()
@@ -214,8 +292,10 @@ class FacadeStream(_StreamCore):
         server may still run keep their slots until it lets go of them."""
         if cancel_requests:
             self._call.cancel()
-        else:
+        elif self.half_close_due(closing=True):
             self._requests.put(None)  # half-close: the server ends the stream once it is done
+        # (else the reader half-closes once the server ended every request: one refused for a
+        # region it forgot may still go again)
         if self._reader is not threading.current_thread():
             self._reader.join()
 
@@ -245,7 +325,8 @@ class AioFacadeStream(_StreamCore):
         except Exception as failure:
             self._failure = failure
         finally:
-            self._outbox.put_nowait(None)
+            if self.half_close_due(closing=True):
+                self._outbox.put_nowait(None)
 
     async def _send_given(self, given: Any) -> None:
         if type(given) is not dict:
@@ -293,9 +374,18 @@ class AioFacadeStream(_StreamCore):
             except BaseException as failure:
                 self.end(ClientClosed(f"the inference stream ended: {failure!r}"))
                 raise
-            answer, at_final = self.answer(message)
+            answer, at_final, again = self.answer(message)
+            if again is not None:  # refused for a region the server forgot: registered again, resent
+                try:
+                    await self._route.heal_aio(regions_named(again.message))
+                except Exception as failure:
+                    answer, at_final = self.resent(again, at_final, message, failure)
+                else:
+                    answer, at_final = self.resent(again, at_final, message, None)
             for callback in at_final:
                 callback(True)
+            if self.half_close_due():
+                self._outbox.put_nowait(None)
             if answer is not None:
                 return answer
 

@@ -94,3 +94,111 @@ def test_a_dropped_client_finishes_its_pending_async_infer_as_tritonclients(serv
             break
         threading.Event().wait(0.05)
     assert slots.client is None, "the dropped client's slots were never released"
+
+
+# -- 2. a stream after unregister_system_shared_memory() of everything ---------------------------
+
+
+def stream_request(module, count, value=1.0):
+    """stream_fp32's inputs: *count* responses, OUTPUT0 = INPUT0 + i."""
+    return [module.InferInput("INPUT0", [3], "FP32").set_data_from_numpy(np.full(3, value, np.float32)),
+            module.InferInput("COUNT", [1], "INT32").set_data_from_numpy(np.array([count], np.int32))]
+
+
+def heard(result, error):
+    """What a stream's callback heard, comparable across modules."""
+    if error is not None:
+        return ("error", error.status(), error.message())
+    response = result.get_response()
+    return ("result", response.id, result.as_numpy("OUTPUT0").tolist())
+
+
+def unregister_everything(client):
+    """``unregister_system_shared_memory()`` of every region, asked again while the server still
+    uses one (a request's final response may come before it let go of the request's region)."""
+    for _ in range(100):
+        try:
+            return client.unregister_system_shared_memory()
+        except InferenceServerException as error:
+            if "Failed to unregister" not in error.message():
+                raise
+            threading.Event().wait(0.05)
+    raise AssertionError("the server never let go of a region")
+
+
+async def unregister_everything_aio(client):
+    """:func:`unregister_everything` of an aio client."""
+    import asyncio
+
+    for _ in range(100):
+        try:
+            return await client.unregister_system_shared_memory()
+        except InferenceServerException as error:
+            if "Failed to unregister" not in error.message():
+                raise
+            await asyncio.sleep(0.05)
+    raise AssertionError("the server never let go of a region")
+
+
+def stream_after_unregister_all(module, server):
+    """A stream's request answered, then unregister_system_shared_memory() (every region), then
+    more requests on the same stream: what the callback heard, and the facade's pools."""
+    answers, first = [], threading.Event()
+    client = module.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(lambda result, error: (answers.append(heard(result, error)), first.set()))
+        client.async_stream_infer("stream_fp32", stream_request(module, 1, 0.0), request_id="before")
+        assert first.wait(30)
+        unregister_everything(client)
+        for i in range(3):
+            client.async_stream_infer("stream_fp32", stream_request(module, 2, float(i + 1)), request_id=f"after{i}")
+        client.stop_stream()
+        held = getattr(client, "tritonshm", None)
+        return sorted(answers), None if held is None else held.pools()
+    finally:
+        client.close()
+
+
+def test_a_stream_goes_on_after_unregister_everything_as_tritonclients(server):
+    plain_module, facade_module = modules("grpc")
+    expected, _ = stream_after_unregister_all(plain_module, server)
+    got, pools = stream_after_unregister_all(facade_module, server)
+    assert len(expected) == 7 and all(kind == "result" for kind, *_ in expected)
+    assert got == expected
+    assert pools and all(pool.running == 0 and pool.held == 0 for pool in pools), \
+        "the facade sent the stream's inputs over the wire, or kept a slot"
+
+
+def test_an_aio_stream_goes_on_after_unregister_everything_as_tritonclients(server):
+    import asyncio
+
+    async def run(module):
+        client = module.InferenceServerClient(server.grpc_url)
+        try:
+            first = asyncio.Event()
+
+            async def requests():
+                yield {"model_name": "stream_fp32", "inputs": stream_request(module, 1, 0.0), "request_id": "before"}
+                await first.wait()
+                await unregister_everything_aio(client)
+                for i in range(3):
+                    yield {"model_name": "stream_fp32", "inputs": stream_request(module, 2, float(i + 1)),
+                           "request_id": f"after{i}"}
+
+            answers = []
+            async for result, error in client.stream_infer(requests()):
+                answers.append(heard(result, error))
+                first.set()
+            held = getattr(client, "tritonshm", None)
+            return sorted(answers), None if held is None else held.pools()
+        finally:
+            await client.close()
+
+    import tritonclient.grpc.aio
+    import tritonshm.grpc.aio
+
+    expected, _ = asyncio.run(run(tritonclient.grpc.aio))
+    got, pools = asyncio.run(run(tritonshm.grpc.aio))
+    assert len(expected) == 7 and all(kind == "result" for kind, *_ in expected)
+    assert got == expected
+    assert pools and all(pool.running == 0 and pool.held == 0 for pool in pools)

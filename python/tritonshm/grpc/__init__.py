@@ -60,7 +60,8 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServe
     :meth:`stop_stream`) and :meth:`close` is tritonclient's own.
     ``unregister_system_shared_memory()`` with no name
     unregisters every region on the server, ours included, as tritonclient's does; the next
-    :meth:`infer` finds its slots gone and registers them again before it runs.
+    :meth:`infer` finds its slots gone and registers them again before it runs, and a stream's
+    request the server refuses for that is sent again, once its slots are registered again.
     """
 
     _tritonshm_protocol = "grpc"
