@@ -430,3 +430,28 @@ def test_max_lent_bytes_holds_at_every_instant_under_a_burst(url, fake_cuda, tor
         stats = c.stats()
         assert stats.inputs_lent + sum(stats.copied.values()) == 48 and stats.inputs_lent > 0
     del tensors
+
+
+@pytest.mark.server
+def test_gpu_tensors_of_a_request_on_the_wire_are_counted_as_copied(fake_cuda, torch_caching):
+    """A server with a /dev/shm of its own opens none of our memory: requests travel in the
+    message, their GPU inputs and out= tensors copied -- and stats() says so (it said nothing)."""
+    from tritonshm.server import LocalServer
+    from triton_fixtures import start_or_skip
+
+    data = sample(np.float32, 64)
+    x = torch_caching.from_numpy(data)
+    y = torch_caching.empty(64, np.float32)
+    with start_or_skip(LocalServer(private_shm=True)) as isolated:
+        with tritonshm.Client(isolated.grpc_url) as c:
+            with pytest.warns(RuntimeWarning):
+                out = c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+            assert out["OUTPUT0"] is y
+            np.testing.assert_array_equal(y.numpy(), data)
+            stats = c.stats()
+            assert stats.inputs_lent == stats.outputs_lent == 0
+            # (the first request's lending was refused: each tensor counted once, for that)
+            assert stats.copied == {"server cannot open CUDA memory": 2}
+            c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+            assert c.stats().copied == {"server cannot open CUDA memory": 2, "on the wire": 2}
+    del x, y

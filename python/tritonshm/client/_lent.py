@@ -87,6 +87,7 @@ COPIED_WHY = {
     "spans allocations": "a tensor that is not inside one allocation",
     "server cannot open CUDA memory": "the server cannot open this process's CUDA memory",
     "server refused": "the server refused to register the allocation",
+    "on the wire": "the request travelled in the message: the server cannot open this process's shared memory",
 }
 
 
@@ -335,9 +336,13 @@ class LentAllocations:
             self._stats.inputs_lent += inputs
             self._stats.outputs_lent += outputs
 
-    def _copied(self, why: str) -> None:
+    def count_copied(self, why: str, tensors: int = 1) -> None:
+        """Count GPU *tensors* copied, not lent, for the reason *why* (a key of :data:`COPIED_WHY`)."""
         with self._lock:
-            self._stats.copied[why] = self._stats.copied.get(why, 0) + 1
+            self._stats.copied[why] = self._stats.copied.get(why, 0) + tensors
+
+    def _copied(self, why: str) -> None:
+        self.count_copied(why)
         return None
 
     def _used_once(self, tensor: DeviceTensor) -> tuple[bool, bool]:

@@ -124,7 +124,8 @@ class Runner:
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays) if info.has_bytes else {}
         yield from self._wait_for_clashes(plan, arrays, claim)
-        if route.lent and not self.fallback.wire:  # (a server that refused CUDA memory: the table says so)
+        lending = route.lent and not self.fallback.wire  # (a server that refused CUDA memory: the table says so)
+        if lending:
             yield from self._lend_steps(plan, arrays, claim)
         needs = self.pool_table.needs(info, shapes, bytes_sizes)
         if claim.tensors:  # lent tensors take no room in a slot
@@ -136,6 +137,7 @@ class Runner:
                 lease = None if self.fallback.wire else (
                     yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, not plan.copy, route.memory))
                 if lease is None:
+                    self._count_wire_copies(arrays, plan.out, claim if lending else None)
                     inputs, requested = _messages.wire_request(self.wire, info, arrays, names)
                     result = yield Send(info.name, info.version, inputs, requested, plan.options)
                     outputs = _results.wire_results(info, result, names, route.results, rows)
@@ -196,6 +198,17 @@ class Runner:
                 f"for it to be done. Wait longer (slot_timeout=), or give other tensors")
 
         yield from self._wait_until(entered, plan.slot_timeout, timed_out)
+
+    def _count_wire_copies(self, arrays: Mapping[str, Any], out: Mapping[str, OutTensor] | None,
+                           lending: Claim | None = None) -> None:
+        """GPU inputs and ``out=`` tensors of a request on the wire are copied: counted (stats()) --
+        after the *lending* claim's lend steps, only those it lent (the rest each counted a reason)."""
+        if lending is None:
+            copied = sum(isinstance(array, DeviceTensor) for array in arrays.values()) + len(out or ())
+        else:
+            copied = len(lending.inputs) + len(lending.outputs)
+        if copied:
+            self.lent_table.count_copied("on the wire", copied)
 
     def _lend_steps(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
         """Lend the server the GPU inputs of one chunk, and the results the caller allocated,
@@ -458,7 +471,8 @@ class Runner:
         with self._flight:
             try:
                 yield from self._wait_for_clashes(plan, arrays, claim)
-                if plan.route.lent and not self.fallback.wire:
+                lending = plan.route.lent and not self.fallback.wire
+                if lending:
                     yield from self._lend_steps(plan, arrays, claim)
                 needs = {name: size for name, size in self.pool_table.needs(info, shapes, bytes_sizes).items()
                          if name not in claim.inputs}  # lent inputs take no room in a slot
@@ -466,6 +480,7 @@ class Runner:
                     yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, False, plan.route.memory))
                 claim.lease = lease
                 if self.fallback.wire or lease is None and not claim.tensors:
+                    self._count_wire_copies(arrays, None, claim if lending else None)
                     inputs = _messages.wire_request(self.wire, info, arrays, [])[0]
                 else:
                     yield from self._fill_steps(info, lease, arrays, bytes_sizes, plan.route.device, claim)
