@@ -1,4 +1,5 @@
-"""Finding this library's segments in /dev/shm: ``tritonshm ls`` and ``gc``.
+"""Finding this library's segments in /dev/shm: ``tritonshm ls`` and ``gc``; and how much room
+/dev/shm has for more (:func:`space`: the client sizes its slot pools by it).
 
 Every segment we create is named ``/tritonshm-<creator pid>-<16 hex>``, and
 its creator holds a shared ``flock`` on it for as long as it owns the name
@@ -22,6 +23,7 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import NamedTuple
 
 SHM_DIR = Path("/dev/shm")
 _NAME = re.compile(r"^tritonshm-(?P<pid>\d+)-(?P<token>[0-9a-f]{16})$")
@@ -40,6 +42,26 @@ class Segment:
     nbytes: int     #: size in bytes
     uid: int        #: owning user
     alive: bool     #: whether its creator (or a child forked from it) still holds it
+
+
+class Space(NamedTuple):
+    """The size of the filesystem under /dev/shm and the bytes free there."""
+
+    size: int   #: bytes in all (Docker gives a container 64 MiB unless told --shm-size)
+    free: int   #: bytes free now, for an unprivileged process
+
+
+def space(shm_dir: Path = SHM_DIR) -> Space | None:
+    """How large *shm_dir*'s filesystem is and how much of it is free (``statvfs``); None where
+    that cannot be read (no /dev/shm) or says nothing (no size limit).  A hint only: other
+    processes take room and give it back at any moment."""
+    try:
+        fs = os.statvfs(shm_dir)
+    except OSError:
+        return None
+    if fs.f_blocks == 0:  # a filesystem without a block count (no limit to read)
+        return None
+    return Space(fs.f_blocks * fs.f_frsize, fs.f_bavail * fs.f_frsize)
 
 
 def pid_alive(pid: int) -> bool:

@@ -12,6 +12,10 @@ of ``transport="auto"`` comes with one warning; ``"shm"`` refuses to leave share
 ``"cuda"`` refuses to leave CUDA memory (the refusal is raised instead), as does a caller that
 asked for memory of one kind (*strict*).  ``"wire"`` starts at the wire.
 
+Beside the steps, a request for whose slot /dev/shm has no room goes on the wire too, that
+request only: the next one tries the slots again (room may have come free).  The client warns
+of it once in its life (:meth:`Fallback.no_room`); ``"shm"`` and ``"cuda"`` raise instead.
+
 :class:`Fallback` holds this state and is its only writer: the engine reads it (``wire``,
 ``cuda_refused``, ``lending_refused``) and reports each refusal to :meth:`Fallback.refused` /
 :meth:`Fallback.lending_refused`, whose answer says what to do.  Tested step by step without
@@ -60,6 +64,7 @@ class Fallback:
         #: Why the server cannot open the caller's GPU memory (its tensors are then copied into
         #: slots), or None.
         self.lending_refused: str | None = None
+        self._warned_no_room = False  # /dev/shm had no room for a slot once: warned of
 
     def refused(self, on_gpu: bool, why: str, strict: bool = False) -> Step:
         """The server refused a slot of ours, in GPU memory (*on_gpu*) or host memory, saying
@@ -79,6 +84,17 @@ class Fallback:
             first = not self.wire
             self.wire = True
             return Step(Next.WIRE, f"tritonshm: falling back to plain {self._protocol}: {why}" if first else None)
+
+    def no_room(self, why: str, strict: bool = False) -> Step:
+        """/dev/shm has no room for a slot of ours, *why* in words (statvfs said so, or the
+        kernel: ENOSPC); *strict*: the caller asked for that memory.  The request goes on the
+        wire -- it alone: no step is taken -- with a warning the first time in the client's life."""
+        with self._lock:
+            if self.transport in ("shm", "cuda") or strict:
+                return Step(Next.RAISE)
+            first, self._warned_no_room = not self._warned_no_room, True
+        return Step(Next.WIRE, f"tritonshm: {why}. Until there is room, such requests go on plain "
+                               f"{self._protocol} (each tries the slots first; said once)" if first else None)
 
     def lending_refused_because(self, why: str) -> None:
         """The server refused a GPU allocation of the caller's: its tensors are copied from now on

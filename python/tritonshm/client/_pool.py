@@ -13,8 +13,12 @@ once -- so it can grow without moving what is already handed out:
   the pool grows by another extent, within the client's :class:`ByteBudget`
   (``max_pool_bytes``, shared by all its pools): keeping results
   is not overloading the server, so it never waits for them;
-* when in-flight requests fill the pool (or the byte cap is reached),
-  callers wait for a slot, then get :class:`~tritonshm.PoolExhausted`;
+* a pool made with fewer slots than asked for (/dev/shm had little room:
+  :func:`slots_with_room`) grows by extents of that size, while requests in
+  flight fill it, as room allows, up to the slots asked for;
+* when in-flight requests fill the pool (or the byte cap is reached, or
+  /dev/shm has no room), callers wait for a slot, then get
+  :class:`~tritonshm.PoolExhausted`;
 * extents beyond the first that fall idle are handed back for disposal.
 
 The pool does no I/O: registering and unregistering extents is done by
@@ -38,7 +42,8 @@ from ._model import ModelInfo
 from ._slots import RegisteredMemory, SlotMemory
 from ._steps import Register, Steps, Unregister
 
-__all__ = ["ByteBudget", "Layout", "SlotPool", "Lease", "Extent", "PoolInfo", "register_again_steps"]
+__all__ = ["ByteBudget", "Layout", "SlotPool", "Lease", "Extent", "PoolInfo", "register_again_steps",
+           "slots_with_room"]
 
 _PAGE = mmap.PAGESIZE
 # Each tensor of a slot starts 256-byte aligned: what cudaMalloc gives and
@@ -77,6 +82,18 @@ def _handle_gone(ref: Any, _pop: Callable[..., Any] = _leased.pop,
 
 def _round_up(value: int, to: int) -> int:
     return (value + to - 1) // to * to
+
+
+def slots_with_room(slot_bytes: int, slots: int, free: int | None) -> int:
+    """How many of *slots* slots of *slot_bytes* a new extent may have where *free* bytes of
+    /dev/shm are free (None: no limit known, or memory elsewhere); 0 where not even one fits.
+
+    At most half of what is free: the server shares /dev/shm with us and may need as much again
+    for the same requests (Triton's Python backend copies each request's inputs and outputs into
+    a segment of its own there, and keeps that room), and other processes take their share."""
+    if free is None:
+        return slots
+    return min(slots, free // 2 // slot_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,13 +288,20 @@ class PoolInfo:
 
 
 class SlotPool:
-    """A model's slots, in one or more registered extents of equal size."""
+    """A model's slots, in one or more registered extents of equal size: *slots* slots each.
+
+    *wanted* is how many slots the client asked for (default: *slots*): a pool made with fewer
+    grows towards it while requests in flight fill it; *room(nbytes)* says whether memory of
+    that many bytes may be made now (its filesystem, /dev/shm, has room: default, always)."""
 
     def __init__(self, info: ModelInfo, layout: Layout, slots: int, budget: ByteBudget,
-                 make_memory: Callable[[int], SlotMemory], notice_surplus: Callable[[], None] = lambda: None):
+                 make_memory: Callable[[int], SlotMemory], notice_surplus: Callable[[], None] = lambda: None,
+                 *, wanted: int | None = None, room: Callable[[int], bool] = lambda nbytes: True):
         self.info = info
         self.layout = layout
         self.slots_per_extent = slots
+        self.wanted = slots if wanted is None else wanted
+        self._room = room
         self.budget = budget
         self._make_memory = make_memory
         self._notice_surplus = notice_surplus  # the client's disposals hear of idle extents
@@ -369,13 +393,14 @@ class SlotPool:
             return True
 
     def should_grow(self) -> bool:
-        """True when no slot is free, some are only held (by views, or for the server), and one
-        more extent fits in the client's budget: grow instead of waiting."""
+        """True when no slot is free, some are only held (by views, or for the server) or the
+        pool has fewer than it was asked for, and one more extent fits in the client's budget
+        and in /dev/shm: grow instead of waiting."""
         with self._lock:
             self._look_at_watched()  # first: a slot it frees is no reason to grow
             return (not self._free and not self.retired and not self._growing
-                    and (self.held > 0 or self._suspended > 0 or not self._extents)
-                    and self.budget.fits(self.extent_bytes))
+                    and (self.held > 0 or self._suspended > 0 or not self._extents or self.nslots < self.wanted)
+                    and self.budget.fits(self.extent_bytes) and self._room(self.extent_bytes))
 
     def claim_first_extent(self) -> None:
         """The pool's creator will add its first extent: until then (:meth:`stop_growing`)
@@ -501,6 +526,10 @@ class SlotPool:
                    f"{self.budget.limit}) with {held} slots held by live result views (copy=False "
                    f"results or request() views still referenced): drop arrays you no longer need "
                    f"or raise max_pool_bytes")
+        elif (held or self.nslots < self.wanted) and not self._room(self.extent_bytes):
+            why = (f"/dev/shm has no room to grow it by {self.extent_bytes} bytes (it was asked for "
+                   f"{self.wanted} slots; a pool takes at most half of what is free there): give /dev/shm "
+                   f"more room (Docker: --shm-size), or drop results you keep")
         else:
             why = (f"{running} requests in flight fill it: the server is slower than the "
                    f"requests come; raise slots= or slot_timeout=")

@@ -6,24 +6,31 @@ Single flight: a pool is put in service *before* its first extent is registered,
 cold requests makes one pool, not one per request (see :meth:`PoolTable.pool_steps`).  What the
 server refuses is the fallback's to judge (:class:`~._fallback.Fallback`); what is let go of is
 let go of the client's one way (:class:`~._disposal.Disposals`).
+
+Host slots live in /dev/shm, which the server shares and which is often small (Docker's default
+is 64 MiB): a pool starts with the slots /dev/shm has room for (:func:`~._pool.slots_with_room`,
+read with ``statvfs``, a hint) and grows as room allows; a request with no room for one slot goes
+on the wire.  The kernel's ENOSPC (another process was quicker) is read the same way.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import threading
 import time
 import warnings
-from typing import Callable, Mapping
+from typing import Callable, Mapping, TypeGuard
 
-from ..errors import InvalidOption, PoolExhausted, SharedMemoryRefused
+from .. import _segments
+from ..errors import InvalidOption, PoolExhausted, SharedMemoryOSError, SharedMemoryRefused, os_error
 from . import _devices, _intake
 from ._devices import DeviceTensor
 from ._disposal import Disposals
 from ._fallback import Fallback, Next
 from ._lent import Lent
 from ._model import ModelInfo
-from ._pool import ByteBudget, Layout, Lease, PoolInfo, SlotPool
+from ._pool import ByteBudget, Layout, Lease, PoolInfo, SlotPool, slots_with_room
 from ._slots import SYSTEM, CudaSlotMemory, PinnedSlotMemory, SlotKind, SlotMemory, SystemSlotMemory
 from ._steps import Pause, Register, Steps, WaitForSlot
 
@@ -57,14 +64,24 @@ def _pool_over_budget(model: str, slots: int, slot_bytes: int, max_pool_bytes: i
             f"(what fits) or max_pool_bytes={pool} or more")
 
 
+def _no_room(exc: BaseException) -> TypeGuard[SharedMemoryOSError]:
+    """Whether *exc* is the kernel saying /dev/shm has no room for slot memory (ENOSPC: the
+    C core reserves a segment's pages as it makes it, so a full /dev/shm says so there)."""
+    return isinstance(exc, SharedMemoryOSError) and exc.errno == errno.ENOSPC
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB"
+
+
 class PoolTable:
     """One client's slot pools (see the module), the only writer of the table.
 
-    *slots* is how many slots a pool starts with; *max_pool_bytes* bounds every pool's extents
-    together, at every instant (:attr:`budget`); *host_memory* makes host slots
-    (:func:`host_memory`), *pinned_host* says whether they are page-locked already (then CUDA
-    slots the server refuses become plain host slots); *lock* is the engine's; *check_open*
-    raises once the client closed.
+    *slots* is how many slots a pool starts with (fewer where /dev/shm has little room);
+    *max_pool_bytes* bounds every pool's extents together, at every instant (:attr:`budget`);
+    *host_memory* makes host slots (:func:`host_memory`), *pinned_host* says whether they are
+    page-locked already (then CUDA slots the server refuses become plain host slots); *lock* is
+    the engine's; *check_open* raises once the client closed.
     """
 
     def __init__(self, slots: int, max_pool_bytes: int, host_memory: Callable[[int], SlotMemory], pinned_host: bool,
@@ -140,6 +157,33 @@ class PoolTable:
             return kind
         return SYSTEM if self._pinned_host else SlotKind.pinned(kind.device)
 
+    def _free_bytes(self, kind: SlotKind) -> int | None:
+        """Bytes free where slots of *kind* are made: in /dev/shm for host memory (None: unknown);
+        None for device memory, which /dev/shm does not hold."""
+        if kind.on_gpu:
+            return None
+        space = _segments.space()
+        return None if space is None else space.free
+
+    def _room(self, kind: SlotKind, nbytes: int) -> bool:
+        """Whether an extent of *nbytes* of *kind* may be made now (see :func:`slots_with_room`)."""
+        return slots_with_room(nbytes, 1, self._free_bytes(kind)) == 1
+
+    def _wire_for_no_room(self, info: ModelInfo, slot_bytes: int, strict: bool, cause: str = "") -> bool:
+        """/dev/shm has no room for a slot of *slot_bytes* (*cause*: the kernel's words, where it
+        said so): True when this request goes on the wire (the client's one warning given), False
+        when the transport or the caller insists on shared memory (the caller raises)."""
+        space = _segments.space()
+        where = "/dev/shm" if space is None else f"/dev/shm ({_mib(space.size)}, {_mib(space.free)} free)"
+        why = (f"{where} has no room for a slot of model {info.name!r} ({_mib(slot_bytes)}: one request's "
+               f"inputs and outputs, and as much again left for the server){cause}; in Docker, /dev/shm is "
+               f"64 MiB unless the container is started with --shm-size (e.g. --shm-size=1g) or --ipc=host")
+        step = self._fallback.no_room(why, strict)
+        if step.next is Next.RAISE:
+            return False
+        if step.warning is not None:
+            warnings.warn(step.warning, RuntimeWarning, stacklevel=3)
+        return True
 
     def pool_steps(self, info: ModelInfo, needs: Mapping[str, int], kind: SlotKind,
                     strict: bool = False, deadline: float | None = None) -> Steps:
@@ -147,6 +191,12 @@ class PoolTable:
         *needs*; None for the wire.  Where the server cannot open CUDA slots, host
         slots serve (and plain gRPC/HTTP where it cannot open those), each with one
         warning, unless the transport (or *strict*) says to raise instead.
+
+        Host slots are made in /dev/shm: a pool starts with as many of the client's *slots*
+        as it has room for (:func:`slots_with_room`), after letting go of a pool this one
+        replaces where that makes the room; where not one slot has room (or the kernel says
+        ENOSPC), this request goes on the wire, with one warning in the client's life (the
+        transport, or *strict*, may say to raise instead), and the next one looks again.
 
         Single flight: a pool is put in service *before* its first extent is
         registered, marked as growing, so concurrent requests that need it
@@ -158,6 +208,7 @@ class PoolTable:
         extent does not fit in the client's budget (``max_pool_bytes``, every
         pool together) is made only once it does, until *deadline*.
         """
+        looked_again = False
         while True:
             if self._fallback.wire:
                 return None
@@ -170,17 +221,38 @@ class PoolTable:
                 if old is not None and old.layout.fits(needs):
                     return old  # in service, or being made: its slots come with its first extent
                 layout = Layout.for_capacities(needs) if old is None else old.layout.grown(needs)
-                pool = SlotPool(info, layout, self.slots, self.budget, self._memory_for(kind),
-                                self._disposals.notice)
-                if pool.extent_bytes > self.max_pool_bytes:
+                if layout.slot_bytes * self.slots > self.max_pool_bytes:
                     raise InvalidOption(_pool_over_budget(info.name, self.slots, layout.slot_bytes,
                                                           self.max_pool_bytes))
-                fits = self.budget.fits(pool.extent_bytes)
-                if fits:
-                    pool.claim_first_extent()
-                    self._pools[key] = pool
-                    if old is not None:
-                        self._retire(old)
+                free = self._free_bytes(kind)
+                slots = slots_with_room(layout.slot_bytes, self.slots, free)
+                if slots:
+                    pool = SlotPool(info, layout, slots, self.budget, self._memory_for(kind), self._disposals.notice,
+                                    wanted=self.slots, room=functools.partial(self._room, kind))
+                    fits = self.budget.fits(pool.extent_bytes)
+                    if fits:
+                        pool.claim_first_extent()
+                        self._pools[key] = pool
+                        if old is not None:
+                            self._retire(old)
+            if not slots:
+                assert free is not None
+                # What the pool this one replaces holds, or retired pools, may make the room: once.
+                making_room = old if old is not None and slots_with_room(layout.slot_bytes, 1, free + old.nbytes) \
+                    else None
+                if not looked_again and (making_room is not None or self._retired):
+                    looked_again = True
+                    if making_room is not None:
+                        with self._lock:
+                            if self._pools.get(key) is making_room:
+                                del self._pools[key]
+                                self._retire(making_room)
+                    yield from self.dispose_steps()  # drops what drained
+                    continue
+                if self._wire_for_no_room(info, layout.slot_bytes, strict):
+                    return None
+                raise os_error(errno.ENOSPC, f"a slot of model {info.name!r} ({_mib(layout.slot_bytes)}, and "
+                                             f"as much again left for the server) has no room in /dev/shm")
             if not fits:  # the old pool (if any) stays in service meanwhile
                 if old is not None:
                     with self._lock:
@@ -197,6 +269,10 @@ class PoolTable:
                     continue
             except BaseException as exc:
                 self._take_out_of_service(key, pool)
+                if _no_room(exc):  # statvfs was only a hint: another process was quicker
+                    if self._wire_for_no_room(info, layout.slot_bytes, strict, " (the kernel said ENOSPC)"):
+                        return None
+                    raise
                 if not isinstance(exc, SharedMemoryRefused):
                     raise
                 # The state steps before the warning (warnings may be errors); concurrent first
@@ -222,6 +298,15 @@ class PoolTable:
         self._retired.add(pool)
         pool.retire()
         self._disposals.notice()
+
+    def retire_model(self, model: str) -> None:
+        """Retire every pool of *model* (its layout is of a model that changed): each drains,
+        then it is let go of; the next request makes a pool for the model as it is now."""
+        with self._lock:
+            for key, pool in list(self._pools.items()):
+                if key[0] == model:
+                    del self._pools[key]
+                    self._retire(pool)
 
     def _take_out_of_service(self, key: tuple[str, str, SlotKind], pool: SlotPool) -> None:
         """A pool whose first extent could not be made: out of the pools, its waiters woken."""
@@ -295,13 +380,17 @@ class PoolTable:
             if pool.start_growing():
                 try:
                     extent = yield from self._register_extent_steps(pool)
+                except SharedMemoryOSError as exc:
+                    if not _no_room(exc):
+                        raise
+                    extent = None  # another process took /dev/shm's room meanwhile
                 finally:
                     pool.stop_growing()
                 if extent is not None and not pool.add_extent(extent):  # the client closed meanwhile
                     yield from self._disposals.drop_steps(extent)
                     self._check_open()
                 if extent is not None:
-                    continue  # else another pool took the bytes meanwhile: wait for a slot
+                    continue  # else another pool took the bytes (or the room) meanwhile: wait for a slot
             if pool.has_provable or self._disposals.due():  # slots held for the server: ask it about them
                 yield from self.dispose_steps()
                 if pool.ready():
