@@ -28,10 +28,10 @@ import numpy as np
 
 from . import _tritonclient_compat as compat
 from .client import RequestOptions
-from .errors import InferenceServerException
+from .errors import InferenceServerException, ServerError, ServerTimeout
 
 __all__ = ["AioHeldSlots", "HeldSlots", "SlotRoute", "SlotResult", "SlotCallContext", "SlotAsyncRequest",
-           "SHM_URL_SCHEMES"]
+           "SHM_URL_SCHEMES", "InTritonclientsWords", "in_tritonclients_words"]
 
 #: The tritonshm URL scheme of each protocol, plain and over TLS.
 SHM_URL_SCHEMES = {("grpc", False): "", ("grpc", True): "grpcs://",
@@ -124,8 +124,12 @@ class SlotRoute:
         planned = _drive(self._plan(facade, model_name, inputs, model_version, outputs, request_id, options))
         if planned is None:
             return None
-        return planned.result(planned.client.infer(model_name, planned.arrays, outputs=planned.wanted,
-                                                   version=model_version, options=planned.options))
+        try:
+            made = planned.client.infer(model_name, planned.arrays, outputs=planned.wanted, version=model_version,
+                                        options=planned.options)
+        except ServerError as error:
+            raise in_tritonclients_words(error, self.http) from None  # (the held client's words: debug_details)
+        return planned.result(made)
 
     def infer_async(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
                     outputs: Sequence[Any] | None, request_id: str,
@@ -151,7 +155,8 @@ class SlotRoute:
         # The request keeps the facade alive until it ends, as tritonclient's callback (which
         # names its client) does: a facade dropped meanwhile is closed -- its slots with it --
         # only once its requests are answered, not under them.
-        return _then(pending, planned.result, keep=facade)
+        return _then(pending, planned.result, keep=facade,
+                     failed=functools.partial(in_tritonclients_words, http=self.http))
 
     async def infer_aio(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
                         outputs: Sequence[Any] | None, request_id: str, options: Mapping[str, Any]) -> Any:
@@ -162,8 +167,11 @@ class SlotRoute:
         if planned is None:
             return None
         # The aio client captures the inputs when infer() is called, before the first await.
-        made = await planned.client.infer(model_name, planned.arrays, outputs=planned.wanted,
-                                          version=model_version, options=planned.options)
+        try:
+            made = await planned.client.infer(model_name, planned.arrays, outputs=planned.wanted,
+                                              version=model_version, options=planned.options)
+        except ServerError as error:
+            raise in_tritonclients_words(error, self.http, aio=True) from None
         return planned.result(made)
 
     def stream_to(self, stream: Any, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
@@ -414,10 +422,12 @@ async def _drive_aio(plan: Generator[Any, Any, _Planned | None]) -> _Planned | N
         return done.value
 
 
-def _then(pending: concurrent.futures.Future, make: Callable[[Any], Any], keep: Any = None) -> concurrent.futures.Future:
-    """A future of ``make(pending's value)``; *pending*'s failure or cancellation as its own.
-    Cancelling it cancels *pending* (a request not yet started is never sent).  *keep* is held
-    until *pending* is settled and the future's callbacks have run, then let go of."""
+def _then(pending: concurrent.futures.Future, make: Callable[[Any], Any], keep: Any = None,
+          failed: Callable[[BaseException], BaseException] | None = None) -> concurrent.futures.Future:
+    """A future of ``make(pending's value)``; *pending*'s failure (as ``failed(failure)`` says
+    it, where given) or cancellation as its own.  Cancelling it cancels *pending* (a request not
+    yet started is never sent).  *keep* is held until *pending* is settled and the future's
+    callbacks have run, then let go of."""
     future: concurrent.futures.Future = concurrent.futures.Future()
     kept = [keep]  # (a list: emptied once settled, so a finished request pins nothing)
 
@@ -437,13 +447,67 @@ def _then(pending: concurrent.futures.Future, make: Callable[[Any], Any], keep: 
         try:
             value = make(done.result())
         except BaseException as failure:
-            future.set_exception(failure)
+            future.set_exception(failure if failed is None else failed(failure))
         else:
             future.set_result(value)
 
     pending.add_done_callback(settle)
     future.add_done_callback(lambda f: pending.cancel() if f.cancelled() else None)
     return future
+
+
+class InTritonclientsWords:
+    """The mixin of an error tritonshm.grpc / .http raise for a server's error the held client
+    raised (see :func:`in_tritonclients_words`): ``message()`` is the server's message alone and
+    ``str()`` tritonclient's ``"[status] message"``, as tritonclient's own call would have raised
+    it.  The error is still of the held client's class (``except tritonshm.ServerTimeout``
+    works), with its ``status()``, ``outcome`` and the rest; its ``debug_details()`` is the
+    server's where it sent one, else the held client's whole message (what it was doing)."""
+
+    def __str__(self) -> str:
+        return InferenceServerException.__str__(self)  # type: ignore[arg-type]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # (its class is made here, with no name pickle can import: made again from its base)
+        base = type(self).__mro__[2]
+        return _reworded, (base, self.args, dict(self.__dict__))
+
+
+@functools.cache
+def _worded_class(base: type) -> type:
+    """The class of :class:`InTritonclientsWords` over *base* (a ServerError class), its name the base's."""
+    return type(base.__name__, (InTritonclientsWords, base), {"__module__": base.__module__,
+                                                              "__qualname__": base.__qualname__,
+                                                              "__doc__": base.__doc__})
+
+
+def _reworded(base: type, args: tuple, state: dict[str, Any]) -> BaseException:
+    cls = _worded_class(base)
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+def in_tritonclients_words(error: BaseException, http: bool, aio: bool = False) -> BaseException:
+    """*error*, a failure of the held client's call, as tritonclient's own call would have said
+    it: a server's error (its ``said``) with tritonclient's ``str()`` and ``message()``
+    (:class:`InTritonclientsWords`); over HTTP, the held client's network timeout as
+    tritonclient.http's (gevent's socket timeout, a ``TimeoutError``: ``'timed out'``; *aio*:
+    aiohttp's, a ``TimeoutError`` without a message).  Any other failure is tritonshm's own (no
+    slot free, the client closed ...): as it is."""
+    if not isinstance(error, ServerError):
+        return error
+    if error.said is not None:
+        args: tuple = (error.said,)
+    elif http and isinstance(error, ServerTimeout) and error.status() is None:
+        args = () if aio else ("timed out",)
+    else:
+        return error
+    reworded = _reworded(type(error), args, dict(error.__dict__))
+    if reworded.debug_details() is None:  # (tritonclient's had none: what the held client was doing)
+        reworded._debug_details = error.message()
+    return reworded
 
 
 def _unused(outputs: Mapping[str, np.ndarray]) -> Any:
@@ -563,7 +627,9 @@ class SlotAsyncRequest:
         "failed to obtain inference response"; the request's own error if it failed."""
         try:
             return self._future.result(timeout=timeout if block else 0)
-        except concurrent.futures.TimeoutError:
+        except concurrent.futures.TimeoutError:  # (the builtin TimeoutError: a network timeout's too)
+            if self._future.done():  # the request's own failure, or answered just now
+                return self._future.result()
             raise InferenceServerException(msg="failed to obtain inference response") from None
 
 

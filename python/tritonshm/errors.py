@@ -179,6 +179,11 @@ class ServerError(Error):
     #: :func:`outcome_of` reads :data:`OUTCOMES`.
     outcome: "Outcome | None" = None
 
+    #: The server's own message, as tritonclient's ``message()`` gave it, where this was made from
+    #: one (:func:`translate_error`); None for a failure tritonshm named itself.  What
+    #: tritonshm.grpc / .http raise in tritonclient's words.
+    said: "str | None" = None
+
 
 class ServerUnavailable(ServerError, ConnectionError):
     """The Triton server could not be reached or is not ready."""
@@ -435,7 +440,9 @@ def translate_error(exc: BaseException, doing: str, *, cuda: bool = False, addre
         elif cuda:
             rule = _CUDA_REFUSED
         else:
-            return ServerError(f"{doing}: {message}", status=status, debug_details=details)
+            plain = ServerError(f"{doing}: {message}", status=status, debug_details=details)
+            plain.said = message
+            return plain
     groups = match.groupdict() if match is not None else {}
     fields = rule.fields(match) if rule.fields is not None and match is not None else {}
     more = rule.more(message, address) if rule.more is not None else ""
@@ -443,6 +450,7 @@ def translate_error(exc: BaseException, doing: str, *, cuda: bool = False, addre
                      status=status, debug_details=details, **fields)
     if isinstance(exc, ConnectionRefusedError):
         error.outcome = Outcome.NOT_SENT  # (tritonclient.http's: nothing listens there)
+    error.said = message
     return error
 
 

@@ -202,3 +202,101 @@ def test_an_aio_stream_goes_on_after_unregister_everything_as_tritonclients(serv
     assert len(expected) == 7 and all(kind == "result" for kind, *_ in expected)
     assert got == expected
     assert pools and all(pool.running == 0 and pool.held == 0 for pool in pools)
+
+
+# -- 4. the text of an error -------------------------------------------------------------------
+
+
+def error_seen(error, like=None):
+    """What a caller reads of an error: its text, and tritonclient's accessors where it has them
+    (where tritonclient's error, *like*, has none -- tritonclient.http's network timeout is the
+    builtin TimeoutError -- a facade's may add them: not compared)."""
+    message = getattr(like if like is not None else error, "message", None)
+    status = getattr(like if like is not None else error, "status", None)
+    return {"str": str(error), "message": error.message() if callable(message) else None,
+            "status": error.status() if callable(status) else None}
+
+
+def failing_call(module, client, protocol, case, way):
+    """One call that fails (*case*: the server refuses it, or it times out), made *way*: the
+    error, as the caller gets it."""
+    if case == "refused":  # a sequence's first request without its START flag: the server's 400
+        model, x, options = "accumulate_fp32", np.ones((1, 3), np.float32), {"sequence_id": 4391}
+    else:  # slow_fp32 answers after 500 ms
+        model, x, options = "slow_fp32", np.ones(4, np.float32), {"client_timeout": 0.1} if protocol == "grpc" else {}
+    inputs = inputs_of(module, x)
+    try:
+        if way == "infer":
+            client.infer(model, inputs, **options)
+        elif protocol == "grpc":
+            heard = []
+            done = threading.Event()
+            client.async_infer(model, inputs, lambda result, error: (heard.append(error), done.set()), **options)
+            assert done.wait(30)
+            return heard[0]
+        else:
+            client.async_infer(model, inputs, **options).get_result(timeout=30)
+    except Exception as error:
+        return error
+    raise AssertionError("the call did not fail")
+
+
+@pytest.mark.parametrize("way", ["infer", "async_infer"])
+@pytest.mark.parametrize("case", ["refused", "timeout"])
+def test_an_error_reads_as_tritonclients(server, protocol, case, way):
+    errors = []
+    # HTTP's timeout is the client's network_timeout (tritonclient.http's infer takes no client_timeout)
+    kwargs = {"network_timeout": 0.2} if protocol == "http" and case == "timeout" else {}
+    for module in modules(protocol):
+        client = connect(module, server, protocol, **kwargs)
+        try:
+            errors.append(failing_call(module, client, protocol, case, way))
+            if module.__name__.startswith("tritonshm"):
+                assert client.tritonshm.pools(), "the facade sent its tensors over the wire"
+        finally:
+            threading.Event().wait(0.6)  # slow_fp32 done with it: the next client's request waits for none
+            client.close()
+    expected, got = errors
+    assert error_seen(got, like=expected) == error_seen(expected)
+    if isinstance(expected, TimeoutError):  # tritonclient.http's: gevent's socket timeout
+        assert isinstance(got, TimeoutError) and got.args == expected.args and str(expected) == "timed out"
+    elif case == "refused":
+        assert str(expected) == f"[{expected.status()}] {expected.message()}"
+    else:
+        assert expected.message() == "Deadline Exceeded"
+
+
+@pytest.mark.parametrize("case", ["refused", "timeout"])
+def test_an_aio_error_reads_as_tritonclients(server, protocol, case):
+    import asyncio
+
+    # HTTP's timeout is the client's conn_timeout (tritonclient.http.aio's infer takes no client_timeout)
+    kwargs = {"conn_timeout": 0.2} if protocol == "http" and case == "timeout" else {}
+
+    async def run(module):
+        client = connect(module, server, protocol, **kwargs)
+        try:
+            if case == "refused":
+                await client.infer("accumulate_fp32", inputs_of(module, np.ones((1, 3), np.float32)),
+                                   sequence_id=4392)
+            else:
+                await client.infer("slow_fp32", inputs_of(module, np.ones(4, np.float32)),
+                                   **({"client_timeout": 0.1} if protocol == "grpc" else {}))
+        except Exception as error:
+            if module.__name__.startswith("tritonshm"):
+                assert client.tritonshm.pools(), "the facade sent its tensors over the wire"
+            return error
+        finally:
+            await asyncio.sleep(0.6)  # slow_fp32 done with it
+            await client.close()
+        raise AssertionError("the call did not fail")
+
+    expected = asyncio.run(run(importlib.import_module(f"tritonclient.{protocol}.aio")))
+    got = asyncio.run(run(importlib.import_module(f"tritonshm.{protocol}.aio")))
+    assert error_seen(got, like=expected) == error_seen(expected)
+    if isinstance(expected, TimeoutError):  # tritonclient.http.aio's: aiohttp's
+        assert isinstance(got, TimeoutError) and got.args == expected.args
+    elif case == "refused":
+        assert str(expected) == f"[{expected.status()}] {expected.message()}"
+    else:
+        assert expected.message() == "Deadline Exceeded"
