@@ -83,7 +83,7 @@ def _recorded_http(client) -> None:
     real = connections.send
     answer = {}
 
-    def send(request):
+    def send(request, again=None):
         if "result" not in answer:
             answer["result"] = real(request)
         return answer["result"]

@@ -54,6 +54,7 @@ __all__ = [
     "ServerUnavailable",
     "ServerTimeout",
     "UnknownModel",
+    "ModelChanged",
     "ServerInstallError",
     "RegistrationError",
     "RegionNotRegistered",
@@ -195,6 +196,18 @@ class ServerTimeout(ServerError, TimeoutError):
 
 class UnknownModel(ServerError, LookupError):
     """The server has no model of that name (or version); the message lists the ones it has."""
+
+
+class ModelChanged(ServerError):
+    """The model changed on the server since the client read it -- an output's datatype or
+    shape, its outputs, the version that ran -- seen in the server's answer, before any of it
+    was read.  The client has forgotten what it knew of the model (the next call reads it
+    again); a request that could not run again safely (a sequence step, ``idempotent=False``,
+    a zero-copy ``request()``) raises this, the message saying what changed."""
+
+    def __init__(self, *args: Any, model: str = "", **details: Any):
+        super().__init__(*args, **details)
+        self.model = model  #: the model that changed
 
 
 def unknown_model(exc: ServerError, model: str, names: list[str], shown: int = 12) -> "UnknownModel":

@@ -820,9 +820,9 @@ def test_http_requests_with_options_and_tensors_in_the_messages_go_on_the_socket
     sent = []
     real = _http1.Connections.send
 
-    def send(self, request):
+    def send(self, request, again=None):
         sent.append(request)
-        return real(self, request)
+        return real(self, request, again)
 
     monkeypatch.setattr(_http1.Connections, "send", send)
     x = np.arange(1024, dtype=np.float32)

@@ -25,7 +25,7 @@ from . import _devices, _messages
 from ._client import SETTLE_SECONDS, BlockingDriver, release_everything
 from ._engine import Engine
 from ._face import ClientFace
-from ._run import Runner
+from ._run import PLAN_REFUSALS, Runner
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._request import RequestFace, SlotRequest
@@ -344,9 +344,13 @@ class Client(ClientFace):
     async def _infer(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
                      copy: bool, slot_timeout: float | None, output_device: str | int,
                      options: RequestOptions | None, out: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        drive = self._driver.drive
+        drive, runner = self._driver.drive, self._runner
         info = await self.model_info(model, version)
-        run = self._runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, options, out)
+        try:
+            run = runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, options, out)
+        except PLAN_REFUSALS as refusal:  # against what the client knew: the model may have changed
+            info = await drive(runner.reread_steps(info, refusal))
+            run = runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, options, out)
         if run.join is None:
             return await drive(run.steps[0])
         return run.join(await asyncio.gather(*(drive(steps) for steps in run.steps)))  # the chunks at once

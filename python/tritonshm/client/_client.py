@@ -15,7 +15,7 @@ from ..errors import ServerError, ServerTimeout, translate_error
 from . import _devices, _messages
 from ._engine import Engine
 from ._face import ClientFace
-from ._run import Runner
+from ._run import PLAN_REFUSALS, Runner
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._request import RequestFace, SlotRequest
@@ -393,8 +393,12 @@ class Client(ClientFace):
                                                  slot_timeout, checked)
             if quick is not None:  # seen before
                 return drive(quick)
-        info = self.model_info(model, version)
-        run = self._runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, checked, out)
+        info, runner = self.model_info(model, version), self._runner
+        try:
+            run = runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, checked, out)
+        except PLAN_REFUSALS as refusal:  # against what the client knew: the model may have changed
+            info = drive(runner.reread_steps(info, refusal))
+            run = runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, checked, out)
         if run.join is None:
             return drive(run.steps[0])
         workers = self._workers_for("chunk")  # the chunks of a large batch at once

@@ -216,25 +216,40 @@ class Engine:
             raise InvalidOption(f"a model name must be a non-empty str, not {model!r}")
         if not isinstance(version, str):
             raise InvalidOption(f"a model version must be a str ('' for the server's choice), not {version!r}")
-        key = (model, version)
-        info = self._models.get(key)
+        info = self._models.get((model, version))
         if info is None:
-            if not self._version_known:
-                yield from self._server_version_steps()
-            try:
-                metadata, config = yield FetchModel(model, version)
-            except ServerError as exc:
-                if not UNKNOWN_MODEL.search(str(exc)):
-                    raise
-                try:  # say which models the server has
-                    names = yield FetchModelNames()
-                except ServerError:
-                    raise exc from None
-                raise unknown_model(exc, model, names) from exc
-            info = ModelInfo.from_server(metadata, config, version)
-            with self._lock:
-                self._models[key] = info
+            info = self.remember_model((yield from self.read_model_steps(model, version)))
         return info
+
+    def read_model_steps(self, model: str, version: str) -> Steps:
+        """What the server says about *model* now (not cached: :meth:`model_steps` caches)."""
+        if not self._version_known:
+            yield from self._server_version_steps()
+        try:
+            metadata, config = yield FetchModel(model, version)
+        except ServerError as exc:
+            if not UNKNOWN_MODEL.search(str(exc)):
+                raise
+            try:  # say which models the server has
+                names = yield FetchModelNames()
+            except ServerError:
+                raise exc from None
+            raise unknown_model(exc, model, names) from exc
+        return ModelInfo.from_server(metadata, config, version)
+
+    def remember_model(self, info: ModelInfo) -> ModelInfo:
+        """Keep *info* for the next calls on its model and version; returns it."""
+        with self._lock:
+            self._models[(info.name, info.version)] = info
+        return info
+
+    def forget_model(self, model: str) -> None:
+        """Forget what the client read of *model* (every version) and retire its pools: it
+        changed on the server (see :class:`~tritonshm.ModelChanged`); the next call reads it again."""
+        with self._lock:
+            for key in [key for key in self._models if key[0] == model]:
+                del self._models[key]
+        self.pool_table.retire_model(model)
 
     def _server_version_steps(self) -> Steps:
         """Read which release the server is, once: it decides what proves that the server let go

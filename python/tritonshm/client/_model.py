@@ -56,6 +56,8 @@ class ModelInfo:
     outputs: tuple[TensorSpec, ...]  #: the model's outputs, in the server's order
     max_batch_size: int         #: 0 when the model does not batch
     decoupled: bool = False     #: answers a request with any number of responses (streams only)
+    #: the versions the server said it serves when the client read the model (its metadata)
+    versions: tuple[str, ...] = ()
 
     @functools.cached_property  # (read on every request: a plain attribute after the first)
     def batched(self) -> bool:
@@ -105,4 +107,5 @@ class ModelInfo:
 
         policy = config.get("model_transaction_policy") or {}
         return cls(metadata["name"], version, specs(metadata.get("inputs", ())),
-                   specs(metadata.get("outputs", ())), max_batch, bool(policy.get("decoupled", False)))
+                   specs(metadata.get("outputs", ())), max_batch, bool(policy.get("decoupled", False)),
+                   tuple(str(v) for v in metadata.get("versions", ())))

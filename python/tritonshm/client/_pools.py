@@ -301,12 +301,14 @@ class PoolTable:
 
     def retire_model(self, model: str) -> None:
         """Retire every pool of *model* (its layout is of a model that changed): each drains,
-        then it is let go of; the next request makes a pool for the model as it is now."""
+        then it is let go of; the next request makes a pool for the model as it is now (and
+        works out its needs again)."""
         with self._lock:
             for key, pool in list(self._pools.items()):
                 if key[0] == model:
                     del self._pools[key]
                     self._retire(pool)
+            self._needs_by_shapes = {key: needs for key, needs in self._needs_by_shapes.items() if key[0] != model}
 
     def _take_out_of_service(self, key: tuple[str, str, SlotKind], pool: SlotPool) -> None:
         """A pool whose first extent could not be made: out of the pools, its waiters woken."""

@@ -11,13 +11,13 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import OutputTooSmall, ShapeMismatch
+from ..errors import ModelChanged, OutputTooSmall, ShapeMismatch
 from . import _bytes, _devices
 from ._devices import HOST, Placement
 from ._model import ModelInfo
 from ._pool import Lease
 
-__all__ = ["Rows", "check_answer_fits_out", "collect", "into_out", "join_chunks", "out_too_small", "output_shape",
+__all__ = ["Rows", "answered_shape", "check_version", "check_answer_fits_out", "collect", "into_out", "join_chunks", "out_too_small", "output_shape",
            "result_rows", "rows_for", "wire_results"]
 
 
@@ -116,11 +116,12 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
     caller *allocated* (``out=``) are those objects, written by the server where
     *lent*, else copied in.  Copies touching a GPU are queued on *stream*;
     also returns whether any was."""
+    check_version(info, result)
     if lease is None:  # everything lent: the server wrote each result where the caller wanted it
         assert allocated is not None and lent and all(n in lent.outputs for n in names), \
             "a result not lent has room in a slot"
         for name in names:
-            check_answer_fits_out(info, name, output_shape(result, name), allocated[name])
+            check_answer_fits_out(info, name, answered_shape(info, result, name), allocated[name])
         return {name: allocated[name].obj for name in names}, False
     memory, layout = lease.extent.memory, lease.pool.layout
     on_gpu = stream is not None and (memory.kind == "cuda" or results.device is not None)
@@ -129,7 +130,7 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
         stream.wait(rows.ready)  # the batch's results were allocated on the caller's stream
     for name in names:
         spec = info.output(name)
-        shape = output_shape(result, name)
+        shape = answered_shape(info, result, name)
         into = rows_for(info, rows, name, shape)
         given = None if allocated is None else allocated.get(name)
         if given is not None:
@@ -158,10 +159,43 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
     return outputs, queued
 
 
-def output_shape(result: Any, name: str) -> tuple[int, ...]:
-    """The shape the server gave output *name* in *result* (gRPC: a protobuf tensor; HTTP: JSON)."""
+def answered_shape(info: ModelInfo, result: Any, name: str) -> tuple[int, ...]:
+    """The shape the server gave output *name* in *result* (gRPC: a protobuf tensor; HTTP: JSON),
+    checked against what the client planned from the model's metadata: the output is there, of
+    that datatype and of shape that fits its dims -- else :class:`ModelChanged` (the model was
+    reloaded otherwise: the slot holds bytes of another meaning, never to be read as planned)."""
     tensor = result.get_output(name)
-    return tuple(map(int, tensor["shape"] if isinstance(tensor, dict) else tensor.shape))
+    if tensor is None:
+        raise ModelChanged(f"model {info.name!r} answered without output {name!r}, which it had when the "
+                           f"client read it: it changed on the server", status="model changed", model=info.name)
+    if isinstance(tensor, dict):
+        datatype, shape = tensor["datatype"], tuple(map(int, tensor["shape"]))
+    else:
+        datatype, shape = tensor.datatype, tuple(map(int, tensor.shape))
+    spec = info.output(name)
+    if datatype != spec.datatype or not _fits(shape[1:] if info.batched else shape, spec.dims):
+        raise ModelChanged(f"model {info.name!r} answered output {name!r} as {datatype} {list(shape)}, where "
+                           f"the client read {spec.datatype} {list(info.shape_of(spec, -1))}: it changed on "
+                           f"the server", status="model changed", model=info.name)
+    return shape
+
+
+def _fits(dims: tuple[int, ...], spec: tuple[int, ...]) -> bool:
+    return len(dims) == len(spec) and all(s == -1 or s == d for d, s in zip(dims, spec))
+
+
+def check_version(info: ModelInfo, result: Any) -> None:
+    """The version the server ran is one it served when the client read the model, else
+    :class:`ModelChanged` (a version appeared, or went: the model the client planned for is not
+    what ran)."""
+    if not info.versions:
+        return
+    response = result.get_response()
+    ran = response.get("model_version", "") if isinstance(response, dict) else response.model_version
+    if ran and ran not in info.versions:
+        raise ModelChanged(f"model {info.name!r} ran as version {ran}, which it did not serve when the client "
+                           f"read it (versions {list(info.versions)}): it changed on the server",
+                           status="model changed", model=info.name)
 
 
 def rows_for(info: ModelInfo, rows: Rows | None, name: str,
@@ -184,8 +218,11 @@ def wire_results(info: ModelInfo, result: Any, names: Sequence[str], results: Pl
     outputs = {}
     if rows is not None and rows.ready is not None:
         _devices.copy_stream(results.device).wait(rows.ready)
+    check_version(info, result)
     for name in names:
         array = result.as_numpy(name)
+        if array is None or array.dtype != info.output(name).dtype:
+            answered_shape(info, result, name)  # (says what changed)
         into = rows_for(info, rows, name, array.shape)
         if into is not None and results.device is None:
             assert rows is not None  # rows_for() found room in them

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import ClientClosed, OutputTooSmall, RegionNotRegistered, ServerError, SharedMemoryRefused, TensorInUse
+from ..errors import (ClientClosed, DTypeMismatch, ModelChanged, NameMismatch, OutputTooSmall, RegionNotRegistered,
+                      ServerError, ShapeMismatch, SharedMemoryRefused, TensorInUse)
 from . import _bytes, _devices, _intake, _messages, _results
 from ._claim import Claim, Span
 from ._devices import DeviceTensor, OutTensor, Placement
@@ -32,6 +34,13 @@ from ._steps import Emit, NextResponse, Pause, Send, Steps, StreamSend, WaitForD
 
 __all__ = ["InferRun", "Runner"]
 
+# The server's refusals of a tensor the client named from the model's metadata (it changed since),
+# and of the model itself (unloaded: the next call reads it again, and says so).
+_STALE_METADATA = re.compile(r"unexpected inference (input|output)|unexpected datatype|unexpected shape for input|"
+                             r"expected \d+ inputs? but got|unknown model|is not found|is not ready", re.IGNORECASE)
+#: The client's own refusals of a request, read against what it knew of the model: a model that
+#: changed under it (an input renamed, a datatype or shape changed) is read again before they hold.
+PLAN_REFUSALS = (NameMismatch, DTypeMismatch, ShapeMismatch)
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 _CLASH_POLL = 0.005  # how often a request waiting for clashing memory to be let go of looks again
 _NAMES: Any = object()  # a streamed request asks for its plan's outputs by name (not for objects given)
@@ -270,24 +279,89 @@ class Runner:
 
     def infer_steps(self, info: ModelInfo, inputs: Mapping[str, Any], outputs: Sequence[str] | None, copy: bool,
                     output_device: Any, slot_timeout: float | None, options: RequestOptions | None,
-                    out: Mapping[str, Any] | None) -> InferRun:
+                    out: Mapping[str, Any] | None, rerun: bool = True) -> InferRun:
         """An ``infer`` call's steps, for either client: by the quick path when the request was
         seen before, else planned (and remembered for the quick path), one :class:`Steps` per
         chunk of a large batch -- to be driven at once -- and how their results join."""
         signature = None if out is not None else \
             self._quick_signature(info.name, info.version, inputs, outputs, copy, output_device, slot_timeout)
         quick = None if signature is None else self._quick_plans.get(signature)
+        again = None if not rerun else functools.partial(
+            self._infer_again_steps, info.name, info.version, inputs, outputs, copy, output_device, slot_timeout,
+            options, out)
         if quick is not None:  # seen before: checked then, planned then
-            return InferRun([self.quick_steps(quick, inputs, options)])
+            return InferRun([self._changed_steps(self.quick_steps(quick, inputs, options), info, again)])
         plan = self.planner.plan(info, inputs, outputs, copy, output_device, slot_timeout, options, out=out)
         if signature is not None:
             self._remember_quick(signature, plan)
         if len(plan.chunks) == 1:
-            return InferRun([self.chunk_steps(plan, plan.chunks[0])])
+            return InferRun([self._changed_steps(self.chunk_steps(plan, plan.chunks[0]), info, again)])
         rows = _results.result_rows(info, plan.names, plan.chunks, plan.route.results)
-        return InferRun([self.chunk_steps(plan, chunk, into) for chunk, into in zip(plan.chunks, rows)],
+        # (a batch in chunks is not run again: its joining follows the old plan)
+        return InferRun([self._changed_steps(self.chunk_steps(plan, chunk, into), info)
+                         for chunk, into in zip(plan.chunks, rows)],
                         functools.partial(_results.join_chunks, names=plan.names, placement=plan.route.results,
                                           rows=rows[0]))
+
+    # -- a model that changed under the client ------------------------------
+
+    def _changed_steps(self, steps: Steps, info: ModelInfo, again: Callable[..., Steps] | None = None) -> Steps:
+        """*steps*; if the answer shows that *info*'s model changed since the client read it --
+        :class:`ModelChanged`, or the server refusing a tensor the metadata named ("unexpected
+        inference output", a datatype or shape it no longer has) -- what the client knew of it is
+        forgotten, and with *again* it is read again and the request run once more where that is
+        safe (:meth:`_infer_again_steps`); else the error is raised as it is."""
+        try:
+            return (yield from steps)
+        except ServerError as exc:
+            if not (isinstance(exc, ModelChanged) or _STALE_METADATA.search(str(exc))):
+                raise
+            self.forget_model(info.name)
+            if again is None:
+                raise
+            failure: ServerError | None = exc
+        try:
+            return (yield from again(info, failure))
+        finally:
+            failure = None  # (see _steps.advance)
+
+    def _infer_again_steps(self, model: str, version: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
+                           copy: bool, output_device: Any, slot_timeout: float | None,
+                           options: RequestOptions | None, out: Mapping[str, Any] | None,
+                           before: ModelInfo, failure: ServerError) -> Steps:
+        """Read the model again and run the request once more: only where it may run twice (no
+        sequence step, nothing ``idempotent=False``: the server may have run it), and where the
+        model is not what it was (else the server's refusal was about the request: raised)."""
+        info = yield from self.engine.model_steps(model, version)
+        if info == before and not isinstance(failure, ModelChanged):
+            raise failure
+        if options is not None and not options.may_run_twice:
+            raise ModelChanged(f"model {model!r} changed on the server since the client read it ({failure}); this "
+                               f"request may not run twice (a sequence step, or idempotent=False), so it was not "
+                               f"run again: call again to run it on the model as it is now",
+                               status="model changed", model=model) from None
+        # (once: if it changed again meanwhile, that run's error is raised)
+        run = self.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, options, out, rerun=False)
+        if run.join is None:
+            return (yield from run.steps[0])
+        raise ModelChanged(f"model {model!r} changed on the server since the client read it: a batch of this size "
+                           f"now runs in chunks -- call again", status="model changed", model=model)
+
+    def reread_steps(self, info: ModelInfo, refusal: BaseException) -> Steps:
+        """The model read again after the client refused a request against *info*, what it knew
+        of it (*refusal*, one of :data:`PLAN_REFUSALS`): the model as it is now where it changed
+        (what was known of it forgotten), else *refusal* is raised -- the request was wrong."""
+        fresh = yield from self.engine.read_model_steps(info.name, info.version)
+        if fresh == info:
+            raise refusal
+        self.forget_model(info.name)
+        return self.engine.remember_model(fresh)
+
+    def forget_model(self, model: str) -> None:
+        """Forget what the client knew of *model*: its metadata, its quick plans, its pools
+        (drained, then let go of): the next call reads it again."""
+        self.engine.forget_model(model)
+        self._quick_plans = {key: plan for key, plan in self._quick_plans.items() if key[0] != model}
 
     # -- the quick path -----------------------------------------------------
 
@@ -299,7 +373,11 @@ class Runner:
         else None (then :meth:`infer_steps`).  *options*: the call's, checked."""
         signature = self._quick_signature(model, version, inputs, outputs, copy, output_device, slot_timeout)
         quick = None if signature is None else self._quick_plans.get(signature)
-        return None if quick is None else self.quick_steps(quick, inputs, options)
+        if quick is None:
+            return None
+        again = functools.partial(self._infer_again_steps, model, version, inputs, outputs, copy, output_device,
+                                  slot_timeout, options, None)
+        return self._changed_steps(self.quick_steps(quick, inputs, options), quick.plan.info, again)
 
     def _quick_signature(self, model: str, version: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
                          copy: bool, output_device: Any, slot_timeout: float | None) -> tuple | None:
@@ -374,8 +452,9 @@ class Runner:
                     if lease.extent.closed:  # close() gave up waiting for us and let go of it
                         raise ClientClosed(f"the client was closed while this request on model "
                                            f"{info.name!r} ran: its results are lost")
+                    _results.check_version(info, result)
                     for name, spec, view in slot.outputs:
-                        shape = _results.output_shape(result, name)
+                        shape = _results.answered_shape(info, result, name)
                         size = math.prod(shape) * spec.dtype.itemsize
                         outputs[name] = view[:size].view(spec.dtype).reshape(shape).copy()
             finally:
@@ -423,6 +502,13 @@ class Runner:
         A server that forgot our regions (it restarted) gets them again and
         the request once more, if it had not answered yet.
         """
+        try:
+            return (yield from self._stream_attempts(plan))
+        except ModelChanged:
+            self.forget_model(plan.info.name)  # (responses may have been handed out: no second run)
+            raise
+
+    def _stream_attempts(self, plan: Plan) -> Steps:
         info, names, route = plan.info, plan.names, plan.route
         (arrays,) = plan.chunks
         wait = None if plan.options is None else plan.options.client_timeout
@@ -603,6 +689,9 @@ class Runner:
             try:
                 return (yield from self.slot_steps(info, lease, shapes, names, False, {}, results, ready=ready,
                                                    options=options, claim=claim))
+            except ModelChanged:
+                self.forget_model(info.name)  # (its views are of the old model's tensors: no second run)
+                raise
             finally:
                 self._end_claim(claim)
 

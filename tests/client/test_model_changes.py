@@ -1,0 +1,167 @@
+"""A model that changes under the client (issue 39): reloaded with another output datatype, an
+output renamed, an input's datatype changed, a new version.  The client checks every answer
+against what it planned from the model's metadata -- each output's datatype and shape, the version
+that ran -- and reads the model again when its own checks or the server's refusal say that it
+changed: the request runs again where that is safe, or fails saying what changed.  Before, the
+FP32 bits of a reloaded model's output were read as the INT32 the client had planned.
+
+The server here runs in explicit model-control mode, its own repository holding ``changing`` (the
+bundled identity_int32), loaded with a config given by each test (tritonclient's load_model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+import tritonshm
+import tritonshm.aio
+from tritonshm.server import LocalServer, bundled_model_repository
+from triton_fixtures import client_url, start_or_skip
+
+MODEL = "changing"
+
+
+def config(output: str = "OUTPUT0", output_type: str = "TYPE_INT32", input_type: str = "TYPE_INT32") -> dict:
+    return {"name": MODEL, "backend": "python", "max_batch_size": 0,
+            "input": [{"name": "INPUT0", "data_type": input_type, "dims": [-1]}],
+            "output": [{"name": output, "data_type": output_type, "dims": [-1]}],
+            "instance_group": [{"kind": "KIND_CPU", "count": 1}]}
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory):
+    root = tmp_path_factory.mktemp("changing")
+    bundled = bundled_model_repository()
+    shutil.copy(bundled.parent / "_bundled_model.py", root)  # (model.py finds it four folders up)
+    shutil.copytree(bundled / "identity_int32", root / "models" / MODEL, ignore=shutil.ignore_patterns("__pycache__"))
+    return root / "models"
+
+
+@pytest.fixture(scope="module")
+def explicit_server(repository):
+    with start_or_skip(LocalServer(repository, extra_args=["--model-control-mode=explicit",
+                                                           "--exit-timeout-secs=1"])) as srv:
+        yield srv
+
+
+@pytest.fixture
+def load(explicit_server, repository):
+    """load(**config): (re)load ``changing`` with that config; version 1 only, again, after."""
+    control = grpcclient.InferenceServerClient(explicit_server.grpc_url)
+
+    def load_with(**changes):
+        control.load_model(MODEL, config=json.dumps(config(**changes)))
+
+    load_with()
+    yield load_with
+    shutil.rmtree(repository / MODEL / "2", ignore_errors=True)
+    control.load_model(MODEL, config=json.dumps(config()))
+    control.close()
+
+
+def run(aio: bool, protocol: str, url: str, calls) -> list:
+    """``calls(client)`` -> a list of awaitables (aio) or values, made on a fresh client."""
+    async def main():
+        c = (tritonshm.aio.Client if aio else tritonshm.Client)(url)
+        try:
+            results = []
+            for call in calls:
+                outcome = call(c)
+                results.append(await outcome if aio else outcome)
+            return results
+        finally:
+            await c.close() if aio else c.close()
+
+    return asyncio.run(main())
+
+
+both_ways = pytest.mark.parametrize("aio", [False, True], ids=["sync", "aio"])
+
+
+@pytest.mark.server
+@both_ways
+def test_an_output_whose_datatype_changed_is_read_as_it_is_now(explicit_server, load, protocol, aio):
+    x = np.arange(3, dtype=np.int32)
+
+    def reload(c):
+        load(output_type="TYPE_FP32")
+        return None
+
+    first, second, _, third, fourth = run(aio, protocol, client_url(explicit_server, protocol), [
+        lambda c: c.infer(MODEL, {"INPUT0": x}),
+        lambda c: c.infer(MODEL, {"INPUT0": x}),  # (now by the quick path)
+        lambda c: asyncio.sleep(0) if aio else reload(c),
+        lambda c: c.infer(MODEL, {"INPUT0": x}),
+        lambda c: c.infer(MODEL, {"INPUT0": x}),
+    ] if not aio else [
+        lambda c: c.infer(MODEL, {"INPUT0": x}),
+        lambda c: c.infer(MODEL, {"INPUT0": x}),
+        lambda c: asyncio.to_thread(load, output_type="TYPE_FP32"),
+        lambda c: c.infer(MODEL, {"INPUT0": x}),
+        lambda c: c.infer(MODEL, {"INPUT0": x}),
+    ])
+    assert first["OUTPUT0"].dtype == second["OUTPUT0"].dtype == np.int32
+    for out in (third, fourth):  # (it read [0, 1065353216, 1073741824]: FP32's bits as INT32)
+        assert out["OUTPUT0"].dtype == np.float32
+        np.testing.assert_array_equal(out["OUTPUT0"], [0.0, 1.0, 2.0])
+
+
+@pytest.mark.server
+@both_ways
+def test_an_output_renamed_is_returned_by_its_new_name(explicit_server, load, protocol, aio):
+    x = np.arange(3, dtype=np.int32)
+    first, _, after = run(aio, protocol, client_url(explicit_server, protocol), [
+        lambda c: c.infer(MODEL, {"INPUT0": x}),
+        lambda c: asyncio.to_thread(load, output="RENAMED") if aio else load(output="RENAMED"),
+        lambda c: c.infer(MODEL, {"INPUT0": x}),  # (the server refused OUTPUT0: "unexpected inference output")
+    ])
+    assert list(first) == ["OUTPUT0"] and list(after) == ["RENAMED"]
+    np.testing.assert_array_equal(after["RENAMED"], x)
+
+
+@pytest.mark.server
+@both_ways
+def test_an_input_whose_datatype_changed_is_taken_as_it_is_now(explicit_server, load, protocol, aio):
+    x = np.arange(3, dtype=np.int32)
+    _, _, after = run(aio, protocol, client_url(explicit_server, protocol), [
+        lambda c: c.infer(MODEL, {"INPUT0": x}),
+        lambda c: asyncio.to_thread(load, input_type="TYPE_FP32") if aio else load(input_type="TYPE_FP32"),
+        # (refused before: "input 'INPUT0' ... is INT32", what the client had read)
+        lambda c: c.infer(MODEL, {"INPUT0": x.astype(np.float32)}),
+    ])
+    np.testing.assert_array_equal(after["OUTPUT0"], x)
+
+
+@pytest.mark.server
+def test_a_new_version_is_read_and_the_request_run_on_it(explicit_server, load, repository, protocol):
+    """A version 2 appears: the server runs it for a request that names none, and says so in its
+    answer; the client, which read version 1, reads the model again."""
+    x = np.arange(3, dtype=np.int32)
+    with tritonshm.Client(client_url(explicit_server, protocol)) as c:
+        c.infer(MODEL, {"INPUT0": x})
+        assert c.model_info(MODEL).versions == ("1",)
+        shutil.copytree(repository / MODEL / "1", repository / MODEL / "2",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        load(output_type="TYPE_FP32")  # (the latest version only: 2)
+        out = c.infer(MODEL, {"INPUT0": x})
+        np.testing.assert_array_equal(out["OUTPUT0"], [0.0, 1.0, 2.0])
+        assert c.model_info(MODEL).versions == ("2",)
+
+
+@pytest.mark.server
+def test_a_sequence_step_is_not_run_again_on_a_changed_model(explicit_server, load, protocol):
+    """A request that may not run twice fails saying what changed (the server ran it once); the
+    next one runs on the model as it is now."""
+    x = np.arange(3, dtype=np.int32)
+    with tritonshm.Client(client_url(explicit_server, protocol)) as c:
+        c.infer(MODEL, {"INPUT0": x})
+        load(output_type="TYPE_FP32")
+        with pytest.raises(tritonshm.ModelChanged, match="(?s)OUTPUT0.*FP32.*may not run twice"):
+            c.infer(MODEL, {"INPUT0": x}, idempotent=False)
+        np.testing.assert_array_equal(c.infer(MODEL, {"INPUT0": x}, idempotent=False)["OUTPUT0"], [0.0, 1.0, 2.0])
