@@ -342,3 +342,13 @@ def test_a_64_mib_dev_shm_shared_with_a_real_triton(protocol):
     assert sixteen["pools"] == eight["pools"] == again["pools"]   # 16 MiB on the wire; 8 MiB through the slots
     assert room["warnings"] == eight["warnings"] == sixteen["warnings"] == again["warnings"] == []
     assert kernel["pools"] == [] and len(kernel["warnings"]) == 1 and "ENOSPC" in kernel["warnings"][0]
+
+
+def test_a_zero_copy_request_with_no_room_says_so(fake_triton, small_shm):
+    """request() hands out views of a slot: it cannot go on the wire, and with no room for one slot
+    it says that /dev/shm is full (it said the server cannot open our shared memory)."""
+    small_shm.others = 1 * MiB - 3 * SLOT // 2   # 192 KiB free: half of it holds no slot
+    with fake_triton.client() as c:
+        with pytest.raises(tritonshm.SharedMemoryOSError, match="identity_fp32") as raised:
+            c.request("identity_fp32", shapes={"INPUT0": [ELEMENTS]})
+        assert raised.value.errno == errno.ENOSPC

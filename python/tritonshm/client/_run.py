@@ -565,7 +565,9 @@ class Runner:
                 lease = None if self.fallback.wire or not needs else (
                     yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, False, plan.route.memory))
                 claim.lease = lease
-                if self.fallback.wire or lease is None and not claim.tensors:
+                # On the wire: a server that opens none of our memory, or no room for the slot (lent
+                # inputs then travel in the message too); no lease and nothing else to carry: all lent.
+                if self.fallback.wire or lease is None and (needs or not claim.tensors):
                     self._count_wire_copies(arrays, None, claim if lending else None)
                     inputs = _messages.wire_request(self.wire, info, arrays, [])[0]
                 else:
@@ -739,8 +741,9 @@ class Runner:
                       timeout: float | None, kind: SlotKind = SYSTEM) -> Steps:
         """A leased slot of *kind* for a zero-copy request (never a fallback: its views
         must be where they were asked for)."""
+        # (strict: no room in /dev/shm says so, rather than falling back to a wire it cannot use)
         lease = yield from self.pool_table.lease_steps(info, self.pool_table.needs(info, shapes, {}), timeout, True,
-                                                       kind, strict=kind != SYSTEM)
+                                                       kind, strict=True)
         if lease is None:
             raise SharedMemoryRefused("request() needs shared memory, but the server cannot open ours")
         return lease
