@@ -132,7 +132,7 @@ class Claim:
         lease, self.lease = self.lease, None
         if lease is None:
             return
-        if self.server_may_run_it:
+        if self.unanswered or self.sent_twice:  # (server_may_run_it, written out: every request ends here)
             lease.pool.hold_for_server(lease)
         elif not self.owns_lease:
             return

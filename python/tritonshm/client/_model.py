@@ -41,6 +41,11 @@ class TensorSpec:
         return self.datatype == "BYTES"
 
     @functools.cached_property
+    def fixed_dims(self) -> tuple[tuple[int, int], ...]:
+        """``(index, size)`` of each dim that is not variable (what an answer's shape must have)."""
+        return tuple((index, size) for index, size in enumerate(self.dims) if size != -1)
+
+    @functools.cached_property
     def fixed(self) -> bool:
         """True when no dim is variable and the datatype has a fixed size."""
         return -1 not in self.dims and not self.is_bytes

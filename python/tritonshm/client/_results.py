@@ -130,7 +130,7 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
         stream.wait(rows.ready)  # the batch's results were allocated on the caller's stream
     for name in names:
         spec = info.output(name)
-        shape = answered_shape(info, result, name)
+        shape = answered_shape(info, result, name, spec)
         into = rows_for(info, rows, name, shape)
         given = None if allocated is None else allocated.get(name)
         if given is not None:
@@ -159,7 +159,7 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
     return outputs, queued
 
 
-def answered_shape(info: ModelInfo, result: Any, name: str) -> tuple[int, ...]:
+def answered_shape(info: ModelInfo, result: Any, name: str, spec: Any = None) -> tuple[int, ...]:
     """The shape the server gave output *name* in *result* (gRPC: a protobuf tensor; HTTP: JSON),
     checked against what the client planned from the model's metadata: the output is there, of
     that datatype and of shape that fits its dims -- else :class:`ModelChanged` (the model was
@@ -172,16 +172,15 @@ def answered_shape(info: ModelInfo, result: Any, name: str) -> tuple[int, ...]:
         datatype, shape = tensor["datatype"], tuple(map(int, tensor["shape"]))
     else:
         datatype, shape = tensor.datatype, tuple(map(int, tensor.shape))
-    spec = info.output(name)
-    if datatype != spec.datatype or not _fits(shape[1:] if info.batched else shape, spec.dims):
+    if spec is None:
+        spec = info.output(name)
+    dims = shape[1:] if info.batched else shape
+    if datatype != spec.datatype or len(dims) != len(spec.dims) \
+            or spec.fixed_dims and any(dims[index] != size for index, size in spec.fixed_dims):
         raise ModelChanged(f"model {info.name!r} answered output {name!r} as {datatype} {list(shape)}, where "
                            f"the client read {spec.datatype} {list(info.shape_of(spec, -1))}: it changed on "
                            f"the server", status="model changed", model=info.name)
     return shape
-
-
-def _fits(dims: tuple[int, ...], spec: tuple[int, ...]) -> bool:
-    return len(dims) == len(spec) and all(s == -1 or s == d for d, s in zip(dims, spec))
 
 
 def check_version(info: ModelInfo, result: Any) -> None:

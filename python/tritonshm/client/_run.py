@@ -454,7 +454,7 @@ class Runner:
                                            f"{info.name!r} ran: its results are lost")
                     _results.check_version(info, result)
                     for name, spec, view in slot.outputs:
-                        shape = _results.answered_shape(info, result, name)
+                        shape = _results.answered_shape(info, result, name, spec)
                         size = math.prod(shape) * spec.dtype.itemsize
                         outputs[name] = view[:size].view(spec.dtype).reshape(shape).copy()
             finally:
@@ -620,8 +620,9 @@ class Runner:
         the request in flight (:meth:`run_steps`)."""
         if ready is not None:
             yield WaitForDevice(ready)
+        lent = claim if claim is not None and claim.tensors else None  # (none: the slot's kept message)
         inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, bytes_sizes,
-                                                            prepare=options is None, lent=claim)
+                                                            prepare=options is None, lent=lent)
         send = Send(info.name, info.version, inputs, requested, options, message, claim)
         result = yield from self._send_claimed(send, claim)
         if isinstance(result, RegionNotRegistered):
