@@ -18,8 +18,10 @@ copied into a slot once.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import functools
 import inspect
+import json
 import math
 import threading
 from typing import Any, Callable, Collection, Generator, Mapping, NamedTuple, Sequence
@@ -53,13 +55,17 @@ class SlotRoute:
     on to the tritonclient client the slots' client holds.  *kept_input* is the facade's
     ``InferInput`` (a :class:`KeptInput`; tritonclient's own are read too).  *result_type* is the facade's result
     class (see :func:`~tritonshm._tritonclient_compat.result_class`).  With *aio* the slots are
-    a :class:`tritonshm.aio.Client` (for :meth:`infer_aio`; closed with :meth:`aclose`).
+    a :class:`tritonshm.aio.Client` (for :meth:`infer_aio`; closed with :meth:`aclose`).  With
+    *verbose* (the facade's), a call through the slots prints what tritonclient's prints.
     """
 
     def __init__(self, protocol: str, url: str, ssl: bool, connect_options: Mapping[str, Any],
-                 module: Any, kept_input: type, result_type: type, aio: bool = False):
+                 module: Any, kept_input: type, result_type: type, aio: bool = False, verbose: bool = False):
         self.http = protocol == "http"
         self._aio = aio
+        #: The facade's ``verbose``: its calls through the slots print what tritonclient's print
+        #: (see :class:`Told`).
+        self.verbose = bool(verbose)
         self.url = SHM_URL_SCHEMES[(protocol, bool(ssl))] + url
         self._connect_options = dict(connect_options)
         self._module = module
@@ -79,15 +85,19 @@ class SlotRoute:
     def _shm_client(self) -> Any:
         with self._lock:
             if self._client is None and not self._closed:
+                client: Any
                 if self._aio:
                     from .client._aio import Client as AioClient
 
-                    self._client = AioClient(self.url, connect_options=self._connect_options or None)
+                    client = AioClient(self.url, connect_options=self._connect_options or None)
                 else:
                     from .client import Client
 
                     # The slots' own connection: tritonclient's HTTP client is the caller's thread's.
-                    self._client = Client(self.url, connect_options=self._connect_options or None)
+                    client = Client(self.url, connect_options=self._connect_options or None)
+                if self.verbose:
+                    _tell_sends(client, self._aio)
+                self._client = client
             return self._client
 
     def close(self) -> None:
@@ -124,12 +134,13 @@ class SlotRoute:
         planned = _drive(self._plan(facade, model_name, inputs, model_version, outputs, request_id, options))
         if planned is None:
             return None
+        told = self._told("infer", facade, planned)
         try:
-            made = planned.client.infer(model_name, planned.arrays, outputs=planned.wanted, version=model_version,
-                                        options=planned.options)
+            made = _telling(told, planned.client.infer, model_name, planned.arrays, outputs=planned.wanted,
+                            version=model_version, options=planned.options)
         except ServerError as error:
             raise in_tritonclients_words(error, self.http) from None  # (the held client's words: debug_details)
-        return planned.result(made)
+        return planned.result(made, told)
 
     def infer_async(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
                     outputs: Sequence[Any] | None, request_id: str,
@@ -149,13 +160,18 @@ class SlotRoute:
         # once this returns.  tritonclient's own bytes are immutable: read where they are.
         kept = {given.name() for given in inputs if type(given) is self._kept_input and given.kept_array() is not None}
         arrays = {name: array.copy() if name in kept else array for name, array in planned.arrays.items()}
-        pending = planned.client.infer_async(model_name, arrays, outputs=planned.wanted,
-                                             version=model_version,
-                                             options=planned.options)
+        told = self._told("async_infer", facade, planned)
+        if told is None:
+            pending = planned.client.infer_async(model_name, arrays, outputs=planned.wanted,
+                                                 version=model_version, options=planned.options)
+        else:  # the held client's infer_async, on its workers, told what to print (numpy only: nothing to capture)
+            pending = planned.client._workers_for("async").submit(
+                _telling, told, planned.client.infer, model_name, arrays, outputs=planned.wanted,
+                version=model_version, options=planned.options)
         # The request keeps the facade alive until it ends, as tritonclient's callback (which
         # names its client) does: a facade dropped meanwhile is closed -- its slots with it --
         # only once its requests are answered, not under them.
-        return _then(pending, planned.result, keep=facade,
+        return _then(pending, functools.partial(planned.result, told=told), keep=facade,
                      failed=functools.partial(in_tritonclients_words, http=self.http))
 
     async def infer_aio(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
@@ -167,12 +183,16 @@ class SlotRoute:
         if planned is None:
             return None
         # The aio client captures the inputs when infer() is called, before the first await.
+        told = self._told("infer", facade, planned)
+        token = _TOLD.set(told)  # (the held client's steps run in tasks that copy this context)
         try:
             made = await planned.client.infer(model_name, planned.arrays, outputs=planned.wanted,
                                               version=model_version, options=planned.options)
         except ServerError as error:
             raise in_tritonclients_words(error, self.http, aio=True) from None
-        return planned.result(made)
+        finally:
+            _TOLD.reset(token)
+        return planned.result(made, told)
 
     def stream_to(self, stream: Any, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
                   outputs: Sequence[Any] | None, request_id: str, options: Mapping[str, Any]) -> Any:
@@ -254,15 +274,40 @@ class SlotRoute:
             return None
         if streamed:
             return _Planned(client, arrays, [], checked, _unused)
-        version = model_version or (yield from self._version_run(facade, model_name))
+        headers = options.get("headers")
+        plugin = facade.plugin()
+        if plugin is not None:  # its headers, as tritonclient's call asks it for them: once a call
+            asked = _PluginRequest(headers)
+            plugin(asked)
+            headers = asked.headers
+            try:
+                checked = checked.replace(headers=headers)
+            except InferenceServerException:
+                return None  # headers the held client refuses: tritonclient's call sends them its way
+        # The version the server runs: known, else read (a verbose call takes it from the
+        # response instead: the read would print what tritonclient's call does not).
+        version = model_version or self._versions.get((model_name, "")) or (
+            None if self.verbose else (yield from self._version_run(facade, model_name)))
         return _Planned(client, arrays, None if names is _ALL else names, checked,
-                        functools.partial(self._made, model_name, version, info))
+                        functools.partial(self._made, model_name, version, info), headers)
 
-    def _made(self, model_name: str, version: str, info: Any, outputs_made: Mapping[str, np.ndarray]) -> Any:
-        """The tritonclient result of the outputs the held client returned."""
+    def _made(self, model_name: str, version: str | None, info: Any, outputs_made: Mapping[str, np.ndarray],
+              told: "Told | None" = None) -> Any:
+        """The tritonclient result of the outputs the held client returned (a verbose call's
+        version, where none was known, the one its response named)."""
+        if version is None:
+            version = told.version if told is not None and told.version else ""
+            if version:
+                self._versions[(model_name, "")] = version
         # In the response as the server orders them: the model's order, not the request's.
         specs = [spec for spec in info.outputs if spec.name in outputs_made]
         return self._result_type(model_name, version, specs, outputs_made)
+
+    def _told(self, call: str, facade: Any, planned: "_Planned") -> "Told | None":
+        """What a verbose facade's *call* prints (None: the facade is not verbose)."""
+        if not self.verbose:
+            return None
+        return Told(call, self.http, self._aio, facade, planned.headers)
 
     def _arrays(self, inputs: Sequence[Any]) -> dict[str, np.ndarray] | None:
         """Each input's data as an array (views of the bytes tritonclient keeps, no copy), or
@@ -386,13 +431,133 @@ def _heal_steps(client: Any, regions: Collection[str]) -> Generator[Any, Any, No
 
 class _Planned(NamedTuple):
     """A call the slots take: the held client, what it is asked, and how its answer becomes
-    tritonclient's result."""
+    tritonclient's result (``result(outputs, told)``)."""
 
     client: Any
     arrays: dict[str, np.ndarray]
     wanted: list[str] | None  # None or []: every output (the held client's outputs=)
     options: RequestOptions
-    result: Callable[[Mapping[str, np.ndarray]], Any]
+    result: Callable[..., Any]
+    headers: Any = None  # the call's headers as tritonclient's would send them (its plugin's too)
+
+
+class _PluginRequest:
+    """What a tritonclient plugin is handed (``plugin(request)``): the call's headers, to change."""
+
+    def __init__(self, headers: dict[str, Any] | None):
+        self.headers = headers if headers is not None else {}
+
+
+# -- verbose: what tritonclient prints for a call the slots carry ----------------------------
+
+#: The verbose facade call the held client runs now, on this thread or task (its steps' tasks
+#: copy it): the held client's sends print what tritonclient's call would have (:class:`Told`).
+_TOLD: "contextvars.ContextVar[Told | None]" = contextvars.ContextVar("tritonshm_facade_told", default=None)
+
+
+class Told:
+    """One call of a verbose facade (``verbose=True``) carried through the slots: prints what
+    tritonclient's own call prints -- the request that went to the server (the slot's
+    shared-memory parameters where the tensors would be) and the server's response -- in
+    tritonclient's words: gRPC ``"<call>, metadata ...\n<request>"`` then the response message;
+    HTTP ``"POST <uri>, headers ...\n<body>"``, the response and its JSON.  Keeps the version
+    the response names (:attr:`version`)."""
+
+    def __init__(self, call: str, http: bool, aio: bool, facade: Any, headers: Mapping[str, Any] | None):
+        self.call = call            # "infer" or "async_infer"
+        self._http = http
+        self._aio = aio
+        self._headers = headers if headers is not None else {}  # the call's, the plugin's included
+        # Where tritonclient's HTTP client posts: its URL's path (aio: the whole URL).
+        self._base = getattr(facade, "_url" if aio else "_base_uri", "") if http else ""
+        self._target = ""
+        self.version: str | None = None
+
+    def sending(self, step: Any) -> None:
+        """Print the request of the held client's *step* (a ``Send``) as tritonclient does."""
+        if self._http:
+            from . import _http1
+            from .client import _messages
+
+            prepared = step.message if isinstance(step.message, _http1.Prepared) else _messages.http_request(step)
+            self._target = prepared.target
+            print("POST {}, headers {}\n{!r}".format(self._base + prepared.target, prepared.headers, prepared.body))
+        else:
+            message = step.message if step.message is not None else _grpc_message(step)
+            print("{}, metadata {}\n{}".format(self.call, self._headers.items(), message))
+        if self.call == "async_infer":
+            print("Sent request")
+
+    def answered(self, result: Any) -> None:
+        """Print the server's response (*result*, what the held client's send returned)."""
+        response = result.get_response()
+        if not self._http:
+            self.version = response.model_version
+            print(response)
+            return
+        self.version = str(response.get("model_version", "")) or None
+        # (the HTTP response's head is gone by now: shown as tritonclient's HTTP client shows
+        # Triton's answer to a request with no tensor in it -- its JSON, nothing after it)
+        content = json.dumps(response, separators=(",", ":")).encode()
+        if self._aio:
+            print(f"<ClientResponse({self._base}{self._target}) [200 OK]>\n"
+                  f"<CIMultiDictProxy('Content-Type': 'application/json', 'Content-Length': '{len(content)}')>\n")
+        else:
+            print(f"<HTTPSocketPoolResponse status=200 headers={{'Content-Type': 'application/json', "
+                  f"'Content-Length': '{len(content)}'}}>")
+        print(content)
+
+
+#: tritonclient.grpc's request builder's arguments at ``infer``'s defaults.
+_GRPC_REQUEST_DEFAULTS = {"sequence_id": 0, "sequence_start": False, "sequence_end": False, "priority": 0,
+                          "timeout": None, "parameters": None}
+
+
+def _grpc_message(step: Any) -> Any:
+    """The ``ModelInferRequest`` tritonclient builds for a held client's ``Send`` that carries no
+    message made ready (it has options): what goes to the server."""
+    options = {} if step.options is None else step.options.grpc_stream_infer_kwargs()
+    return compat.grpc_request(model_name=step.model, inputs=step.inputs, model_version=step.version, request_id="",
+                               outputs=step.outputs, **{**_GRPC_REQUEST_DEFAULTS, **options})
+
+
+def _tell_sends(client: Any, aio: bool) -> None:
+    """Make the held *client* (a verbose facade's) print, around each request it sends for a
+    verbose call (:data:`_TOLD`), what tritonclient's call prints; its other sends as they were."""
+    from .client._steps import Send
+
+    handlers = client._driver.handlers
+    send = handlers[Send]
+
+    async def told_send_aio(step: Any) -> Any:
+        told = _TOLD.get()
+        if told is None:
+            return await send(step)
+        told.sending(step)
+        result = await send(step)
+        told.answered(result)
+        return result
+
+    def told_send(step: Any) -> Any:
+        told = _TOLD.get()
+        if told is None:
+            return send(step)
+        told.sending(step)
+        result = send(step)
+        told.answered(result)
+        return result
+
+    handlers[Send] = told_send_aio if aio else told_send
+
+
+def _telling(told: "Told | None", call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` (a held client's blocking call) with *told* as this thread's
+    :data:`_TOLD` meanwhile."""
+    token = _TOLD.set(told)
+    try:
+        return call(*args, **kwargs)
+    finally:
+        _TOLD.reset(token)
 
 
 def _drive(plan: Generator[Any, Any, _Planned | None]) -> _Planned | None:
@@ -470,7 +635,7 @@ class InTritonclientsWords:
     def __reduce__(self) -> tuple[Any, ...]:
         # (its class is made here, with no name pickle can import: made again from its base)
         base = type(self).__mro__[2]
-        return _reworded, (base, self.args, dict(self.__dict__))
+        return _reworded, (base, getattr(self, "args", ()), dict(self.__dict__))
 
 
 @functools.cache
@@ -481,7 +646,7 @@ def _worded_class(base: type) -> type:
                                                               "__doc__": base.__doc__})
 
 
-def _reworded(base: type, args: tuple, state: dict[str, Any]) -> BaseException:
+def _reworded(base: type, args: tuple, state: dict[str, Any]) -> Any:
     cls = _worded_class(base)
     error = cls.__new__(cls, *args)
     error.args = args
@@ -757,9 +922,10 @@ class _SlotsHeld:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         constructor = inspect.signature(self._tritonshm_module.InferenceServerClient.__init__)
-        url, ssl, options = constructor_arguments(constructor, args, kwargs)
+        url, ssl, verbose, options = constructor_arguments(constructor, args, kwargs)
         self._tritonshm_slots = SlotRoute(self._tritonshm_protocol, url, ssl, options, self._tritonshm_module,
-                                          self._tritonshm_input, self._tritonshm_result, aio=self._tritonshm_aio)
+                                          self._tritonshm_input, self._tritonshm_result, aio=self._tritonshm_aio,
+                                          verbose=verbose)
 
     @property
     def tritonshm(self) -> Any:
@@ -800,16 +966,18 @@ def changed(defaults: Mapping[str, Any], **given: Any) -> dict[str, Any]:
     return {name: value for name, value in given.items() if value is not defaults[name]}
 
 
-def constructor_arguments(signature: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, bool, dict]:
-    """``(url, ssl, connect options)`` of a call of tritonclient's constructor with *signature*
-    (``self`` first): the options are the arguments other than ``url``, ``verbose`` and ``ssl``
-    given at a value other than their default, for the slots' own tritonclient client."""
+def constructor_arguments(signature: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, bool, bool,
+                                                                                                 dict]:
+    """``(url, ssl, verbose, connect options)`` of a call of tritonclient's constructor with
+    *signature* (``self`` first): the options are the arguments other than ``url``, ``verbose``
+    and ``ssl`` given at a value other than their default, for the slots' own tritonclient
+    client (never verbose: the facade prints what tritonclient's call would, see :class:`Told`)."""
     bound = signature.bind(None, *args, **kwargs)
     given = dict(bound.arguments)
     given.pop("self", None)
     options = {name: value for name, value in given.items() if name not in ("url", "verbose", "ssl")
                and value is not signature.parameters[name].default}
-    return str(given["url"]), bool(given.get("ssl", False)), options
+    return str(given["url"]), bool(given.get("ssl", False)), bool(given.get("verbose", False)), options
 
 
 def reexport(module: Any, namespace: dict[str, Any], own: Sequence[str] = ()) -> list[str]:

@@ -76,6 +76,7 @@ class _StreamCore:
 
     def __init__(self, route: Any) -> None:
         self._route = route
+        self._verbose = bool(getattr(route, "verbose", False))  # the facade's: print as tritonclient's stream
         self._table = StreamTable()
         self._sent: dict[str, _Sent] = {}  # the requests the server has not ended, by our id
         self._lock = threading.Lock()
@@ -102,11 +103,14 @@ class _StreamCore:
                                       **{**_REQUEST_DEFAULTS, **options})
         self.send(message, asked)
 
-    def send(self, message: Any, asked: _Asked, keep: bool = False) -> Streamed:
+    def send(self, message: Any, asked: _Asked, keep: bool = False, again: bool = False) -> Streamed:
         """Put *message* on the stream under an id of ours, asking for the server's empty
         final response (so the table knows when the server is done with it); its entry.
-        With *keep*, the message is kept until its first response (see :class:`_Sent`)."""
+        With *keep*, the message is kept until its first response (see :class:`_Sent`).  A
+        request sent *again* (:meth:`resent`) is not printed again."""
         self._check_open()
+        if self._verbose and not again:
+            self._print_request(message, asked)
         message.parameters[_EMPTY_FINAL].bool_param = True
         entry = self._table.open(None, _undelivered)
         with self._lock:
@@ -120,6 +124,9 @@ class _StreamCore:
 
     def _put(self, message: Any) -> None:
         raise NotImplementedError
+
+    def _print_request(self, message: Any, asked: _Asked) -> None:
+        """A verbose stream's request, as tritonclient's stream prints it (the aio one prints none)."""
 
     def answer(self, message: Any) -> tuple[tuple[Any, Any] | None, list[Callable[[bool], None]], _Sent | None]:
         """What one ``ModelStreamInferResponse`` is for the caller -- ``(result, error)`` as
@@ -148,11 +155,15 @@ class _StreamCore:
         response.id = asked.request_id
         if message.error_message:
             # The server names the request in its errors: by the caller's id, as it would have.
-            said = message.error_message.replace(f"[request id: {our_id}]",
-                                                 f"[request id: {asked.request_id or '<id_unknown>'}]")
-            return None, InferenceServerException(msg=said)
+            message.error_message = message.error_message.replace(
+                f"[request id: {our_id}]", f"[request id: {asked.request_id or '<id_unknown>'}]")
+            if self._verbose:
+                print(message)
+            return None, InferenceServerException(msg=message.error_message)
         if final and not response.outputs and not asked.empty_final:
             return None
+        if self._verbose:  # (as the caller would have had it: its id, the final response it asked for)
+            print(message)
         _, result_type, _ = compat.grpc_parts()
         return result_type(response), None
 
@@ -166,7 +177,7 @@ class _StreamCore:
             again = type(sent.message)()
             again.CopyFrom(sent.message)
             try:
-                entry = self.send(again, sent.asked)  # not kept: sent again once only
+                entry = self.send(again, sent.asked, again=True)  # not kept: sent again once only
             except InferenceServerException:
                 pass  # the stream is no longer usable: the caller hears the refusal
             else:
@@ -245,6 +256,20 @@ class FacadeStream(_StreamCore):
             compat.raise_grpc_error(rpc_error)
         self._reader = threading.Thread(target=self._read, name="tritonshm-facade-stream", daemon=True)
         self._reader.start()
+        if self._verbose:
+            print("stream started...")
+
+    def _print_request(self, message: Any, asked: _Asked) -> None:
+        # As the caller built it: its id, the empty final response only if it asked for it.
+        shown = type(message)()
+        shown.CopyFrom(message)
+        shown.id = asked.request_id
+        if asked.empty_final:
+            shown.parameters[_EMPTY_FINAL].bool_param = True
+        elif _EMPTY_FINAL in shown.parameters:  # (the held client asks for it on every request)
+            del shown.parameters[_EMPTY_FINAL]
+        print("async_stream_infer\n{}".format(shown))
+        print("enqueued request {} to stream...".format(asked.request_id))
 
     def _check_open(self) -> None:
         if not self._active:
@@ -298,6 +323,8 @@ class FacadeStream(_StreamCore):
         # region it forgot may still go again)
         if self._reader is not threading.current_thread():
             self._reader.join()
+            if self._verbose:
+                print("stream stopped...")
 
 
 class AioFacadeStream(_StreamCore):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import re
 import threading
 
 import numpy as np
@@ -300,3 +301,191 @@ def test_an_aio_error_reads_as_tritonclients(server, protocol, case):
         assert str(expected) == f"[{expected.status()}] {expected.message()}"
     else:
         assert expected.message() == "Deadline Exceeded"
+
+
+# -- 3. verbose=True ---------------------------------------------------------------------------
+
+_REGION = re.compile(r"tritonshm-\d+-[0-9a-f]+")
+_NUMBER_AFTER = re.compile(r"((?:shared_memory_offset|shared_memory_byte_size|Content-Length)(?:int64|\D)*?)\d+")
+
+
+def printed(text):
+    """What a verbose call printed, its region names and offsets, sizes and lengths masked (the
+    facade's slots are named and laid out its own way), and tritonclient.http's "Sent request"
+    last: it prints it after a 10 ms pause, before or after the response as the server is quick."""
+    lines = _NUMBER_AFTER.sub(r"\1N", _REGION.sub("REGION", text)).splitlines()
+    return [line for line in lines if line != "Sent request"] + ["Sent request"] * lines.count("Sent request")
+
+
+def verbose_call(module, client, protocol, way, x, bound=None):
+    """identity_fp32 on *x*, made *way*; *bound*: (region, its name) to bind the tensors to by
+    hand (tritonclient's shared-memory call, the facade's slots' counterpart)."""
+    inp = module.InferInput("INPUT0", list(x.shape), "FP32")
+    out = module.InferRequestedOutput("OUTPUT0")
+    if bound is None:
+        inp.set_data_from_numpy(x)
+    else:
+        import tritonshm
+
+        region, name = bound
+        region.write(x)
+        tritonshm.bind_input(inp, region, 0, x.nbytes, name=name)
+        tritonshm.bind_output(out, region, 4096, x.nbytes, name=name)
+    if way == "infer":
+        return client.infer("identity_fp32", [inp], outputs=[out])
+    if protocol == "http":
+        return client.async_infer("identity_fp32", [inp], outputs=[out]).get_result(timeout=30)
+    done = threading.Event()
+    heard = []
+    client.async_infer("identity_fp32", [inp], lambda result, error: (heard.append(result), done.set()),
+                       outputs=[out])
+    assert done.wait(30)
+    return heard[0]
+
+
+@pytest.mark.parametrize("way", ["infer", "async_infer"])
+def test_verbose_prints_the_request_and_response_as_tritonclient(server, protocol, way, capsys):
+    import tritonshm
+
+    plain_module, facade_module = modules(protocol)
+    x = np.arange(4, dtype=np.float32)
+    plain = connect(plain_module, server, protocol)
+    try:
+        with tritonshm.SystemRegion.create(1 << 16) as region:
+            name = tritonshm.register(plain, region)
+            try:
+                plain._verbose = True  # (after registering: only the call's own prints)
+                capsys.readouterr()
+                verbose_call(plain_module, plain, protocol, way, x, bound=(region, name))
+                expected = capsys.readouterr().out
+                plain._verbose = False
+            finally:
+                tritonshm.unregister(plain, name)
+    finally:
+        plain.close()
+    with connect(facade_module, server, protocol, verbose=True) as facade:
+        capsys.readouterr()
+        first = verbose_call(facade_module, facade, protocol, way, x)
+        got = capsys.readouterr().out
+        again = verbose_call(facade_module, facade, protocol, way, x)  # the slots made: the same again
+        got_again = capsys.readouterr().out
+        assert type(first) is not facade_module.InferResult, "the facade sent its tensors over the wire"
+        np.testing.assert_array_equal(again.as_numpy("OUTPUT0"), x)
+    assert "shared_memory_region" in expected
+    assert printed(got) == printed(expected)
+    assert printed(got_again) == printed(expected)
+    # The version the server ran, as the response said it (no metadata call of the facade's own)
+    response = first.get_response()
+    assert (response["model_version"] if protocol == "http" else response.model_version) == "1"
+
+
+def test_verbose_aio_infer_prints_the_request_and_response_as_tritonclient(server, protocol, capsys):
+    import asyncio
+
+    import tritonshm
+
+    x = np.arange(4, dtype=np.float32)
+
+    async def run(module, bound=None):
+        # (the facade verbose from the start: it prints nothing but its calls)
+        client = connect(module, server, protocol, **({} if bound is not None else {"verbose": True}))
+        try:
+            if bound is not None:
+                region = bound
+                name = await tritonshm.register(client, region)
+                bound = (region, name)
+                client._verbose = True  # (after registering: only the call's own prints)
+            capsys.readouterr()
+            inp = module.InferInput("INPUT0", [4], "FP32")
+            out = module.InferRequestedOutput("OUTPUT0")
+            if bound is None:
+                inp.set_data_from_numpy(x)
+            else:
+                region.write(x)
+                tritonshm.bind_input(inp, region, 0, x.nbytes, name=name)
+                tritonshm.bind_output(out, region, 4096, x.nbytes, name=name)
+            result = await client.infer("identity_fp32", [inp], outputs=[out])
+            said = capsys.readouterr().out
+            client._verbose = False
+            if bound is not None:
+                await tritonshm.unregister(client, name)
+            else:
+                assert type(result) is not module.InferResult, "the facade sent its tensors over the wire"
+            return said
+        finally:
+            await client.close()
+
+    with tritonshm.SystemRegion.create(1 << 16) as region:
+        expected = asyncio.run(run(importlib.import_module(f"tritonclient.{protocol}.aio"), region))
+    got = asyncio.run(run(importlib.import_module(f"tritonshm.{protocol}.aio")))
+    assert "shared_memory_region" in expected
+    # (aiohttp asks for a gzip answer unless told not to; the slots' answer is not compressed)
+    assert printed(got) == printed(expected.replace("'Content-Encoding': 'gzip', ", ""))
+
+
+def without_tensors(text):
+    """A stream's verbose text without what differs by design: the inputs' shared-memory
+    parameters (the facade's) and their bytes in the message (tritonclient's), region names."""
+    text = re.sub(r'  parameters \{\n    key: "shared_memory_\w+"\n    value \{\n      \w+: [^\n]+\n    \}\n  \}\n',
+                  "", text)
+    return re.sub(r"raw_input_contents: [^\n]+\n", "", text)
+
+
+def test_a_verbose_stream_prints_as_tritonclients(server, capsys):
+    import tritonclient.grpc
+    import tritonshm.grpc
+
+    said = []
+    for module in (tritonclient.grpc, tritonshm.grpc):
+        client = module.InferenceServerClient(server.grpc_url, verbose=True)
+        try:
+            answered = threading.Semaphore(0)
+            capsys.readouterr()
+            client.start_stream(lambda result, error: answered.release())
+            # one at a time: each request's prints and its responses' in one order
+            for request_id, count, empty, answers in (("two", 2, False, 2), ("one", 1, True, 2), ("refused", -1, False, 1)):
+                client.async_stream_infer("stream_fp32", stream_request(module, count), request_id=request_id,
+                                          enable_empty_final_response=empty)
+                for _ in range(answers):
+                    assert answered.acquire(timeout=30)
+            client.stop_stream()
+            said.append(capsys.readouterr().out)
+            if module is tritonshm.grpc:
+                assert client.tritonshm.pools(), "the facade sent the stream's inputs over the wire"
+        finally:
+            client.close()
+    expected, got = said
+    assert "raw_input_contents" in expected and "shared_memory_region" in got
+    assert without_tensors(got) == without_tensors(expected)
+
+
+# -- a plugin's headers ----------------------------------------------------------------------
+
+
+def test_a_plugins_headers_go_with_the_calls_the_slots_carry(server, protocol, capsys):
+    """tritonclient asks a registered plugin for each call's headers; the facade asks it once per
+    call it carries through the slots too, and sends what it added (shown by verbose)."""
+    class Plugin:
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, request):
+            self.calls += 1
+            request.headers["x-tshm-plugin"] = "yes"
+
+    seen = []
+    for module in modules(protocol):
+        client = connect(module, server, protocol, verbose=True)
+        plugin = Plugin()
+        client.register_plugin(plugin)
+        try:
+            capsys.readouterr()
+            for _ in range(2):
+                result = client.infer("identity_fp32", inputs_of(module, np.arange(4, dtype=np.float32)))
+            sent = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("infer,", "POST"))]
+            seen.append((plugin.calls, len(sent), all("x-tshm-plugin" in line for line in sent)))
+            if module.__name__.startswith("tritonshm"):
+                assert type(result) is not module.InferResult, "the facade sent its tensors over the wire"
+        finally:
+            client.close()
+    assert seen[1] == seen[0] == (2, 2, True)
