@@ -390,6 +390,11 @@ def no_server_hint(address: str | None) -> str:
 SERVER_ERRORS: tuple[ServerErrorRule, ...] = (
     _rule("client shared memory is disabled", SharedMemoryRefused,
           "the server has client shared memory disabled; start it with --allow-client-shm=true (Triton >= 2.69)"),
+    # --grpc-restricted-protocol / --http-restricted-api: gRPC names the header with its
+    # "triton-grpc-protocol-" prefix, as the client must send it.
+    _rule(r"this (protocol|api) is restricted, expecting header '(?P<header>[^']+)'", SharedMemoryRefused,
+          "the server restricts its shared-memory API to callers that send header {header!r}: give it "
+          "in the client's headers= (the value the server was started with)"),
     _rule("unable to open shared memory region|unable to open cuda", SharedMemoryRefused,
           "the server cannot open our shared memory. It must run on this machine, in the same IPC "
           "namespace (--ipc=host for containers), as a user allowed to open mode-0600 segments of ours"),
@@ -521,6 +526,8 @@ _BROKEN_STREAM = ("socket closed|connection reset|broken pipe|stream removed|rst
 OUTCOMES: tuple[OutcomeRule, ...] = (
     _outcome_rule("unavailable", _NO_CONNECTION, Outcome.NOT_SENT,
                   "gRPC core found no connection to start the call on"),
+    _outcome_rule("unavailable", "this protocol is restricted", Outcome.ANSWERED,
+                  "Triton's refusal of a restricted API without its header (src/grpc/grpc_server.cc)"),
     _outcome_rule("unavailable|cancelled|deadline_exceeded", None, Outcome.UNKNOWN,
                   "a connection that broke, a proxy's 502/503/504, the client's deadline, a cancellation: "
                   "the request may be running on the server"),

@@ -27,7 +27,7 @@ import math
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from . import _dtypes, _transport
 from .errors import OutOfBounds, RegistrationError, ServerError, ShapeMismatch, translate_error
@@ -94,7 +94,8 @@ def call_translated(client: Any, doing: str, method: str, *args: Any, on_success
     return awaited()
 
 
-def register(client: Any, region: Any, name: str | None = None, *, device_id: int | None = None) -> Any:
+def register(client: Any, region: Any, name: str | None = None, *, device_id: int | None = None,
+             headers: Mapping[str, str] | None = None) -> Any:
     """Register the whole of *region* with the server behind *client*.
 
     Returns the name (for an aio client, an awaitable of it).  *name*
@@ -102,7 +103,8 @@ def register(client: Any, region: Any, name: str | None = None, *, device_id: in
     regions use the system shared-memory extension; CUDA regions the CUDA
     one, on *device_id* -- the server's number for the region's GPU, which
     defaults to ``region.device`` and differs only when the server sees
-    the GPUs through another ``CUDA_VISIBLE_DEVICES``.
+    the GPUs through another ``CUDA_VISIBLE_DEVICES``.  *headers* go with the call (a server
+    whose shared-memory API is restricted wants its header).
     """
     if region.closed:
         region.span()  # raises RegionClosed with the region's description
@@ -125,17 +127,23 @@ def register(client: Any, region: Any, name: str | None = None, *, device_id: in
         handle = base64.b64encode(region.ipc_handle).decode("ascii")
         return call_translated(
             client, doing, "register_cuda_shared_memory",
-            name, handle, device, region.nbytes, on_success=remember, cuda=True,
+            name, handle, device, region.nbytes, on_success=remember, cuda=True, **_with(headers),
         )
     if device_id is not None:
         raise RegistrationError(f"device_id applies to CUDA regions only, not to {region!r}")
     return call_translated(
         client, doing, "register_system_shared_memory",
-        name, region.key, region.nbytes, 0, on_success=remember,
+        name, region.key, region.nbytes, 0, on_success=remember, **_with(headers),
     )
 
 
-def unregister(client: Any, name_or_region: Any, *, patience: float = _IN_USE_PATIENCE) -> Any:
+def _with(headers: Mapping[str, str] | None) -> dict[str, Any]:
+    """tritonclient's ``headers=`` where there are any (test doubles of it may take none)."""
+    return {"headers": dict(headers)} if headers else {}
+
+
+def unregister(client: Any, name_or_region: Any, *, patience: float = _IN_USE_PATIENCE,
+               headers: Mapping[str, str] | None = None) -> Any:
     """Unregister one of our regions, by name or by region; idempotent.
 
     A server that refuses because the region is in use (Triton does, for a
@@ -144,7 +152,8 @@ def unregister(client: Any, name_or_region: Any, *, patience: float = _IN_USE_PA
 
     Refuses names this process did not register: tritonshm never removes
     other clients' regions, and never unregisters "all".  The extension
-    (system or CUDA) is the one the name was registered with.
+    (system or CUDA) is the one the name was registered with.  *headers* go
+    with the call.
     """
     if isinstance(name_or_region, str):
         name = name_or_region
@@ -169,24 +178,25 @@ def unregister(client: Any, name_or_region: Any, *, patience: float = _IN_USE_PA
     # server, and a request naming it here gets the server's clear error.
     doing = f"unregistering {name!r}"
     if _transport.of_client(client).aio:
-        return _unregister_patiently_aio(client, doing, method, name, patience)
+        return _unregister_patiently_aio(client, doing, method, name, patience, headers)
     deadline = time.monotonic() + patience
     while True:
         try:
-            return call_translated(client, doing, method, name)
+            return call_translated(client, doing, method, name, **_with(headers))
         except ServerError as exc:
             if _IN_USE not in str(exc) or time.monotonic() >= deadline:
                 raise
         time.sleep(_IN_USE_INTERVAL)
 
 
-async def _unregister_patiently_aio(client: Any, doing: str, method: str, name: str, patience: float) -> Any:
+async def _unregister_patiently_aio(client: Any, doing: str, method: str, name: str, patience: float,
+                                    headers: Mapping[str, str] | None = None) -> Any:
     """:func:`unregister` for an aio client, asking again while the region is "in use"."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + patience
     while True:
         try:
-            return await call_translated(client, doing, method, name)
+            return await call_translated(client, doing, method, name, **_with(headers))
         except ServerError as exc:
             if _IN_USE not in str(exc) or loop.time() >= deadline:
                 raise

@@ -69,6 +69,9 @@ class BlockingDriver:
         self._http = engine.wire.http
         self._grpc_send: Callable[[Any], Any] | None = None  # ready messages, on the shared client
         self._url = engine.url  # where the client looks, as the caller gave it
+        self._headers = engine.headers
+        # Every control call's options: the wire's (JSON answers) and the client's headers.
+        self._control = {**engine.wire.json, **({"headers": engine.headers} if engine.headers else {})}
         endpoint = engine.endpoint
         # Plain HTTP: inference requests go on this thread's socket, not through
         # tritonclient's I/O thread (None: through tritonclient).
@@ -175,9 +178,8 @@ class BlockingDriver:
             **options))
 
     def _fetch_server_version(self, step: FetchServerVersion) -> str:
-        wire = self._wire
         metadata = self.connector.call(lambda tc: triton.call_translated(
-            tc, "reading the server's metadata", "get_server_metadata", address=self._url, **wire.json))
+            tc, "reading the server's metadata", "get_server_metadata", address=self._url, **self._control))
         return str(metadata.get("version", "")) if isinstance(metadata, dict) else ""
 
     def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
@@ -186,9 +188,9 @@ class BlockingDriver:
 
         def fetch(tc: Any) -> tuple[Any, Any]:
             metadata = triton.call_translated(tc, doing, "get_model_metadata", step.model, step.version,
-                                              address=url, **wire.json)
+                                              address=url, **self._control)
             config = triton.call_translated(tc, doing, "get_model_config", step.model, step.version,
-                                            address=url, **wire.json)
+                                            address=url, **self._control)
             return metadata, wire.model_config(config)
 
         return self.connector.call(fetch)
@@ -197,21 +199,22 @@ class BlockingDriver:
         wire = self._wire
         return self.connector.call(lambda tc: wire.model_names(triton.call_translated(
             tc, "reading the server's model repository index", "get_model_repository_index", address=self._url,
-            **wire.json)))
+            **self._control)))
 
     def _register(self, step: Register) -> str:
+        headers = self._headers
         if step.name is None:
-            return self.connector.call(step.memory.register)
-        return self.connector.call(lambda tc: step.memory.reregister(tc, step.name))
+            return self.connector.call(lambda tc: step.memory.register(tc, headers))
+        return self.connector.call(lambda tc: step.memory.reregister(tc, step.name, headers))
 
     def _unregister(self, step: Unregister) -> None:
         # No patience here: memory the server still uses is parked and tried again later.
-        self.connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0))
+        self.connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0, headers=self._headers))
 
 
-def _unregister_now(tc: Any, name: str) -> Any:
+def _unregister_now(tc: Any, name: str, headers: Mapping[str, str] | None = None) -> Any:
     """Unregister *name* on tritonclient *tc* at once: the steps themselves decide when to ask again."""
-    return triton.unregister(tc, name, patience=0.0)
+    return triton.unregister(tc, name, patience=0.0, headers=headers)
 
 
 def release_everything(driver: BlockingDriver, engine: Engine, workers: dict[str, Workers], wait: bool,
@@ -229,13 +232,14 @@ def release_everything(driver: BlockingDriver, engine: Engine, workers: dict[str
         group.shutdown(wait)
     workers.clear()
     driver.close_wire()  # its requests' slots come back, to be released below
-    _carry_out_unregisters(driver.connector, engine.release_steps(settle))
+    _carry_out_unregisters(driver.connector, engine.release_steps(settle), engine.headers)
     engine.hold_refused()
     driver.connector.close(wait)
 
 
-def _carry_out_unregisters(connector: Connector, steps: Steps) -> None:
-    """Drive steps that only unregister (and pause), blocking; failures go back into the steps."""
+def _carry_out_unregisters(connector: Connector, steps: Steps, headers: Mapping[str, str] | None) -> None:
+    """Drive steps that only unregister (and pause), blocking, with the client's *headers*; failures
+    go back into the steps."""
     step = advance(steps)
     while not isinstance(step, Done):
         try:
@@ -243,7 +247,8 @@ def _carry_out_unregisters(connector: Connector, steps: Steps) -> None:
                 time.sleep(step.seconds)
                 outcome, failure = None, None
             else:
-                outcome, failure = connector.call(functools.partial(_unregister_now, name=step.name)), None
+                outcome, failure = connector.call(functools.partial(_unregister_now, name=step.name,
+                                                                    headers=headers)), None
         except Exception as exc:
             outcome, failure = None, exc
         step = advance(steps, outcome, failure)
@@ -269,7 +274,7 @@ class Client(ClientFace):
     (e.g. ``root_certificates`` for gRPC over TLS).  *pinned* page-locks the
     slot pools for CUDA (``True``: with device 0's context; or a device
     number), so copies between them and a GPU run at pinned speed.
-    *headers* go with every request (gRPC metadata or HTTP headers: e.g.
+    *headers* go with every call (gRPC metadata or HTTP headers: e.g.
     authentication behind a gateway); a call's own ``headers=`` add to them.
     *by_reference* sends GPU tensors where they are, with no device copy: the
     allocation each is in (a torch or cupy segment, a region) is registered

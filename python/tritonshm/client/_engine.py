@@ -128,6 +128,9 @@ class Engine:
         self.planner = Planner(self.routing, self.wire, url, self.fallback, slot_timeout,
                                None if headers is None else RequestOptions.of(headers=headers))
         self._verbose = verbose
+        #: The client's headers, sent with every call it makes -- registrations and model reads too
+        #: (a gateway's auth, a server whose shared-memory API is restricted); None: none.
+        self.headers = dict(headers) if headers else None
         self._connect_options = dict(connect_options or {})
         self._lock = threading.RLock()
         self._models: dict[tuple[str, str], ModelInfo] = {}

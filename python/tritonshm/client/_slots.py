@@ -24,7 +24,7 @@ import dataclasses
 import math
 import mmap
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -113,13 +113,14 @@ class RegisteredMemory:
     #: The CUDA device the memory is on; None for host memory.
     device: int | None = None
 
-    def register(self, client: Any) -> Any:
-        """Register with the server behind *client*: the name (an awaitable for aio clients)."""
-        return triton.register(client, self.region)
+    def register(self, client: Any, headers: Mapping[str, str] | None = None) -> Any:
+        """Register with the server behind *client* (*headers* with the call): the name (an
+        awaitable for aio clients)."""
+        return triton.register(client, self.region, headers=headers)
 
-    def reregister(self, client: Any, name: str) -> Any:
+    def reregister(self, client: Any, name: str, headers: Mapping[str, str] | None = None) -> Any:
         """Register again under *name* after the server forgot it."""
-        return triton.register(client, self.region, name)
+        return triton.register(client, self.region, name, headers=headers)
 
     def bind_input(self, infer_input: Any, name: str, offset: int, nbytes: int) -> None:
         """Make *infer_input* read ``nbytes`` at *offset* (absolute) of this memory."""
