@@ -6,8 +6,16 @@ Three things, once the ``tritonshm`` package is loaded from the source tree:
   stubs, which carry the signatures; the docstrings are written once, in the ``.pyx`` sources, and
   compiled in. An object of a stub without a docstring gets the compiled object's (imported from
   the installed package; the signature Cython embeds as its first line is dropped).
-* **Sphinx roles read as code.** The docstrings are written for ``help()`` and use Sphinx's
-  roles (``:class:`Client```); the reference renders them as code spans (``Client``).
+* **Sphinx roles read as links.** The docstrings are written for ``help()`` and use Sphinx's
+  roles (``:class:`Client```); the reference renders them as code spans (``Client``), each a link
+  to the object's entry where the name resolves (as Sphinx would: the object's own scope, then
+  its class's and module's) to one the reference shows -- an optional cross-reference, as
+  mkdocstrings' own: one the site has no entry for stays a code span, no warning.
+* **No private names in signatures.** A default that is a private constant (``patience=_IN_USE_PATIENCE``)
+  shows its value (``1.0``), or ``...`` where it is a sentinel (``_UNSET``: "not given"); a type
+  named through a private import (``'_re.Pattern[str]'``, ``import re as _re``) shows the module's
+  own name (``re.Pattern[str]``); an attribute's value shows where it is a literal, not where it
+  is code (``UNKNOWN_MODEL = _re.compile(...)``).
 * **Attributes' Sphinx comments.** ``x: int  #: what x is`` (or ``#:`` lines right above it) is
   the attribute's docstring, as Sphinx reads it; a property made by a helper gets its runtime
   docstring; a name bound to another (``InferInput = _KeptInput``, ``limit = _LIMIT``) has the
@@ -20,11 +28,13 @@ Three things, once the ``tritonshm`` package is loaded from the source tree:
 
 from __future__ import annotations
 
+import ast
+import html
 import importlib
 import logging
 import re
 import types
-from typing import Any
+from typing import Any, Callable
 
 import griffe
 
@@ -38,18 +48,150 @@ _EMBEDDED_SIGNATURE = re.compile(r"\A[\w.]+\(.*?\)(?:\s*->\s*[^\n]+)?\n\n?", re.
 _DESCRIPTORS = (types.GetSetDescriptorType, types.MemberDescriptorType)
 
 
-def _role_text(match: re.Match[str]) -> str:
+def _role_text(match: re.Match[str], resolve: Callable[[str], str | None] | None = None) -> str:
     target = match[1].strip()
     target = re.sub(r"^.*<(.+)>$", r"\1", target)  # "text <target>" -> target
-    if target.startswith("~"):
-        target = target[1:].rsplit(".", 1)[-1]
-    return f"`{target}`"
+    short = target.startswith("~")
+    target = target.lstrip("~")
+    title = target.rsplit(".", 1)[-1] if short else target
+    path = resolve(target.removesuffix("()")) if resolve else None
+    if path is None:
+        return f"`{title}`"
+    # autorefs' own element (what mkdocstrings writes for a type in a signature): a link where the
+    # site has an entry for *path* (its canonical path or the one it is shown under), else the title.
+    return f'<autoref identifier="{html.escape(path)}" optional><code>{html.escape(title)}</code></autoref>'
 
 
-def readable(text: str) -> str:
-    """*text* with Sphinx roles as code spans and reST's ``::`` before a literal block as ``:``."""
-    text = _ROLE.sub(_role_text, text)
+def readable(text: str, resolve: Callable[[str], str | None] | None = None) -> str:
+    """*text* with Sphinx roles as code spans -- links where *resolve* gives a role's target a path
+    -- and reST's ``::`` before a literal block as ``:``."""
+    text = _ROLE.sub(lambda match: _role_text(match, resolve), text)
     return re.sub(r"(\S)::\n", r"\1:\n", text)
+
+
+def _resolver(obj: griffe.Object) -> Callable[[str], str | None]:
+    """Where a role's target in *obj*'s docstring is: the canonical path of the object the name
+    finds in *obj*'s scope, then its parents' (the class's, the module's), or as a full path; None
+    where it finds none, or one of another package (numpy's, tritonclient's: not on this site)."""
+
+    def resolve(target: str) -> str | None:
+        first, _, rest = target.partition(".")
+        scope: griffe.Object | None = obj
+        found: Any = None
+        while scope is not None and found is None:
+            if first in scope.members:
+                found = scope.members[first]
+                for part in rest.split(".") if rest else ():
+                    try:
+                        found = found.members[part]
+                    except (KeyError, griffe.AliasResolutionError, griffe.CyclicAliasError):
+                        found = None
+                        break
+            scope = scope.parent
+        if found is None and rest:
+            try:
+                found = obj.modules_collection.get_member(target)
+            except (KeyError, ValueError, griffe.AliasResolutionError, griffe.CyclicAliasError):
+                found = None
+        if found is None:
+            return None
+        try:
+            return found.final_target.canonical_path if found.is_alias else found.canonical_path
+        except (griffe.AliasResolutionError, griffe.CyclicAliasError):
+            return None
+
+    return resolve
+
+
+# A module imported under a private name (``import re as _re``), in a type: ``'_re.Pattern[str]'``.
+_QUOTED_PRIVATE = re.compile(r"""(['"])(_\w+\.[\w.\[\], |]+)\1""")
+_PRIVATE_QUALIFIER = re.compile(r"(?<![\w.])(_\w+)\.")
+
+
+def _public_type(annotation: Any, module: griffe.Module) -> Any:
+    """*annotation* with a module's private import name (``_re``) as the module's own (``re``), and
+    the quotes around such a type dropped; *annotation* itself where it has none."""
+    if annotation is None:
+        return None
+    text = str(annotation)
+
+    def module_name(match: re.Match[str]) -> str:
+        member = module.members.get(match[1])
+        if member is not None and member.is_alias and "." not in match[1]:
+            target = member.target_path
+            if not target.split(".")[-1].startswith("_"):
+                return target + "."
+        return match[0]
+
+    public = _PRIVATE_QUALIFIER.sub(module_name, _QUOTED_PRIVATE.sub(
+        lambda m: m[2] if _PRIVATE_QUALIFIER.sub(module_name, m[2]) != m[2] else m[0], text))
+    return annotation if public == text else public
+
+
+_LITERAL_NODES = (ast.Expression, ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.BinOp, ast.UnaryOp,
+                  ast.operator, ast.unaryop, ast.Load)
+
+
+def _is_literal(text: str) -> bool:
+    """Whether *text* is a literal, or arithmetic on literals (``128 << 10``)."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    return all(isinstance(node, _LITERAL_NODES) for node in ast.walk(tree))
+
+
+def _public_default(default: Any, scope: griffe.Object) -> Any:
+    """A parameter's default that is a private name (``_IN_USE_PATIENCE``): its value where that is a
+    literal (``1.0``), else ``...`` (a sentinel, ``_UNSET``: the parameter is optional, and what
+    leaving it out means its description says)."""
+    if not isinstance(default, griffe.ExprName) or not default.name.startswith("_"):
+        return default
+    holder: griffe.Object | None = scope
+    while holder is not None:
+        member = holder.members.get(default.name)
+        if member is not None:
+            try:
+                target = member.final_target if member.is_alias else member
+            except (griffe.AliasResolutionError, griffe.CyclicAliasError):
+                break
+            value = getattr(target, "value", None)
+            if value is None:  # a class, a function, an attribute with no value
+                break
+            if not _is_literal(str(value)):
+                break
+            return str(value)
+        holder = holder.parent
+    return "..."
+
+
+def _public_signature(obj: griffe.Object) -> None:
+    """*obj*'s signature (a function's parameters and return type, an attribute's type) with no
+    private name in it: see :func:`_public_type` and :func:`_public_default`."""
+    module = obj.module
+    if obj.is_function:
+        for parameter in obj.parameters:  # type: ignore[attr-defined]
+            parameter.annotation = _public_type(parameter.annotation, module)
+            parameter.default = _public_default(parameter.default, obj.parent or module)
+        obj.returns = _public_type(obj.returns, module)  # type: ignore[attr-defined]
+    elif obj.is_attribute:
+        obj.annotation = _public_type(obj.annotation, module)  # type: ignore[attr-defined]
+        obj.value = _public_value(obj.value, obj.parent or module)  # type: ignore[attr-defined]
+
+
+def _public_value(value: Any, scope: griffe.Object) -> Any:
+    """An attribute's value as the reference shows it: a literal as it is (an enum member's string,
+    a table of reasons, a field's default), a private constant's literal value; none where it is
+    code (``_re.compile(...)``, ``_rule(...)``, ``field(default_factory=dict)``): the attribute's
+    docstring says what it is."""
+    if value is None:
+        return None
+    if _is_literal(str(value)):
+        return value
+    if isinstance(value, griffe.ExprName) and value.name.startswith("_"):
+        shown = _public_default(value, scope)
+        return None if shown == "..." else shown
+    return None
 
 
 def _walk(obj: griffe.Object) -> Any:
@@ -80,7 +222,7 @@ class ReadableDocstrings(griffe.Extension):
                 elif _set_on_self(obj):
                     undocumented_self.append(obj)
             if obj.docstring is not None:
-                obj.docstring.value = readable(obj.docstring.value)
+                obj.docstring.value = readable(obj.docstring.value, _resolver(obj))
         for obj in undocumented_self:  # a constructor's argument kept: its class documents it
             del obj.parent.members[obj.name]
         for obj in _walk(pkg):  # once every docstring is in: `A = B` is documented where B is
@@ -88,6 +230,8 @@ class ReadableDocstrings(griffe.Extension):
                 doc = _docstring_of_named(obj)
                 if doc:
                     obj.docstring = griffe.Docstring(doc, parent=obj)
+        for obj in _walk(pkg):  # last: the pass above reads the values as written
+            _public_signature(obj)
         self._warned: set[str] = set()
         for path in self.modules:
             self._check_documented(pkg, path)

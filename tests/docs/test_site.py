@@ -8,10 +8,12 @@ plugin here reaches the internet.
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import logging
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -60,6 +62,64 @@ def test_site_builds_strict(tmp_path):
     assert "tritonshm.Client" in reference and "infer_async" in reference
     assert "Create a new segment of" in reference  # SystemRegion.create's docstring, in _system.pyx
     assert ":class:" not in reference and ":meth:" not in reference
+    # Issue 39: a class's signature is its constructor's, with the defaults (the pool's size, the
+    # slot wait), laid out one parameter a line; a Sphinx role in a docstring links to its entry.
+    signatures = [_text(code) for code in SIGNATURE.findall(reference)]
+    client = next(sig for sig in signatures if sig.startswith("Client("))
+    for parameter in ("url: str = 'localhost:8001'", "slots: int = 4", "max_pool_bytes: int = 1 << 30",
+                      "slot_timeout: float | None = 60.0", "max_lent_bytes: int = 2 << 30"):
+        assert f"\n    {parameter},\n" in client, client
+    assert any(sig.startswith("RequestOptions(\n    *,\n    parameters:") for sig in signatures), signatures
+    assert re.search(r'<a class="autorefs autorefs-internal"[^>]*href="#tritonshm\.Client\.infer"><code>', reference)
+    # ... and no private name: not the classes' private bases, not a private default or module.
+    for page in sorted((tmp_path / "site" / "reference").glob("*/index.html")):
+        html_text = page.read_text()
+        text = _text(html_text)
+        assert "ClientFace" not in text and "RequestFace" not in text and "HeldSlots" not in text, page
+        assert "_re.compile" not in text and "_re." not in text, page
+        if page.parent.name != "errors":  # there the exception hierarchy is shown: Error, ValueError
+            assert "Bases:" not in text, page
+        for signature in SIGNATURE.findall(html_text):
+            assert not PRIVATE.search(_text(signature)), (page, _text(signature))
+
+
+SIGNATURE = re.compile(r'<div class="doc-signature highlight"><pre><span></span><code>(.*?)</code></pre></div>', re.S)
+PRIVATE = re.compile(r"(?<![\w.'\"])_[A-Za-z]\w*")
+
+
+def _text(fragment: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, DOCS / "_ext" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_long_signature_is_one_parameter_a_line():
+    """docs/_ext/hooks.py lays out a long signature as Black would (mkdocstrings does it only with
+    Black or Ruff installed): Pygments' punctuation spans are where the lines break."""
+    hooks = _load("hooks")
+
+    def highlighted(*tokens: tuple[str, str]) -> str:
+        return "".join(f'<span class="{kind}">{html.escape(text)}</span>' if kind else text for kind, text in tokens)
+
+    long = highlighted(("nf", "Client"), ("p", "("), ("n", "url"), ("p", ":"), ("", " "), ("n", "str"), ("", " "),
+                       ("o", "="), ("", " "), ("s1", "'localhost:8001'"), ("p", ","), ("", " "), ("o", "*"),
+                       ("p", ","), ("", " "), ("n", "shapes"), ("p", ":"), ("", " "), ("n", "dict"), ("p", "["),
+                       ("n", "str"), ("p", ","), ("", " "), ("n", "int"), ("p", "]"), ("", " "), ("o", "="),
+                       ("", " "), ("mi", "4"), ("p", ")"), ("", " "), ("o", "->"), ("", " "), ("n", "tuple"),
+                       ("p", "["), ("n", "int"), ("p", ","), ("", " "), ("n", "int"), ("p", "]"))
+    assert _text(hooks.one_parameter_a_line(long)) == (
+        "Client(\n    url: str = 'localhost:8001',\n    *,\n    shapes: dict[str, int] = 4,\n) -> tuple[int, int]")
+    empty = highlighted(("nf", "no_parameters_but_a_long_name_and_return_type"), ("p", "()"), ("", " "),
+                        ("o", "->"), ("", " "), ("n", "dict"), ("p", "["), ("n", "str"), ("p", ","), ("", " "),
+                        ("n", "SomeVeryLongTypeName"), ("p", "]"))
+    assert hooks.one_parameter_a_line(empty) == empty
+    short = highlighted(("nf", "copy"), ("p", "("), ("n", "dst"), ("p", ","), ("", " "), ("n", "src"), ("p", ")"))
+    assert hooks.one_parameter_a_line(short) == short
 
 
 @needs_mkdocs
@@ -92,23 +152,25 @@ def test_a_missing_docstring_is_a_warning(tmp_path, caplog):
     package.mkdir()
     (package / "__init__.py").write_text(textwrap.dedent('''\
         """A package."""
+        import re as _re
         __all__ = ["documented", "undocumented", "Thing"]
         def documented():
-            """Has one: see :class:`Thing`."""
+            """Has one: see :class:`Thing`, :meth:`~Thing.method`, :class:`numpy.ndarray` and :func:`nowhere`."""
         def undocumented():
             pass
         #: the most there may be
         _LIMIT = 3
+        _UNSET = object()
         class Thing:
             """A thing."""
             size: int  #: how big
             limit = _LIMIT
-            def method(self):
+            pattern: "_re.Pattern[str]"  #: what it matches
+            compiled = _re.compile("x")  #: a value that is code
+            def method(self, n: int = _LIMIT, *, m: int = _UNSET, p: "_re.Pattern[str] | None" = None):
                 pass
         '''))
-    spec = importlib.util.spec_from_file_location("griffe_ext", DOCS / "_ext" / "griffe_ext.py")
-    ext = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ext)
+    ext = _load("griffe_ext")
     with caplog.at_level(logging.WARNING, logger="mkdocs.plugins.tritonshm.reference"):
         pkg = griffe.load("tritonshm", search_paths=[str(tmp_path)],
                           extensions=griffe.load_extensions(ext.ReadableDocstrings(modules=["tritonshm"])))
@@ -118,4 +180,16 @@ def test_a_missing_docstring_is_a_warning(tmp_path, caplog):
     assert "documented has no" not in warned.replace("undocumented has no", "")
     assert pkg["Thing.size"].docstring.value == "how big"
     assert pkg["Thing.limit"].docstring.value == "the most there may be"
-    assert pkg["documented"].docstring.value == "Has one: see `Thing`."
+    # A role is a link (autorefs' optional one) where the name is one of the package's, else code.
+    assert pkg["documented"].docstring.value == (
+        'Has one: see <autoref identifier="tritonshm.Thing" optional><code>Thing</code></autoref>, '
+        '<autoref identifier="tritonshm.Thing.method" optional><code>method</code></autoref>, '
+        '`numpy.ndarray` and `nowhere`.')
+    # No private name in a signature: a private constant's value, "..." for a sentinel, a
+    # module's own name for its private import.
+    method = pkg["Thing.method"]
+    assert [(p.name, str(p.default), str(p.annotation)) for p in method.parameters][1:] == [
+        ("n", "3", "int"), ("m", "...", "int"), ("p", "None", "re.Pattern[str] | None")]
+    assert str(pkg["Thing.pattern"].annotation) == "re.Pattern[str]"
+    # An attribute's value is shown where it is a literal (a private constant's too), not code.
+    assert str(pkg["Thing.limit"].value) == "3" and pkg["Thing.compiled"].value is None
