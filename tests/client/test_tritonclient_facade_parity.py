@@ -87,14 +87,15 @@ def test_a_dropped_client_finishes_its_pending_async_infer_as_tritonclients(serv
     assert [a.tolist() for a in expected] == [[float(i)] * 4 for i in range(3)]
     assert [a if isinstance(a, Exception) else a.tolist() for a in got] == [a.tolist() for a in expected]
     assert held is not None and held.pools(), "the facade sent its tensors over the wire"
-    # Once they are done, the dropped client goes, and its slots with it.
+    # Once they are done, the dropped client goes, and its slots with it (closed on the thread
+    # that let go of it last: waited for here, so that the next test finds nothing of it).
     del got
-    for _ in range(100):
+    for _ in range(200):
         gc.collect()
-        if slots.client is None:
+        if slots.client is None and not held.pools():
             break
         threading.Event().wait(0.05)
-    assert slots.client is None, "the dropped client's slots were never released"
+    assert slots.client is None and not held.pools(), "the dropped client's slots were never released"
 
 
 # -- 2. a stream after unregister_system_shared_memory() of everything ---------------------------
