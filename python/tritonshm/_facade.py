@@ -139,7 +139,10 @@ class SlotRoute:
             made = _telling(told, planned.client.infer, model_name, planned.arrays, outputs=planned.wanted,
                             version=model_version, options=planned.options)
         except ServerError as error:
-            raise in_tritonclients_words(error, self.http) from None  # (the held client's words: debug_details)
+            reworded = in_tritonclients_words(error, self.http)
+            if reworded is error:
+                raise
+            raise reworded from None  # (the held client's words: its debug_details())
         return planned.result(made, told)
 
     def infer_async(self, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
@@ -189,7 +192,10 @@ class SlotRoute:
             made = await planned.client.infer(model_name, planned.arrays, outputs=planned.wanted,
                                               version=model_version, options=planned.options)
         except ServerError as error:
-            raise in_tritonclients_words(error, self.http, aio=True) from None
+            reworded = in_tritonclients_words(error, self.http, aio=True)
+            if reworded is error:
+                raise
+            raise reworded from None  # (the held client's words: its debug_details())
         finally:
             _TOLD.reset(token)
         return planned.result(made, told)

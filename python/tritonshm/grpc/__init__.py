@@ -62,6 +62,8 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServe
     unregisters every region on the server, ours included, as tritonclient's does; the next
     :meth:`infer` finds its slots gone and registers them again before it runs, and a stream's
     request the server refuses for that is sent again, once its slots are registered again.
+    An error the server sends, and what ``verbose=True`` prints, read as tritonclient's (see
+    docs/tritonclient.md for each feature).
     """
 
     _tritonshm_protocol = "grpc"

@@ -56,6 +56,8 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_http.InferenceServe
     :meth:`close` is tritonclient's own.  ``unregister_system_shared_memory()`` with no name
     unregisters every region on the server, ours included, as tritonclient's does; the next
     :meth:`infer` finds its slots gone and registers them again before it runs.
+    An error the server sends, and what ``verbose=True`` prints, read as tritonclient's (see
+    docs/tritonclient.md for each feature).
     """
 
     _tritonshm_protocol = "http"
