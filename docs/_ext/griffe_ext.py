@@ -1,6 +1,6 @@
 """A griffe extension for the API reference (mkdocs.yml names it for mkdocstrings' python handler).
 
-Three things, once the ``tritonshm`` package is loaded from the source tree:
+What it does, once the ``tritonshm`` package is loaded from the source tree:
 
 * **Docstrings of the Cython modules.** griffe reads ``tritonshm._memory`` through its ``.pyi``
   stubs, which carry the signatures; the docstrings are written once, in the ``.pyx`` sources, and
@@ -14,8 +14,8 @@ Three things, once the ``tritonshm`` package is loaded from the source tree:
 * **No private names in signatures.** A default that is a private constant (``patience=_IN_USE_PATIENCE``)
   shows its value (``1.0``), or ``...`` where it is a sentinel (``_UNSET``: "not given"); a type
   named through a private import (``'_re.Pattern[str]'``, ``import re as _re``) shows the module's
-  own name (``re.Pattern[str]``); an attribute's value shows where it is a literal, not where it
-  is code (``UNKNOWN_MODEL = _re.compile(...)``).
+  own name (``re.Pattern[str]``); an attribute's value that names something private shows the
+  constant's value, or nothing where it is code (``UNKNOWN_MODEL = _re.compile(...)``).
 * **Attributes' Sphinx comments.** ``x: int  #: what x is`` (or ``#:`` lines right above it) is
   the attribute's docstring, as Sphinx reads it; a property made by a helper gets its runtime
   docstring; a name bound to another (``InferInput = _KeptInput``, ``limit = _LIMIT``) has the
@@ -176,21 +176,25 @@ def _public_signature(obj: griffe.Object) -> None:
         obj.returns = _public_type(obj.returns, module)  # type: ignore[attr-defined]
     elif obj.is_attribute:
         obj.annotation = _public_type(obj.annotation, module)  # type: ignore[attr-defined]
-        obj.value = _public_value(obj.value, obj.parent or module)  # type: ignore[attr-defined]
+        obj.value = _public_value(obj.value, obj, obj.parent or module)  # type: ignore[attr-defined]
 
 
-def _public_value(value: Any, scope: griffe.Object) -> Any:
-    """An attribute's value as the reference shows it: a literal as it is (an enum member's string,
-    a table of reasons, a field's default), a private constant's literal value; none where it is
-    code (``_re.compile(...)``, ``_rule(...)``, ``field(default_factory=dict)``): the attribute's
-    docstring says what it is."""
-    if value is None:
-        return None
-    if _is_literal(str(value)):
+def _public_value(value: Any, owner: griffe.Object, scope: griffe.Object) -> Any:
+    """An attribute's value as the reference shows it: as written (an enum member's string, a table
+    of reasons, a field's default), unless it names something private -- then a private constant's
+    literal value (``_INLINE_BYTES``: ``128 << 10``), or none where it is code
+    (``UNKNOWN_MODEL = _re.compile(...)``, ``_rule(...)``): the attribute's docstring says what it
+    is -- and none for an attribute set in a method (``self.model = model``: not a default)."""
+    if value is None or _is_literal(str(value)):
         return value
+    if "instance-attribute" in owner.labels and "class-attribute" not in owner.labels:
+        return None
     if isinstance(value, griffe.ExprName) and value.name.startswith("_"):
         shown = _public_default(value, scope)
         return None if shown == "..." else shown
+    if isinstance(value, griffe.Expr) and not any(
+            isinstance(part, griffe.ExprName) and part.name.startswith("_") for part in value.iterate(flat=True)):
+        return value
     return None
 
 

@@ -70,6 +70,8 @@ def test_site_builds_strict(tmp_path):
                       "slot_timeout: float | None = 60.0", "max_lent_bytes: int = 2 << 30"):
         assert f"\n    {parameter},\n" in client, client
     assert any(sig.startswith("RequestOptions(\n    *,\n    parameters:") for sig in signatures), signatures
+    # A dataclass field's default_factory stays the constructor's default (not a required field).
+    assert any(sig.startswith("LentStats(") and "copied: dict[str, int] = dict()," in sig for sig in signatures)
     assert re.search(r'<a class="autorefs autorefs-internal"[^>]*href="#tritonshm\.Client\.infer"><code>', reference)
     # ... and no private name: not the classes' private bases, not a private default or module.
     for page in sorted((tmp_path / "site" / "reference").glob("*/index.html")):
