@@ -295,12 +295,21 @@ class SlotRoute:
         version = model_version or self._versions.get((model_name, "")) or (
             None if self.verbose else (yield from self._version_run(facade, model_name)))
         return _Planned(client, arrays, None if names is _ALL else names, checked,
-                        functools.partial(self._made, model_name, version, info), headers)
+                        functools.partial(self._made, model_name, version, info, client), headers)
 
-    def _made(self, model_name: str, version: str | None, info: Any, outputs_made: Mapping[str, np.ndarray],
-              told: "Told | None" = None) -> Any:
+    def _made(self, model_name: str, version: str | None, info: Any, client: Any,
+              outputs_made: Mapping[str, np.ndarray], told: "Told | None" = None) -> Any:
         """The tritonclient result of the outputs the held client returned (a verbose call's
-        version, where none was known, the one its response named)."""
+        version, where none was known, the one its response named).  A model that changed
+        under the call (the held client read it again, and ran the call on it: ModelChanged)
+        gives the result its outputs and the version that ran now."""
+        now = client._engine.cached_model(model_name, info.version)
+        if now is not None and now is not info:
+            info = now
+            if not info.version and info.versions:  # (the server's choice: the highest it serves)
+                numeric = [v for v in info.versions if v.isdigit()]
+                version = max(numeric, key=int) if numeric else info.versions[-1]
+                self._versions[(model_name, "")] = version
         if version is None:
             version = told.version if told is not None and told.version else ""
             if version:

@@ -165,3 +165,36 @@ def test_a_sequence_step_is_not_run_again_on_a_changed_model(explicit_server, lo
         with pytest.raises(tritonshm.ModelChanged, match="(?s)OUTPUT0.*FP32.*may not run twice"):
             c.infer(MODEL, {"INPUT0": x}, idempotent=False)
         np.testing.assert_array_equal(c.infer(MODEL, {"INPUT0": x}, idempotent=False)["OUTPUT0"], [0.0, 1.0, 2.0])
+
+
+@pytest.mark.server
+def test_the_facade_reports_the_version_that_ran_and_its_outputs_as_they_are_now(explicit_server, load, repository,
+                                                                                protocol):
+    """tritonshm.grpc / .http: after a version 2 appears with another output datatype, the result
+    says version 2 ran (it said '1', read once per model) and its output reads as FP32."""
+    import importlib
+
+    module = importlib.import_module(f"tritonshm.{protocol}")
+    url = explicit_server.grpc_url if protocol == "grpc" else explicit_server.http_url
+    x = np.arange(3, dtype=np.int32)
+    client = module.InferenceServerClient(url)
+    try:
+        def infer():
+            given = module.InferInput("INPUT0", [3], "INT32")
+            given.set_data_from_numpy(x)
+            return client.infer(MODEL, [given])
+
+        def version_of(result):
+            response = result.get_response()
+            return response["model_version"] if isinstance(response, dict) else response.model_version
+
+        assert version_of(infer()) == "1"
+        shutil.copytree(repository / MODEL / "1", repository / MODEL / "2",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        load(output_type="TYPE_FP32")
+        result = infer()
+        assert version_of(result) == "2"
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.arange(3, dtype=np.float32))
+        assert result.as_numpy("OUTPUT0").dtype == np.float32
+    finally:
+        client.close()

@@ -38,6 +38,11 @@ __all__ = ["InferRun", "Runner"]
 # and of the model itself (unloaded: the next call reads it again, and says so).
 _STALE_METADATA = re.compile(r"unexpected inference (input|output)|unexpected datatype|unexpected shape for input|"
                              r"expected \d+ inputs? but got|unknown model|is not found|is not ready", re.IGNORECASE)
+def _stale(exc: ServerError) -> bool:
+    """Whether *exc* says that the model is not what the client read (see _STALE_METADATA)."""
+    return isinstance(exc, ModelChanged) or _STALE_METADATA.search(str(exc)) is not None
+
+
 #: The client's own refusals of a request, read against what it knew of the model: a model that
 #: changed under it (an input renamed, a datatype or shape changed) is read again before they hold.
 PLAN_REFUSALS = (NameMismatch, DTypeMismatch, ShapeMismatch)
@@ -62,10 +67,12 @@ class QuickPlan:
     """A small request seen before, checked then: the same model, outputs and input dtypes
     and shapes need no checking, planning or routing again (see :meth:`Runner.quick_steps`)."""
 
-    __slots__ = ("plan", "key", "needs", "pool")
+    __slots__ = ("plan", "key", "needs", "pool", "outputs")
 
-    def __init__(self, plan: Plan, key: tuple[str, str, SlotKind], needs: dict[str, int]):
+    def __init__(self, plan: Plan, key: tuple[str, str, SlotKind], needs: dict[str, int],
+                 outputs: Sequence[str] | None = None):
         self.plan = plan    # the plan made when it was first seen (its chunk: those inputs)
+        self.outputs = outputs  # the outputs the call asked for (None: all), to plan it again
         self.key = key      # its pool's key
         self.needs = needs  # what a slot of that pool must hold
         self.pool: SlotPool | None = None  # the pool it leased from last, while in service and fitting
@@ -289,8 +296,8 @@ class Runner:
         again = None if not rerun else functools.partial(
             self._infer_again_steps, info.name, info.version, inputs, outputs, copy, output_device, slot_timeout,
             options, out)
-        if quick is not None:  # seen before: checked then, planned then
-            return InferRun([self._changed_steps(self.quick_steps(quick, inputs, options), info, again)])
+        if quick is not None:  # seen before: checked then, planned then (it sees a changed model itself)
+            return InferRun([self.quick_steps(quick, inputs, options)])
         plan = self.planner.plan(info, inputs, outputs, copy, output_device, slot_timeout, options, out=out)
         if signature is not None:
             self._remember_quick(signature, plan)
@@ -314,7 +321,7 @@ class Runner:
         try:
             return (yield from steps)
         except ServerError as exc:
-            if not (isinstance(exc, ModelChanged) or _STALE_METADATA.search(str(exc))):
+            if not _stale(exc):
                 raise
             self.forget_model(info.name)
             if again is None:
@@ -373,11 +380,7 @@ class Runner:
         else None (then :meth:`infer_steps`).  *options*: the call's, checked."""
         signature = self._quick_signature(model, version, inputs, outputs, copy, output_device, slot_timeout)
         quick = None if signature is None else self._quick_plans.get(signature)
-        if quick is None:
-            return None
-        again = functools.partial(self._infer_again_steps, model, version, inputs, outputs, copy, output_device,
-                                  slot_timeout, options, None)
-        return self._changed_steps(self.quick_steps(quick, inputs, options), quick.plan.info, again)
+        return None if quick is None else self.quick_steps(quick, inputs, options)
 
     def _quick_signature(self, model: str, version: str, inputs: Mapping[str, Any], outputs: Sequence[str] | None,
                          copy: bool, output_device: Any, slot_timeout: float | None) -> tuple | None:
@@ -410,7 +413,8 @@ class Runner:
         needs = self.pool_table.needs(info, {name: array.shape for name, array in arrays.items()}, {})
         if len(self._quick_plans) >= _QUICK_PLANS:
             self._quick_plans.clear()
-        self._quick_plans[signature] = QuickPlan(plan._replace(chunks=[]), (info.name, info.version, SYSTEM), needs)
+        self._quick_plans[signature] = QuickPlan(plan._replace(chunks=[]), (info.name, info.version, SYSTEM), needs,
+                                                 signature[2])
 
     def quick_steps(self, quick: QuickPlan, arrays: Mapping[str, Any], options: RequestOptions | None) -> Steps:
         """A request of a :class:`QuickPlan`: lease, copy in, send the slot's ready message (made
@@ -427,11 +431,12 @@ class Runner:
                 pool = quick.pool = None
         lease = None if pool is None else pool.try_acquire(False)
         if lease is None:
-            return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)], options=options), arrays))
+            return (yield from self._quick_the_full_way(quick, arrays, options))
         info = quick.plan.info
         outputs: dict[str, Any] = {}
         claim = Claim(self.claims, self.lent_table)  # its slot: kept out of the pool if given up on
         claim.lease = lease
+        changed: ServerError | None = None
         with self._flight:
             try:
                 slot = self._quick_slot(info, lease, arrays, quick.plan.names)
@@ -457,14 +462,37 @@ class Runner:
                         shape = _results.answered_shape(info, result, name, spec)
                         size = math.prod(shape) * spec.dtype.itemsize
                         outputs[name] = view[:size].view(spec.dtype).reshape(shape).copy()
+            except ServerError as exc:
+                if not _stale(exc):
+                    raise
+                changed = exc  # (the model changed: run again below, once the slot is back)
             finally:
                 del lease
                 self._end_claim(claim)
+        if changed is not None:
+            self.forget_model(info.name)
+            try:
+                return (yield from self._quick_again(quick, arrays, options)(info, changed))
+            finally:
+                changed = None  # (see _steps.advance)
         if result is None:  # refused before it ran, or outgrown: the full way heals and runs it
-            return (yield from self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)], options=options), arrays))
+            return (yield from self._quick_the_full_way(quick, arrays, options))
         if self.disposals.maybe_due:
             yield from self.engine.settle_steps()
         return outputs
+
+    def _quick_the_full_way(self, quick: QuickPlan, arrays: Mapping[str, Any],
+                            options: RequestOptions | None) -> Steps:
+        """A quick request that is not the common case, the full way (:meth:`chunk_steps`)."""
+        steps = self.chunk_steps(quick.plan._replace(chunks=[dict(arrays)], options=options), arrays)
+        return self._changed_steps(steps, quick.plan.info, self._quick_again(quick, arrays, options))
+
+    def _quick_again(self, quick: QuickPlan, arrays: Mapping[str, Any],
+                     options: RequestOptions | None) -> Callable[..., Steps]:
+        """How a quick request runs again on a model that changed (:meth:`_infer_again_steps`)."""
+        info = quick.plan.info
+        return functools.partial(self._infer_again_steps, info.name, info.version, arrays, quick.outputs, True,
+                                 "auto", None, options, None)
 
     def _quick_slot(self, info: ModelInfo, lease: Lease, arrays: Mapping[str, Any],
                     names: Sequence[str]) -> "_QuickSlot":
