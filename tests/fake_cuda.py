@@ -15,7 +15,11 @@ This module needs neither a GPU nor tritonshm: only a C compiler and ctypes.
   path returns the already loaded instance, so the counters it reads
   (:meth:`FakeCudart.stats`) are those of the copy tritonshm uses.
 * :class:`FakeCudaStats` is a snapshot of the fake's counters; subtracting
-  two snapshots gives what happened in between.
+  two snapshots gives what happened in between.  :meth:`FakeCudart.calls`
+  counts the calls of every entry point (a :class:`FakeCudaCalls`), in two
+  books: the code under test's, and the producer doubles' (their calls go
+  through :meth:`FakeCudart.as_foreign`): a budget of tritonshm's CUDA calls
+  per request (tests/client/test_client_cuda_budget.py) reads the first.
 * The fake is asynchronous like a GPU: copies and test-only kernel writes
   (:meth:`FakeCudart.kernel_write`) queued on a stream land only when
   something synchronizes it, so :meth:`FakeCudart.read` shows the old bytes
@@ -39,6 +43,8 @@ This module needs neither a GPU nor tritonshm: only a C compiler and ctypes.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import ctypes
 import dataclasses
 import hashlib
@@ -228,6 +234,22 @@ class FakeCudaStats:
         return (self.live_allocs, self.live_ipc_opens, self.live_host_registrations)
 
 
+class FakeCudaCalls(collections.Counter):
+    """Calls per entry point ("cudaGetDevice": 3, ...), a snapshot of the fake's books
+    (:meth:`FakeCudart.calls`); ``after - before`` gives the calls in between (a missing name
+    reads 0).  Every call counts, failed ones too; driver entry points (``cuPointerGetAttribute``)
+    are counted under their own names."""
+
+    def __sub__(self, other):  # (Counter's drops zero and negative counts; so does this)
+        return FakeCudaCalls({name: n - other.get(name, 0) for name, n in self.items() if n - other.get(name, 0) > 0})
+
+    def total(self) -> int:  # (Counter.total is 3.10+)
+        return sum(self.values())
+
+    def __repr__(self) -> str:
+        return f"FakeCudaCalls({dict(sorted(self.items()))})"
+
+
 class IpcHandle(ctypes.Structure):
     """cudaIpcMemHandle_t: 64 opaque bytes, passed by value."""
 
@@ -300,6 +322,9 @@ _PROTOTYPES = {
     "tshm_fake_cuda_reset_contexts": (None, []),
     "tshm_fake_cuda_pending": (ctypes.c_longlong, []),
     "tshm_fake_cuda_discard_pending": (ctypes.c_longlong, []),
+    "tshm_fake_cuda_calls": (ctypes.c_int, [ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_longlong),
+                                            ctypes.POINTER(ctypes.c_longlong), ctypes.c_int]),
+    "tshm_fake_cuda_foreign": (ctypes.c_int, [ctypes.c_int]),
 }
 
 #: The extra entry points for a real tritonserver with the fake LD_PRELOADed.
@@ -360,6 +385,32 @@ class FakeCudart:
         if have < len(STAT_NAMES):
             raise RuntimeError(f"the fake at {self.path} has {have} counters, expected {len(STAT_NAMES)}")
         return FakeCudaStats(*out)
+
+    def calls(self, foreign: bool = False) -> FakeCudaCalls:
+        """The calls of each entry point in this process so far: the code under test's, or
+        (*foreign*) those made for the producer doubles (:meth:`as_foreign`, :meth:`foreign`)."""
+        cap = 256
+        names = (ctypes.c_char_p * cap)()
+        ours, theirs = (ctypes.c_longlong * cap)(), (ctypes.c_longlong * cap)()
+        n = min(self.lib.tshm_fake_cuda_calls(names, ours, theirs, cap), cap)
+        counts = theirs if foreign else ours
+        return FakeCudaCalls({names[i].decode(): counts[i] for i in range(n) if counts[i]})
+
+    @contextlib.contextmanager
+    def foreign(self):
+        """While in the block, this thread's calls count as a producer double's, not as the
+        code under test's (:meth:`calls`)."""
+        previous = self.lib.tshm_fake_cuda_foreign(1)
+        try:
+            yield
+        finally:
+            self.lib.tshm_fake_cuda_foreign(previous)
+
+    def as_foreign(self) -> "FakeCudart":
+        """This fake as a producer double uses it: every call through the returned object counts
+        in the doubles' book (:meth:`calls` ``foreign=True``), not in the code under test's --
+        torch's own calls are no part of a budget of tritonshm's."""
+        return _ForeignFakeCudart(self.path)
 
     def pointer_kind(self, ptr: int) -> int:
         """KIND_ALLOC, KIND_OPENED, KIND_HOST_REGISTERED or KIND_UNKNOWN."""
@@ -571,6 +622,58 @@ class FakeCudart:
 
     def write(self, ptr: int, data: bytes) -> None:
         ctypes.memmove(ptr, data, len(data))
+
+
+class _ForeignFakeCudart(FakeCudart):
+    """:meth:`FakeCudart.as_foreign`: each public method runs with the thread's calls counted
+    in the producer doubles' book (re-entrant: a method calling another keeps the setting)."""
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(path)
+        self.lib = _ForeignLib(self.lib)
+
+    def as_foreign(self) -> "FakeCudart":
+        return self
+
+
+def _foreign_method(method):
+    def wrapper(self, *args, **kwargs):
+        previous = self.lib.raw.tshm_fake_cuda_foreign(1)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.lib.raw.tshm_fake_cuda_foreign(previous)
+
+    wrapper.__name__ = method.__name__
+    wrapper.__doc__ = method.__doc__
+    return wrapper
+
+
+for _name, _method in list(vars(FakeCudart).items()):
+    if callable(_method) and not _name.startswith("_") and _name not in ("calls", "foreign", "as_foreign", "stats"):
+        setattr(_ForeignFakeCudart, _name, _foreign_method(_method))
+
+
+class _ForeignLib:
+    """The fake's entry points, each call counted in the producer doubles' book."""
+
+    def __init__(self, raw: ctypes.CDLL):
+        self.raw = raw
+
+    def __getattr__(self, name: str):
+        fn = getattr(self.raw, name)
+        if not name.startswith("cuda"):
+            return fn
+        raw = self.raw
+
+        def call(*args):
+            previous = raw.tshm_fake_cuda_foreign(1)
+            try:
+                return fn(*args)
+            finally:
+                raw.tshm_fake_cuda_foreign(previous)
+
+        return call
 
 
 def server_env(lib: str | os.PathLike, trace: str | os.PathLike | None = None, *, pinned_pool: bool = False,

@@ -462,7 +462,9 @@ class _Producer:
     name = "fake"
 
     def __init__(self, fake: FakeCudart, *, caching: bool = False, expandable_segments: bool = False):
-        self.fake = fake
+        # The double's own CUDA calls (its handshakes, allocations, guards) are torch's or cupy's,
+        # counted apart from the code under test's (FakeCudart.calls).
+        self.fake = fake = fake.as_foreign()
         #: torch's caching allocator double, when *caching* (else every tensor is its own cudaMalloc)
         self.allocator = CachingAllocator(fake, expandable_segments) if caching or expandable_segments else None
         self._local = threading.local()

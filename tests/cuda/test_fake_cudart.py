@@ -126,6 +126,27 @@ def test_same_path_is_the_same_instance(fake):
         other.free(ptr)
 
 
+def test_calls_are_counted_per_entry_point_in_two_books(fake):
+    """Every call counts under its entry point's name, failed ones too; a thread's calls after
+    tshm_fake_cuda_foreign(1) -- a producer double's, through as_foreign() -- go in the other book."""
+    ours, theirs = fake.calls(), fake.calls(foreign=True)
+    fake.get_device()
+    fake.lib.cudaSetDevice(999)  # refused: counted all the same
+    fake.get_last_error()
+    fake.mem_get_address_range(0)  # a driver entry point, under its own name (and its lookup's)
+    double = fake.as_foreign()
+    event = double.event_create()
+    double.event_destroy(event)
+    double.lib.cudaGetDevice(ctypes.byref(ctypes.c_int()))
+    with fake.foreign():
+        fake.get_device()
+    assert fake.calls() - ours == {"cudaGetDevice": 1, "cudaSetDevice": 1, "cudaGetLastError": 1,
+                                   "cuMemGetAddressRange": 1, "cudaGetDriverEntryPoint:cuMemGetAddressRange": 1}
+    assert fake.calls(foreign=True) - theirs == {"cudaEventCreateWithFlags": 1, "cudaEventDestroy": 1,
+                                                 "cudaGetDevice": 2}
+    assert (fake.calls() - ours).total() == 5
+
+
 def test_error_names(fake):
     assert fake.error_name(0) == "cudaSuccess"
     assert fake.error_name(1) == "cudaErrorInvalidValue"

@@ -123,7 +123,10 @@
  *     under it (nothing ever really waits).
  *   - For tests: tshm_fake_cuda_stats() (counters: calls, syncs of each
  *     kind, freed_while_open, async copies with a pageable end, ...; the
- *     names are in fake_cuda.py), tshm_fake_cuda_pointer_kind(),
+ *     names are in fake_cuda.py), tshm_fake_cuda_calls() (calls per entry
+ *     point, in two books: the code under test's, and those a thread made
+ *     after tshm_fake_cuda_foreign(1) -- a test's torch/cupy double),
+ *     tshm_fake_cuda_pointer_kind(),
  *     tshm_fake_cuda_kernel_write() (a "kernel" on a stream: writes dst from
  *     a snapshot of src when it lands), tshm_fake_cuda_contexts() /
  *     tshm_fake_cuda_reset_contexts(), tshm_fake_cuda_pending() (copies and
@@ -320,9 +323,35 @@ static int injected_failure(const char *fn)
     return 0;
 }
 
+/* Calls per entry point in this process, by name: every call that reaches trace() (successful
+ * or not), in one of two books -- the code under test's, or, while the calling thread says so
+ * (tshm_fake_cuda_foreign), a test's producer double's (torch's or cupy's own calls, which a
+ * budget of tritonshm's calls leaves out).  Names are copied (a driver entry point's label is
+ * made on the stack). */
+#define MAX_COUNTED 128
+static struct { char fn[64]; long long n[2]; } call_counts[MAX_COUNTED];
+static int n_counted;
+static pthread_mutex_t count_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread int foreign_calls;
+
+static void count_call(const char *fn)
+{
+    int book = foreign_calls ? 1 : 0;
+    pthread_mutex_lock(&count_lock);
+    int i = 0;
+    while (i < n_counted && strncmp(call_counts[i].fn, fn, sizeof call_counts[i].fn - 1) != 0)
+        i++;
+    if (i == n_counted && n_counted < MAX_COUNTED)
+        snprintf(call_counts[n_counted++].fn, sizeof call_counts[i].fn, "%s", fn);
+    if (i < n_counted)
+        call_counts[i].n[book]++;
+    pthread_mutex_unlock(&count_lock);
+}
+
 /* TSHM_FAKE_CUDA_TRACE=<file>: append "<pid> <function>" for every call. */
 static void trace(const char *fn)
 {
+    count_call(fn);
     const char *path = getenv("TSHM_FAKE_CUDA_TRACE");
     if (path == NULL || *path == '\0')
         return;
@@ -1798,6 +1827,31 @@ API int tshm_fake_cuda_stats(long long *out, int cap)
         out[i] = __atomic_load_n(&stats[i], __ATOMIC_RELAXED);
     pthread_mutex_unlock(&lock);
     return ST_COUNT;
+}
+
+/* The calls counted per entry point (count_call): up to `cap` of them, their names in `names`,
+ * the code under test's counts in `ours` and the producer doubles' in `foreign`; returns how
+ * many entry points were called so far. */
+API int tshm_fake_cuda_calls(const char **names, long long *ours, long long *foreign, int cap)
+{
+    pthread_mutex_lock(&count_lock);
+    int n = n_counted;
+    for (int i = 0; i < cap && i < n; i++) {
+        names[i] = call_counts[i].fn;
+        ours[i] = call_counts[i].n[0];
+        foreign[i] = call_counts[i].n[1];
+    }
+    pthread_mutex_unlock(&count_lock);
+    return n;
+}
+
+/* From now on, this thread's calls go in the producer doubles' book (`on`), or the code under
+ * test's; returns the previous setting. */
+API int tshm_fake_cuda_foreign(int on)
+{
+    int previous = foreign_calls;
+    foreign_calls = on != 0;
+    return previous;
 }
 
 /* What `ptr` points into: 0 nothing known, 1 a cudaMalloc allocation,
