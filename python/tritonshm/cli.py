@@ -12,16 +12,10 @@ import time
 from typing import Any, Sequence
 
 from . import _segments
+from ._units import in_units
 
 KiB = 1024
 MiB = 1024 * KiB
-
-
-def _human(nbytes: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", KiB)):
-        if nbytes >= size and nbytes % size == 0:
-            return f"{nbytes // size} {unit}"
-    return f"{nbytes} B"
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
@@ -32,7 +26,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         print(f"{'key':<45} {'pid':>8} {'state':<6} {'size':>12}")
         for seg in segments:
             state = "live" if seg.alive else "dead"
-            print(f"{seg.key:<45} {seg.pid:>8} {state:<6} {_human(seg.nbytes):>12}")
+            print(f"{seg.key:<45} {seg.pid:>8} {state:<6} {in_units(seg.nbytes):>12}")
     return 0 if args.url is None else _ls_server(args.url)
 
 
@@ -96,7 +90,7 @@ def _ls_server(url: str) -> int:
     for name, kind, device, nbytes in sorted(regions):
         pid, state = _owner(name)
         gone += state == "gone"
-        print(f"{name:<45} {kind:<6} {device or '-':<7} {pid:>8} {state:<6} {_human(nbytes):>12}")
+        print(f"{name:<45} {kind:<6} {device or '-':<7} {pid:>8} {state:<6} {in_units(nbytes):>12}")
     if gone:
         print(f"{gone} registration(s) of processes gone: `tritonshm gc --url {url}` unregisters them")
     if cuda_note is not None:
@@ -108,7 +102,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     removed = _segments.collect_garbage(dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for seg in removed:
-        print(f"{verb} {seg.key} (unlocked, pid {seg.pid} is gone, {_human(seg.nbytes)})")
+        print(f"{verb} {seg.key} (unlocked, pid {seg.pid} is gone, {in_units(seg.nbytes)})")
     print(f"{verb} {len(removed)} segment(s)")
     return 0 if args.url is None else _gc_server(args.url, args.dry_run)
 
@@ -148,7 +142,7 @@ def _gc_server(url: str, dry_run: bool) -> int:
                     failed += 1
                     continue
             count += 1
-            print(f"{verb} {name} on {url} ({kind}, pid {pid} is gone, {_human(nbytes)})")
+            print(f"{verb} {name} on {url} ({kind}, pid {pid} is gone, {in_units(nbytes)})")
     finally:
         client.close()
     print(f"{verb} {count} registration(s) on {url}")

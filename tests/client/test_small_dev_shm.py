@@ -150,7 +150,7 @@ def test_no_room_for_one_slot_goes_on_the_wire_with_one_warning_and_slots_again_
             np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"], x)
             np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x + 1})["OUTPUT0"], x + 1)
         (warning,) = [str(w.message) for w in warned]   # one, not one per request
-        assert "/dev/shm (1.0 MiB" in warning and "--shm-size" in warning and "plain gRPC" in warning
+        assert "/dev/shm (1 MiB" in warning and "--shm-size" in warning and "plain gRPC" in warning
         assert c.pools() == [] and fake_triton.registrations == 0  # both went on the wire
         small_shm.others = 0   # room came free: the next request tries the slots again, quietly
         with warnings.catch_warnings():
@@ -333,7 +333,7 @@ def test_a_64_mib_dev_shm_shared_with_a_real_triton(protocol):
     assert {name: step["error"] for name, step in steps.items() if step["error"]} == {}, "raised"
     full, room, eight, sixteen, again, kernel = steps.values()
     (warning,) = full["warnings"]
-    assert "/dev/shm (64.0 MiB" in warning and "--shm-size" in warning
+    assert "/dev/shm (64 MiB" in warning and "--shm-size" in warning
     assert full["pools"] == []                              # on the wire
     ((slot, slots),) = room["pools"]
     assert slot == 8 and 0 < slots < 4                      # room came free: fewer slots than asked for

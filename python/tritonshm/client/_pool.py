@@ -37,6 +37,7 @@ import time
 import weakref
 from typing import Any, Callable, Generic, Mapping, TypeVar
 
+from .._units import nbytes_text
 from ..errors import PoolExhausted, RegionClosed, RegistrationError
 from ._model import ModelInfo
 from ._slots import RegisteredMemory, SlotMemory
@@ -522,12 +523,12 @@ class SlotPool:
                    f"it lets go of them (an unregister it accepts, or a restart). Wait longer (slot_timeout=), "
                    f"or raise max_pool_bytes so that the pool can grow around them")
         elif held and not self.budget.fits(self.extent_bytes):
-            why = (f"the client is at its byte cap ({self.budget.used} of max_pool_bytes="
+            why = (f"the client is at its byte cap ({nbytes_text(self.budget.used)} of max_pool_bytes="
                    f"{self.budget.limit}) with {held} slots held by live result views (copy=False "
                    f"results or request() views still referenced): drop arrays you no longer need "
                    f"or raise max_pool_bytes")
         elif (held or self.nslots < self.wanted) and not self._room(self.extent_bytes):
-            why = (f"/dev/shm has no room to grow it by {self.extent_bytes} bytes (it was asked for "
+            why = (f"/dev/shm has no room to grow it by {nbytes_text(self.extent_bytes)} (it was asked for "
                    f"{self.wanted} slots; a pool takes at most half of what is free there): give /dev/shm "
                    f"more room (Docker: --shm-size), or drop results you keep")
         else:

@@ -23,6 +23,7 @@ import warnings
 from typing import Callable, Mapping, TypeGuard
 
 from .. import _segments
+from .._units import in_units, nbytes_text
 from ..errors import InvalidOption, PoolExhausted, SharedMemoryOSError, SharedMemoryRefused, os_error
 from . import _devices, _intake
 from ._devices import DeviceTensor
@@ -54,13 +55,15 @@ def host_memory(pinned: bool | int) -> Callable[[int], SlotMemory]:
 def _pool_over_budget(model: str, slots: int, slot_bytes: int, max_pool_bytes: int) -> str:
     """Why a pool of *slots* slots of *slot_bytes* cannot be had within *max_pool_bytes*, and the
     setting that would change that: only max_pool_bytes where one slot alone is over it."""
-    slot = f"a slot of model {model!r} (room for one request's inputs and outputs) is {slot_bytes} bytes"
+    slot = (f"a slot of model {model!r} (room for one request's inputs and outputs) is "
+            f"{nbytes_text(slot_bytes)}")
     if slot_bytes > max_pool_bytes:
-        return (f"{slot}, more than the client's max_pool_bytes={max_pool_bytes} on its own: "
-                f"make the client with max_pool_bytes={slot_bytes} or more (fewer slots would not help)")
+        return (f"{slot}, more than the client's max_pool_bytes={max_pool_bytes} ({in_units(max_pool_bytes)}) on "
+                f"its own: make the client with max_pool_bytes={slot_bytes} or more (fewer slots would not help)")
     pool = slots * slot_bytes
-    return (f"{slot}; slots={slots} of them need {pool} bytes, more than the client's "
-            f"max_pool_bytes={max_pool_bytes}: make the client with slots={max_pool_bytes // slot_bytes} "
+    return (f"{slot}; slots={slots} of them need {nbytes_text(pool)}, more than the client's "
+            f"max_pool_bytes={max_pool_bytes} ({in_units(max_pool_bytes)}): make the client with "
+            f"slots={max_pool_bytes // slot_bytes} "
             f"(what fits) or max_pool_bytes={pool} or more")
 
 
@@ -68,10 +71,6 @@ def _no_room(exc: BaseException) -> TypeGuard[SharedMemoryOSError]:
     """Whether *exc* is the kernel saying /dev/shm has no room for slot memory (ENOSPC: the
     C core reserves a segment's pages as it makes it, so a full /dev/shm says so there)."""
     return isinstance(exc, SharedMemoryOSError) and exc.errno == errno.ENOSPC
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / (1 << 20):.1f} MiB"
 
 
 class PoolTable:
@@ -174,8 +173,8 @@ class PoolTable:
         said so): True when this request goes on the wire (the client's one warning given), False
         when the transport or the caller insists on shared memory (the caller raises)."""
         space = _segments.space()
-        where = "/dev/shm" if space is None else f"/dev/shm ({_mib(space.size)}, {_mib(space.free)} free)"
-        why = (f"{where} has no room for a slot of model {info.name!r} ({_mib(slot_bytes)}: one request's "
+        where = "/dev/shm" if space is None else f"/dev/shm ({in_units(space.size)}, {in_units(space.free)} free)"
+        why = (f"{where} has no room for a slot of model {info.name!r} ({in_units(slot_bytes)}: one request's "
                f"inputs and outputs, and as much again left for the server){cause}; in Docker, /dev/shm is "
                f"64 MiB unless the container is started with --shm-size (e.g. --shm-size=1g) or --ipc=host")
         step = self._fallback.no_room(why, strict)
@@ -251,7 +250,7 @@ class PoolTable:
                     continue
                 if self._wire_for_no_room(info, layout.slot_bytes, strict):
                     return None
-                raise os_error(errno.ENOSPC, f"a slot of model {info.name!r} ({_mib(layout.slot_bytes)}, and "
+                raise os_error(errno.ENOSPC, f"a slot of model {info.name!r} ({in_units(layout.slot_bytes)}, and "
                                              f"as much again left for the server) has no room in /dev/shm")
             if not fits:  # the old pool (if any) stays in service meanwhile
                 if old is not None:
@@ -346,8 +345,8 @@ class PoolTable:
                 with self._lock:
                     pools = [f"{key[0]!r} ({key[2]}): {pool.nbytes}" for key, pool in self._pools.items()]
                 raise PoolExhausted(
-                    f"model {info.name!r} needs {nbytes} bytes of slot memory, but this client holds "
-                    f"{self.budget.used} of max_pool_bytes={self.budget.limit} (pools: "
+                    f"model {info.name!r} needs {nbytes_text(nbytes)} of slot memory, but this client holds "
+                    f"{nbytes_text(self.budget.used)} of max_pool_bytes={self.budget.limit} (pools: "
                     f"{', '.join(pools) or 'none'}; the rest retired, waiting for their slots or "
                     f"views to come back): raise max_pool_bytes, or drop results you keep")
             yield Pause(_BUDGET_POLL)
