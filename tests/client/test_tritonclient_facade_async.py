@@ -19,8 +19,8 @@ import threading
 import numpy as np
 import pytest
 
-from tritonshm import _facade
 from tritonshm.errors import InferenceServerException
+from tritonshm.facade import _route
 
 N = 8  # requests in flight at once
 
@@ -197,9 +197,9 @@ def test_get_result_of_a_request_not_answered_yet_says_so_as_tritonclient():
 def test_a_cancelled_grpc_call_tells_the_callback_as_tritonclient():
     seen = []
     pending = concurrent.futures.Future()
-    pending.add_done_callback(lambda done: _facade.answer_callback(lambda result, error: seen.append((result, error)),
-                                                                   done))
-    _facade.SlotCallContext(pending).cancel()
+    pending.add_done_callback(lambda done: _route.answer_callback(lambda result, error: seen.append((result, error)),
+                                                                  done))
+    _route.SlotCallContext(pending).cancel()
     [(result, error)] = seen
     assert result is None and error.status() == "StatusCode.CANCELLED"
     assert error.message() == "Locally cancelled by application!"

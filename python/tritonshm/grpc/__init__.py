@@ -30,16 +30,17 @@ from typing import Any
 
 import tritonclient.grpc as _tritonclient_grpc
 
-from .. import _facade, _facade_stream, _tritonclient_compat
+from .. import _tritonclient_compat
 from ..errors import InferenceServerException
+from ..facade import _route, _stream
 
-__all__ = _facade.reexport(_tritonclient_grpc, globals(), own=("aio",))
+__all__ = _route.reexport(_tritonclient_grpc, globals(), own=("aio",))
 
 
 #: tritonclient.grpc's ``InferInput``, whose ``set_data_from_numpy`` keeps the array rather
-#: than a copy of its bytes (see :class:`tritonshm._facade.KeptInput`): a call through the slots
-#: copies it once.  Everything else is tritonclient's.
-InferInput = _tritonclient_compat.input_class(_facade.GrpcKeptInput, _tritonclient_grpc.InferInput,
+#: than a copy of its bytes (see :class:`tritonshm.facade._route.KeptInput`): a call through
+#: the slots copies it once.  Everything else is tritonclient's.
+InferInput = _tritonclient_compat.input_class(_route.GrpcKeptInput, _tritonclient_grpc.InferInput,
                                            http=False, module=__name__)
 
 #: gRPC calls whose inputs take fewer bytes go inline, as tritonclient sends them (see
@@ -48,10 +49,10 @@ InferInput = _tritonclient_compat.input_class(_facade.GrpcKeptInput, _tritonclie
 _INLINE_BYTES = 128 << 10
 
 #: The result of a call the slots carried: a ``tritonclient.grpc.InferResult``.
-_SlotResult = _tritonclient_compat.result_class(_facade.GrpcSlotResult, _tritonclient_grpc.InferResult)
+_SlotResult = _tritonclient_compat.result_class(_route.GrpcSlotResult, _tritonclient_grpc.InferResult)
 
 
-class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServerClient):  # type: ignore[misc]
+class InferenceServerClient(_route.HeldSlots, _tritonclient_grpc.InferenceServerClient):  # type: ignore[misc]
     """tritonclient.grpc's client, whose :meth:`infer` moves the tensors through shared memory.
 
     Takes what tritonclient's takes (``url`` as ``"host:port"``, ``ssl``, ``creds``,
@@ -89,10 +90,10 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServe
         the tensors go on the wire, a mistake gets the server's own error.  Where the server
         cannot open our memory (another machine), every call goes on the wire, after one warning.
         """
-        options = _facade.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
-                                  sequence_end=sequence_end, priority=priority, timeout=timeout,
-                                  client_timeout=client_timeout, headers=headers,
-                                  compression_algorithm=compression_algorithm, parameters=parameters)
+        options = _route.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                 sequence_end=sequence_end, priority=priority, timeout=timeout,
+                                 client_timeout=client_timeout, headers=headers,
+                                 compression_algorithm=compression_algorithm, parameters=parameters)
         result = self._tritonshm_slots.infer(self, model_name, inputs, model_version, outputs, request_id,
                                              options)
         if result is not None:
@@ -119,10 +120,10 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServe
         tritonclient's own ``async_infer`` (tensors on the wire).  Requests run on the held
         client's worker threads, as many at once as it has slots.
         """
-        options = _facade.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
-                                  sequence_end=sequence_end, priority=priority, timeout=timeout,
-                                  client_timeout=client_timeout, headers=headers,
-                                  compression_algorithm=compression_algorithm, parameters=parameters)
+        options = _route.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                 sequence_end=sequence_end, priority=priority, timeout=timeout,
+                                 client_timeout=client_timeout, headers=headers,
+                                 compression_algorithm=compression_algorithm, parameters=parameters)
         pending = self._tritonshm_slots.infer_async(self, model_name, inputs, model_version, outputs, request_id,
                                                     options)
         if pending is None:
@@ -132,8 +133,8 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServe
                                        priority=priority, timeout=timeout, client_timeout=client_timeout,
                                        headers=headers, compression_algorithm=compression_algorithm,
                                        parameters=parameters)
-        pending.add_done_callback(functools.partial(_facade.answer_callback, callback))
-        return _facade.SlotCallContext(pending)
+        pending.add_done_callback(functools.partial(_route.answer_callback, callback))
+        return _route.SlotCallContext(pending)
 
 
     # -- the stream: its requests' inputs in the slots too ------------------
@@ -151,7 +152,7 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServe
             raise InferenceServerException(msg="cannot start another stream with one already running. "
                                            "'InferenceServerClient' supports only a single active stream at a "
                                            "given time.")
-        self._tritonshm_stream: _facade_stream.FacadeStream | None = _facade_stream.FacadeStream(
+        self._tritonshm_stream: _stream.FacadeStream | None = _stream.FacadeStream(
             self, self._tritonshm_slots, callback, stream_timeout, headers, compression_algorithm)
 
     def async_stream_infer(self, model_name: str, inputs: Any, model_version: str = "", outputs: Any = None,
@@ -172,9 +173,9 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_grpc.InferenceServe
             raise InferenceServerException(msg="stream not available, use start_stream() to make one available.")
         if type(model_version) is not str:
             raise InferenceServerException(msg="model version must be a string")
-        options = _facade.changed(_STREAM_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
-                                  sequence_end=sequence_end, priority=priority, timeout=timeout,
-                                  parameters=parameters)
+        options = _route.changed(_STREAM_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                 sequence_end=sequence_end, priority=priority, timeout=timeout,
+                                 parameters=parameters)
         stream.request(self, model_name, inputs, model_version, outputs, request_id, enable_empty_final_response,
                        options)
 

@@ -16,15 +16,15 @@ from typing import Any
 
 import tritonclient.grpc.aio as _tritonclient_grpc_aio
 
-from .. import _facade, _facade_stream
+from ..facade import _route, _stream
 from . import _INLINE_BYTES, InferInput as _KeptInput, _SlotResult
 
-__all__ = _facade.reexport(_tritonclient_grpc_aio, globals())
+__all__ = _route.reexport(_tritonclient_grpc_aio, globals())
 InferInput = _KeptInput  # the blocking module's: set_data_from_numpy keeps the array
 
 
 
-class InferenceServerClient(_facade.AioHeldSlots, _tritonclient_grpc_aio.InferenceServerClient):  # type: ignore[misc]
+class InferenceServerClient(_route.AioHeldSlots, _tritonclient_grpc_aio.InferenceServerClient):  # type: ignore[misc]
     """tritonclient.grpc.aio's client, whose :meth:`infer` moves the tensors through shared memory.
 
     Takes what tritonclient's takes; every method but :meth:`infer`, :meth:`stream_infer`
@@ -48,10 +48,10 @@ class InferenceServerClient(_facade.AioHeldSlots, _tritonclient_grpc_aio.Inferen
         (the rest is tritonclient's own ``infer``, on the wire), without blocking the event loop;
         requests awaited together run at once, each in a slot of its own.
         """
-        options = _facade.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
-                                  sequence_end=sequence_end, priority=priority, timeout=timeout,
-                                  client_timeout=client_timeout, headers=headers,
-                                  compression_algorithm=compression_algorithm, parameters=parameters)
+        options = _route.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                 sequence_end=sequence_end, priority=priority, timeout=timeout,
+                                 client_timeout=client_timeout, headers=headers,
+                                 compression_algorithm=compression_algorithm, parameters=parameters)
         result = await self._tritonshm_slots.infer_aio(self, model_name, inputs, model_version, outputs,
                                                        request_id, options)
         if result is not None:
@@ -73,8 +73,8 @@ class InferenceServerClient(_facade.AioHeldSlots, _tritonclient_grpc_aio.Inferen
         tritonclient's; a request the slots cannot carry goes on the same stream as
         tritonclient builds it.  The iterator's ``cancel()`` cancels the stream.
         """
-        return _facade_stream.AioFacadeStream(self, self._tritonshm_slots, inputs_iterator, stream_timeout, headers,
-                                              compression_algorithm)
+        return _stream.AioFacadeStream(self, self._tritonshm_slots, inputs_iterator, stream_timeout, headers,
+                                       compression_algorithm)
 
 
 _DEFAULTS = {name: parameter.default

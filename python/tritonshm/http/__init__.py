@@ -27,27 +27,28 @@ from typing import Any
 
 import tritonclient.http as _tritonclient_http
 
-from .. import _facade, _tritonclient_compat
+from .. import _tritonclient_compat
+from ..facade import _route
 
-__all__ = _facade.reexport(_tritonclient_http, globals(), own=("aio",))
+__all__ = _route.reexport(_tritonclient_http, globals(), own=("aio",))
 
 
 #: tritonclient.http's ``InferInput``, whose ``set_data_from_numpy`` keeps the array rather
-#: than a copy of its bytes (see :class:`tritonshm._facade.KeptInput`): a call through the slots
-#: copies it once.  Everything else is tritonclient's.
-InferInput = _tritonclient_compat.input_class(_facade.HttpKeptInput, _tritonclient_http.InferInput,
+#: than a copy of its bytes (see :class:`tritonshm.facade._route.KeptInput`): a call through
+#: the slots copies it once.  Everything else is tritonclient's.
+InferInput = _tritonclient_compat.input_class(_route.HttpKeptInput, _tritonclient_http.InferInput,
                                            http=True, module=__name__)
 
 #: The result of a call the slots carried: a ``tritonclient.http.InferResult``.
-_SlotResult = _tritonclient_compat.result_class(_facade.HttpSlotResult, _tritonclient_http.InferResult)
+_SlotResult = _tritonclient_compat.result_class(_route.HttpSlotResult, _tritonclient_http.InferResult)
 
 
-class _SlotAsyncRequest(_facade.SlotAsyncRequest, _tritonclient_http.InferAsyncRequest):  # type: ignore[misc]
+class _SlotAsyncRequest(_route.SlotAsyncRequest, _tritonclient_http.InferAsyncRequest):  # type: ignore[misc]
     """``async_infer``'s answer for a call the slots carried: a ``tritonclient.http.InferAsyncRequest``
     whose ``get_result`` waits on the held client's future (not on a greenlet)."""
 
 
-class InferenceServerClient(_facade.HeldSlots, _tritonclient_http.InferenceServerClient):  # type: ignore[misc]
+class InferenceServerClient(_route.HeldSlots, _tritonclient_http.InferenceServerClient):  # type: ignore[misc]
     """tritonclient.http's client, whose :meth:`infer` moves the tensors through shared memory.
 
     Takes what tritonclient's takes (``url`` as ``"host:port"``, ``concurrency``,
@@ -84,11 +85,11 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_http.InferenceServe
         tensors go on the wire, a mistake gets the server's own error.  Where the server cannot
         open our memory (another machine), every call goes on the wire, after one warning.
         """
-        options = _facade.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
-                                  sequence_end=sequence_end, priority=priority, timeout=timeout, headers=headers,
-                                  request_compression_algorithm=request_compression_algorithm,
-                                  response_compression_algorithm=response_compression_algorithm,
-                                  parameters=parameters)
+        options = _route.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                 sequence_end=sequence_end, priority=priority, timeout=timeout, headers=headers,
+                                 request_compression_algorithm=request_compression_algorithm,
+                                 response_compression_algorithm=response_compression_algorithm,
+                                 parameters=parameters)
         result = None if query_params is not None else self._tritonshm_slots.infer(
             self, model_name, inputs, model_version, outputs, request_id, options)
         if result is not None:
@@ -116,11 +117,11 @@ class InferenceServerClient(_facade.HeldSlots, _tritonclient_http.InferenceServe
         Requests the slots take run on the held client's worker threads, as many at once as it
         has slots (tritonclient's run ``concurrency`` at a time).
         """
-        options = _facade.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
-                                  sequence_end=sequence_end, priority=priority, timeout=timeout, headers=headers,
-                                  request_compression_algorithm=request_compression_algorithm,
-                                  response_compression_algorithm=response_compression_algorithm,
-                                  parameters=parameters)
+        options = _route.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                 sequence_end=sequence_end, priority=priority, timeout=timeout, headers=headers,
+                                 request_compression_algorithm=request_compression_algorithm,
+                                 response_compression_algorithm=response_compression_algorithm,
+                                 parameters=parameters)
         pending = None if query_params is not None else self._tritonshm_slots.infer_async(
             self, model_name, inputs, model_version, outputs, request_id, options)
         if pending is None:

@@ -16,15 +16,15 @@ from typing import Any
 
 import tritonclient.http.aio as _tritonclient_http_aio
 
-from .. import _facade
+from ..facade import _route
 from . import InferInput as _KeptInput, _SlotResult
 
-__all__ = _facade.reexport(_tritonclient_http_aio, globals())
+__all__ = _route.reexport(_tritonclient_http_aio, globals())
 InferInput = _KeptInput  # the blocking module's: set_data_from_numpy keeps the array
 
 
 
-class InferenceServerClient(_facade.AioHeldSlots, _tritonclient_http_aio.InferenceServerClient):  # type: ignore[misc]
+class InferenceServerClient(_route.AioHeldSlots, _tritonclient_http_aio.InferenceServerClient):  # type: ignore[misc]
     """tritonclient.http.aio's client, whose :meth:`infer` moves the tensors through shared memory.
 
     Takes what tritonclient's takes (``url`` as ``"host:port"``, ``conn_limit``,
@@ -48,11 +48,11 @@ class InferenceServerClient(_facade.AioHeldSlots, _tritonclient_http_aio.Inferen
         (the rest is tritonclient's own ``infer``, on the wire), without blocking the event loop;
         requests awaited together run at once, each in a slot of its own.
         """
-        options = _facade.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
-                                  sequence_end=sequence_end, priority=priority, timeout=timeout, headers=headers,
-                                  request_compression_algorithm=request_compression_algorithm,
-                                  response_compression_algorithm=response_compression_algorithm,
-                                  parameters=parameters)
+        options = _route.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
+                                 sequence_end=sequence_end, priority=priority, timeout=timeout, headers=headers,
+                                 request_compression_algorithm=request_compression_algorithm,
+                                 response_compression_algorithm=response_compression_algorithm,
+                                 parameters=parameters)
         result = None if query_params is not None else await self._tritonshm_slots.infer_aio(
             self, model_name, inputs, model_version, outputs, request_id, options)
         if result is not None:

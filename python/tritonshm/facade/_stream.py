@@ -16,8 +16,8 @@ which request each response belongs to (tritonclient's callback drops the id of 
 when the server is done with it: only then does its slot go back to its pool.  The caller's
 id is put back on each response, and an empty final response the caller did not ask for
 (``enable_empty_final_response``) is not passed on -- Triton does not send it then.  A request
-the slots cannot carry exactly as tritonclient sends it (see :mod:`tritonshm._facade`) goes on
-the same stream as tritonclient builds it.
+the slots cannot carry exactly as tritonclient sends it (see :mod:`tritonshm.facade._route`)
+goes on the same stream as tritonclient builds it.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import queue
 import threading
 from typing import Any, AsyncIterator, Callable, Mapping, NamedTuple, Sequence
 
-from . import _tritonclient_compat as compat
-from .client._stream import StreamTable, Streamed
-from .errors import ClientClosed, InferenceServerException, RegionNotRegistered, translate_error
+from .. import _tritonclient_compat as compat
+from ..client._stream import StreamTable, Streamed
+from ..errors import ClientClosed, InferenceServerException, RegionNotRegistered, translate_error
 
 __all__ = ["FacadeStream", "AioFacadeStream"]
 

@@ -28,9 +28,9 @@ from typing import Any, Callable, Collection, Generator, Mapping, NamedTuple, Se
 
 import numpy as np
 
-from . import _tritonclient_compat as compat
-from .client import RequestOptions
-from .errors import InferenceServerException, ServerError, ServerTimeout
+from .. import _tritonclient_compat as compat
+from ..client import RequestOptions
+from ..errors import InferenceServerException, ServerError, ServerTimeout
 
 __all__ = ["AioHeldSlots", "HeldSlots", "SlotRoute", "SlotResult", "SlotCallContext", "SlotAsyncRequest",
            "SHM_URL_SCHEMES", "InTritonclientsWords", "in_tritonclients_words"]
@@ -87,11 +87,11 @@ class SlotRoute:
             if self._client is None and not self._closed:
                 client: Any
                 if self._aio:
-                    from .client._aio import Client as AioClient
+                    from ..client._aio import Client as AioClient
 
                     client = AioClient(self.url, connect_options=self._connect_options or None)
                 else:
-                    from .client import Client
+                    from ..client import Client
 
                     # The slots' own connection: tritonclient's HTTP client is the caller's thread's.
                     client = Client(self.url, connect_options=self._connect_options or None)
@@ -203,7 +203,7 @@ class SlotRoute:
     def stream_to(self, stream: Any, facade: Any, model_name: str, inputs: Sequence[Any], model_version: str,
                   outputs: Sequence[Any] | None, request_id: str, options: Mapping[str, Any]) -> Any:
         """One request of a gRPC stream (``async_stream_infer``) sent on *stream* (a
-        :class:`~tritonshm._facade_stream.FacadeStream`'s per-request sender) with its inputs
+        :class:`~tritonshm.facade._stream.FacadeStream`'s per-request sender) with its inputs
         in a slot, its outputs in the responses as tritonclient asks for them (*outputs* sent
         as they are); its :class:`~tritonshm.client._stream.Streamed` entry.  None where the
         slots cannot carry the inputs exactly as tritonclient sends them: the caller sends
@@ -491,8 +491,8 @@ class Told:
     def sending(self, step: Any) -> None:
         """Print the request of the held client's *step* (a ``Send``) as tritonclient does."""
         if self._http:
-            from . import _http1
-            from .client import _messages
+            from .. import _http1
+            from ..client import _messages
 
             prepared = step.message if isinstance(step.message, _http1.Prepared) else _messages.http_request(step)
             self._target = prepared.target
@@ -539,7 +539,7 @@ def _grpc_message(step: Any) -> Any:
 def _tell_sends(client: Any, aio: bool) -> None:
     """Make the held *client* (a verbose facade's) print, around each request it sends for a
     verbose call (:data:`_TOLD`), what tritonclient's call prints; its other sends as they were."""
-    from .client._steps import Send
+    from ..client._steps import Send
 
     handlers = client._driver.handlers
     send = handlers[Send]
