@@ -62,3 +62,35 @@ def test_with_the_header_every_call_carries_it_and_tensors_go_through_the_slots(
 def registered(tritonclient, protocol: str, headers: dict) -> set[str]:
     status = tritonclient.get_system_shared_memory_status(headers=headers)
     return {r["name"] for r in status} if protocol == "http" else set(status.regions)
+
+
+@pytest.mark.server
+def test_a_facade_plugins_headers_go_with_the_registrations_too(restricted_server, protocol):
+    """tritonshm.grpc / .http with a tritonclient plugin that adds the header: the facade's slots
+    register (and unregister) with it, as tritonclient's own calls carry a plugin's headers --
+    before, the held client's registrations went without, were refused, and the calls fell back to
+    the wire."""
+    import importlib
+
+    from tritonclient._plugin import InferenceServerClientPlugin
+
+    class AdminKey(InferenceServerClientPlugin):
+        def __call__(self, request):
+            request.headers[header_for(protocol)] = VALUE
+
+    module = importlib.import_module(f"tritonshm.{protocol}")
+    url = restricted_server.grpc_url if protocol == "grpc" else restricted_server.http_url
+    x = np.arange(4, dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to the wire
+        client = module.InferenceServerClient(url)
+        client.tritonshm_inline_bytes = 0  # (every call through the slots, however small)
+        client.register_plugin(AdminKey())
+        given = module.InferInput("INPUT0", [4], "FP32")
+        given.set_data_from_numpy(x)
+        np.testing.assert_array_equal(client.infer("identity_fp32", [given]).as_numpy("OUTPUT0"), x)
+        (pool,) = client.tritonshm.pools()
+        ours = set(pool.regions)
+        client.close()
+    with tritonshm.Client(client_url(restricted_server, protocol)) as probe:
+        assert not ours & registered(probe.tritonclient, protocol, {header_for(protocol): VALUE})

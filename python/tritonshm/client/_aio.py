@@ -65,9 +65,8 @@ class AsyncDriver:
         self._engine = engine
         self._wire = engine.wire
         self._http = engine.wire.http
-        self._headers = engine.headers
-        # Every control call's options: the wire's (JSON answers) and the client's headers.
-        self._control = {**engine.wire.json, **({"headers": engine.headers} if engine.headers else {})}
+        # Every call the client makes on its own: the wire's options and the headers, asked anew.
+        self._control, self._headers = engine.control_options, engine.control_headers
         self._grpc_send: Callable[[Any], Any] | None = None  # ready messages, on the aio client
         endpoint = engine.endpoint
         # Plain HTTP: inference requests go on the loop's own sockets (None: tritonclient).
@@ -82,7 +81,7 @@ class AsyncDriver:
             FetchServerVersion: self._fetch_server_version,
             Register: self._register,
             Unregister: lambda step: triton.unregister(self.aio_client, step.name, patience=0.0,
-                                                       headers=self._headers),
+                                                       headers=self._headers()),
             WaitForSlot: self._wait_for_slot,
             WaitForDevice: self._wait_for_device,
             Pause: lambda step: asyncio.sleep(step.seconds),
@@ -227,27 +226,27 @@ class AsyncDriver:
 
     async def _fetch_server_version(self, step: FetchServerVersion) -> str:
         metadata = await triton.call_translated(self.aio_client, "reading the server's metadata",
-                                                "get_server_metadata", **self._control)
+                                                "get_server_metadata", **self._control())
         return str(metadata.get("version", "")) if isinstance(metadata, dict) else ""
 
     async def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
         wire, tc = self._wire, self.aio_client
         doing = f"reading metadata of model {step.model!r}"
         metadata = await triton.call_translated(tc, doing, "get_model_metadata", step.model, step.version,
-                                                **self._control)
+                                                **self._control())
         config = await triton.call_translated(tc, doing, "get_model_config", step.model, step.version,
-                                              **self._control)
+                                              **self._control())
         return metadata, wire.model_config(config)
 
     async def _fetch_model_names(self, step: FetchModelNames) -> list[str]:
         reply = await triton.call_translated(self.aio_client, "reading the server's model repository index",
-                                             "get_model_repository_index", **self._control)
+                                             "get_model_repository_index", **self._control())
         return self._wire.model_names(reply)
 
     async def _register(self, step: Register) -> str:
         if step.name is None:
-            return await step.memory.register(self.aio_client, self._headers)
-        return await step.memory.reregister(self.aio_client, step.name, self._headers)
+            return await step.memory.register(self.aio_client, self._headers())
+        return await step.memory.reregister(self.aio_client, step.name, self._headers())
 
     @staticmethod
     async def _wait_for_device(step: WaitForDevice) -> None:

@@ -69,9 +69,8 @@ class BlockingDriver:
         self._http = engine.wire.http
         self._grpc_send: Callable[[Any], Any] | None = None  # ready messages, on the shared client
         self._url = engine.url  # where the client looks, as the caller gave it
-        self._headers = engine.headers
-        # Every control call's options: the wire's (JSON answers) and the client's headers.
-        self._control = {**engine.wire.json, **({"headers": engine.headers} if engine.headers else {})}
+        # Every call the client makes on its own: the wire's options and the headers, asked anew.
+        self._control, self._headers = engine.control_options, engine.control_headers
         endpoint = engine.endpoint
         # Plain HTTP: inference requests go on this thread's socket, not through
         # tritonclient's I/O thread (None: through tritonclient).
@@ -179,7 +178,7 @@ class BlockingDriver:
 
     def _fetch_server_version(self, step: FetchServerVersion) -> str:
         metadata = self.connector.call(lambda tc: triton.call_translated(
-            tc, "reading the server's metadata", "get_server_metadata", address=self._url, **self._control))
+            tc, "reading the server's metadata", "get_server_metadata", address=self._url, **self._control()))
         return str(metadata.get("version", "")) if isinstance(metadata, dict) else ""
 
     def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
@@ -188,9 +187,9 @@ class BlockingDriver:
 
         def fetch(tc: Any) -> tuple[Any, Any]:
             metadata = triton.call_translated(tc, doing, "get_model_metadata", step.model, step.version,
-                                              address=url, **self._control)
+                                              address=url, **self._control())
             config = triton.call_translated(tc, doing, "get_model_config", step.model, step.version,
-                                            address=url, **self._control)
+                                            address=url, **self._control())
             return metadata, wire.model_config(config)
 
         return self.connector.call(fetch)
@@ -199,17 +198,17 @@ class BlockingDriver:
         wire = self._wire
         return self.connector.call(lambda tc: wire.model_names(triton.call_translated(
             tc, "reading the server's model repository index", "get_model_repository_index", address=self._url,
-            **self._control)))
+            **self._control())))
 
     def _register(self, step: Register) -> str:
-        headers = self._headers
+        headers = self._headers()
         if step.name is None:
             return self.connector.call(lambda tc: step.memory.register(tc, headers))
         return self.connector.call(lambda tc: step.memory.reregister(tc, step.name, headers))
 
     def _unregister(self, step: Unregister) -> None:
         # No patience here: memory the server still uses is parked and tried again later.
-        self.connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0, headers=self._headers))
+        self.connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0, headers=self._headers()))
 
 
 def _unregister_now(tc: Any, name: str, headers: Mapping[str, str] | None = None) -> Any:
@@ -232,7 +231,7 @@ def release_everything(driver: BlockingDriver, engine: Engine, workers: dict[str
         group.shutdown(wait)
     workers.clear()
     driver.close_wire()  # its requests' slots come back, to be released below
-    _carry_out_unregisters(driver.connector, engine.release_steps(settle), engine.headers)
+    _carry_out_unregisters(driver.connector, engine.release_steps(settle), engine.control_headers())
     engine.hold_refused()
     driver.connector.close(wait)
 

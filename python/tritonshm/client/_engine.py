@@ -131,6 +131,9 @@ class Engine:
         #: The client's headers, sent with every call it makes -- registrations and model reads too
         #: (a gateway's auth, a server whose shared-memory API is restricted); None: none.
         self.headers = dict(headers) if headers else None
+        #: Headers asked for anew at each such call, beside those (a tritonclient plugin's, for
+        #: ``tritonshm.grpc`` / ``.http``); None: none.
+        self.headers_from: Callable[[], Mapping[str, str] | None] | None = None
         self._connect_options = dict(connect_options or {})
         self._lock = threading.RLock()
         self._models: dict[tuple[str, str], ModelInfo] = {}
@@ -245,6 +248,17 @@ class Engine:
         with self._lock:
             self._models[(info.name, info.version)] = info
         return info
+
+    def control_headers(self) -> dict[str, str] | None:
+        """The headers of a call the client makes on its own -- registrations, unregisters, model
+        and server reads: the client's, and what :attr:`headers_from` adds now."""
+        more = self.headers_from() if self.headers_from is not None else None
+        return {**(self.headers or {}), **more} if more else self.headers
+
+    def control_options(self) -> dict[str, Any]:
+        """Such a call's keyword arguments for tritonclient: the wire's (JSON answers) and the headers."""
+        headers = self.control_headers()
+        return {**self.wire.json, "headers": headers} if headers else self.wire.json
 
     def forget_model(self, model: str) -> None:
         """Forget what the client read of *model* (every version) and retire its pools: it

@@ -24,6 +24,7 @@ import inspect
 import json
 import math
 import threading
+import weakref
 from typing import Any, Callable, Collection, Generator, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -60,8 +61,12 @@ class SlotRoute:
     """
 
     def __init__(self, protocol: str, url: str, ssl: bool, connect_options: Mapping[str, Any],
-                 module: Any, kept_input: type, result_type: type, aio: bool = False, verbose: bool = False):
+                 module: Any, kept_input: type, result_type: type, aio: bool = False, verbose: bool = False,
+                 facade: Any = None):
         self.http = protocol == "http"
+        # The facade (weakly: it holds this), whose plugin's headers go with the held client's own
+        # calls too -- registrations, unregisters, model reads -- as tritonclient's calls carry them.
+        self._facade = None if facade is None else weakref.ref(facade)
         self._aio = aio
         #: The facade's ``verbose``: its calls through the slots print what tritonclient's print
         #: (see :class:`Told`).
@@ -97,6 +102,8 @@ class SlotRoute:
                     client = Client(self.url, connect_options=self._connect_options or None)
                 if self.verbose:
                     _tell_sends(client, self._aio)
+                if self._facade is not None:
+                    client._engine.headers_from = functools.partial(_plugin_headers, self._facade)
                 self._client = client
             return self._client
 
@@ -461,6 +468,17 @@ class _PluginRequest:
 
     def __init__(self, headers: dict[str, Any] | None):
         self.headers = headers if headers is not None else {}
+
+
+def _plugin_headers(facade_ref: "weakref.ref[Any]") -> dict[str, Any] | None:
+    """The headers the facade's plugin adds to a call made now (None: no facade or plugin)."""
+    facade = facade_ref()
+    plugin = None if facade is None else facade.plugin()
+    if plugin is None:
+        return None
+    asked = _PluginRequest({})
+    plugin(asked)
+    return asked.headers or None
 
 
 # -- verbose: what tritonclient prints for a call the slots carry ----------------------------
@@ -940,7 +958,7 @@ class _SlotsHeld:
         url, ssl, verbose, options = constructor_arguments(constructor, args, kwargs)
         self._tritonshm_slots = SlotRoute(self._tritonshm_protocol, url, ssl, options, self._tritonshm_module,
                                           self._tritonshm_input, self._tritonshm_result, aio=self._tritonshm_aio,
-                                          verbose=verbose)
+                                          verbose=verbose, facade=self)
 
     @property
     def tritonshm(self) -> Any:
