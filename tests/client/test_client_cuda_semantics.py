@@ -235,16 +235,39 @@ def test_aio_run_orders_at_call_time_without_blocking_the_loop(url, torch_like, 
     np.testing.assert_array_equal(asyncio.run(main()), data)
 
 
-# -- 2. the stream handshake happens on the caller's thread, at call time -------------------------
+# -- 2. the ordering point is taken on the caller's thread, at call time ---------------------------
 
 def test_infer_async_orders_after_the_callers_stream(url, torch_like):
     data = sample(np.float32, 4096)
     with tritonshm.Client(url) as c:
         with torch_like.stream(0):
+            asked = torch_like.provider_calls
             x = torch_like.from_numpy(data)  # queued on the caller's side stream, not landed
             future = c.infer_async("identity_fp32", {"INPUT0": x})
+            assert torch_like.provider_calls > asked  # its current stream asked for, on this thread, now
         np.testing.assert_array_equal(future.result()["OUTPUT0"].get(), data)
-        assert torch_like.handshakes >= 1
+        # The event is recorded on the caller's own stream (issue 40): its DLPack handshake, asked
+        # to order before that very stream, has nothing to do.
+        assert torch_like.handshakes == 0
+
+
+def test_a_producer_whose_stream_is_unknown_orders_itself_by_its_handshake(url, torch_like):
+    """Where no current-stream provider knows the producer (a library tritonshm does not know),
+    the ordering point is on the legacy default stream, and the producer's DLPack handshake
+    orders its own stream's work before it."""
+    from tritonshm.cuda import current_stream_providers
+
+    data = sample(np.float32, 4096)
+    current_stream_providers.remove(torch_like.current_stream_provider)
+    try:
+        with tritonshm.Client(url) as c:
+            with torch_like.stream(0):
+                x = torch_like.from_numpy(data)  # on a side stream nobody told tritonshm of
+                future = c.infer_async("identity_fp32", {"INPUT0": x})
+            np.testing.assert_array_equal(future.result()["OUTPUT0"].get(), data)
+            assert torch_like.handshakes >= 1
+    finally:
+        current_stream_providers.insert(0, torch_like.current_stream_provider)
 
 
 def test_a_chunked_batch_orders_every_chunk_after_the_callers_stream(url, torch_like):

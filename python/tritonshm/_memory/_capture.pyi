@@ -27,6 +27,9 @@ class Capture:
     """True when the producer exported the memory read-only."""
     event: Event
     """Recorded after the work the producer had queued on the array when it was captured."""
+    stream: int
+    """The stream :attr:`event` is recorded on: the producer's (0: the legacy default stream)."""
+    def ordered_by(self, event: Event) -> None: ...
     @property
     def closed(self) -> bool: ...
     def release(self) -> None: ...
@@ -39,7 +42,7 @@ class Capture:
     ) -> None: ...
     def __reduce__(self) -> tuple[Any, ...]: ...
 
-def capture(obj: Any, device: int | None = None) -> Capture:
+def capture(obj: Any, device: int | None = None, *, record: bool = True) -> Capture:
     """Take a device array as it is now, on the caller's thread: a :class:`Capture`."""
 
 def describe(obj: Any) -> tuple[np.dtype[Any], tuple[int, ...], int] | None:

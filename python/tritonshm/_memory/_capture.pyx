@@ -50,11 +50,23 @@ cdef class Capture:
         raise TypeError("use tritonshm.cuda.capture(device_array)")
 
     cdef int _live(self) except -1:
-        if self.event is None:  # only Capture.__new__ without capture() makes one
-            raise TypeError("this Capture was not made by capture()")
+        if self.event is None:  # only Capture.__new__ without capture() makes one, or record=False
+            raise TypeError("this Capture was not made by capture(), or its event was never given "
+                            "(capture(record=False) waits for ordered_by())")
         if self._released:
             raise RegionClosed(f"{self!r} was released")
         return 0
+
+    def ordered_by(self, Event event not None):
+        """Give a capture made with ``record=False`` its event: one the caller records on
+        :attr:`stream` (of :attr:`device`) after this capture was taken -- and before anything
+        waits for it -- and may share with other captures of the same stream (one ordering point
+        for all the device arrays of one call).  Once only."""
+        if self.event is not None:
+            raise ValueError(f"{self!r} has its event already")
+        if event.device != self.device:
+            raise ValueError(f"an event of cuda:{event.device} cannot order {self!r}")
+        self.event = event
 
     @property
     def closed(self):
@@ -92,12 +104,22 @@ cdef int _device_wanted(object want, int actual, object obj) except -1:
     return 0
 
 
-def capture(obj, device=None):
+cdef int _order(Capture cap, Runtime rt, int dev, size_t stream, bint record) except -1:
+    """The capture's ordering point: an event on *stream*, recorded now -- or, not *record*, left
+    to the caller (:meth:`Capture.ordered_by`)."""
+    cap.stream = stream
+    if record:
+        cap.event = new_event(rt, dev)
+        cap.event._record(stream)
+    return 0
+
+
+def capture(obj, device=None, *, bint record=True):
     """Take a device array as it is now, on the caller's thread: a :class:`Capture`.
 
     *obj* is a :class:`CudaArray`, a DLPack producer of CUDA memory (torch,
     cupy, jax) or a CUDA Array Interface producer.  What "its work so far"
-    means, per kind:
+    means, per kind (the event's stream is :attr:`Capture.stream`):
 
     * DLPack: ``__dlpack__(stream=copy_stream(device))`` under the tensor's
       device guard (the producer orders its pending work on *its* current
@@ -111,6 +133,19 @@ def capture(obj, device=None):
     per thread.  *device* is the device of a CUDA Array Interface producer
     that does not say (default 0), or a check for the others.  A producer's
     refusal is :class:`UnsupportedBuffer`; host memory too.
+
+    ``record=False`` records nothing and queues nothing on a stream of ours:
+    the caller gives the event (:meth:`Capture.ordered_by`), recorded on
+    :attr:`Capture.stream` after its captures -- one event for all the device
+    arrays of a call on one stream, the client's one ordering point per
+    request.  A DLPack producer is then asked for ``__dlpack__(stream=s)``,
+    *s* being :func:`current_stream` of its device (1, the legacy default
+    stream, for 0): the producer orders its pending work before *s* -- no
+    work at all where *s* is its own current stream, as torch's and cupy's
+    are (their handshake makes no event then), and the right order for any
+    other producer, whose handshake makes *s* wait -- and :attr:`stream` is
+    *s*.  Nothing of ours is then ordered after the producer but what waits
+    for that event.
     """
     cdef Capture cap
     cdef CudaArray array
@@ -118,6 +153,7 @@ def capture(obj, device=None):
     cdef Imported imp
     cdef Stream cs
     cdef int dev
+    cdef size_t producer
     want = None if device is None else _device_of(device)
     if isinstance(obj, Capture):
         (<Capture>obj)._live()
@@ -129,8 +165,7 @@ def capture(obj, device=None):
             raise UnsupportedBuffer("this CudaArray was not made by view()")
         dev = array._alloc.device
         _device_wanted(want, dev, obj)
-        cap.event = new_event(array._runtime, dev)
-        cap.event._record(_current_stream(dev))
+        _order(cap, array._runtime, dev, _current_stream(dev), record)
         cap._obj = obj
         cap.ptr = array.ptr
         cap.nbytes = array.nbytes
@@ -144,11 +179,13 @@ def capture(obj, device=None):
         rt = current()
         dev = rt.valid_device(where[1])
         _device_wanted(want, dev, obj)
-        cs = thread_copy_stream(rt, dev)
-        imp = _dlpack.import_device(obj, _dlpack.dlpack_stream(cs.handle), _dlpack.DEVICE_MEMORY_TYPES)
+        producer = 2 if record else _current_stream(dev)
+        if producer == 2:  # (per-thread default streams torch refuses to order before): our copy stream
+            cs = thread_copy_stream(rt, dev)
+            producer = <size_t>cs._live()
+        imp = _dlpack.import_device(obj, _dlpack.dlpack_stream(producer), _dlpack.DEVICE_MEMORY_TYPES)
         try:
-            cap.event = new_event(rt, dev)
-            cap.event._record(<size_t>cs._live())
+            _order(cap, rt, dev, producer, record)
             try:
                 cap.dtype = imp.dtype
             except DTypeMismatch:  # bfloat16 and co: the bytes can still be copied
@@ -172,8 +209,7 @@ def capture(obj, device=None):
     rt = current()
     dev = rt.valid_device(cai_device(obj, want if want is not None else 0))
     _device_wanted(want, dev, obj)
-    cap.event = new_event(rt, dev)
-    cap.event._record(stream if stream != 0 else _current_stream(dev))
+    _order(cap, rt, dev, stream if stream != 0 else _current_stream(dev), record)
     cap._obj = obj
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
     cap.ptr = ptr

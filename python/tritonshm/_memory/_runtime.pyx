@@ -129,10 +129,16 @@ cdef class Runtime:
         Checked before any call that would take the number to the runtime,
         so that a wrong number says how many GPUs there are instead of
         failing later (or in another process) with cudaErrorInvalidDevice.
+        The count is read once and kept (a process's devices do not change:
+        CUDA reads CUDA_VISIBLE_DEVICES when it starts); a number beyond it
+        asks again before it is refused.  So a warm request counts no devices.
         """
         cdef int count = 0
         dev = _device_of(device)
+        if dev < self._devices_seen:
+            return dev
         self.check(tshm_cuda_settle(self.rt, self.rt.GetDeviceCount(&count)), "counting CUDA devices")
+        self._devices_seen = count
         if dev >= count:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             raise OutOfBounds(

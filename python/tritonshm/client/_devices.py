@@ -7,9 +7,13 @@ views).  The client never converts one to numpy: it describes it once
 large batch can be split without slicing the caller's object) and
 *captures* it on the caller's thread, at call time
 (:func:`tritonshm.cuda.capture`): its memory held, and an event marking the
-work the caller had queued on it by then (the DLPack stream handshake, the
-CUDA Array Interface's stream, or the caller's current stream).  Copies
-then run on any thread, on that thread's copy stream, after that event.
+work the caller had queued on it by then, recorded on the producer's stream
+(the caller's current stream, the CUDA Array Interface's stream; the DLPack
+handshake orders any other producer before it).  The tensors of one call
+share one such event per stream (:func:`one_ordering_point`): one ordering
+point, one wait.  Copies then run on any thread, on that thread's copy
+stream, after that event; a tensor lent to the server is read or written
+where it is once the event has completed.
 
 Results wanted on a GPU are allocated by the library the inputs came from
 (a torch tensor for torch inputs, a cupy array for cupy, else a
@@ -21,8 +25,11 @@ numpy on the host) and the library that allocates them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import sys
+import threading
 import weakref
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -37,7 +44,7 @@ from ..errors import CudaUnavailable, Error, InvalidOption, ShapeMismatch, Unsup
 
 __all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_out", "as_device_tensor", "capture_inputs", "empty",
            "to_host", "to_device", "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
-           "require_cuda", "library_of"]
+           "require_cuda", "library_of", "one_ordering_point", "ordering_event", "distinct"]
 
 
 class DeviceTensor:
@@ -104,6 +111,81 @@ def library_of(obj: Any) -> str:
     return root if root in ("torch", "cupy") else "tritonshm"
 
 
+# -- one ordering point per call -------------------------------------------------------------
+
+
+class _Capturing(threading.local):
+    #: While a call takes its device arrays (:func:`one_ordering_point`): the captures waiting for
+    #: their event, by (device, producer stream); None otherwise.
+    pending: "dict[tuple[int, int], list[Any]] | None" = None
+
+
+_capturing = _Capturing()
+
+
+class _Events(threading.local):
+    def __init__(self) -> None:
+        self.by_device: dict[int, list[Any]] = {}
+
+
+_events = _Events()
+_POOLED_EVENTS = 8  # per thread and device: more at once (results kept with their events) are made and dropped
+
+
+def ordering_event(device: int) -> Any:
+    """An event of *device* to record now, from this thread's few: one that nothing else holds
+    any more (no capture, step or caller can wait for its old point), else a new one.  A warm
+    request creates and destroys no event (two runtime calls, each under a device guard)."""
+    pool = _events.by_device.get(device)
+    if pool is None:
+        pool = _events.by_device[device] = []
+    for event in pool:
+        if sys.getrefcount(event) <= 3:  # the pool's list, this loop, getrefcount's argument
+            return event
+    event = Event.create(device)
+    if len(pool) < _POOLED_EVENTS:
+        pool.append(event)
+    return event
+
+
+@contextlib.contextmanager
+def one_ordering_point() -> Any:
+    """Device arrays captured in the block (on this thread: one call's inputs and ``out=``
+    tensors) share one event per producer stream, recorded when the block ends -- one ordering
+    point, and one wait, for all of them, where each capture would record its own.  Re-entrant
+    (the outermost block records).  Nothing in the block may wait for those captures."""
+    if _capturing.pending is not None:
+        yield
+        return
+    pending: dict[tuple[int, int], list[Any]] = {}
+    _capturing.pending = pending
+    try:
+        yield
+    finally:
+        _capturing.pending = None
+        for (device, stream), captures in pending.items():
+            event = ordering_event(device)
+            event.record(stream)
+            for captured in captures:
+                captured.ordered_by(event)
+
+
+def _capture(value: Any, device: int) -> Any:
+    """:func:`capture`, its event shared with the call's other captures inside :func:`one_ordering_point`."""
+    pending = _capturing.pending
+    if pending is None:
+        return capture(value, device)
+    captured = capture(value, device, record=False)
+    if captured.event is None:  # (a Capture given again keeps its own)
+        pending.setdefault((captured.device, captured.stream), []).append(captured)
+    return captured
+
+
+def distinct(events: Sequence[Any]) -> list[Any]:
+    """*events* without repeats (captures of one call share theirs), in order."""
+    return list(dict.fromkeys(events))
+
+
 def as_device_tensor(value: Any) -> DeviceTensor | None:
     """*value* described as a :class:`DeviceTensor`, or None when it is not on a GPU.
 
@@ -125,7 +207,7 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
     if described is None:
         return None
     dtype, shape, device = described
-    captured = capture(value, device)  # a producer's refusal is UnsupportedBuffer there
+    captured = _capture(value, device)  # a producer's refusal is UnsupportedBuffer there
     try:
         origin = weakref.ref(value)
     except TypeError:  # an object that takes no weak references: never known to be dropped
@@ -144,9 +226,10 @@ def capture_inputs(inputs: Any) -> Any:
     if not isinstance(inputs, Mapping):
         return inputs
     out = {}
-    for name, value in inputs.items():
-        tensor = None if isinstance(value, (np.ndarray, DeviceTensor)) else as_device_tensor(value)
-        out[name] = value if tensor is None else tensor
+    with one_ordering_point():
+        for name, value in inputs.items():
+            tensor = None if isinstance(value, (np.ndarray, DeviceTensor)) else as_device_tensor(value)
+            out[name] = value if tensor is None else tensor
     return out
 
 
@@ -167,15 +250,16 @@ def capture_out(out: Any) -> dict[str, OutTensor] | None:
     if not isinstance(out, Mapping):
         raise InvalidOption(f"out must be a mapping of output name to GPU tensor, not {type(out).__name__}")
     captured = {}
-    for name, value in out.items():
-        if isinstance(value, OutTensor):
-            captured[name] = value
-            continue
-        tensor = as_device_tensor(value)
-        if tensor is None:
-            raise InvalidOption(f"out[{name!r}] must be a GPU tensor (torch, cupy, CudaArray, ...) for the "
-                                f"server to write into, not {type(value).__name__}")
-        captured[name] = OutTensor(value, tensor)
+    with one_ordering_point():
+        for name, value in out.items():
+            if isinstance(value, OutTensor):
+                captured[name] = value
+                continue
+            tensor = as_device_tensor(value)
+            if tensor is None:
+                raise InvalidOption(f"out[{name!r}] must be a GPU tensor (torch, cupy, CudaArray, ...) for the "
+                                    f"server to write into, not {type(value).__name__}")
+            captured[name] = OutTensor(value, tensor)
     return captured
 
 
@@ -280,7 +364,7 @@ def current_stream_event(device: int, stream: Any = None) -> Any:
         if not isinstance(handle, int) or isinstance(handle, bool):
             raise InvalidOption(f"stream must be a CUDA stream handle (int), a tritonshm, torch or cupy "
                                 f"stream, not {stream!r}")
-    return Event.create(device).record(handle)
+    return ordering_event(device).record(handle)
 
 
 def to_host(tensor: DeviceTensor) -> np.ndarray:

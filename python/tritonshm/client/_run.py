@@ -272,11 +272,12 @@ class Runner:
                     queued |= stream is not None and (memory.kind == "cuda" or isinstance(array, DeviceTensor))
                     memory.write(offset, array, stream)
             if queued:  # one wait for the copies and the lent tensors' events alike
-                for event in waits:
+                for event in _devices.distinct(waits):
                     stream.wait(event)
                 yield WaitForDevice(stream.record())
-            else:  # nothing copied: wait for the lent tensors' events themselves (no GPU work queued)
-                for event in waits:
+            else:  # nothing copied: wait for the lent tensors' events themselves (no GPU work queued):
+                # one per producer stream, shared by the call's tensors (one ordering point)
+                for event in _devices.distinct(waits):
                     yield WaitForDevice(event)
         except BaseException:
             if queued:
@@ -298,7 +299,8 @@ class Runner:
             options, out)
         if quick is not None:  # seen before: checked then, planned then (it sees a changed model itself)
             return InferRun([self.quick_steps(quick, inputs, options)])
-        plan = self.planner.plan(info, inputs, outputs, copy, output_device, slot_timeout, options, out=out)
+        with _devices.one_ordering_point():  # the call's GPU inputs and out= tensors: one event per stream
+            plan = self.planner.plan(info, inputs, outputs, copy, output_device, slot_timeout, options, out=out)
         if signature is not None:
             self._remember_quick(signature, plan)
         if len(plan.chunks) == 1:
