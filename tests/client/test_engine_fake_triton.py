@@ -21,6 +21,7 @@ import asyncio
 import concurrent.futures
 import gc
 import random
+import re
 import threading
 import time
 
@@ -28,6 +29,7 @@ import numpy as np
 import pytest
 
 import tritonshm
+from tritonshm._units import in_units, nbytes_text
 from tritonshm.errors import ClientClosed, PoolExhausted, ServerError, ServerUnavailable, SharedMemoryRefused
 
 from support.fake_triton import FakeTriton
@@ -839,20 +841,28 @@ def test_a_quick_request_asking_for_every_output_by_an_empty_list_runs_after_a_r
 # -- a pool that max_pool_bytes cannot hold -------------------------------------
 
 
+def _nbytes(n: int) -> str:  # a size as the messages give it: exact bytes, the unit beside them
+    return re.escape(nbytes_text(n))
+
+
+def _cap(n: int) -> str:
+    return re.escape(f"max_pool_bytes={n} ({in_units(n)})")
+
+
 @pytest.mark.parametrize("slots, max_pool_bytes, elements, advice", [
     # one slot alone is over the cap: only max_pool_bytes helps, whatever slots= is
-    (1, SLOT // 2, ELEMENTS, rf"is {SLOT} bytes, more than the client's max_pool_bytes={SLOT // 2} on its own: "
+    (1, SLOT // 2, ELEMENTS, rf"is {_nbytes(SLOT)}, more than the client's {_cap(SLOT // 2)} on its own: "
                              rf"make the client with max_pool_bytes={SLOT} or more \(fewer slots would not help\)"),
-    (4, SLOT // 2, ELEMENTS, rf"is {SLOT} bytes, more than the client's max_pool_bytes={SLOT // 2} on its own"),
+    (4, SLOT // 2, ELEMENTS, rf"is {_nbytes(SLOT)}, more than the client's {_cap(SLOT // 2)} on its own"),
     # the slots together are: fewer slots, or a higher cap
-    (4, 3 * SLOT, ELEMENTS, rf"is {SLOT} bytes; slots=4 of them need {4 * SLOT} bytes, more than the client's "
-                            rf"max_pool_bytes={3 * SLOT}: make the client with slots=3 \(what fits\) or "
+    (4, 3 * SLOT, ELEMENTS, rf"is {_nbytes(SLOT)}; slots=4 of them need {_nbytes(4 * SLOT)}, more than the "
+                            rf"client's {_cap(3 * SLOT)}: make the client with slots=3 \(what fits\) or "
                             rf"max_pool_bytes={4 * SLOT} or more"),
     # the defaults (slots=4, 1 GiB): a 160 MiB request's slot is 320 MiB, four of them 1.25 GiB
-    (None, None, 40 << 20, r"is 335544320 bytes; slots=4 of them need 1342177280 bytes, more than the client's "
-                           r"max_pool_bytes=1073741824: make the client with slots=3 \(what fits\)"),
+    (None, None, 40 << 20, rf"is {_nbytes(335544320)}; slots=4 of them need {_nbytes(1342177280)}, more than the "
+                           rf"client's {_cap(1073741824)}: make the client with slots=3 \(what fits\)"),
     # a 600 MiB request with the defaults: a 1.2 GiB slot
-    (None, None, 150 << 20, r"is 1258291200 bytes, more than the client's max_pool_bytes=1073741824 on its own: "
+    (None, None, 150 << 20, rf"is {_nbytes(1258291200)}, more than the client's {_cap(1073741824)} on its own: "
                             r"make the client with max_pool_bytes=1258291200 or more"),
 ])
 def test_a_pool_over_max_pool_bytes_names_the_setting_that_would_fit_it(fake_triton, slots, max_pool_bytes,

@@ -117,7 +117,7 @@ def test_max_pool_bytes_is_for_the_whole_client(server, slot_memory_peak):
     with tritonshm.Client(server.grpc_url, max_pool_bytes=4 * 8192, slot_timeout=0.2) as c:
         a = sample(np.float32, ELEMENTS)
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": a})["OUTPUT0"], a)
-        with pytest.raises(tritonshm.PoolExhausted, match=r"holds 32768 of max_pool_bytes=32768.*'identity_fp32'"):
+        with pytest.raises(tritonshm.PoolExhausted, match=r"holds 32768 bytes \(32 KiB\) of max_pool_bytes=32768.*'identity_fp32'"):
             c.infer("identity_int32", {"INPUT0": np.arange(ELEMENTS, dtype=np.int32)})
     assert slot_memory_peak.peak <= 4 * 8192
 
