@@ -79,6 +79,32 @@ def test_a_registration_is_reused_and_a_freed_block_handed_out_again_is_read_rig
         assert (stats.inputs_lent, stats.registrations, stats.allocations) == (5, 1, 1)
 
 
+def test_a_registered_allocation_is_known_by_its_buffer_id(url, fake_cuda, torch_caching, monkeypatch):
+    """Issue 40: a tensor in an allocation registered already costs one attribute query, asked when
+    the tensor is taken (the driver's buffer id, never reused): no cuMemGetAddressRange, no IPC
+    export.  Where the driver gives no ids, the allocation is borrowed again to check it, as before."""
+    data = sample(np.float32, 1000)
+    x = torch_caching.from_numpy(data)
+    with tritonshm.Client(url) as c:
+        c.infer("identity_fp32", {"INPUT0": x})
+        before = fake_cuda.calls()
+        out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+        used = fake_cuda.calls() - before
+        np.testing.assert_array_equal(out.get(), data)
+        assert used["cuPointerGetAttribute"] == 1
+        assert used["cuMemGetAddressRange"] == used["cudaIpcGetMemHandle"] == 0
+        monkeypatch.setenv("TSHM_FAKE_CUDA_NO_BUFFER_ID", "1")
+        before = fake_cuda.calls()
+        out = c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]
+        used = fake_cuda.calls() - before
+        np.testing.assert_array_equal(out.get(), data)
+        assert used["cuMemGetAddressRange"] == used["cudaIpcGetMemHandle"] == 1
+        stats = c.stats()
+        assert (stats.inputs_lent, stats.registrations, stats.copied) == (3, 1, {})
+        del out
+    del x
+
+
 def test_a_lent_allocation_is_never_freed_under_the_server(url, fake_cuda, torch_caching):
     x = torch_caching.from_numpy(np.ones(64, np.float32))
     with tritonshm.Client(url) as c:

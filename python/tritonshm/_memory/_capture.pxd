@@ -12,6 +12,7 @@ cdef class Capture:
     cdef readonly bint readonly
     cdef readonly Event event
     cdef readonly size_t stream  # where the event is recorded: the producer's stream (0: legacy default)
+    cdef readonly unsigned long long buffer_id  # the driver's id of its allocation (record=False), else 0
     cdef object _obj           # a CUDA Array Interface producer or a CudaArray, kept alive
     cdef Imported _imported    # a DLPack producer's tensor
     cdef bint _released

@@ -29,6 +29,8 @@ class Capture:
     """Recorded after the work the producer had queued on the array when it was captured."""
     stream: int
     """The stream :attr:`event` is recorded on: the producer's (0: the legacy default stream)."""
+    buffer_id: int
+    """The driver's id of the allocation holding it (``capture(record=False)`` of a DLPack tensor), else 0."""
     def ordered_by(self, event: Event) -> None: ...
     @property
     def closed(self) -> bool: ...

@@ -145,7 +145,10 @@ def capture(obj, device=None, *, bint record=True):
     are (their handshake makes no event then), and the right order for any
     other producer, whose handshake makes *s* wait -- and :attr:`stream` is
     *s*.  Nothing of ours is then ordered after the producer but what waits
-    for that event.
+    for that event.  The driver is also asked, under the same device guard,
+    which allocation holds a DLPack tensor (:attr:`Capture.buffer_id`, 0 where
+    it does not say): the client's lent table knows an allocation it
+    registered by it without borrowing it again.
     """
     cdef Capture cap
     cdef CudaArray array
@@ -183,7 +186,9 @@ def capture(obj, device=None, *, bint record=True):
         if producer == 2:  # (per-thread default streams torch refuses to order before): our copy stream
             cs = thread_copy_stream(rt, dev)
             producer = <size_t>cs._live()
-        imp = _dlpack.import_device(obj, _dlpack.dlpack_stream(producer), _dlpack.DEVICE_MEMORY_TYPES)
+        imp = _dlpack.import_device(obj, _dlpack.dlpack_stream(producer), _dlpack.DEVICE_MEMORY_TYPES,
+                                    identify=not record)
+        cap.buffer_id = imp.buffer_id
         try:
             _order(cap, rt, dev, producer, record)
             try:

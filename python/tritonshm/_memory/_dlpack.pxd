@@ -17,4 +17,5 @@ cdef class Imported:
     cdef readonly int dtype_code
     cdef readonly int dtype_bits
     cdef readonly bint readonly
+    cdef readonly unsigned long long buffer_id  # the driver's id of the allocation (identify=True), else 0
     cpdef release(self)

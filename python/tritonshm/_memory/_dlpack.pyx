@@ -42,6 +42,7 @@ from ._tshm cimport (
     kDLFloat,
     kDLInt,
     kDLUInt,
+    TSHM_CU_POINTER_ATTRIBUTE_BUFFER_ID,
     tshm_dlpack_is_c_contiguous,
     tshm_cuda_device_enter,
     tshm_cuda_device_leave,
@@ -246,17 +247,6 @@ cdef object _refusal(object obj, str what, object exc):
         f"copy it to host memory first")
 
 
-cdef object _capsule_on_device(object obj, int device, object stream):
-    """``obj.__dlpack__(stream=...)`` with *device* current (torch refuses another device)."""
-    cdef Runtime rt = current()
-    cdef int previous = 0
-    rt.check(tshm_cuda_device_enter(rt.rt, device, &previous), f"selecting CUDA device {device}")
-    try:
-        return _take_capsule(obj, stream)
-    finally:
-        tshm_cuda_device_leave(rt.rt, device, previous)
-
-
 def dlpack_device(obj, bint exporter=True):
     """``obj.__dlpack_device__()`` as ``(type, id)`` ints, or None when *obj* has none -- or, with
     *exporter*, has no ``__dlpack__`` either (a CUDA Array Interface object may say where it
@@ -273,7 +263,19 @@ def dlpack_device(obj, bint exporter=True):
         raise _refusal(obj, "__dlpack_device__()", exc) from exc
 
 
-def import_device(obj, stream=1, device_types=CUDA_DEVICE_TYPES):
+cdef unsigned long long _buffer_id(Runtime rt, size_t ptr) noexcept:
+    """The driver's id of the allocation holding *ptr* (CU_POINTER_ATTRIBUTE_BUFFER_ID: never
+    reused in the process's life), or 0 where the driver does not say.  Under the device's guard."""
+    cdef unsigned long long id = 0
+    if rt.rt.PointerGetAttribute == NULL or ptr == 0:
+        return 0
+    # A driver call: the driver API keeps no last error to settle.
+    if rt.rt.PointerGetAttribute(&id, TSHM_CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr) != 0:
+        return 0
+    return id
+
+
+def import_device(obj, stream=1, device_types=CUDA_DEVICE_TYPES, bint identify=False):
     """Take *obj*'s tensor through DLPack if it lives in CUDA-reachable memory.
 
     Returns an :class:`Imported`, or None when *obj* speaks no DLPack or
@@ -282,22 +284,40 @@ def import_device(obj, stream=1, device_types=CUDA_DEVICE_TYPES):
     default stream; a handle: the copy's stream; -1: no synchronisation):
     the producer orders its pending work before it.  *device_types* are the
     DLPack device types taken (default: CUDA, pinned host and managed
-    memory).  Device memory is asked for under its device's guard.
+    memory).  Device memory is asked for under its device's guard; with
+    *identify*, the driver is asked under the same guard which allocation
+    holds it (:attr:`Imported.buffer_id`: one attribute query, no more
+    device bookkeeping).
     """
+    cdef Runtime rt
+    cdef int previous = 0
     cdef Imported imp
-    cdef DLTensor *t
-    cdef void *p
     where = dlpack_device(obj)
     if where is None:
         return None
     device_type, device_id = where
     if device_type not in device_types:
         return None
+    if device_type not in DEVICE_MEMORY_TYPES:
+        return _import(obj, stream)
+    rt = current()
+    rt.check(tshm_cuda_device_enter(rt.rt, device_id, &previous), f"selecting CUDA device {device_id}")
     try:
-        if device_type in DEVICE_MEMORY_TYPES:
-            capsule = _capsule_on_device(obj, device_id, stream)
-        else:
-            capsule = _take_capsule(obj, stream)
+        imp = _import(obj, stream)
+        if identify:
+            imp.buffer_id = _buffer_id(rt, <size_t>imp.ptr)
+        return imp
+    finally:
+        tshm_cuda_device_leave(rt.rt, device_id, previous)
+
+
+cdef Imported _import(object obj, object stream):
+    """:func:`import_device`'s exchange, under the device's guard where it needs one."""
+    cdef Imported imp
+    cdef DLTensor *t
+    cdef void *p
+    try:
+        capsule = _take_capsule(obj, stream)
     except Error:
         raise
     except Exception as exc:  # BufferError (torch: another device, a needed copy), RuntimeError ...

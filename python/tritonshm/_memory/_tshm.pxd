@@ -45,7 +45,11 @@ cdef extern from "tshm_cuda.h" nogil:
     ctypedef struct tshm_ipc_handle:
         char reserved[64]
 
+    enum: TSHM_CU_POINTER_ATTRIBUTE_BUFFER_ID
+
     ctypedef struct tshm_cudart:
+        # (a few of its entry points: the rest are the C core's to call)
+        int (*PointerGetAttribute)(void *data, int attribute, unsigned long long ptr)  # optional: NULL
         int (*GetDeviceCount)(int *count)
         int (*GetDevice)(int *device)
         int (*SetDevice)(int device)

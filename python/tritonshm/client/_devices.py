@@ -40,7 +40,7 @@ from .._memory._capture import capture, describe
 from .._memory._copy import copy
 from .._memory._cuda_array import empty as cuda_empty
 from .._memory._stream import Event, copy_stream as thread_copy_stream, current_stream
-from ..errors import CudaUnavailable, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
+from ..errors import CudaUnavailable, DTypeMismatch, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
 __all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_out", "as_device_tensor", "capture_inputs", "empty",
            "to_host", "to_device", "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
@@ -170,7 +170,7 @@ def one_ordering_point() -> Any:
                 captured.ordered_by(event)
 
 
-def _capture(value: Any, device: int) -> Any:
+def _capture(value: Any, device: int | None) -> Any:
     """:func:`capture`, its event shared with the call's other captures inside :func:`one_ordering_point`."""
     pending = _capturing.pending
     if pending is None:
@@ -179,6 +179,18 @@ def _capture(value: Any, device: int) -> Any:
     if captured.event is None:  # (a Capture given again keeps its own)
         pending.setdefault((captured.device, captured.stream), []).append(captured)
     return captured
+
+
+_GPU_MEMORY = (2, 13)  # kDLCUDA, kDLCUDAManaged
+
+
+def _on_a_gpu(value: Any) -> bool:
+    """Whether *value*'s ``__dlpack_device__`` says device memory (pinned host memory is not)."""
+    try:
+        where = value.__dlpack_device__()
+        return int(where[0]) in _GPU_MEMORY
+    except Exception:  # (not a DLPack device after all: describe() says what it is)
+        return False
 
 
 def distinct(events: Sequence[Any]) -> list[Any]:
@@ -198,16 +210,25 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
     if not (hasattr(kind, "__dlpack_device__") or hasattr(kind, "__cuda_array_interface__")
             or hasattr(value, "__cuda_array_interface__")):
         return None
-    try:
-        described = describe(value)
-    except Error:
-        raise
-    except Exception as exc:  # the producer refused to export (torch: a tensor that requires grad)
-        raise UnsupportedBuffer(f"{type(value).__name__} cannot be shared as a device array: {exc}") from exc
-    if described is None:
-        return None
-    dtype, shape, device = described
-    captured = _capture(value, device)  # a producer's refusal is UnsupportedBuffer there
+    if hasattr(kind, "__dlpack__") and _on_a_gpu(value):
+        # A DLPack tensor in device memory (torch, cupy, jax): taken at once, its dtype, shape and
+        # device read from the import -- one exchange under one device guard, not two.
+        captured = _capture(value, None)  # a producer's refusal is UnsupportedBuffer there
+        if captured.dtype is None:
+            captured.release()
+            raise DTypeMismatch(f"{type(value).__name__} has a dtype numpy lacks: it cannot be sent")
+        dtype, shape, device = captured.dtype, captured.shape, captured.device
+    else:
+        try:
+            described = describe(value)
+        except Error:
+            raise
+        except Exception as exc:  # the producer refused to export (torch: a tensor that requires grad)
+            raise UnsupportedBuffer(f"{type(value).__name__} cannot be shared as a device array: {exc}") from exc
+        if described is None:
+            return None
+        dtype, shape, device = described
+        captured = _capture(value, device)  # a producer's refusal is UnsupportedBuffer there
     try:
         origin = weakref.ref(value)
     except TypeError:  # an object that takes no weak references: never known to be dropped

@@ -12,11 +12,14 @@ the server's answer too, measured on an H200).
 registered, keyed by device and base address, owned by the engine beside
 its slot pools.  Sans-I/O: :meth:`~LentAllocations.lend_steps` yields a
 :class:`~._steps.Register` for an allocation seen for the first time and
-otherwise costs two driver calls (``cuMemGetAddressRange`` and
-``cudaIpcGetMemHandle``, a few microseconds: a handle that changed at a
-known base means the old allocation was freed and a new one made there,
-whose stale registration goes first -- a server keeps the old mapping open
-and refuses the new handle at that address).
+otherwise costs nothing of CUDA where the driver gives allocations ids
+(``CU_POINTER_ATTRIBUTE_BUFFER_ID``, asked once when the tensor was taken,
+under the same device guard: an id is never reused, so the same id is the
+same, registered allocation); where it does not, two driver calls
+(``cuMemGetAddressRange`` and ``cudaIpcGetMemHandle``, a few microseconds: a
+handle that changed at a known base means the old allocation was freed and
+a new one made there, whose stale registration goes first -- a server keeps
+the old mapping open and refuses the new handle at that address).
 
 Lifetimes, by CUDA's rules: memory is never freed while the server has it
 open.  Each registered allocation holds the capture of the first tensor
@@ -146,13 +149,15 @@ class LentStats:
 
 
 class _Entry:
-    __slots__ = ("extent", "handle", "users", "last_used", "lent", "reused", "origin")
+    __slots__ = ("extent", "handle", "buffer_id", "users", "last_used", "lent", "reused", "origin")
 
     extent: Extent[LentMemory]
 
-    def __init__(self, extent: Extent, handle: bytes, origin: "weakref.ref[Any] | None" = None):
+    def __init__(self, extent: Extent, handle: bytes, origin: "weakref.ref[Any] | None" = None,
+                 buffer_id: int = 0):
         self.extent = extent
         self.handle = handle
+        self.buffer_id = buffer_id  # the driver's id of the allocation (0: it does not say)
         self.users = 1
         self.last_used = time.monotonic()
         self.lent = 1
@@ -203,6 +208,11 @@ class LentAllocations:
         if self._fallback.lending_refused is not None:
             return self._copied("server cannot open CUDA memory")
         source = tensor.source
+        buffer_id = getattr(source, "buffer_id", 0)
+        if buffer_id:
+            known = self._lend_known(tensor, buffer_id)
+            if known is not None:
+                return known
         try:
             region = CudaRegion.borrow(source)
         except NotShareable:
@@ -241,7 +251,7 @@ class LentAllocations:
                 elif not self._disposals:  # what was let go of is gone: its bytes are back
                     if self.budget.take(region.nbytes):
                         entry = _Entry(Extent(LentMemory(region), 0, self.budget, region.nbytes), handle,
-                                       tensor.origin)
+                                       tensor.origin, buffer_id)
                         entry.reused = given_again
                         self._entries[key] = entry
                         self._nbytes += region.nbytes
@@ -285,6 +295,29 @@ class LentAllocations:
             yield from self._unregister_late_steps(entry.extent, name)
             raise ClientClosed(_CLOSED_WHILE_REGISTERING)
         return Lent(entry.extent, name, offset, tensor.nbytes)
+
+    def _lend_known(self, tensor: DeviceTensor, buffer_id: int) -> Lent | None:
+        """The hit path: *tensor* in an allocation registered already, known by the driver's id of
+        it (*buffer_id*, taken with the tensor: :attr:`~tritonshm.cuda.Capture.buffer_id`) -- ids
+        are never reused in a process's life, so the same id is the same allocation, whose
+        registration holds, with nothing asked of CUDA (no borrow, no IPC export).  None: go the
+        full way (not registered yet, or being registered)."""
+        ptr = tensor.source.ptr + tensor.offset
+        with self._lock:
+            if self._closed:
+                raise ClientClosed("the client was closed while this request lent a GPU tensor")
+            for key, entry in self._entries.items():  # (at most max_entries)
+                if entry.buffer_id != buffer_id or key[0] != tensor.device or entry.extent.name is None:
+                    continue
+                offset = ptr - key[1]
+                if offset < 0 or offset + tensor.nbytes > entry.extent.memory.nbytes:
+                    return None  # (the full way says why: it spans allocations)
+                entry.users += 1
+                entry.lent += 1
+                entry.last_used = time.monotonic()
+                self._entries.move_to_end(key)
+                return Lent(entry.extent, entry.extent.name, offset, tensor.nbytes)
+        return None
 
     def finished(self, lent: Lent) -> None:
         """A request that named *lent* is over, answered: the server is done with it."""
