@@ -183,10 +183,7 @@ def test_lent_input_and_lent_out_go_as_a_ready_message(url, fake_cuda, torch_cac
     limits.check()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 40: 2 CPU waits, cudaMalloc + cudaFree, 10 cudaGetDevice per request")
-def test_lent_input_copied_results(url, fake_cuda, torch_caching):
-    """The double's tensors are not torch's, so results are tritonshm's own CudaArrays: this is
-    also the budget of CudaArray results (no cudaMalloc/cudaFree per request)."""
+def copied_results(url, fake, torch_caching) -> Counted:
     data = np.arange(N, dtype=np.float32)
     x = torch_caching.from_numpy(data)
     kept = []
@@ -196,17 +193,38 @@ def test_lent_input_copied_results(url, fake_cuda, torch_caching):
             assert isinstance(out, tritonshm.CudaArray)
             kept[:] = [out]  # the previous result dropped as a caller's loop drops it
 
-        counted = measure(fake_cuda, c, call)
+        counted = measure(fake, c, call)
         np.testing.assert_array_equal(kept[0].get(), data)
         kept.clear()
         gc.collect()
         assert c.stats().copied == {}
+    return counted
+
+
+def test_lent_input_copied_results(url, fake_cuda, torch_caching):
+    """The double's tensors are not torch's, so results are tritonshm's own CudaArrays: this is
+    also the budget of CudaArray results (no cudaMalloc/cudaFree per request: cached blocks)."""
+    counted = copied_results(url, fake_cuda, torch_caching)
     limits = Limits(counted)
     limits.exactly("async copies", counted.per_request("cudaMemcpyAsync"), 1)
     limits.at_most("synchronous copies", counted.per_request("cudaMemcpy"), 0)
-    limits.at_most("CPU waits", counted.per_request(*WAITS), 1)
     limits.at_most("cudaMalloc/cudaFree (CudaArray results)", counted.per_request(*ALLOCATIONS), 0)
+    limits.at_most("cudaGetDeviceCount", counted.per_request("cudaGetDeviceCount"), 0)
+    limits.at_most("event records of ours", counted.per_request("cudaEventRecord"), 2)
+    limits.at_most("events made or destroyed", counted.per_request("cudaEventCreateWithFlags",
+                                                                   "cudaEventDestroy"), 0)
     limits.one_request_sent(ready=False)
+    limits.check()
+
+
+@pytest.mark.xfail(strict=True, reason="issue 40: a CudaArray result is complete when handed out (its readers -- "
+                                       ".get(), DLPack consumers -- wait for nothing), so the copy out of the "
+                                       "slot is waited for too: 2 CPU waits and 6 cudaGetDevice per request "
+                                       "(each guarded call reads the device: the C core's to cache)")
+def test_lent_input_copied_results_wait_once(url, fake_cuda, torch_caching):
+    counted = copied_results(url, fake_cuda, torch_caching)
+    limits = Limits(counted)
+    limits.at_most("CPU waits", counted.per_request(*WAITS), 1)
     limits.every_gpu_request()
     limits.check()
 

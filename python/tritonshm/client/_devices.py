@@ -44,7 +44,7 @@ from ..errors import CudaUnavailable, DTypeMismatch, Error, InvalidOption, Shape
 
 __all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_out", "as_device_tensor", "capture_inputs", "empty",
            "to_host", "to_device", "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
-           "require_cuda", "library_of", "one_ordering_point", "ordering_event", "distinct"]
+           "require_cuda", "library_of", "one_ordering_point", "ordering_event", "distinct", "ResultBlocks"]
 
 
 class DeviceTensor:
@@ -140,7 +140,7 @@ def ordering_event(device: int) -> Any:
     if pool is None:
         pool = _events.by_device[device] = []
     for event in pool:
-        if sys.getrefcount(event) <= 3:  # the pool's list, this loop, getrefcount's argument
+        if sys.getrefcount(event) <= 3 and not event.closed:  # the pool's list, this loop, getrefcount's argument
             return event
     event = Event.create(device)
     if len(pool) < _POOLED_EVENTS:
@@ -330,8 +330,79 @@ def _torch_device(device: int) -> Any:
     return torch.device("cuda", device)  # made once: torch parses device strings on every call
 
 
-def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int]) -> Any:
-    """A new, uninitialised device array of *shape* x *dtype* where *placement* says."""
+_BLOCK_ROUND = 512            # result blocks up to 1 MiB: multiples of this
+_BLOCK_SMALL = 1 << 20
+_BLOCK_LARGE_ROUND = 2 << 20  # larger ones: multiples of 2 MiB (torch's caching allocator's classes)
+_BLOCKS_PER_CLASS = 8         # cached blocks of one size and device at most
+_BLOCKS_MAX_BYTES = 1 << 30   # cached bytes at most (per client); beyond, results are freed when dropped
+
+
+def _block_bytes(nbytes: int) -> int:
+    if nbytes <= _BLOCK_SMALL:
+        return max(_BLOCK_ROUND, -(-nbytes // _BLOCK_ROUND) * _BLOCK_ROUND)
+    return -(-nbytes // _BLOCK_LARGE_ROUND) * _BLOCK_LARGE_ROUND
+
+
+class ResultBlocks:
+    """Device memory for a client's :class:`~tritonshm.CudaArray` results, cached as torch's caching
+    allocator caches its blocks: a result is a view of a block of its size class, and a block
+    whose every view (and every DLPack tensor made from one) is gone -- and whose DLPack readers'
+    streams are done with it (:meth:`~tritonshm.cuda.CudaWindow.readers_pending`, as a pool's
+    slot) -- holds the next result of that class.  So a warm request allocates and frees no device
+    memory (``cudaFree`` synchronizes the device, too).
+
+    A block is a :class:`~tritonshm.cuda.CudaWindow` over a region of its own: the memory is freed
+    only when the window and every view of it are gone -- :meth:`clear` (the client's ``forget()``
+    and ``close()``) lets go of the cache's windows, and a result still alive keeps its block
+    until it dies.  Never more than :data:`_BLOCKS_PER_CLASS` blocks of one class, nor
+    :data:`_BLOCKS_MAX_BYTES` bytes, are cached: results beyond are freed when dropped."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._blocks: dict[tuple[int, int], list[Any]] = {}
+        self.nbytes = 0  # of the blocks cached
+        self.closed = False
+
+    def empty(self, dtype: np.dtype, shape: tuple[int, ...], device: int) -> Any:
+        """A :class:`~tritonshm.CudaArray` of *shape* x *dtype* on *device*, uninitialised."""
+        size = _block_bytes(math.prod(shape) * dtype.itemsize)
+        key = (device, size)
+        with self._lock:
+            for block in self._blocks.get(key, ()):
+                if block.holders <= 1 and not block.readers_pending():
+                    return block.view(dtype, shape)  # (under the lock: no other thread takes it too)
+        from .._memory._cuda_region import CudaRegion
+
+        region = CudaRegion.create(size, device)
+        try:
+            block = region.window(0, size)
+            view = block.view(dtype, shape)
+        finally:
+            region.close()  # the window and its views hold the memory now: freed when they are all gone
+        with self._lock:
+            blocks = self._blocks.setdefault(key, [])
+            if not self.closed and len(blocks) < _BLOCKS_PER_CLASS and self.nbytes + size <= _BLOCKS_MAX_BYTES:
+                blocks.append(block)
+                self.nbytes += size
+        return view
+
+    def clear(self, close: bool = False) -> None:
+        """Let go of every cached block: each is freed now, or once its last result is gone;
+        *close*: cache nothing from now on (the client closed)."""
+        with self._lock:
+            blocks, self._blocks, self.nbytes = self._blocks, {}, 0
+            self.closed = self.closed or close
+        blocks.clear()  # (the windows die here, outside the lock: a free may run)
+
+    def stats(self) -> tuple[int, int]:
+        """(blocks, bytes) cached now."""
+        with self._lock:
+            return sum(len(blocks) for blocks in self._blocks.values()), self.nbytes
+
+
+def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int], blocks: ResultBlocks | None = None) -> Any:
+    """A new, uninitialised device array of *shape* x *dtype* where *placement* says (our own
+    arrays from *blocks*, where given: a client's cached result blocks)."""
     device, shape = placement.device, tuple(shape)
     assert device is not None, "host results are numpy arrays"
     if placement.library == "torch":
@@ -348,6 +419,8 @@ def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int]) -> Any:
 
         with cupy.cuda.Device(device):
             return cupy.empty(shape, dtype)
+    if blocks is not None:
+        return blocks.empty(np.dtype(dtype), shape, device)
     return cuda_empty(dtype, shape, device)
 
 

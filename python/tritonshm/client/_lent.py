@@ -68,7 +68,7 @@ from typing import Any, NamedTuple
 from .._memory._cuda_region import CudaRegion
 from ..errors import (ClientClosed, NotShareable, Outcome, RegistrationError, ServerError, SharedMemoryRefused,
                       outcome_of)
-from ._devices import DeviceTensor
+from ._devices import DeviceTensor, ResultBlocks
 from ._disposal import Disposals, held_for_the_server
 from ._fallback import Fallback
 from ._pool import ByteBudget, Extent
@@ -199,6 +199,9 @@ class LentAllocations:
         # given again (then it is lent: see the module).
         self._fresh_per_request = False
         self._recent: collections.deque[weakref.ref[Any]] = collections.deque(maxlen=_RECENT)
+        #: The device memory of the client's CudaArray results, cached beside the lent allocations
+        #: and let go of with them (:meth:`forget`: the caller's forget(), the client's close()).
+        self.results = ResultBlocks()
 
     # -- lending ---------------------------------------------------------
 
@@ -495,10 +498,13 @@ class LentAllocations:
         waiting for its requests), now as well: the server refuses to unregister what a request
         still uses, so those are parked, held, until it lets go of them.
 
+        The client's cached result blocks (:attr:`results`) are let go of too.
+
         *in_use_too* closes the table: nothing is lent from it any more.  A registration still
         on its way then has no name to unregister yet: it is left to the lend steps awaiting its
         reply, which unregister it when it comes (its memory held until then: dropping it now
         would close it unnamed, with no unregister, while the server may map it)."""
+        self.results.clear(close=in_use_too)  # (cached result blocks: freed as their last results go)
         with self._lock:
             for key in list(self._entries):
                 self._remove(key)

@@ -108,10 +108,12 @@ def join_chunks(parts: Sequence[Mapping[str, Any]], names: Sequence[str],
 def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[str],
             copy: bool, results: Placement, rows: Rows | None = None,
             stream: Any = None, lent: Any = None,
-            allocated: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
+            allocated: Mapping[str, Any] | None = None,
+            blocks: _devices.ResultBlocks | None = None) -> tuple[dict[str, Any], bool]:
     """The outputs of *result*, read from the slot: views that hold it where
     ``copy=False`` and the slot is where the results are wanted, else copies
-    (numpy on the host, or device arrays made by the results' library);
+    (numpy on the host, or device arrays made by the results' library; ours
+    from the client's cached *blocks*);
     outputs with *rows* go there (and are left out of the dict); results the
     caller *allocated* (``out=``) are those objects, written by the server where
     *lent*, else copied in.  Copies touching a GPU are queued on *stream*;
@@ -153,7 +155,7 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
             outputs[name] = memory.copy_out(lease.offset(name), spec.dtype, shape, stream)
             queued |= on_gpu
         else:
-            out = outputs[name] = _devices.empty(results, spec.dtype, shape)
+            out = outputs[name] = _devices.empty(results, spec.dtype, shape, blocks)
             memory.read_into(out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize, 0, stream)
             queued |= on_gpu
     return outputs, queued

@@ -274,7 +274,7 @@ class Runner:
             if queued:  # one wait for the copies and the lent tensors' events alike
                 for event in _devices.distinct(waits):
                     stream.wait(event)
-                yield WaitForDevice(stream.record())
+                yield WaitForDevice(_devices.ordering_event(stream.device).record(stream))
             else:  # nothing copied: wait for the lent tensors' events themselves (no GPU work queued):
                 # one per producer stream, shared by the call's tensors (one ordering point)
                 for event in _devices.distinct(waits):
@@ -668,9 +668,9 @@ class Runner:
                 else _devices.copy_stream(results.device)
         try:
             outputs, queued = _results.collect(info, lease, result, names, copy, results, rows, stream,
-                                                claim, out)
+                                                claim, out, self.lent_table.results)
             if queued:
-                yield WaitForDevice(stream.record())
+                yield WaitForDevice(_devices.ordering_event(stream.device).record(stream))
         except BaseException:
             # The slot goes back, and results already made are dropped (a caching allocator
             # hands their blocks out again at once): no copy out of the one into the other
