@@ -92,3 +92,19 @@ def test_the_device_count_is_read_once(fake_cuda, monkeypatch):
     monkeypatch.setenv("TSHM_FAKE_CUDA_DEVICES", "2")  # (a fake's change; a process's GPUs never change)
     cuda.Event.create(1).close()
     assert rt is _runtime.current()
+
+
+def test_ordering_events_belong_to_the_runtime_they_were_made_with(fake_cuda, fake_cudart_path):
+    """A process may switch runtimes (a test suite: the fake, then the real one): an event made with
+    one is never recorded through another."""
+    made = _devices.ordering_event(0)
+    made_id = id(made)
+    del made
+    assert id(_devices.ordering_event(0)) == made_id  # the same runtime: the thread's event again
+    previous = _runtime.use(str(fake_cudart_path))  # another Runtime (the same library here)
+    try:
+        other = _devices.ordering_event(0)
+        assert id(other) != made_id
+        del other
+    finally:
+        _runtime.use(previous)

@@ -36,6 +36,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from .. import _dtypes
+from .._memory import _runtime
 from .._memory._capture import capture, describe
 from .._memory._copy import copy
 from .._memory._cuda_array import empty as cuda_empty
@@ -125,7 +126,9 @@ _capturing = _Capturing()
 
 class _Events(threading.local):
     def __init__(self) -> None:
-        self.by_device: dict[int, list[Any]] = {}
+        # By (runtime, device): an event belongs to the runtime it was made with (a test suite
+        # switches between a fake runtime and the real one in one process).
+        self.by_device: dict[tuple[Any, int], list[Any]] = {}
 
 
 _events = _Events()
@@ -136,9 +139,10 @@ def ordering_event(device: int) -> Any:
     """An event of *device* to record now, from this thread's few: one that nothing else holds
     any more (no capture, step or caller can wait for its old point), else a new one.  A warm
     request creates and destroys no event (two runtime calls, each under a device guard)."""
-    pool = _events.by_device.get(device)
+    key = (_runtime.current(), device)
+    pool = _events.by_device.get(key)
     if pool is None:
-        pool = _events.by_device[device] = []
+        pool = _events.by_device[key] = []
     for event in pool:
         if sys.getrefcount(event) <= 3 and not event.closed:  # the pool's list, this loop, getrefcount's argument
             return event

@@ -239,6 +239,8 @@ class LentAllocations:
                     self._remove(key)
                     entry = None
                 if entry is not None and entry.extent.name is not None:
+                    if not entry.buffer_id:  # (registered for a tensor taken without its id)
+                        entry.buffer_id = buffer_id
                     entry.users += 1
                     entry.lent += 1
                     entry.last_used = time.monotonic()
