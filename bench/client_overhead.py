@@ -12,6 +12,7 @@ copies in and out, building the request, reading the response.
     python bench/client_overhead.py --size 65536 --reps 3000
     python bench/client_overhead.py --cold       # each call after 32 MiB of copying: thread CPU, us
     python bench/client_overhead.py --lend       # the lend hit path, on the FAKE CUDA runtime
+    python bench/client_overhead.py --gpu        # GPU requests vs the floor, FAKE runtime + real Triton
 
 Methods, interleaved in rounds (median us per call, and the ratio to
 tritonclient's own infer with the same recorded answer):
@@ -33,6 +34,19 @@ several times its cost in a loop -- which is what separates the zero-copy row
 from the limit in ``tritonshm bench`` at 16 MiB.  ``request() + run()`` is the
 zero-copy row's call: a slot leased per request, the input copied in, run,
 closed (the other ``request().run()`` rows reuse one request).
+
+``--gpu`` measures the GPU rows (issue 40) on the FAKE CUDA runtime, against a
+real Triton with the fake preloaded (no GPU): the client thread's CPU per warm
+request (``time.thread_time``: waits for the server are not in it) of each way
+of sending a 64 KiB GPU tensor, against the floor in the same process -- a
+by-reference request built by hand with tritonclient (input and output
+regions registered once, the InferInput bound to them once: no CUDA call per
+request) -- and the CUDA calls each makes per request, as the fake counts them.
+Tensors come from the torch-like double (tests/fake_producers.py), whose own
+calls are Python over ctypes, not torch's C++: its handshakes are in the
+client's CPU here and cost more than torch's would.  The issue's targets:
+zero-copy within 1.2x of the floor, lent ``out=`` 1.6x, lent input with copied
+results 2x.  Figures, never asserted.
 
 ``--lend`` measures instead what sending one GPU tensor by reference adds to
 a request once its allocation is registered (no server, no GPU: the fake CUDA
@@ -145,6 +159,103 @@ def lend_hit_path(reps: int, rounds: int) -> int:
     return 0
 
 
+def gpu_rows(size: int, reps: int, rounds: int) -> int:
+    """``--gpu``: client thread CPU per warm GPU request vs the floor, on the fake runtime (see the module)."""
+    tests = Path(__file__).resolve().parent.parent / "tests"
+    sys.path.insert(0, str(tests))
+    import fake_cuda  # the FAKE runtime and the torch-like double: test code, never shipped
+    from fake_producers import TorchLike
+
+    path = fake_cuda.build_fake_cudart(tempfile.mkdtemp(prefix="tshm-fake-cudart-"))
+    os.environ["TRITONSHM_CUDART"] = str(path)
+    import tritonclient.grpc as grpcclient
+
+    import tritonshm
+    from tritonshm import cuda
+    from tritonshm._memory import _runtime
+    from tritonshm.server import LocalServer
+
+    _runtime.use(str(path))
+    fake = fake_cuda.FakeCudart(path)
+    torch_like = TorchLike(fake, caching=True)
+    cuda.current_stream_providers.insert(0, torch_like.current_stream_provider)
+    n = size // 4
+    data = np.random.default_rng(0).random(n, dtype=np.float32)
+    with LocalServer(quiet=True, env=fake_cuda.server_env(path)) as server:
+        url = server.grpc_url
+        # The floor: both regions registered once, the request's objects bound once.
+        tc = grpcclient.InferenceServerClient(url)
+        floor_in, floor_out = tritonshm.CudaRegion.create(size), tritonshm.CudaRegion.create(size)
+        floor_in.write(data)
+        names = [tritonshm.register(tc, region) for region in (floor_in, floor_out)]
+        tc_input = grpcclient.InferInput("INPUT0", [n], "FP32")
+        tritonshm.bind_input(tc_input, floor_in)
+        tc_output = grpcclient.InferRequestedOutput("OUTPUT0")
+        tritonshm.bind_output(tc_output, floor_out)
+
+        c = tritonshm.Client(url)
+        copier = tritonshm.Client(url, by_reference=False)
+        x = torch_like.from_numpy(data)
+        y = torch_like.empty(n, np.float32)
+        request = c.request("identity_fp32", shapes={"INPUT0": [n]}, device="cuda")
+        torch_like.from_dlpack(request.inputs["INPUT0"]).copy_(data)
+        kept: list = []
+
+        def floor():
+            tc.infer("identity_fp32", [tc_input], outputs=[tc_output])
+
+        def copied(client):
+            def call():
+                kept[:] = [client.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]]
+            return call
+
+        methods = {
+            "floor (tritonclient, regions bound once)": floor,
+            "zero-copy request().run()": lambda: request.run(),
+            "Client.infer lent input + lent out=": lambda: c.infer("identity_fp32", {"INPUT0": x},
+                                                                    out={"OUTPUT0": y}),
+            "Client.infer lent input, CudaArray results": copied(c),
+            "Client.infer copies (by_reference=False)": copied(copier),
+        }
+        calls = {}
+        for name, fn in methods.items():  # warm up (registrations, pools, plans), then count the calls
+            for _ in range(5):
+                fn()
+            before = fake.calls()
+            for _ in range(10):
+                fn()
+            calls[name] = {k: v / 10 for k, v in sorted((fake.calls() - before).items())}
+        samples: dict[str, list[float]] = {name: [] for name in methods}
+        for _ in range(rounds):
+            for _ in range(reps):
+                for name, fn in methods.items():
+                    t0 = time.thread_time_ns()
+                    fn()
+                    samples[name].append((time.thread_time_ns() - t0) / 1e3)
+        np.testing.assert_array_equal(y.numpy(), data)
+        np.testing.assert_array_equal(kept[0].get(), data)
+        base = statistics.median(samples["floor (tritonclient, regions bound once)"])
+        print(f"client thread CPU per warm GPU request, {size} B FP32 identity, FAKE CUDA runtime, real Triton "
+              f"({rounds} rounds x {reps} calls, interleaved; median)")
+        for name, values in samples.items():
+            median = statistics.median(values)
+            ours = calls[name]
+            print(f"  {name:44s} {median:8.1f} us   x{median / base:5.2f} of the floor")
+            print(f"  {'':44s} CUDA calls/request: {sum(ours.values()):g} {ours}")
+        kept.clear()
+        request.close()
+        c.close()
+        copier.close()
+        for name in names:
+            tritonshm.unregister(tc, name)
+        tc.close()
+        floor_in.close()
+        floor_out.close()
+        del x, y
+        fake.discard_pending()
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=4096, help="input bytes (FP32 identity)")
@@ -158,11 +269,16 @@ def main() -> int:
     parser.add_argument("--evict-bytes", type=int, default=32 << 20, help="with --cold: bytes copied before each call")
     parser.add_argument("--lend", action="store_true",
                         help="measure the lend hit path instead, on the fake CUDA runtime (no server, no GPU)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="the GPU rows instead: client thread CPU of warm GPU requests vs the floor, on the "
+                             "fake CUDA runtime against a real Triton (default --size 65536, --reps 200)")
     args = parser.parse_args()
     if args.reps is None:
-        args.reps = 200 if args.cold else 2000
+        args.reps = 200 if args.cold or args.gpu else 2000
     if args.lend:
         return lend_hit_path(args.reps, args.rounds)
+    if args.gpu:
+        return gpu_rows(65536 if args.size == 4096 else args.size, args.reps, args.rounds)
 
     import tritonclient.grpc as grpcclient
 
