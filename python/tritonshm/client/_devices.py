@@ -135,6 +135,16 @@ _events = _Events()
 _POOLED_EVENTS = 8  # per thread and device: more at once (results kept with their events) are made and dropped
 
 
+def _refs(pool: list[Any], index: int) -> int:
+    """``sys.getrefcount`` of ``pool[index]``, taken the same way for every object."""
+    return sys.getrefcount(pool[index])
+
+
+#: What an object that only a list holds reads as through :func:`_refs` (the interpreter's own
+#: references on the way vary between versions: 3.14 borrows some), measured, not assumed.
+_UNHELD = _refs([object()], 0)
+
+
 def ordering_event(device: int) -> Any:
     """An event of *device* to record now, from this thread's few: one that nothing else holds
     any more (no capture, step or caller can wait for its old point), else a new one.  A warm
@@ -143,9 +153,9 @@ def ordering_event(device: int) -> Any:
     pool = _events.by_device.get(key)
     if pool is None:
         pool = _events.by_device[key] = []
-    for event in pool:
-        if sys.getrefcount(event) <= 3 and not event.closed:  # the pool's list, this loop, getrefcount's argument
-            return event
+    for index in range(len(pool)):  # (no local holds an event while its references are counted)
+        if _refs(pool, index) <= _UNHELD and not pool[index].closed:
+            return pool[index]
     event = Event.create(device)
     if len(pool) < _POOLED_EVENTS:
         pool.append(event)
