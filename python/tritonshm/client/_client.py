@@ -456,9 +456,11 @@ class Client(ClientFace):
         stream) by the time of this call, as with :meth:`infer`.
         """
         workers = self._workers_for("async")
-        if kwargs.get("out") is not None:  # results the caller allocated: captured now too
-            kwargs["out"] = _devices.capture_out(kwargs["out"])
-        return workers.submit(self.infer, model, _devices.capture_inputs(inputs), **kwargs)
+        with _devices.one_ordering_point():  # inputs and out= alike: one event per stream, one wait
+            if kwargs.get("out") is not None:  # results the caller allocated: captured now too
+                kwargs["out"] = _devices.capture_out(kwargs["out"])
+            inputs = _devices.capture_inputs(inputs)
+        return workers.submit(self.infer, model, inputs, **kwargs)
 
     def request(self, model: str, batch_size: int | None = None, *,
                 shapes: Mapping[str, Sequence[int]] | None = None, version: str = "",
