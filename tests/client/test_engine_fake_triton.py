@@ -54,6 +54,14 @@ def assert_nothing_registered(fake: FakeTriton) -> None:
 # -- bursts of cold requests ----------------------------------------------------
 
 
+def _nbytes(n: int) -> str:  # a size as the messages give it: exact bytes, the unit beside them
+    return re.escape(nbytes_text(n))
+
+
+def _cap(n: int) -> str:
+    return re.escape(f"max_pool_bytes={n} ({in_units(n)})")
+
+
 def test_a_burst_of_cold_threads_with_cancels_makes_one_pool(fake_triton):
     fake = fake_triton
     fake.delay = 0.0005   # requests overlap: 300 of them on 64 threads, 4 slots
@@ -141,7 +149,7 @@ def test_kept_results_grow_the_pool_up_to_max_pool_bytes_then_pool_exhausted(fak
         (info,) = c.pools()
         assert (info.slots, info.held, info.nbytes, len(info.regions)) == (6, 6, 3 * extent, 3)
         assert fake.registered_bytes == 3 * extent
-        with pytest.raises(PoolExhausted, match=rf"6 slots: 0 running, 6 held.*byte cap \({3 * extent} of "
+        with pytest.raises(PoolExhausted, match=rf"6 slots: 0 running, 6 held.*byte cap \({_nbytes(3 * extent)} of "
                                                 rf"max_pool_bytes={3 * extent}\) with 6 slots held"):
             c.infer("identity_fp32", {"INPUT0": data(6)}, copy=False)
         del view
@@ -255,7 +263,7 @@ def test_two_models_share_the_cap(fake_triton):
     with fake.client(max_pool_bytes=EXTENT, slot_timeout=0.2) as c:
         np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": data(0)})["OUTPUT0"], data(0))
         two = {"INPUT0": np.ones(16, np.float32), "INPUT1": np.ones(16, np.float32)}
-        with pytest.raises(PoolExhausted, match=rf"holds {EXTENT} of max_pool_bytes={EXTENT}.*'identity_fp32'"):
+        with pytest.raises(PoolExhausted, match=rf"holds {_nbytes(EXTENT)} of max_pool_bytes={EXTENT}.*'identity_fp32'"):
             c.infer("add_sub", two)
     assert fake.peak_bytes <= EXTENT
     assert_nothing_registered(fake)
@@ -839,14 +847,6 @@ def test_a_quick_request_asking_for_every_output_by_an_empty_list_runs_after_a_r
 
 
 # -- a pool that max_pool_bytes cannot hold -------------------------------------
-
-
-def _nbytes(n: int) -> str:  # a size as the messages give it: exact bytes, the unit beside them
-    return re.escape(nbytes_text(n))
-
-
-def _cap(n: int) -> str:
-    return re.escape(f"max_pool_bytes={n} ({in_units(n)})")
 
 
 @pytest.mark.parametrize("slots, max_pool_bytes, elements, advice", [
