@@ -84,28 +84,23 @@ def run(aio: bool, protocol: str, url: str, calls) -> list:
 both_ways = pytest.mark.parametrize("aio", [False, True], ids=["sync", "aio"])
 
 
+def reloading(load, aio: bool, **changes):
+    """A step of :func:`run` that reloads the model with *changes* (off the event loop, for aio)."""
+    return lambda c: asyncio.to_thread(load, **changes) if aio else load(**changes)
+
+
+def infer(x):
+    """A step of :func:`run` that infers on *x*."""
+    return lambda c: c.infer(MODEL, {"INPUT0": x})
+
+
 @pytest.mark.server
 @both_ways
 def test_an_output_whose_datatype_changed_is_read_as_it_is_now(explicit_server, load, protocol, aio):
     x = np.arange(3, dtype=np.int32)
-
-    def reload(c):
-        load(output_type="TYPE_FP32")
-        return None
-
     first, second, _, third, fourth = run(aio, protocol, client_url(explicit_server, protocol), [
-        lambda c: c.infer(MODEL, {"INPUT0": x}),
-        lambda c: c.infer(MODEL, {"INPUT0": x}),  # (now by the quick path)
-        lambda c: asyncio.sleep(0) if aio else reload(c),
-        lambda c: c.infer(MODEL, {"INPUT0": x}),
-        lambda c: c.infer(MODEL, {"INPUT0": x}),
-    ] if not aio else [
-        lambda c: c.infer(MODEL, {"INPUT0": x}),
-        lambda c: c.infer(MODEL, {"INPUT0": x}),
-        lambda c: asyncio.to_thread(load, output_type="TYPE_FP32"),
-        lambda c: c.infer(MODEL, {"INPUT0": x}),
-        lambda c: c.infer(MODEL, {"INPUT0": x}),
-    ])
+        infer(x), infer(x),  # (the second by the quick path)
+        reloading(load, aio, output_type="TYPE_FP32"), infer(x), infer(x)])
     assert first["OUTPUT0"].dtype == second["OUTPUT0"].dtype == np.int32
     for out in (third, fourth):  # (it read [0, 1065353216, 1073741824]: FP32's bits as INT32)
         assert out["OUTPUT0"].dtype == np.float32
@@ -117,10 +112,8 @@ def test_an_output_whose_datatype_changed_is_read_as_it_is_now(explicit_server, 
 def test_an_output_renamed_is_returned_by_its_new_name(explicit_server, load, protocol, aio):
     x = np.arange(3, dtype=np.int32)
     first, _, after = run(aio, protocol, client_url(explicit_server, protocol), [
-        lambda c: c.infer(MODEL, {"INPUT0": x}),
-        lambda c: asyncio.to_thread(load, output="RENAMED") if aio else load(output="RENAMED"),
-        lambda c: c.infer(MODEL, {"INPUT0": x}),  # (the server refused OUTPUT0: "unexpected inference output")
-    ])
+        infer(x), reloading(load, aio, output="RENAMED"),
+        infer(x)])  # (the server refused OUTPUT0: "unexpected inference output")
     assert list(first) == ["OUTPUT0"] and list(after) == ["RENAMED"]
     np.testing.assert_array_equal(after["RENAMED"], x)
 
@@ -130,11 +123,8 @@ def test_an_output_renamed_is_returned_by_its_new_name(explicit_server, load, pr
 def test_an_input_whose_datatype_changed_is_taken_as_it_is_now(explicit_server, load, protocol, aio):
     x = np.arange(3, dtype=np.int32)
     _, _, after = run(aio, protocol, client_url(explicit_server, protocol), [
-        lambda c: c.infer(MODEL, {"INPUT0": x}),
-        lambda c: asyncio.to_thread(load, input_type="TYPE_FP32") if aio else load(input_type="TYPE_FP32"),
-        # (refused before: "input 'INPUT0' ... is INT32", what the client had read)
-        lambda c: c.infer(MODEL, {"INPUT0": x.astype(np.float32)}),
-    ])
+        infer(x), reloading(load, aio, input_type="TYPE_FP32"),
+        infer(x.astype(np.float32))])  # (refused before: "input 'INPUT0' ... is INT32", what the client had read)
     np.testing.assert_array_equal(after["OUTPUT0"], x)
 
 
