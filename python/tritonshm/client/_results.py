@@ -17,8 +17,8 @@ from ._devices import HOST, Placement
 from ._model import ModelInfo
 from ._pool import Lease
 
-__all__ = ["Rows", "answered_shape", "check_version", "check_answer_fits_out", "collect", "into_out", "join_chunks", "out_too_small", "output_shape",
-           "result_rows", "rows_for", "wire_results"]
+__all__ = ["Rows", "answered_shape", "check_answer_fits_out", "check_version", "collect", "into_out", "join_chunks",
+           "out_too_small", "result_rows", "rows_for", "wire_results"]
 
 
 def check_answer_fits_out(info: ModelInfo, name: str, shape: tuple[int, ...], given: _devices.OutTensor) -> None:
