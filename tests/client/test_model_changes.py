@@ -22,6 +22,7 @@ import tritonclient.grpc as grpcclient
 import tritonshm
 import tritonshm.aio
 from tritonshm.server import LocalServer, bundled_model_repository
+from fake_cuda import server_env
 from triton_fixtures import client_url, start_or_skip
 
 MODEL = "changing"
@@ -44,9 +45,10 @@ def repository(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def explicit_server(repository):
-    with start_or_skip(LocalServer(repository, extra_args=["--model-control-mode=explicit",
-                                                           "--exit-timeout-secs=1"])) as srv:
+def explicit_server(repository, fake_cudart_path):
+    # (the FAKE CUDA runtime preloaded: it opens the fake's handles, for the GPU test)
+    with start_or_skip(LocalServer(repository, extra_args=["--model-control-mode=explicit", "--exit-timeout-secs=1"],
+                                   env=server_env(fake_cudart_path))) as srv:
         yield srv
 
 
@@ -105,6 +107,27 @@ def test_an_output_whose_datatype_changed_is_read_as_it_is_now(explicit_server, 
     for out in (third, fourth):  # (it read [0, 1065353216, 1073741824]: FP32's bits as INT32)
         assert out["OUTPUT0"].dtype == np.float32
         np.testing.assert_array_equal(out["OUTPUT0"], [0.0, 1.0, 2.0])
+
+
+@pytest.mark.server
+def test_a_gpu_request_seen_before_is_planned_again_on_a_changed_model(explicit_server, load, protocol, fake_cuda,
+                                                                     torch_caching):
+    """A GPU request seen before takes the plan made then (nothing checked or routed again): a
+    model that changed is planned again, not run on that plan a second time (on the FAKE CUDA
+    runtime: a lent input, results copied out of a CUDA slot)."""
+    x = torch_caching.from_numpy(np.arange(3, dtype=np.int32))
+    with tritonshm.Client(client_url(explicit_server, protocol)) as c:
+        for _ in range(2):  # (the second by the plan seen before)
+            assert c.infer(MODEL, {"INPUT0": x})["OUTPUT0"].dtype == np.int32
+        load(output_type="TYPE_FP32")
+        for _ in range(2):
+            out = c.infer(MODEL, {"INPUT0": x})["OUTPUT0"]
+            assert out.dtype == np.float32
+            np.testing.assert_array_equal(out.get(), [0.0, 1.0, 2.0])
+            del out
+        y = torch_caching.empty(3, np.int32)  # out= of the datatype the model had: refused now
+        with pytest.raises(tritonshm.DTypeMismatch, match="out.*OUTPUT0.*FP32"):
+            c.infer(MODEL, {"INPUT0": x}, out={"OUTPUT0": y})
 
 
 @pytest.mark.server

@@ -25,6 +25,7 @@ from ._steps import Send
 __all__ = ["http_request", "make_room", "own_request", "slot_request", "wire_request"]
 
 _MESSAGES_PER_SLOT = 16  # what a slot keeps per input shapes and outputs (messages, quick views)
+_LENT_MESSAGES = 64  # the ready messages of all-lent requests a client keeps (then it starts over)
 
 
 def make_room(cache: dict[Any, Any]) -> None:
@@ -47,7 +48,8 @@ def http_request(send: Send) -> _http1.Prepared:
 
 def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mapping[str, tuple[int, ...]],
                  names: Sequence[str], bytes_sizes: Mapping[str, int],
-                 prepare: bool = False, lent: Any = None) -> tuple[list, list, Any]:
+                 prepare: bool = False, lent: Any = None,
+                 kept: dict[tuple, Any] | None = None) -> tuple[list, list, Any]:
     """InferInputs and InferRequestedOutputs naming the slot's offsets, and with *prepare*
     (no per-request options) the whole request message, ready to send (or None).
 
@@ -62,10 +64,22 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mappin
     Tensors *lent* (a request's :class:`~._claim.Claim`: the caller's own GPU
     memory, registered) are named where they are, in request objects of their
     own (the slot's stay bound to the slot); a message is kept for them too,
-    keyed by where they were.  No *lease*: every tensor is lent (nothing is kept).
+    keyed by where they were.  No *lease*: every tensor is lent, and what is made is kept in
+    *kept* (the client's, keyed by model first) instead of on a slot.
     """
     if lease is None:
-        return _lent_request(wire, info, shapes, names, lent)
+        if not prepare or kept is None:
+            return _lent_request(wire, info, shapes, names, lent)
+        key = (info.name, info.version, tuple(shapes.items()), tuple(names),
+               *((name, where.name, where.offset) for name, where in lent.inputs.items()),
+               "out", *((name, where.name, where.offset) for name, where in lent.outputs.items()))
+        made = kept.get(key)
+        if made is None:
+            if len(kept) >= _LENT_MESSAGES:
+                kept.clear()
+            inputs, requested, _ = _lent_request(wire, info, shapes, names, lent)
+            made = kept[key] = (inputs, requested, wire.request_message(info.name, info.version, inputs, requested))
+        return made
     memory, layout = lease.extent.memory, lease.pool.layout
     cache = lease.extent.requests.get(lease.index)
     if cache is None:

@@ -103,6 +103,10 @@ class Runner:
         self.planner = engine.planner
         self._flight = engine.in_flight  # one request in flight while entered (reusable)
         self._quick_plans: dict[tuple, QuickPlan] = {}  # small requests seen before, by signature
+        self._device_plans: dict[tuple, Plan] = {}  # GPU requests seen before (their plans, without tensors)
+        #: The ready messages of requests whose every tensor is lent (no slot to keep them on), by
+        #: model, shapes, outputs and where the tensors are (:func:`._messages.slot_request`).
+        self._lent_messages: dict[tuple, Any] = {}
 
     def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _results.Rows | None = None) -> Steps:
         """Steps of one chunk of *plan* (its *arrays* fit a slot): lease, copy in, run,
@@ -294,15 +298,30 @@ class Runner:
         signature = None if out is not None else \
             self._quick_signature(info.name, info.version, inputs, outputs, copy, output_device, slot_timeout)
         quick = None if signature is None else self._quick_plans.get(signature)
+        if quick is not None:  # seen before: checked then, planned then (it sees a changed model itself)
+            return InferRun([self.quick_steps(quick, inputs, options)])
+        device_signature = None
+        with _devices.one_ordering_point():  # the call's GPU inputs and out= tensors: one event per stream
+            if signature is None:
+                # GPU tensors taken now (once: a run again takes these), then the plan of a call
+                # like this one seen before, where there is one: nothing checked or routed again.
+                inputs, out = _devices.capture_inputs(inputs), _devices.capture_out(out)
+                device_signature = self._device_signature(info, inputs, outputs, copy, output_device,
+                                                          slot_timeout, out)
+            known = None if device_signature is None else self._device_plans.get(device_signature)
+            if known is not None:
+                plan = known._replace(chunks=[{spec.name: inputs[spec.name] for spec in info.inputs}],
+                                      options=options, out=out)
+            else:
+                plan = self.planner.plan(info, inputs, outputs, copy, output_device, slot_timeout, options,
+                                         out=out)
+        if signature is not None:
+            self._remember_quick(signature, plan)
+        elif device_signature is not None and known is None:
+            self._remember_device_plan(device_signature, plan)
         again = None if not rerun else functools.partial(
             self._infer_again_steps, info.name, info.version, inputs, outputs, copy, output_device, slot_timeout,
             options, out)
-        if quick is not None:  # seen before: checked then, planned then (it sees a changed model itself)
-            return InferRun([self.quick_steps(quick, inputs, options)])
-        with _devices.one_ordering_point():  # the call's GPU inputs and out= tensors: one event per stream
-            plan = self.planner.plan(info, inputs, outputs, copy, output_device, slot_timeout, options, out=out)
-        if signature is not None:
-            self._remember_quick(signature, plan)
         if len(plan.chunks) == 1:
             return InferRun([self._changed_steps(self.chunk_steps(plan, plan.chunks[0]), info, again)])
         rows = _results.result_rows(info, plan.names, plan.chunks, plan.route.results)
@@ -370,7 +389,10 @@ class Runner:
         """Forget what the client knew of *model*: its metadata, its quick plans, its pools
         (drained, then let go of): the next call reads it again."""
         self.engine.forget_model(model)
-        self._quick_plans = {key: plan for key, plan in self._quick_plans.items() if key[0] != model}
+        # (list(): taken at once, while other threads may add to them)
+        self._quick_plans = {key: plan for key, plan in list(self._quick_plans.items()) if key[0] != model}
+        self._device_plans = {key: plan for key, plan in list(self._device_plans.items()) if key[0] != model}
+        self._lent_messages = {key: kept for key, kept in list(self._lent_messages.items()) if key[0] != model}
 
     # -- the quick path -----------------------------------------------------
 
@@ -417,6 +439,44 @@ class Runner:
             self._quick_plans.clear()
         self._quick_plans[signature] = QuickPlan(plan._replace(chunks=[]), (info.name, info.version, SYSTEM), needs,
                                                  signature[2])
+
+    def _device_signature(self, info: ModelInfo, arrays: Any, outputs: Sequence[str] | None, copy: bool,
+                          output_device: Any, slot_timeout: float | None,
+                          out: Mapping[str, OutTensor] | None) -> tuple | None:
+        """What makes a GPU request (its device inputs and ``out=`` tensors taken: *arrays*, *out*)
+        the same as one seen before -- the model, outputs, each tensor's dtype, shape, device and
+        library, where results go -- so that its plan holds again, checked and routed then; None
+        for a request that is not such a one (no GPU tensor, BYTES, anything unusual: the full way
+        checks it).  Where the tensors are is not part of it: each request lends its own."""
+        if not isinstance(arrays, Mapping) or len(arrays) > 8 or info.has_bytes or info.decoupled \
+                or type(output_device) not in (str, int) or not (slot_timeout is None or type(slot_timeout)
+                                                                    in (int, float)):
+            return None
+        if outputs is not None and (isinstance(outputs, str) or any(type(name) is not str for name in outputs)):
+            return None
+        signature: list[Any] = [info.name, info.version, None if outputs is None else tuple(outputs), copy,
+                                output_device, slot_timeout]
+        gpu = bool(out)
+        for name, array in arrays.items():
+            if type(array) is DeviceTensor:
+                signature += (name, array.dtype, array.shape, array.device, array.library)
+                gpu = True
+            elif type(array) is np.ndarray and array.flags.c_contiguous and array.dtype.kind not in "OSU":
+                signature += (name, array.dtype, array.shape)
+            else:
+                return None
+        for name, given in (out or {}).items():
+            tensor = given.tensor
+            signature += ("out", name, tensor.dtype, tensor.shape, tensor.device, tensor.source.readonly)
+        return tuple(signature) if gpu else None
+
+    def _remember_device_plan(self, signature: tuple, plan: Plan) -> None:
+        """Keep *plan* (without its tensors) for the GPU requests of *signature*: one chunk only."""
+        if len(plan.chunks) != 1:
+            return
+        if len(self._device_plans) >= _QUICK_PLANS:
+            self._device_plans.clear()
+        self._device_plans[signature] = plan._replace(chunks=[], options=None, out=None)
 
     def quick_steps(self, quick: QuickPlan, arrays: Mapping[str, Any], options: RequestOptions | None) -> Steps:
         """A request of a :class:`QuickPlan`: lease, copy in, send the slot's ready message (made
@@ -652,7 +712,8 @@ class Runner:
             yield WaitForDevice(ready)
         lent = claim if claim is not None and claim.tensors else None  # (none: the slot's kept message)
         inputs, requested, message = _messages.slot_request(self.wire, info, lease, shapes, names, bytes_sizes,
-                                                            prepare=options is None, lent=lent)
+                                                            prepare=options is None, lent=lent,
+                                                            kept=self._lent_messages)
         send = Send(info.name, info.version, inputs, requested, options, message, claim)
         result = yield from self._send_claimed(send, claim)
         if isinstance(result, RegionNotRegistered):
