@@ -470,7 +470,7 @@ static int check_range(const tshm_cuda_alloc *a, size_t offset, size_t len)
  * stream (cudaMemcpy) would serialize every thread and library, and a
  * device synchronization would wait for all of their work. */
 static int enqueue_copy(const tshm_cudart *rt, void *stream, void *dst, const void *src, size_t len,
-                        void *const *waits, size_t nwaits, int sync)
+                        void *const *waits, size_t nwaits, int sync, void *done, void *then)
 {
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < nwaits; i++)
@@ -478,6 +478,11 @@ static int enqueue_copy(const tshm_cudart *rt, void *stream, void *dst, const vo
             rc = settle(rt, rt->StreamWaitEvent(stream, waits[i], 0));
     if (rc == 0 && dst != src)
         rc = settle(rt, rt->MemcpyAsync(dst, src, len, TSHM_CUDA_MEMCPY_DEFAULT, stream));
+    /* The copy's end marked, and the consumer's stream ordered after it, under the same guard. */
+    if (rc == 0 && done != NULL)
+        rc = settle(rt, rt->EventRecord(done, stream));
+    if (rc == 0 && done != NULL && then != NULL)
+        rc = settle(rt, rt->StreamWaitEvent(then, done, 0));
     if (rc == 0 && sync)
         rc = settle(rt, rt->StreamSynchronize(stream));
     return rc;
@@ -491,7 +496,7 @@ static int copy(tshm_cuda_alloc *a, void *dst, const void *src, size_t len, void
     int rc = device_enter(a->rt, a->device, &previous);
     if (rc != 0)
         return rc;
-    rc = enqueue_copy(a->rt, stream, dst, src, len, &wait, 1, 1);
+    rc = enqueue_copy(a->rt, stream, dst, src, len, &wait, 1, 1, NULL, NULL);
     device_leave(a->rt, a->device, previous);
     return rc;
 }
@@ -521,9 +526,9 @@ int tshm_cuda_copy_out(tshm_cuda_alloc *a, size_t offset, void *dst, size_t len,
 int tshm_cuda_memcpy(const tshm_cudart *rt, int device, void *stream,
                      void *dst, size_t dst_size, size_t dst_offset,
                      const void *src, size_t src_size, size_t src_offset,
-                     size_t len, void *const *waits, size_t nwaits, int sync)
+                     size_t len, void *const *waits, size_t nwaits, int sync, void *done, void *then)
 {
-    if (rt == NULL || device < 0 || (waits == NULL && nwaits != 0))
+    if (rt == NULL || device < 0 || (waits == NULL && nwaits != 0) || (then != NULL && done == NULL))
         return -EINVAL;
     int rc = tshm_check_range(dst_size, dst_offset, len);
     if (rc == 0)
@@ -547,7 +552,7 @@ int tshm_cuda_memcpy(const tshm_cudart *rt, int device, void *stream,
     rc = device_enter(rt, device, &previous);
     if (rc != 0)
         return rc;
-    rc = enqueue_copy(rt, stream, (void *)d, (const void *)s, len, waits, nwaits, sync);
+    rc = enqueue_copy(rt, stream, (void *)d, (const void *)s, len, waits, nwaits, sync, done, then);
     device_leave(rt, device, previous);
     return rc;
 }

@@ -335,12 +335,17 @@ int tshm_cuda_hold_readers_pending(tshm_cuda_hold *h, int *pending);
  * current for the call) after the `nwaits` events of `waits` (producers'
  * work); with `sync`, `stream` is synchronized before returning and the
  * copy is complete, else it is the caller's to order or synchronize.
- * `len` 0 makes no CUDA call.
+ * `done` (an event of `device`, or NULL) is recorded on `stream` after the
+ * copy, and `then` (a consumer's stream, or NULL; needs `done`) made to
+ * wait for it -- under the same device guard as the copy, so a copy whose
+ * end a consumer orders after costs one guarded call, not three.
+ * `len` 0 makes no CUDA call (nothing is recorded).
  */
 int tshm_cuda_memcpy(const tshm_cudart *rt, int device, void *stream,
                      void *dst, size_t dst_size, size_t dst_offset,
                      const void *src, size_t src_size, size_t src_offset,
-                     size_t len, void *const *waits, size_t nwaits, int sync);
+                     size_t len, void *const *waits, size_t nwaits, int sync,
+                     void *done, void *then);
 
 /*
  * Page-lock a host mapping with cudaHostRegister (Portable; ReadOnly for a

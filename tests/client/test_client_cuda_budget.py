@@ -230,10 +230,6 @@ def test_lent_input_copied_results(url, fake_cuda, torch_caching):
     limits.check()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 40: a CudaArray result is complete when handed out (its readers -- "
-                                       ".get(), DLPack consumers -- wait for nothing), so the copy out of the "
-                                       "slot is waited for too: 2 CPU waits and 6 cudaGetDevice per request "
-                                       "(each guarded call reads the device: the C core's to cache)")
 def test_lent_input_copied_results_wait_once(url, fake_cuda, torch_caching):
     counted = copied_results(url, fake_cuda, torch_caching)
     limits = Limits(counted)

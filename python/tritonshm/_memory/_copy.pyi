@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from ._stream import Stream
+from ._stream import Event, Stream
 
 __all__ = ["copy"]
 
@@ -14,5 +14,7 @@ def copy(
     dst_offset: int = 0,
     src_offset: int = 0,
     stream: Stream | None = None,
+    done: Event | None = None,
+    then: Stream | int | None = None,
 ) -> int:
     """Copy *nbytes* bytes from ``src[src_offset:]`` to ``dst[dst_offset:]``; returns *nbytes*."""

@@ -26,7 +26,7 @@ from ._cuda_region cimport CudaRegion
 from ._cuda_window cimport CudaWindow
 from ._dlpack cimport Imported
 from ._runtime cimport Runtime, current
-from ._stream cimport Stream, thread_copy_stream
+from ._stream cimport Event, Pending, Stream, stream_handle, thread_copy_stream
 from ._tshm cimport (
     kDLCUDA,
     kDLCUDAManaged,
@@ -144,7 +144,11 @@ cdef _Side _resolve(object obj, bint writable, str role, Runtime rt, int device,
         a = array._alloc
         if a == NULL:
             raise UnsupportedBuffer("this CudaArray was not made by view()")
-        return _native(a, <size_t>a.ptr + array._offset, array.nbytes, array._runtime, array)
+        side = _native(a, <size_t>a.ptr + array._offset, array.nbytes, array._runtime, array)
+        side.event = array._pending_event()  # a copy into it still landing: ordered after it
+        if side.event is not None:
+            side.wait = <size_t>side.event._live()
+        return side
     name = type(obj).__name__
     side = _Side.__new__(_Side)
     if isinstance(obj, Capture):
@@ -219,7 +223,7 @@ cdef object _range(_Side side, str role, object offset, object nbytes):
     return off, size
 
 
-def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None):
+def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None, done=None, then=None):
     """Copy *nbytes* bytes from ``src[src_offset:]`` to ``dst[dst_offset:]``; returns *nbytes*.
 
     Each end is a :class:`CudaRegion`, a :class:`CudaWindow`, a
@@ -243,8 +247,14 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None):
       on the bytes, and keep the ends alive until then (a :class:`Capture`
       keeps a producer's memory).
 
+    A :class:`CudaArray` end with a copy into it still pending (a client's
+    result) is read or written after that copy.  *done* (an :class:`Event`
+    of the copy's device) is recorded on the copy's stream after the copy,
+    and *then* (a stream handle or :class:`Stream`: the consumer's) made to
+    wait for it -- one guarded runtime call for all three.
+
     Never the legacy default stream, never a device-wide synchronization.
-    Zero bytes make no CUDA call.  The copy's device is *stream*'s, else
+    Zero bytes make no CUDA call (nor record *done*).  The copy's device is *stream*'s, else
     that of a region, window, view or capture end (*dst*'s first), else of a
     DLPack device end, else the calling thread's current device.
     """
@@ -255,6 +265,8 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None):
     cdef size_t c_doff, c_soff, c_len
     cdef void *waits[2]
     cdef void *h
+    cdef void *c_done = NULL
+    cdef void *c_then = NULL
     cdef int device
     cdef int sync
     cdef int rc
@@ -300,11 +312,19 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None):
         c_len = n
         waits[0] = <void *>d.wait
         waits[1] = <void *>s.wait
+        if done is not None:
+            if not isinstance(done, Event) or (<Event>done)._device != device:
+                raise UnsupportedBuffer(f"done must be a tritonshm.cuda.Event of device {device}, not {done!r}")
+            c_done = (<Event>done)._live()
+        if then is not None:
+            if c_done == NULL:
+                raise UnsupportedBuffer("then= orders a stream after done=: give both")
+            c_then = <void *>stream_handle(then)
         h = cs._live()
         sync = stream is None
         with nogil:
             rc = tshm_cuda_memcpy(rt.rt, device, h, <void *>d.base, d.size, c_doff,
-                                  <const void *>s.base, s.size, c_soff, c_len, waits, 2, sync)
+                                  <const void *>s.base, s.size, c_soff, c_len, waits, 2, sync, c_done, c_then)
         if rc != 0:
             rt.check(rc, f"copying {n} bytes from {s.describe()} to {d.describe()}")
         return n

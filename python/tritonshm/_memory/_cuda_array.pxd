@@ -1,5 +1,6 @@
 # Device arrays (views of device memory), for other Cython modules.
 from ._runtime cimport Runtime
+from ._stream cimport Event, Pending
 from ._tshm cimport tshm_cuda_alloc, tshm_cuda_hold
 
 
@@ -11,12 +12,14 @@ cdef class CudaArray:
     cdef readonly object dtype
     cdef readonly tuple shape
     cdef readonly object nbytes
+    cdef Pending _pending            # a copy into the array not yet known complete, or None
     cdef object __weakref__
 
     cdef tshm_cuda_alloc *_a(self) except NULL
+    cdef Event _pending_event(self)
 
 
 cdef CudaArray make_view(Runtime rt, tshm_cuda_alloc *a, size_t offset, object dtype, tuple shape,
                          object nbytes)
 cdef object to_host(Runtime rt, tshm_cuda_alloc *a, size_t offset, size_t length, object dtype,
-                    tuple shape, object owner)
+                    tuple shape, object owner, void *wait=*)

@@ -5,6 +5,8 @@ from typing import Any, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from ._stream import Pending
+
 __all__ = ["CudaArray", "empty"]
 
 class CudaArray:
@@ -28,6 +30,12 @@ class CudaArray:
     @property
     def size(self) -> int: ...
     def __len__(self) -> int: ...
+    @property
+    def pending(self) -> bool:
+        """True while a copy into this array (a client's result) may still be landing."""
+    def synchronize(self) -> None:
+        """Wait until a copy into this array, if any is pending, has landed."""
+    def _after(self, pending: Pending | None) -> None: ...
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]: ...
     def __dlpack_device__(self) -> tuple[int, int]: ...

@@ -18,7 +18,7 @@ from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 
 from ._dlpack cimport export_capsule
 from ._runtime cimport Runtime, current
-from ._stream cimport thread_copy_stream
+from ._stream cimport Event, Pending, thread_copy_stream
 from ._tshm cimport (
     kDLCUDA,
     tshm_cuda_alloc,
@@ -32,6 +32,7 @@ from ._tshm cimport (
     tshm_cuda_reader,
     tshm_cuda_reader_new,
     tshm_cuda_reader_release,
+    tshm_cuda_stream_wait,
 )
 
 import numpy as np
@@ -52,10 +53,11 @@ cdef void _release_hold(void *ctx) noexcept nogil:
 
 
 cdef object to_host(Runtime rt, tshm_cuda_alloc *a, size_t offset, size_t length, object dtype,
-                    tuple shape, object owner):
+                    tuple shape, object owner, void *wait=NULL):
     """Bytes [offset, offset + length) of *a* copied into a new numpy array of *shape* x *dtype*.
 
-    On this thread's copy stream of the memory's device, complete on return.
+    On this thread's copy stream of the memory's device, after the event *wait* (or NULL),
+    complete on return.
     """
     cdef Py_buffer dst
     cdef void *h = thread_copy_stream(rt, a.device)._live()
@@ -64,7 +66,7 @@ cdef object to_host(Runtime rt, tshm_cuda_alloc *a, size_t offset, size_t length
     tshm_cuda_alloc_incref(a)  # a concurrent close() must not free under the copy
     try:
         with nogil:
-            rc = tshm_cuda_copy_out(a, offset, dst.buf, length, h, NULL)
+            rc = tshm_cuda_copy_out(a, offset, dst.buf, length, h, wait)
     finally:
         tshm_cuda_alloc_decref(a)
         PyBuffer_Release(&dst)
@@ -124,9 +126,41 @@ cdef class CudaArray:
     def __cinit__(self):
         self._alloc = NULL
         self._hold = NULL
+        self._pending = None
 
     def __init__(self, *args, **kwargs):
         raise TypeError("use CudaRegion.view(dtype, shape, offset) or CudaWindow.view(dtype, shape, offset)")
+
+    cdef Event _pending_event(self):
+        """The event of a copy into this array not yet known complete, else None (no CUDA call)."""
+        cdef Pending p = self._pending
+        if p is None:
+            return None
+        if p.event is None:  # seen complete elsewhere (a slot's reuse, a later wait): let go of it
+            self._pending = None
+            return None
+        return p.event
+
+    def _after(self, Pending pending):
+        """The array is being written by queued work that *pending* marks (a client's copy out
+        of a slot): every reader orders after it -- :meth:`get` and :func:`tritonshm.cuda.copy`
+        wait for its event, ``__dlpack__(stream=s)`` makes *s* wait for it, and
+        ``__cuda_array_interface__`` waits for it on the CPU.  None: nothing pending."""
+        self._pending = pending
+
+    @property
+    def pending(self):
+        """True while a copy into this array (a client's result) may still be landing; asks no CUDA
+        call.  Readers through :meth:`get`, ``__dlpack__``, ``__cuda_array_interface__`` and
+        :func:`tritonshm.cuda.copy` are ordered after it; nothing else need be done."""
+        return self._pending_event() is not None
+
+    def synchronize(self):
+        """Wait (GIL released) until a copy into this array, if any is pending, has landed."""
+        cdef Pending p = self._pending
+        if p is not None:
+            p.synchronize()
+            self._pending = None
 
     def __dealloc__(self):
         if self._hold != NULL:  # a window's view: its alloc is the hold's
@@ -174,7 +208,15 @@ cdef class CudaArray:
 
     @property
     def __cuda_array_interface__(self):
-        """The CUDA Array Interface, version 3 (no stream: nothing is pending on our memory)."""
+        """The CUDA Array Interface, version 3, with ``"stream": None`` (nothing to wait for).
+
+        A copy into the array still pending (a client's result) is waited for here, on the CPU,
+        rather than named as a stream: the only stream there is to name is the copying thread's
+        copy stream, which dies with its thread (a consumer could then sync on a destroyed
+        handle) and carries later, unrelated copies; and CAI consumers may ignore ``stream``.
+        """
+        if self._pending is not None:
+            self.synchronize()
         return {
             "shape": self.shape,
             "typestr": self.dtype.str,
@@ -223,8 +265,16 @@ cdef class CudaArray:
                               self.dtype, self.shape, False, versioned, _release_alloc, self._alloc)
 
     def get(self):
-        """A host copy of this array, as numpy."""
-        return to_host(self._runtime, self._a(), self._offset, self.nbytes, self.dtype, self.shape, self)
+        """A host copy of this array, as numpy (after a copy into it still pending, if any)."""
+        cdef Event pending = self._pending_event()
+        if pending is None:
+            return to_host(self._runtime, self._a(), self._offset, self.nbytes, self.dtype, self.shape, self)
+        out = to_host(self._runtime, self._a(), self._offset, self.nbytes, self.dtype, self.shape, self,
+                      <void *><size_t>pending.handle)
+        if self.nbytes:  # (our copy stream waited for it, and was synchronized: it is complete)
+            self._pending.completed()
+            self._pending = None
+        return out
 
     def __array__(self, *args, **kwargs):
         raise TypeError("a CudaArray lives in device memory: use .get() for a host copy "

@@ -25,6 +25,10 @@ cdef class Event:
     cdef _free(self)
 
 
+cdef class Pending:
+    cdef public Event event     # recorded after the work; None once it is known complete
+
+
 cdef class DeviceGuard:
     cdef Runtime _runtime
     cdef int _device

@@ -5,7 +5,7 @@ from typing import Callable
 
 from typing_extensions import Self
 
-__all__ = ["Stream", "Event", "DeviceGuard", "copy_stream", "current_stream", "current_stream_providers",
+__all__ = ["Stream", "Event", "Pending", "DeviceGuard", "copy_stream", "current_stream", "current_stream_providers",
            "device_guard", "has_context"]
 
 class Stream:
@@ -46,6 +46,17 @@ class Event:
     def query(self) -> bool: ...
     def synchronize(self) -> None: ...
     def close(self) -> None: ...
+
+class Pending:
+    """Work of ours queued on a stream, not yet known complete: the event recorded after it."""
+
+    event: Event | None
+    def __init__(self, event: Event) -> None: ...
+    @property
+    def done(self) -> bool: ...
+    def query(self) -> bool: ...
+    def synchronize(self) -> None: ...
+    def completed(self) -> None: ...
 
 class DeviceGuard:
     """``with device_guard(d):`` -- *d* is the current device inside; the caller's comes back after."""

@@ -48,7 +48,7 @@ import threading
 from ..errors import OutOfBounds, RegionClosed, UnsupportedBuffer
 from ._args import device_of as _device_of
 
-__all__ = ["Stream", "Event", "DeviceGuard", "copy_stream", "current_stream", "current_stream_providers",
+__all__ = ["Stream", "Event", "Pending", "DeviceGuard", "copy_stream", "current_stream", "current_stream_providers",
            "device_guard", "has_context"]
 
 
@@ -275,6 +275,54 @@ cdef Event new_event(Runtime rt, int device):
     self._runtime = rt
     self._pid = getpid()
     return self
+
+
+cdef class Pending:
+    """Work of ours queued on a stream and not yet known to be complete: an asynchronous copy
+    into a result, or out of a slot, marked by the :class:`Event` recorded after it.
+
+    Whoever reads what the work wrote (or reuses what it reads) orders after it: a stream
+    waits for :attr:`event`, or :meth:`query` / :meth:`synchronize` on the CPU.  Once seen
+    complete -- by a query, a synchronize, or :meth:`completed` (an event recorded after it,
+    on a stream that waited for it, was waited for) -- the event is let go of (:attr:`event`
+    None), so that a pool may record it again.
+    """
+
+    def __init__(self, Event event not None):
+        self.event = event
+
+    @property
+    def done(self):
+        """True once the work is known complete (no CUDA call)."""
+        return self.event is None
+
+    def query(self):
+        """True when the work is complete; never blocks (one event query until it is seen done)."""
+        cdef Event e = self.event
+        if e is None:
+            return True
+        if e.query():
+            self.event = None
+            return True
+        return False
+
+    def synchronize(self):
+        """Wait (GIL released) until the work is complete."""
+        cdef Event e = self.event
+        if e is not None:
+            e.synchronize()
+            self.event = None
+
+    def completed(self):
+        """The work is known complete by other means (a later point that depends on it was
+        waited for): the event is let go of, without a CUDA call."""
+        self.event = None
+
+    def __repr__(self):
+        return "<Pending done>" if self.event is None else f"<Pending after {self.event!r}>"
+
+    def __reduce__(self):
+        raise TypeError("pending GPU work belongs to this process and cannot be pickled")
 
 
 # -- this thread's copy streams ---------------------------------------------------

@@ -117,7 +117,8 @@ cdef extern from "tshm_cuda.h" nogil:
     int tshm_cuda_memcpy(const tshm_cudart *rt, int device, void *stream,
                          void *dst, size_t dst_size, size_t dst_offset,
                          const void *src, size_t src_size, size_t src_offset,
-                         size_t len, void *const *waits, size_t nwaits, int sync)
+                         size_t len, void *const *waits, size_t nwaits, int sync,
+                         void *done, void *then)
     int tshm_cuda_pin_mapping(const tshm_cudart *rt, int device, tshm_mapping *m)
 
 

@@ -255,6 +255,7 @@ class AsyncDriver:
         while not step.event.query():
             await asyncio.sleep(delay)
             delay = min(0.001, delay * 2 or 0.00002)  # a copy lands in microseconds; back off to 1 ms
+        _devices.waited(step.event)
 
     @staticmethod
     async def _wait_for_slot(step: WaitForSlot) -> bool:

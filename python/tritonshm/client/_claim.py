@@ -79,7 +79,7 @@ class Claim:
     *sent_twice*, whatever the answer)."""
 
     __slots__ = ("lease", "owns_lease", "inputs", "outputs", "waits", "tensors", "spans", "unanswered",
-                 "sent_twice", "_claims", "_allocations")
+                 "sent_twice", "after", "_claims", "_allocations")
 
     def __init__(self, claims: "Claims", allocations: LentAllocations) -> None:
         self._claims = claims
@@ -99,6 +99,9 @@ class Claim:
         # first copy running on the server, still writing the slot after the second's answer.
         # So it is held for the server as if unanswered (a rare case: the proof costs little).
         self.sent_twice = False
+        # The copies out of the slot, queued and not waited for on the CPU (a Pending): the slot
+        # goes back to its pool only once they are complete.
+        self.after: Any = None
 
     def went_out_again(self) -> None:
         """The wire sent the request once more (see :attr:`sent_twice`); any thread."""
@@ -137,7 +140,8 @@ class Claim:
         elif not self.owns_lease:
             return
         elif lease.handle is None:
-            lease.pool.finished_and_back(lease)  # results were copied out: nothing holds the slot
+            # results were copied out (or are being: *after*): nothing else holds the slot
+            lease.pool.finished_and_back(lease, self.after)
         else:
             lease.pool.finished(lease)  # its views hold it, and bring it back when they die
         if self.owns_lease:

@@ -40,12 +40,13 @@ from .._memory import _runtime
 from .._memory._capture import capture, describe
 from .._memory._copy import copy
 from .._memory._cuda_array import empty as cuda_empty
-from .._memory._stream import Event, copy_stream as thread_copy_stream, current_stream
+from .._memory._stream import Event, Pending, copy_stream as thread_copy_stream, current_stream
 from ..errors import CudaUnavailable, DTypeMismatch, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
 __all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_out", "as_device_tensor", "capture_inputs", "empty",
            "to_host", "to_device", "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
-           "require_cuda", "library_of", "one_ordering_point", "ordering_event", "distinct", "ResultBlocks"]
+           "require_cuda", "library_of", "one_ordering_point", "ordering_event", "distinct", "ResultBlocks",
+           "Pending", "stream_waited", "waited"]
 
 
 class DeviceTensor:
@@ -162,6 +163,64 @@ def ordering_event(device: int) -> Any:
     return event
 
 
+# -- copies known complete by a later wait ------------------------------------------------------
+#
+# A copied result orders the caller's stream after the copy (cudaStreamWaitEvent); an event
+# recorded later on that stream (the next call's ordering point) completes only after the copy
+# has.  So when that event is waited for, the copy is known complete without asking CUDA: its
+# slot and result block come back with no event query.  (Only an optimisation: a Pending not
+# marked here is queried where it matters.)
+
+_marks_lock = threading.Lock()
+_stream_waits: dict[tuple[Any, int, int], list[Any]] = {}  # (runtime, device, stream) -> Pendings waited
+_covers: dict[Any, list[Any]] = {}                         # event -> the Pendings it completes after
+_MARKS = 64  # Pendings remembered per stream at most (older ones are queried instead)
+
+
+def _stream_key(device: int, stream: int) -> tuple[Any, int, int] | None:
+    if stream == 2:  # the per-thread default stream: another stream on every thread
+        return None
+    return (_runtime.current(), device, 1 if stream == 0 else stream)
+
+
+def stream_waited(device: int, stream: int, pending: Any) -> None:
+    """*stream* (a handle of *device*) was made to wait for *pending*'s event (after the call did it)."""
+    key = _stream_key(device, stream)
+    if key is None:
+        return
+    with _marks_lock:
+        waits = _stream_waits.setdefault(key, [])
+        waits.append(pending)
+        if len(waits) > _MARKS:
+            del waits[0]
+
+
+def _recording(device: int, stream: int) -> list[Any] | None:
+    """The Pendings *stream* waited for so far, taken BEFORE an event is recorded on it: that
+    event is then after every one of them."""
+    key = _stream_key(device, stream)
+    if key is None or not _stream_waits:
+        return None
+    with _marks_lock:
+        return _stream_waits.pop(key, None)
+
+
+def _recorded(event: Any, pendings: list[Any] | None) -> None:
+    if pendings:
+        with _marks_lock:
+            _covers[event] = pendings
+
+
+def waited(event: Any) -> None:
+    """*event* was waited for (complete): the copies it was recorded after are known complete."""
+    if not _covers:
+        return
+    with _marks_lock:
+        pendings = _covers.pop(event, None)
+    for pending in pendings or ():
+        pending.completed()
+
+
 @contextlib.contextmanager
 def one_ordering_point() -> Any:
     """Device arrays captured in the block (on this thread: one call's inputs and ``out=``
@@ -179,7 +238,9 @@ def one_ordering_point() -> Any:
         _capturing.pending = None
         for (device, stream), captures in pending.items():
             event = ordering_event(device)
+            after = _recording(device, stream)
             event.record(stream)
+            _recorded(event, after)
             for captured in captures:
                 captured.ordered_by(event)
 
@@ -377,13 +438,18 @@ class ResultBlocks:
         self.nbytes = 0  # of the blocks cached
         self.closed = False
 
-    def empty(self, dtype: np.dtype, shape: tuple[int, ...], device: int) -> Any:
-        """A :class:`~tritonshm.CudaArray` of *shape* x *dtype* on *device*, uninitialised."""
+    def empty(self, dtype: np.dtype, shape: tuple[int, ...], device: int, pending: Any = None) -> Any:
+        """A :class:`~tritonshm.CudaArray` of *shape* x *dtype* on *device*, uninitialised;
+        *pending* (a :class:`~tritonshm.cuda.Pending`): the copy about to be queued into it --
+        its block is not handed out again before that copy is complete, even if the result is
+        dropped first (the next copy into it may run on another thread's stream)."""
         size = _block_bytes(math.prod(shape) * dtype.itemsize)
         key = (device, size)
         with self._lock:
-            for block in self._blocks.get(key, ()):
-                if block.holders <= 1 and not block.readers_pending():
+            for entry in self._blocks.get(key, ()):
+                block, after = entry
+                if block.holders <= 1 and (after is None or after.query()) and not block.readers_pending():
+                    entry[1] = pending
                     return block.view(dtype, shape)  # (under the lock: no other thread takes it too)
         from .._memory._cuda_region import CudaRegion
 
@@ -396,7 +462,7 @@ class ResultBlocks:
         with self._lock:
             blocks = self._blocks.setdefault(key, [])
             if not self.closed and len(blocks) < _BLOCKS_PER_CLASS and self.nbytes + size <= _BLOCKS_MAX_BYTES:
-                blocks.append(block)
+                blocks.append([block, pending])
                 self.nbytes += size
         return view
 
@@ -406,6 +472,10 @@ class ResultBlocks:
         with self._lock:
             blocks, self._blocks, self.nbytes = self._blocks, {}, 0
             self.closed = self.closed or close
+        for entries in blocks.values():  # no block is let go of under a copy into it
+            for _, after in entries:
+                if after is not None:
+                    after.synchronize()
         blocks.clear()  # (the windows die here, outside the lock: a free may run)
 
     def stats(self) -> tuple[int, int]:
@@ -414,9 +484,11 @@ class ResultBlocks:
             return sum(len(blocks) for blocks in self._blocks.values()), self.nbytes
 
 
-def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int], blocks: ResultBlocks | None = None) -> Any:
+def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int], blocks: ResultBlocks | None = None,
+          pending: Any = None) -> Any:
     """A new, uninitialised device array of *shape* x *dtype* where *placement* says (our own
-    arrays from *blocks*, where given: a client's cached result blocks)."""
+    arrays from *blocks*, where given: a client's cached result blocks, *pending* the copy
+    about to be queued into it: see :meth:`ResultBlocks.empty`)."""
     device, shape = placement.device, tuple(shape)
     assert device is not None, "host results are numpy arrays"
     if placement.library == "torch":
@@ -434,17 +506,41 @@ def empty(placement: Placement, dtype: np.dtype, shape: Sequence[int], blocks: R
         with cupy.cuda.Device(device):
             return cupy.empty(shape, dtype)
     if blocks is not None:
-        return blocks.empty(np.dtype(dtype), shape, device)
+        return blocks.empty(np.dtype(dtype), shape, device, pending)
     return cuda_empty(dtype, shape, device)
 
 
 def copy_bytes(dst: Any, src: Any, nbytes: int, dst_offset: int = 0, src_offset: int = 0,
-               stream: Any = None) -> None:
+               stream: Any = None, done: Any = None, then: Any = None) -> None:
     """:func:`tritonshm.cuda.copy`: bytes between host and device memory, after a captured
     source's event.  With *stream* (a :class:`~tritonshm.cuda.Stream`) the copy is queued
     there and lands later (record an event on it: ``stream.record()``); without, it is
     complete on return."""
-    copy(dst, src, nbytes, dst_offset=dst_offset, src_offset=src_offset, stream=stream)
+    copy(dst, src, nbytes, dst_offset=dst_offset, src_offset=src_offset, stream=stream, done=done, then=then)
+
+
+def results_stream(results: Placement, claim: Any = None, out: Mapping[str, OutTensor] | None = None) -> int | None:
+    """The caller's stream that copied results on *results*' device are ordered on, or None where
+    it is not known (then another library's results are waited for on the CPU): the stream the
+    call's device inputs or ``out=`` tensors were captured on (the caller's current stream at call
+    time, on the caller's thread), if that is also this thread's current stream -- where
+    torch's or cupy's allocator hands out the results' memory (a call run on a worker thread
+    allocates on the worker's).  Our own arrays carry their copy with them instead."""
+    device = results.device
+    if device is None:
+        return None
+    captured = [tensor.source for tensor, _ in claim.tensors] if claim is not None else []
+    captured += [given.tensor.source for given in (out or {}).values()]
+    for source in captured:
+        if getattr(source, "device", None) == device and getattr(source, "event", None) is not None:
+            stream = source.stream or 1  # (0: the legacy default stream, as a handle a wait can name)
+            if stream == 2:  # the per-thread default stream: the capturing thread's, not ours
+                return None
+            if results.library == "tritonshm":
+                return stream
+            here = current_stream(device)
+            return stream if stream == (here or 1) else None
+    return None
 
 
 def copy_stream(device: int | None) -> Any:

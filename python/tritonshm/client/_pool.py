@@ -56,6 +56,35 @@ _TENSOR_ALIGN = 256
 _PROBE_INTERVAL = 0.005
 
 
+class _AfterCopy:
+    """A probe of a slot whose results are being copied out (:meth:`SlotPool.finished_and_back`):
+    idle once the copies' event is complete; keeps the slot's memory alive until then."""
+
+    __slots__ = ("pending", "keep")
+    holders = 1
+
+    def __init__(self, pending: Any, keep: Any) -> None:
+        self.pending, self.keep = pending, keep
+
+    def readers_pending(self) -> bool:
+        if self.pending.query():
+            self.keep = None
+            return False
+        return True
+
+    def settle(self) -> None:
+        """Wait for the copies on the CPU (before the memory is let go of)."""
+        self.pending.synchronize()
+        self.keep = None
+
+
+def _settle(watched: list[tuple[Any, int, Any]]) -> None:
+    """No slot's memory is let go of under a copy out of it still queued."""
+    for _, _, probe in watched:
+        if isinstance(probe, _AfterCopy):
+            probe.settle()
+
+
 def _idle(probe: Any) -> bool:
     """Whether a natively held slot is free: no holder left but the probe, and every reader that
     named its stream (a DLPack consumer) done with it -- a consumer's deleter runs when its tensor
@@ -468,12 +497,21 @@ class SlotPool:
             return left
         return _PROBE_INTERVAL if left is None else min(left, _PROBE_INTERVAL)
 
-    def finished_and_back(self, lease: Lease) -> None:
-        """:meth:`finished`, and the slot of a lease taken without *hold* back in the pool."""
+    def finished_and_back(self, lease: Lease, after: Any = None) -> None:
+        """:meth:`finished`, and the slot of a lease taken without *hold* back in the pool --
+        once the copies out of it that *after* marks (a :class:`~tritonshm.cuda.Pending`: queued
+        on a stream, not waited for) are complete: until then it is watched, not free, and its
+        memory kept alive."""
         assert lease.handle is None, "a held lease returns when its views are gone"
-        lease.keep = None
+        keep, lease.keep = lease.keep, None
         with self._lock:
             self._end_running(lease)
+            if after is not None and not after.done and not lease.extent.closed \
+                    and lease.index not in lease.extent.for_server:
+                # (asked no CUDA call now: the copy was only just queued)
+                self._watched.append((lease.extent, lease.index, _AfterCopy(after, keep)))
+                self._wake()
+                return
             self._release(lease.extent, lease.index)
 
     def wait(self, timeout: float | None) -> bool:
@@ -647,6 +685,7 @@ class SlotPool:
                 extent.suspended = False
                 self._suspended -= 1
             self._free = collections.deque(item for item in self._free if item[0] is not extent)
+            _settle([item for item in self._watched if item[0] is extent])
             self._watched = [item for item in self._watched if item[0] is not extent]
             extent.closed = True
             self._wake()
@@ -684,21 +723,27 @@ class SlotPool:
             self._free.append((extent, index))
 
     def _look_at_watched(self) -> None:
-        """Free the watched slots whose last view is gone (under the lock)."""
+        """Free the watched slots whose last view is gone (under the lock).  Slots whose copies
+        out are known complete without asking CUDA (a later wait proved them) come back first;
+        the others' events are queried only when that freed none."""
         if not self._watched:
             return
-        still = []
-        for extent, index, probe in self._watched:
-            if extent.closed:
-                continue
-            if not _idle(probe):
-                still.append((extent, index, probe))
-            else:
-                self._back(extent, index)
-        if len(still) != len(self._watched):
-            self._watched = still
-            self._collect_surplus()
-            self._wake()
+        for ask in (False, True):
+            still = []
+            for extent, index, probe in self._watched:
+                if extent.closed:
+                    continue
+                if not ask and not (isinstance(probe, _AfterCopy) and probe.pending.done):
+                    still.append((extent, index, probe))  # (each probe asked once a look)
+                elif not _idle(probe):
+                    still.append((extent, index, probe))
+                else:
+                    self._back(extent, index)
+            if len(still) != len(self._watched):
+                self._watched = still
+                self._collect_surplus()
+                self._wake()
+                return
 
     def _collect_surplus(self) -> None:
         """Move idle extents beyond what the pool needs out of service."""
@@ -758,6 +803,7 @@ class SlotPool:
                 self._extents, self._surplus = [], []
                 self.closed = self.retired = True
             self._free.clear()
+            _settle(self._watched)
             self._watched.clear()
             self._to_prove = []
             for extent in out:

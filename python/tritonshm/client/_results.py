@@ -109,25 +109,38 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
             copy: bool, results: Placement, rows: Rows | None = None,
             stream: Any = None, lent: Any = None,
             allocated: Mapping[str, Any] | None = None,
-            blocks: _devices.ResultBlocks | None = None) -> tuple[dict[str, Any], bool]:
+            blocks: _devices.ResultBlocks | None = None,
+            order: int | None = None) -> tuple[dict[str, Any], bool, Any]:
     """The outputs of *result*, read from the slot: views that hold it where
     ``copy=False`` and the slot is where the results are wanted, else copies
     (numpy on the host, or device arrays made by the results' library; ours
     from the client's cached *blocks*);
     outputs with *rows* go there (and are left out of the dict); results the
     caller *allocated* (``out=``) are those objects, written by the server where
-    *lent*, else copied in.  Copies touching a GPU are queued on *stream*;
-    also returns whether any was."""
+    *lent*, else copied in.  Copies touching a GPU are queued on *stream*.
+
+    Returns ``(outputs, queued, pending)``: *queued* -- copies were queued that the CPU must
+    wait for before the outputs are handed out (host results, a chunked batch's rows, device
+    results of another library when the caller's stream *order* is unknown); else *pending*
+    (a :class:`~tritonshm.cuda.Pending`, or None) marks the device copies queued: the last of
+    them records its event, the caller's stream *order* (a handle, where known) waits for it,
+    our own result arrays carry it (their readers order after it), and the slot and result
+    blocks they read and write are not reused before it completes -- no CPU wait."""
     check_version(info, result)
     if lease is None:  # everything lent: the server wrote each result where the caller wanted it
         assert allocated is not None and lent and all(n in lent.outputs for n in names), \
             "a result not lent has room in a slot"
         for name in names:
             check_answer_fits_out(info, name, answered_shape(info, result, name), allocated[name])
-        return {name: allocated[name].obj for name in names}, False
+        return {name: allocated[name].obj for name in names}, False, None
     memory, layout = lease.extent.memory, lease.pool.layout
     on_gpu = stream is not None and (memory.kind == "cuda" or results.device is not None)
     outputs, queued = {}, False
+    # Device copies, queued last of all: (dst, offset, nbytes, dst_offset, ours)
+    device_copies: list[tuple[Any, int, int, int, bool]] = []
+    pending = None
+    if on_gpu and rows is None:
+        pending = _devices.Pending(_devices.ordering_event(stream.device))
     if rows is not None and rows.ready is not None:
         stream.wait(rows.ready)  # the batch's results were allocated on the caller's stream
     for name in names:
@@ -138,9 +151,12 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
         if given is not None:
             check_answer_fits_out(info, name, shape, given)
             if not (lent and name in lent.outputs):  # not lent: copied in from the slot
-                memory.read_into(given.tensor.source, lease.offset(name), given.tensor.nbytes,
-                                 given.tensor.offset, stream)
-                queued |= on_gpu
+                if on_gpu:
+                    device_copies.append((given.tensor.source, lease.offset(name), given.tensor.nbytes,
+                                          given.tensor.offset, False))
+                else:
+                    memory.read_into(given.tensor.source, lease.offset(name), given.tensor.nbytes,
+                                     given.tensor.offset, stream)
             outputs[name] = given.obj
         elif into is not None:
             memory.read_into(into[0], lease.offset(name), into[2], into[1], stream)
@@ -155,10 +171,33 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
             outputs[name] = memory.copy_out(lease.offset(name), spec.dtype, shape, stream)
             queued |= on_gpu
         else:
-            out = outputs[name] = _devices.empty(results, spec.dtype, shape, blocks)
-            memory.read_into(out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize, 0, stream)
-            queued |= on_gpu
-    return outputs, queued
+            out = outputs[name] = _devices.empty(results, spec.dtype, shape, blocks, pending)
+            device_copies.append((out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize, 0,
+                                  results.library == "tritonshm" and hasattr(out, "_after")))
+    if not device_copies:
+        return outputs, queued, None
+    foreign = any(not ours for *_, ours in device_copies)
+    if pending is None or queued or (foreign and order is None):
+        # The CPU waits for everything anyway (or must: another library's result, or out=, on a
+        # stream we do not know): the copies are queued plainly.
+        for dst, offset, nbytes, dst_offset, _ in device_copies:
+            memory.read_into(dst, offset, nbytes, dst_offset, stream)
+        if pending is not None:  # (blocks were told of it: the CPU wait before they are handed out covers it)
+            pending.completed()
+        return outputs, True, None
+    last = max((i for i, c in enumerate(device_copies) if c[2]), default=None)
+    if last is None:  # nothing but empty tensors: nothing queued
+        return outputs, queued, None
+    for i, (dst, offset, nbytes, dst_offset, ours) in enumerate(device_copies):
+        if i == last:
+            memory.read_into(dst, offset, nbytes, dst_offset, stream, done=pending.event, then=order)
+        else:
+            memory.read_into(dst, offset, nbytes, dst_offset, stream)
+        if ours:
+            dst._after(pending)
+    if order is not None:
+        _devices.stream_waited(stream.device, order, pending)
+    return outputs, False, pending
 
 
 def answered_shape(info: ModelInfo, result: Any, name: str, spec: Any = None) -> tuple[int, ...]:

@@ -728,10 +728,13 @@ class Runner:
             stream = self._copy_stream(lease.extent.memory, results.device) if lease is not None \
                 else _devices.copy_stream(results.device)
         try:
-            outputs, queued = _results.collect(info, lease, result, names, copy, results, rows, stream,
-                                                claim, out, self.lent_table.results)
+            outputs, queued, pending = _results.collect(info, lease, result, names, copy, results, rows, stream,
+                                                         claim, out, self.lent_table.results,
+                                                         _devices.results_stream(results, claim, out))
             if queued:
                 yield WaitForDevice(_devices.ordering_event(stream.device).record(stream))
+            elif pending is not None and claim is not None:
+                claim.after = pending  # the slot comes back once the copies out of it are done
         except BaseException:
             # The slot goes back, and results already made are dropped (a caching allocator
             # hands their blocks out again at once): no copy out of the one into the other

@@ -187,9 +187,11 @@ class SlotMemory(RegisteredMemory, abc.ABC):
         (from device memory: queued on *stream* where given, like :meth:`write`)."""
 
     @abc.abstractmethod
-    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0, stream: Any = None) -> None:
+    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0, stream: Any = None,
+                  done: Any = None, then: Any = None) -> None:
         """Copy ``nbytes`` at *offset* into bytes ``dst_offset...`` of *dst*: a
-        C-contiguous numpy array, or a device array (queued on *stream* where given)."""
+        C-contiguous numpy array, or a device array (queued on *stream* where given; then
+        the event *done* recorded after it, and the stream *then* made to wait for it)."""
 
 
 
@@ -244,12 +246,13 @@ class SystemSlotMemory(SlotMemory):
         parallel_copy(result, source)
         return result
 
-    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0, stream: Any = None) -> None:
+    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0, stream: Any = None,
+                  done: Any = None, then: Any = None) -> None:
         if isinstance(dst, np.ndarray):
             flat = dst.reshape(-1).view(np.uint8)
             parallel_copy(flat[dst_offset:dst_offset + nbytes], self._bytes[offset:offset + nbytes])
         else:
-            copy_bytes(dst, self._bytes, nbytes, dst_offset, offset, stream)
+            copy_bytes(dst, self._bytes, nbytes, dst_offset, offset, stream, done, then)
 
     def close(self) -> None:
         self.__dict__.pop("_bytes", None)  # the view goes: the mapping can go with the region
@@ -314,5 +317,6 @@ class CudaSlotMemory(SlotMemory):
         copy_bytes(out, self.region, out.nbytes, 0, offset, stream)
         return out
 
-    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0, stream: Any = None) -> None:
-        copy_bytes(dst, self.region, nbytes, dst_offset, offset, stream)
+    def read_into(self, dst: Any, offset: int, nbytes: int, dst_offset: int = 0, stream: Any = None,
+                  done: Any = None, then: Any = None) -> None:
+        copy_bytes(dst, self.region, nbytes, dst_offset, offset, stream, done, then)

@@ -1,0 +1,70 @@
+"""Copied GPU results without a CPU wait (issue 40), on the FAKE runtime against a real Triton.
+
+A lent input's results are copied out of the CUDA slot into tritonshm's own ``CudaArray``\\ s on the
+copy stream, and handed out before the copy has landed (the fake lands queued work only when
+something synchronizes it).  Every reader must order after the copy, the slot must not be leased
+again (and written by the server) before the copy out of it has read it, and a result block must not
+be handed out again under a copy into it."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import tritonshm
+
+from triton_fixtures import client_url
+
+pytestmark = pytest.mark.server
+
+N = 4096
+MODEL = "identity_fp32"
+
+
+@pytest.fixture
+def url(fake_cuda_server, fake_cuda):
+    return client_url(fake_cuda_server, "grpc")
+
+
+def test_a_result_read_at_once_sees_the_copy(url, fake_cuda, torch_like):
+    data = np.arange(N, dtype=np.float32)
+    x = torch_like.from_numpy(data)
+    with tritonshm.Client(url) as c:
+        for _ in range(3):
+            out = c.infer(MODEL, {"INPUT0": x})["OUTPUT0"]
+            assert isinstance(out, tritonshm.CudaArray)
+            assert out.pending  # handed out before the copy landed: no CPU wait for it
+            np.testing.assert_array_equal(out.get(), data)
+            assert not out.pending
+
+
+def test_back_to_back_requests_do_not_reuse_a_slot_under_its_copy(url, fake_cuda, torch_like):
+    """One slot: the second request's server write would land in the slot the first result is still
+    being copied out of."""
+    first, second = np.full(N, 1.0, np.float32), np.full(N, 2.0, np.float32)
+    x1, x2 = torch_like.from_numpy(first), torch_like.from_numpy(second)
+    with tritonshm.Client(url, slots=1) as c:
+        c.infer(MODEL, {"INPUT0": x1})  # the pool is made
+        a = c.infer(MODEL, {"INPUT0": x1})["OUTPUT0"]
+        b = c.infer(MODEL, {"INPUT0": x2})["OUTPUT0"]
+        np.testing.assert_array_equal(b.get(), second)
+        np.testing.assert_array_equal(a.get(), first)
+
+
+def test_a_result_dropped_before_its_copy_landed(url, fake_cuda, torch_like):
+    """The dropped result's block is not handed out for the next result while the copy into it is
+    queued (another thread's copy stream could land first), and nothing is lost."""
+    data = [np.full(N, float(i), np.float32) for i in range(4)]
+    inputs = [torch_like.from_numpy(d) for d in data]
+    with tritonshm.Client(url) as c:
+        for x, d in zip(inputs, data):
+            out = c.infer(MODEL, {"INPUT0": x})["OUTPUT0"]
+            del out
+            gc.collect()
+        kept = c.infer_async(MODEL, {"INPUT0": inputs[1]}).result()["OUTPUT0"]
+        np.testing.assert_array_equal(kept.get(), data[1])
+        cai = c.infer(MODEL, {"INPUT0": inputs[2]})["OUTPUT0"]
+        assert cai.__cuda_array_interface__["stream"] is None and not cai.pending  # waited on the CPU
+        np.testing.assert_array_equal(tritonshm.cuda.copy(np.empty(N, np.float32), cai) and cai.get(), data[2])
