@@ -42,13 +42,15 @@ def test_a_result_read_at_once_sees_the_copy(url, fake_cuda, torch_like):
 
 def test_back_to_back_requests_do_not_reuse_a_slot_under_its_copy(url, fake_cuda, torch_like):
     """One slot: the second request's server write would land in the slot the first result is still
-    being copied out of."""
+    being copied out of (the second ordered on another stream: nothing but the slot's hold orders it
+    after that copy)."""
     first, second = np.full(N, 1.0, np.float32), np.full(N, 2.0, np.float32)
     x1, x2 = torch_like.from_numpy(first), torch_like.from_numpy(second)
     with tritonshm.Client(url, slots=1) as c:
         c.infer(MODEL, {"INPUT0": x1})  # the pool is made
         a = c.infer(MODEL, {"INPUT0": x1})["OUTPUT0"]
-        b = c.infer(MODEL, {"INPUT0": x2})["OUTPUT0"]
+        with torch_like.stream():  # (the second's ordering point is not after the first's copy)
+            b = c.infer(MODEL, {"INPUT0": x2})["OUTPUT0"]
         np.testing.assert_array_equal(b.get(), second)
         np.testing.assert_array_equal(a.get(), first)
 
@@ -68,3 +70,54 @@ def test_a_result_dropped_before_its_copy_landed(url, fake_cuda, torch_like):
         cai = c.infer(MODEL, {"INPUT0": inputs[2]})["OUTPUT0"]
         assert cai.__cuda_array_interface__["stream"] is None and not cai.pending  # waited on the CPU
         np.testing.assert_array_equal(tritonshm.cuda.copy(np.empty(N, np.float32), cai) and cai.get(), data[2])
+
+
+def test_a_result_consumed_through_dlpack_on_another_stream_is_read_after_the_copy(url, fake_cuda, torch_like):
+    """The caller's stream was ordered after the copy; a consumer that takes the result on a stream
+    of its own (``__dlpack__(stream=s)``) has that stream ordered after it too."""
+    data = np.arange(N, dtype=np.float32)
+    x = torch_like.zeros(N)
+    with tritonshm.Client(url) as c:
+        c.infer(MODEL, {"INPUT0": x}).clear()  # the pool is made, x lent; the result block holds zeros
+        x.copy_(data)
+        out = c.infer(MODEL, {"INPUT0": x})["OUTPUT0"]
+        assert out.pending and fake_cuda.pending(), "the copy is still queued"
+        with torch_like.stream():
+            y = torch_like.from_dlpack(out)
+            np.testing.assert_array_equal(y.numpy(), data)  # (read on the consumer's stream)
+        del y, out
+
+
+def test_a_result_sent_again_from_another_stream_is_sent_after_the_copy(url, fake_cuda, torch_like):
+    """A result given back as the next request's input, on a stream the copy was not ordered
+    before: the server reads it only once the copy into it has landed."""
+    data = np.arange(N, dtype=np.float32)
+    x = torch_like.zeros(N)
+    with tritonshm.Client(url) as c:
+        c.infer(MODEL, {"INPUT0": x}).clear()  # the pool is made, x lent; the result block holds zeros
+        x.copy_(data)
+        out = c.infer(MODEL, {"INPUT0": x})["OUTPUT0"]
+        assert out.pending and fake_cuda.pending(), "the copy is still queued"
+        with torch_like.stream():
+            again = c.infer(MODEL, {"INPUT0": out})["OUTPUT0"]
+            np.testing.assert_array_equal(again.get(), data)
+        del out, again
+
+
+def test_a_dropped_results_block_is_not_reused_under_the_copy_into_it(url, fake_cuda, torch_like):
+    """A result dropped while the copy into it is queued on this thread's copy stream: its block
+    does not hold a result a worker thread copies on its own stream meanwhile (the first copy would
+    land after the second and overwrite it)."""
+    first, second = np.full(N, 1.0, np.float32), np.full(N, 2.0, np.float32)
+    x1, x2 = torch_like.from_numpy(first), torch_like.from_numpy(second)
+    with tritonshm.Client(url) as c:
+        c.infer(MODEL, {"INPUT0": x1}).clear()  # the pool is made, the result block cached
+        dropped = c.infer(MODEL, {"INPUT0": x1})["OUTPUT0"]
+        assert dropped.pending
+        del dropped
+        gc.collect()
+        with torch_like.stream():  # (the worker's request is not ordered after the first copy)
+            kept = c.infer_async(MODEL, {"INPUT0": x2}).result()["OUTPUT0"]
+        kept.synchronize()  # the worker's copy lands (the first one need not)
+        fake_cuda.device_synchronize()  # everything else queued lands: the first copy too
+        np.testing.assert_array_equal(kept.get(), second)

@@ -127,7 +127,9 @@ def capture(obj, device=None, *, bint record=True):
       recorded on the copy stream;
     * CUDA Array Interface: recorded on its ``stream``, or on
       :func:`current_stream` of the device when it gives none;
-    * :class:`CudaArray`: recorded on :func:`current_stream` of its device.
+    * :class:`CudaArray`: recorded on :func:`current_stream` of its device,
+      which first waits for a copy into the array still landing (a client's
+      result handed out before its copy completed).
 
     Call it where the work was queued: torch's and cupy's current streams are
     per thread.  *device* is the device of a CUDA Array Interface producer
@@ -168,7 +170,9 @@ def capture(obj, device=None, *, bint record=True):
             raise UnsupportedBuffer("this CudaArray was not made by view()")
         dev = array._alloc.device
         _device_wanted(want, dev, obj)
-        _order(cap, array._runtime, dev, _current_stream(dev), record)
+        producer = _current_stream(dev)
+        array._order_before(producer or 1)  # a copy into it still landing (a client's result) first
+        _order(cap, array._runtime, dev, producer, record)
         cap._obj = obj
         cap.ptr = array.ptr
         cap.nbytes = array.nbytes

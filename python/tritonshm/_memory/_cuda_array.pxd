@@ -17,6 +17,7 @@ cdef class CudaArray:
 
     cdef tshm_cuda_alloc *_a(self) except NULL
     cdef Event _pending_event(self)
+    cdef int _order_before(self, size_t stream) except -1
 
 
 cdef CudaArray make_view(Runtime rt, tshm_cuda_alloc *a, size_t offset, object dtype, tuple shape,

@@ -155,6 +155,17 @@ cdef class CudaArray:
         :func:`tritonshm.cuda.copy` are ordered after it; nothing else need be done."""
         return self._pending_event() is not None
 
+    cdef int _order_before(self, size_t stream) except -1:
+        """Make *stream* (a handle; 1 the legacy default stream) wait for a copy into this array
+        still pending, if any: a reader on that stream then reads what the copy wrote."""
+        cdef Event pending = self._pending_event()
+        if pending is None:
+            return 0
+        self._runtime.check(tshm_cuda_stream_wait(self._runtime.rt, self._a().device, <void *>stream,
+                                                  pending._live()),
+                            f"ordering stream 0x{stream:x} after the copy into {self!r}")
+        return 0
+
     def synchronize(self):
         """Wait (GIL released) until a copy into this array, if any is pending, has landed."""
         cdef Pending p = self._pending
@@ -241,11 +252,17 @@ cdef class CudaArray:
         default stream, 2: per-thread, a handle; -1: the consumer promised
         nothing to order): the deleter records an event on it, and the
         window counts as read (:meth:`CudaWindow.readers_pending`) until
-        the consumer's work queued before the deleter ran is done.  Our
-        memory has no pending work of ours, so *stream* needs no wait.
+        the consumer's work queued before the deleter ran is done.  A copy
+        into the array still pending (a client's result) is waited for on
+        *stream* (-1: on the CPU, as nothing else orders the consumer).
         """
         cdef tshm_cuda_reader *reader = NULL
         versioned = _dlpack.check_request(stream, max_version, dl_device, copy, kDLCUDA, self._a().device)
+        if self._pending is not None:
+            if stream == -1:
+                self.synchronize()
+            else:
+                self._order_before(1 if stream is None else <size_t>stream)
         if self._hold != NULL:
             if stream == -1:
                 tshm_cuda_hold_incref(self._hold)  # the capsule's own; export_capsule takes it over

@@ -173,7 +173,9 @@ def ordering_event(device: int) -> Any:
 
 _marks_lock = threading.Lock()
 _stream_waits: dict[tuple[Any, int, int], list[Any]] = {}  # (runtime, device, stream) -> Pendings waited
-_covers: dict[Any, list[Any]] = {}                         # event -> the Pendings it completes after
+# event -> the Pendings it completes after.  The key is a reference: ordering_event() never hands
+# out an event listed here to be recorded again (elsewhere, after other work) before waited() pops it.
+_covers: dict[Any, list[Any]] = {}
 _MARKS = 64  # Pendings remembered per stream at most (older ones are queried instead)
 
 
