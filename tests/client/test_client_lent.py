@@ -163,7 +163,8 @@ def test_a_stale_registration_at_an_old_base_is_dropped_first(url, fake_cuda):
         fake_cuda.free(first)
         second = fake_cuda.malloc(nbytes)
         assert second == first  # the same address, a new allocation with a new handle
-        fake_cuda.lib.cudaMemcpy(second, np.full(nbytes, 9, np.uint8).ctypes.data, nbytes, 1)
+        nines = np.full(nbytes, 9, np.uint8)  # (held: a temporary's .ctypes.data dangles once it is freed)
+        fake_cuda.lib.cudaMemcpy(second, nines.ctypes.data, nbytes, 1)
         out = c.infer("identity_uint8", {"INPUT0": RawCai(second, nbytes)})["OUTPUT0"]
         assert (out.get() == 9).all()
         ((name, _, base, *_),) = c.lent()

@@ -31,12 +31,12 @@ SETTLE_SECONDS = 5.0
 _SETTLE_AT_EXIT = 1.0   # a client collected or left open at exit: "in use" lasts milliseconds
 
 
-
 def _wait_for_device(step: WaitForDevice) -> None:
     """Block (the GIL released) until the step's event completes; copies it was recorded after
     are then known complete (:func:`._devices.waited`)."""
     step.event.synchronize()
     _devices.waited(step.event)
+
 
 class Request(RequestFace):
     """A leased slot with views of the inputs: the zero-copy path.

@@ -70,15 +70,16 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mappin
     if lease is None:
         if not prepare or kept is None:
             return _lent_request(wire, info, shapes, names, lent)
-        key = (info.name, info.version, tuple(shapes.items()), tuple(names),
+        kept_key = (info.name, info.version, tuple(shapes.items()), tuple(names),
                *((name, where.name, where.offset) for name, where in lent.inputs.items()),
                "out", *((name, where.name, where.offset) for name, where in lent.outputs.items()))
-        made = kept.get(key)
+        made = kept.get(kept_key)
         if made is None:
             if len(kept) >= _LENT_MESSAGES:
                 kept.clear()
             inputs, requested, _ = _lent_request(wire, info, shapes, names, lent)
-            made = kept[key] = (inputs, requested, wire.request_message(info.name, info.version, inputs, requested))
+            message = wire.request_message(info.name, info.version, inputs, requested)
+            made = kept[kept_key] = (inputs, requested, message)
         return made
     memory, layout = lease.extent.memory, lease.pool.layout
     cache = lease.extent.requests.get(lease.index)

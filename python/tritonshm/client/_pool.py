@@ -723,18 +723,20 @@ class SlotPool:
             self._free.append((extent, index))
 
     def _look_at_watched(self) -> None:
-        """Free the watched slots whose last view is gone (under the lock).  Slots whose copies
-        out are known complete without asking CUDA (a later wait proved them) come back first;
-        the others' events are queried only when that freed none."""
+        """Free the watched slots whose last view is gone (under the lock), each asked once a
+        look.  Slots whose copies out are known complete without asking CUDA (a later wait proved
+        them) come back with no query; the others' events are queried only when nothing came back."""
         if not self._watched:
             return
-        for ask in (False, True):
+        for ask_copies in (False, True):
             still = []
             for extent, index, probe in self._watched:
                 if extent.closed:
                     continue
-                if not ask and not (isinstance(probe, _AfterCopy) and probe.pending.done):
-                    still.append((extent, index, probe))  # (each probe asked once a look)
+                if isinstance(probe, _AfterCopy) and not (probe.pending.done or ask_copies):
+                    still.append((extent, index, probe))
+                elif ask_copies and not isinstance(probe, _AfterCopy):
+                    still.append((extent, index, probe))  # (asked in the first pass already)
                 elif not _idle(probe):
                     still.append((extent, index, probe))
                 else:
