@@ -138,9 +138,8 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
     outputs, queued = {}, False
     # Device copies, queued last of all: (dst, offset, nbytes, dst_offset, ours)
     device_copies: list[tuple[Any, int, int, int, bool]] = []
-    pending = None
-    if on_gpu and rows is None:
-        pending = _devices.Pending(_devices.ordering_event(stream.device))
+    pending = None  # (made with the first device copy: a request with none asks for no event)
+    carried = on_gpu and rows is None  # device copies may be carried, not waited for
     if rows is not None and rows.ready is not None:
         stream.wait(rows.ready)  # the batch's results were allocated on the caller's stream
     for name in names:
@@ -171,11 +170,15 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
             outputs[name] = memory.copy_out(lease.offset(name), spec.dtype, shape, stream)
             queued |= on_gpu
         else:
+            if carried and pending is None:
+                pending = _devices.Pending(_devices.ordering_event(stream.device))
             out = outputs[name] = _devices.empty(results, spec.dtype, shape, blocks, pending)
             device_copies.append((out, lease.offset(name), math.prod(shape) * spec.dtype.itemsize, 0,
                                   results.library == "tritonshm" and hasattr(out, "_after")))
     if not device_copies:
         return outputs, queued, None
+    if carried and pending is None:  # (copies into out= tensors only)
+        pending = _devices.Pending(_devices.ordering_event(stream.device))
     foreign = any(not ours for *_, ours in device_copies)
     if pending is None or queued or (foreign and order is None):
         # The CPU waits for everything anyway (or must: another library's result, or out=, on a
