@@ -483,3 +483,22 @@ def test_gpu_tensors_of_a_request_on_the_wire_are_counted_as_copied(fake_cuda, t
             c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
             assert c.stats().copied == {"server cannot open CUDA memory": 2, "on the wire": 2}
     del x, y
+
+
+def test_tensors_lent_from_one_allocation_are_each_named_where_they_are(url, fake_cuda, torch_caching):
+    """Two tensors in one segment of the caching allocator (one registration, two offsets), sent
+    in turn with the same shape: each request names its own tensor -- the request objects and
+    messages kept per place a tensor is lent from, never per shape alone."""
+    first, second = np.full(1024, 1.0, np.float32), np.full(1024, 2.0, np.float32)
+    x, y = torch_caching.from_numpy(first), torch_caching.from_numpy(second)
+    out = torch_caching.empty(1024, np.float32)
+    with tritonshm.Client(url) as c:
+        for _ in range(3):
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"].get(), first)
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": y})["OUTPUT0"].get(), second)
+            c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": out})
+            np.testing.assert_array_equal(out.numpy(), first)
+            c.infer("identity_fp32", {"INPUT0": y}, out={"OUTPUT0": out})
+            np.testing.assert_array_equal(out.numpy(), second)
+        assert len(c.lent()) == 1 and c.stats().inputs_lent == 12  # (one segment, one registration)
+    del x, y, out

@@ -169,7 +169,10 @@ def ordering_event(device: int) -> Any:
 # recorded later on that stream (the next call's ordering point) completes only after the copy
 # has.  So when that event is waited for, the copy is known complete without asking CUDA: its
 # slot and result block come back with no event query.  (Only an optimisation: a Pending not
-# marked here is queried where it matters.)
+# marked here is queried where it matters.)  A stream is known by its handle: one the caller
+# destroys while our wait is queued on it, and makes again under the same handle before the copy
+# lands, would vouch for a copy it never waited for -- a window of microseconds, on a stream
+# destroyed in the middle of the caller's own work with it; CUDA 12's cudaStreamGetId would close it.
 
 _marks_lock = threading.Lock()
 _stream_waits: dict[tuple[Any, int, int], list[Any]] = {}  # (runtime, device, stream) -> Pendings waited

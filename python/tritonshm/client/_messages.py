@@ -63,16 +63,17 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mappin
 
     Tensors *lent* (a request's :class:`~._claim.Claim`: the caller's own GPU
     memory, registered) are named where they are, in request objects of their
-    own (the slot's stay bound to the slot); a message is kept for them too,
-    keyed by where they were.  No *lease*: every tensor is lent, and what is made is kept in
-    *kept* (the client's, keyed by model first) instead of on a slot.
+    own (the slot's stay bound to the slot), made once per place they are lent
+    from and kept on the slot, as is a message for them.  No *lease*: every
+    tensor is lent, and what is made is kept in *kept* (the client's, keyed by
+    model first) instead of on a slot.
     """
     if lease is None:
         if not prepare or kept is None:
             return _lent_request(wire, info, shapes, names, lent)
         kept_key = (info.name, info.version, tuple(shapes.items()), tuple(names),
-               *((name, where.name, where.offset) for name, where in lent.inputs.items()),
-               "out", *((name, where.name, where.offset) for name, where in lent.outputs.items()))
+                    *((name, where.name, where.offset) for name, where in lent.inputs.items()),
+                    "out", *((name, where.name, where.offset) for name, where in lent.outputs.items()))
         made = kept.get(kept_key)
         if made is None:
             if len(kept) >= _LENT_MESSAGES:
@@ -99,9 +100,13 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mappin
     for spec in info.inputs:
         shape = list(shapes[spec.name])
         where = lent.inputs.get(spec.name) if lent else None
-        if where is not None:
-            infer_input = wire.infer_input(spec.name, shape, spec.datatype)
-            where.extent.memory.bind_input(infer_input, where.name, where.offset, where.nbytes)
+        if where is not None:  # (made once per place it is lent from: nothing binds it again)
+            lent_key = ("lent", spec.name, tuple(shape), where.name, where.offset, where.nbytes)
+            infer_input = cache.get(lent_key)
+            if infer_input is None:
+                make_room(cache)
+                infer_input = cache[lent_key] = wire.infer_input(spec.name, shape, spec.datatype)
+                where.extent.memory.bind_input(infer_input, where.name, where.offset, where.nbytes)
             inputs.append(infer_input)
             continue
         nbytes = bytes_sizes[spec.name] if spec.is_bytes else math.prod(shape) * spec.dtype.itemsize
@@ -120,8 +125,12 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mappin
     for output in names:
         where = lent.outputs.get(output) if lent else None
         if where is not None:
-            requested_output = wire.requested_output(output)
-            where.extent.memory.bind_output(requested_output, where.name, where.offset, where.nbytes)
+            lent_key = ("lent out", output, where.name, where.offset, where.nbytes)
+            requested_output = cache.get(lent_key)
+            if requested_output is None:
+                make_room(cache)
+                requested_output = cache[lent_key] = wire.requested_output(output)
+                where.extent.memory.bind_output(requested_output, where.name, where.offset, where.nbytes)
             requested.append(requested_output)
             continue
         key = "out:" + output
