@@ -179,7 +179,8 @@ _stream_waits: dict[tuple[Any, int, int], list[Any]] = {}  # (runtime, device, s
 # event -> the Pendings it completes after.  The key is a reference: ordering_event() never hands
 # out an event listed here to be recorded again (elsewhere, after other work) before waited() pops it.
 _covers: dict[Any, list[Any]] = {}
-_MARKS = 64  # Pendings remembered per stream at most (older ones are queried instead)
+_MARKS = 64  # Pendings remembered per stream, streams, and events at most (the oldest forgotten:
+# what is forgotten is queried instead -- a caller making a stream per call grows nothing)
 
 
 def _stream_key(device: int, stream: int) -> tuple[Any, int, int] | None:
@@ -194,7 +195,11 @@ def stream_waited(device: int, stream: int, pending: Any) -> None:
     if key is None:
         return
     with _marks_lock:
-        waits = _stream_waits.setdefault(key, [])
+        waits = _stream_waits.get(key)
+        if waits is None:
+            if len(_stream_waits) >= _MARKS:
+                del _stream_waits[next(iter(_stream_waits))]
+            waits = _stream_waits[key] = []
         waits.append(pending)
         if len(waits) > _MARKS:
             del waits[0]
@@ -213,6 +218,8 @@ def _recording(device: int, stream: int) -> list[Any] | None:
 def _recorded(event: Any, pendings: list[Any] | None) -> None:
     if pendings:
         with _marks_lock:
+            if len(_covers) >= _MARKS:  # (events recorded and never waited for: a request that failed)
+                del _covers[next(iter(_covers))]
             _covers[event] = pendings
 
 
