@@ -125,11 +125,11 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mappin
     for output in names:
         where = lent.outputs.get(output) if lent else None
         if where is not None:
-            lent_key = ("lent out", output, where.name, where.offset, where.nbytes)
-            requested_output = cache.get(lent_key)
+            out_key = ("lent out", output, where.name, where.offset, where.nbytes)
+            requested_output = cache.get(out_key)
             if requested_output is None:
                 make_room(cache)
-                requested_output = cache[lent_key] = wire.requested_output(output)
+                requested_output = cache[out_key] = wire.requested_output(output)
                 where.extent.memory.bind_output(requested_output, where.name, where.offset, where.nbytes)
             requested.append(requested_output)
             continue
