@@ -121,3 +121,17 @@ def test_a_dropped_results_block_is_not_reused_under_the_copy_into_it(url, fake_
         kept.synchronize()  # the worker's copy lands (the first one need not)
         fake_cuda.device_synchronize()  # everything else queued lands: the first copy too
         np.testing.assert_array_equal(kept.get(), second)
+
+
+def test_copy_false_results_copied_to_a_gpu_keep_their_host_slot_until_copied(url, fake_cuda):
+    """copy=False with host inputs and results wanted on a GPU: the results are copies out of a
+    pinned host slot (read when the copy lands) leased with a handle -- it comes back when the
+    handle goes, not with the request's claim -- so the copy out of it is waited for before the
+    slot can go to the next request."""
+    first, second = np.full(N, 1.0, np.float32), np.full(N, 2.0, np.float32)
+    with tritonshm.Client(url, slots=1, pinned=True) as c:
+        c.infer(MODEL, {"INPUT0": first}, copy=False, output_device="cuda")  # the pool is made
+        a = c.infer(MODEL, {"INPUT0": first}, copy=False, output_device="cuda")["OUTPUT0"]
+        b = c.infer(MODEL, {"INPUT0": second}, copy=False, output_device="cuda")["OUTPUT0"]
+        np.testing.assert_array_equal(b.get(), second)
+        np.testing.assert_array_equal(a.get(), first)

@@ -733,8 +733,13 @@ class Runner:
                                                          _devices.results_stream(results, claim, out))
             if queued:
                 yield WaitForDevice(_devices.ordering_event(stream.device).record(stream))
-            elif pending is not None and claim is not None:
-                claim.after = pending  # the slot comes back once the copies out of it are done
+            elif pending is not None:
+                if claim is not None and claim.owns_lease and lease is not None and lease.handle is None:
+                    claim.after = pending  # the slot comes back once the copies out of it are done
+                else:  # it comes back another way (its handle's death: copy=False): not before them
+                    if pending.event is not None:
+                        yield WaitForDevice(pending.event)
+                    pending.completed()
         except BaseException:
             # The slot goes back, and results already made are dropped (a caching allocator
             # hands their blocks out again at once): no copy out of the one into the other
