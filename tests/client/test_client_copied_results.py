@@ -29,6 +29,8 @@ def url(fake_cuda_server, fake_cuda):
 
 
 def test_a_result_read_at_once_sees_the_copy(url, fake_cuda, torch_like):
+    """A CudaArray result is handed out before the copy into it landed (no CPU wait for it); its
+    .get() orders after that copy."""
     data = np.arange(N, dtype=np.float32)
     x = torch_like.from_numpy(data)
     with tritonshm.Client(url) as c:
@@ -69,7 +71,9 @@ def test_a_result_dropped_before_its_copy_landed(url, fake_cuda, torch_like):
         np.testing.assert_array_equal(kept.get(), data[1])
         cai = c.infer(MODEL, {"INPUT0": inputs[2]})["OUTPUT0"]
         assert cai.__cuda_array_interface__["stream"] is None and not cai.pending  # waited on the CPU
-        np.testing.assert_array_equal(tritonshm.cuda.copy(np.empty(N, np.float32), cai) and cai.get(), data[2])
+        host = np.empty(N, np.float32)
+        tritonshm.cuda.copy(host, cai)
+        np.testing.assert_array_equal(host, data[2])
 
 
 def test_a_result_consumed_through_dlpack_on_another_stream_is_read_after_the_copy(url, fake_cuda, torch_like):
