@@ -76,16 +76,25 @@ def test_a_result_dropped_before_its_copy_landed(url, fake_cuda, torch_like):
         np.testing.assert_array_equal(host, data[2])
 
 
+def result_still_copied(c, fake_cuda, torch_like, data):
+    """A result of *data* from *c* whose copy out of the slot is still queued, in a block that held
+    zeros before (so a reader not ordered after the copy sees zeros), and its input (kept by the
+    caller: freeing it would land every queued copy)."""
+    x = torch_like.zeros(N)
+    c.infer(MODEL, {"INPUT0": x}).clear()  # the pool is made, x lent; the result block holds zeros
+    x.copy_(data)
+    out = c.infer(MODEL, {"INPUT0": x})["OUTPUT0"]
+    assert out.pending and fake_cuda.pending(), "the copy is still queued"
+    return out, x
+
+
 def test_a_result_consumed_through_dlpack_on_another_stream_is_read_after_the_copy(url, fake_cuda, torch_like):
     """The caller's stream was ordered after the copy; a consumer that takes the result on a stream
     of its own (``__dlpack__(stream=s)``) has that stream ordered after it too."""
     data = np.arange(N, dtype=np.float32)
-    x = torch_like.zeros(N)
     with tritonshm.Client(url) as c:
-        c.infer(MODEL, {"INPUT0": x}).clear()  # the pool is made, x lent; the result block holds zeros
-        x.copy_(data)
-        out = c.infer(MODEL, {"INPUT0": x})["OUTPUT0"]
-        assert out.pending and fake_cuda.pending(), "the copy is still queued"
+        out, x = result_still_copied(c, fake_cuda, torch_like, data)
+        assert fake_cuda.pending(), "the copy is still queued"
         with torch_like.stream():
             y = torch_like.from_dlpack(out)
             np.testing.assert_array_equal(y.numpy(), data)  # (read on the consumer's stream)
@@ -96,12 +105,9 @@ def test_a_result_sent_again_from_another_stream_is_sent_after_the_copy(url, fak
     """A result given back as the next request's input, on a stream the copy was not ordered
     before: the server reads it only once the copy into it has landed."""
     data = np.arange(N, dtype=np.float32)
-    x = torch_like.zeros(N)
     with tritonshm.Client(url) as c:
-        c.infer(MODEL, {"INPUT0": x}).clear()  # the pool is made, x lent; the result block holds zeros
-        x.copy_(data)
-        out = c.infer(MODEL, {"INPUT0": x})["OUTPUT0"]
-        assert out.pending and fake_cuda.pending(), "the copy is still queued"
+        out, x = result_still_copied(c, fake_cuda, torch_like, data)
+        assert fake_cuda.pending(), "the copy is still queued"
         with torch_like.stream():
             again = c.infer(MODEL, {"INPUT0": out})["OUTPUT0"]
             np.testing.assert_array_equal(again.get(), data)

@@ -71,9 +71,7 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mappin
     if lease is None:
         if not prepare or kept is None:
             return _lent_request(wire, info, shapes, names, lent)
-        kept_key = (info.name, info.version, tuple(shapes.items()), tuple(names),
-                    *((name, where.name, where.offset) for name, where in lent.inputs.items()),
-                    "out", *((name, where.name, where.offset) for name, where in lent.outputs.items()))
+        kept_key = (info.name, info.version, tuple(shapes.items()), tuple(names), _lent_places(lent))
         made = kept.get(kept_key)
         if made is None:
             if len(kept) >= _LENT_MESSAGES:
@@ -91,9 +89,7 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mappin
     # sizes vary with the strings).
     message_key = ("message", tuple(shapes.items()), tuple(names)) if prepare and not bytes_sizes else None
     if lent and message_key is not None:
-        message_key += tuple((kind, key, where.name, where.offset)
-                             for kind, table in (("in", lent.inputs), ("out", lent.outputs))
-                             for key, where in table.items())
+        message_key += _lent_places(lent)
     name = lease.extent.name
     assert name is not None  # a leased slot's extent is registered
     inputs = []
@@ -105,8 +101,7 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mappin
             infer_input = cache.get(lent_key)
             if infer_input is None:
                 make_room(cache)
-                infer_input = cache[lent_key] = wire.infer_input(spec.name, shape, spec.datatype)
-                where.extent.memory.bind_input(infer_input, where.name, where.offset, where.nbytes)
+                infer_input = cache[lent_key] = _lent_input(wire, spec, shape, where)
             inputs.append(infer_input)
             continue
         nbytes = bytes_sizes[spec.name] if spec.is_bytes else math.prod(shape) * spec.dtype.itemsize
@@ -129,8 +124,7 @@ def slot_request(wire: Any, info: ModelInfo, lease: Lease | None, shapes: Mappin
             requested_output = cache.get(out_key)
             if requested_output is None:
                 make_room(cache)
-                requested_output = cache[out_key] = wire.requested_output(output)
-                where.extent.memory.bind_output(requested_output, where.name, where.offset, where.nbytes)
+                requested_output = cache[out_key] = _lent_output(wire, output, where)
             requested.append(requested_output)
             continue
         key = "out:" + output
@@ -186,19 +180,31 @@ def _empty_input(wire: Any, spec: TensorSpec, shape: list[int]) -> Any:
 def _lent_request(wire: Any, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]], names: Sequence[str],
                   lent: Any) -> tuple[list, list, Any]:
     """The request objects of a request whose every tensor is lent: each named where it is."""
-    inputs = []
-    for spec in info.inputs:
-        where = lent.inputs[spec.name]
-        infer_input = wire.infer_input(spec.name, list(shapes[spec.name]), spec.datatype)
-        where.extent.memory.bind_input(infer_input, where.name, where.offset, where.nbytes)
-        inputs.append(infer_input)
-    requested = []
-    for output in names:
-        where = lent.outputs[output]
-        requested_output = wire.requested_output(output)
-        where.extent.memory.bind_output(requested_output, where.name, where.offset, where.nbytes)
-        requested.append(requested_output)
+    inputs = [_lent_input(wire, spec, list(shapes[spec.name]), lent.inputs[spec.name]) for spec in info.inputs]
+    requested = [_lent_output(wire, output, lent.outputs[output]) for output in names]
     return inputs, requested, None
+
+
+def _lent_input(wire: Any, spec: TensorSpec, shape: list[int], where: Any) -> Any:
+    """An InferInput naming a lent tensor where it is (*where*: its :class:`~._lent.Lent`)."""
+    infer_input = wire.infer_input(spec.name, shape, spec.datatype)
+    where.extent.memory.bind_input(infer_input, where.name, where.offset, where.nbytes)
+    return infer_input
+
+
+def _lent_output(wire: Any, output: str, where: Any) -> Any:
+    """An InferRequestedOutput naming a lent ``out=`` tensor where it is."""
+    requested_output = wire.requested_output(output)
+    where.extent.memory.bind_output(requested_output, where.name, where.offset, where.nbytes)
+    return requested_output
+
+
+def _lent_places(lent: Any) -> tuple:
+    """Where a request's lent tensors are (registration names and offsets), for the keys of
+    what is kept for it."""
+    return tuple((kind, key, where.name, where.offset)
+                 for kind, table in (("in", lent.inputs), ("out", lent.outputs))
+                 for key, where in table.items())
 
 
 def wire_request(wire: Any, info: ModelInfo, arrays: Mapping[str, np.ndarray],

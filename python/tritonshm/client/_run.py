@@ -728,9 +728,9 @@ class Runner:
             stream = self._copy_stream(lease.extent.memory, results.device) if lease is not None \
                 else _devices.copy_stream(results.device)
         try:
-            order = None if results.device is None else _devices.results_stream(results, claim, out)
             outputs, queued, pending = _results.collect(info, lease, result, names, copy, results, rows, stream,
-                                                         claim, out, self.lent_table.results, order)
+                                                         claim, out, self.lent_table.results,
+                                                         _devices.results_stream(results, claim, out))
             if queued:
                 yield WaitForDevice(_devices.ordering_event(stream.device).record(stream))
             elif pending is not None:
