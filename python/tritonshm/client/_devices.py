@@ -25,13 +25,13 @@ numpy on the host) and the library that allocates them.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import sys
 import threading
 import weakref
-from typing import Any, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping  # (isinstance() on it: typing's alias costs three calls more)
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -60,7 +60,7 @@ class DeviceTensor:
     a tensor is used again (:mod:`._lent`).
     """
 
-    __slots__ = ("source", "dtype", "shape", "device", "offset", "library", "origin")
+    __slots__ = ("source", "dtype", "shape", "device", "offset", "library", "origin", "nbytes")
 
     def __init__(self, source: Any, dtype: np.dtype, shape: tuple[int, ...], device: int,
                  offset: int = 0, library: str | None = None, origin: "weakref.ref[Any] | None" = None):
@@ -71,11 +71,7 @@ class DeviceTensor:
         self.offset = offset
         self.library = library_of(source) if library is None else library
         self.origin = origin
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the tensor in bytes."""
-        return math.prod(self.shape) * self.dtype.itemsize
+        self.nbytes: int = math.prod(shape) * dtype.itemsize  # (read several times by every request)
 
     def __len__(self) -> int:
         if not self.shape:
@@ -233,21 +229,27 @@ def waited(event: Any) -> None:
         pending.completed()
 
 
-@contextlib.contextmanager
-def one_ordering_point() -> Any:
+class one_ordering_point:  # noqa: N801 (a context manager used as a function: ``with one_ordering_point():``)
     """Device arrays captured in the block (on this thread: one call's inputs and ``out=``
     tensors) share one event per producer stream, recorded when the block ends -- one ordering
     point, and one wait, for all of them, where each capture would record its own.  Re-entrant
-    (the outermost block records).  Nothing in the block may wait for those captures."""
-    if _capturing.pending is not None:
-        yield
-        return
-    pending: dict[tuple[int, int], list[Any]] = {}
-    _capturing.pending = pending
-    try:
-        yield
-    finally:
-        _capturing.pending = None
+    (the outermost block records).  Nothing in the block may wait for those captures.
+
+    (A class, not a generator context manager: every GPU request enters it up to three times.)"""
+
+    __slots__ = ("_pending",)
+
+    def __enter__(self) -> None:
+        if _capturing.pending is not None:  # inside another: that one records
+            self._pending = None
+            return
+        self._pending = _capturing.pending = {}
+
+    def __exit__(self, *exc_info: Any) -> None:
+        pending = self._pending
+        if pending is None:
+            return
+        self._pending = _capturing.pending = None
         for (device, stream), captures in pending.items():
             event = ordering_event(device)
             after = _recording(device, stream)

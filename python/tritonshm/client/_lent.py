@@ -301,6 +301,14 @@ class LentAllocations:
             raise ClientClosed(_CLOSED_WHILE_REGISTERING)
         return Lent(entry.extent, name, offset, tensor.nbytes)
 
+    def lend_known(self, tensor: DeviceTensor) -> Lent | None:
+        """*tensor*'s :class:`Lent` when its allocation is registered already and known by the
+        driver's id of it (the warm request's case: no steps); None: take :meth:`lend_steps`."""
+        buffer_id = getattr(tensor.source, "buffer_id", 0)
+        if not buffer_id or self._fallback.lending_refused is not None:
+            return None
+        return self._lend_known(tensor, buffer_id)
+
     def _lend_known(self, tensor: DeviceTensor, buffer_id: int) -> Lent | None:
         """The hit path: *tensor* in an allocation registered already, known by the driver's id of
         it (*buffer_id*, taken with the tensor: :attr:`~tritonshm.cuda.Capture.buffer_id`) -- ids

@@ -215,7 +215,7 @@ def answered_shape(info: ModelInfo, result: Any, name: str, spec: Any = None) ->
     if isinstance(tensor, dict):
         datatype, shape = tensor["datatype"], tuple(map(int, tensor["shape"]))
     else:
-        datatype, shape = tensor.datatype, tuple(map(int, tensor.shape))
+        datatype, shape = tensor.datatype, tuple(tensor.shape)  # (protobuf int64s: ints already)
     if spec is None:
         spec = info.output(name)
     dims = shape[1:] if info.batched else shape

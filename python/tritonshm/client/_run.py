@@ -15,7 +15,8 @@ import functools
 import math
 import re
 import time
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from collections.abc import Mapping
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -195,22 +196,28 @@ class Runner:
         """Wait until no unfinished request names the caller's GPU memory this one writes, or
         writes what this one reads (a request the client gave up on, still running on the
         server); :class:`TensorInUse` after the request's slot_timeout."""
-        named = [(f"input {name!r}", Span.of(array, False)) for name, array in arrays.items()
+        # (what, name, span): each span named only if the wait times out
+        named = [("input", name, Span.of(array, False)) for name, array in arrays.items()
                  if isinstance(array, DeviceTensor) and array.nbytes]
-        named += [(f"out[{name!r}]", Span.of(given.tensor, True)) for name, given in (plan.out or {}).items()
+        named += [("out", name, Span.of(given.tensor, True)) for name, given in (plan.out or {}).items()
                   if given.tensor.nbytes]
         if not named:  # (host tensors are the client's copies: nothing to clash)
             return
-        spans = [span for _, span in named]
-        clashes: list[Span] = []
+        spans = [span for *_, span in named]
+        # Checked and entered in one step: a request starting meanwhile sees these.  The usual
+        # case, no clash, takes no waiting steps.
+        clash = self.claims.enter(claim, spans)
+        if clash is None:
+            return
 
-        def entered() -> bool:  # checked and entered in one step: a request starting meanwhile sees these
+        def entered() -> bool:
+            nonlocal clash
             clash = self.claims.enter(claim, spans)
-            clashes[:] = [] if clash is None else [clash]
             return clash is None
 
         def timed_out() -> TensorInUse:
-            what = next(what for what, span in named if span is clashes[0])
+            kind, name = next((kind, name) for kind, name, span in named if span is clash)
+            what = f"input {name!r}" if kind == "input" else f"out[{name!r}]"
             return TensorInUse(
                 f"{what} of this request on model {plan.info.name!r} is memory another request still "
                 f"uses: one running now, or one the client gave up on (client_timeout, cancelled, "
@@ -233,17 +240,24 @@ class Runner:
     def _lend_steps(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
         """Lend the server the GPU inputs of one chunk, and the results the caller allocated,
         where their memory can be (:mod:`._lent`); the rest is copied as before."""
+        table = self.lent_table
         for name, array in arrays.items():
             if isinstance(array, DeviceTensor) and array.nbytes:  # (Triton refuses 0-byte bindings)
-                where = self.pool_table.own_slot(array)
+                # An allocation lent before is known by its id, and is none of our slots (their
+                # views are never lent: own_slot() names them first, so their ids never get here).
+                where = table.lend_known(array)
                 if where is None:
-                    where = yield from self.lent_table.lend_steps(array)
+                    where = self.pool_table.own_slot(array)
+                if where is None:
+                    where = yield from table.lend_steps(array)
                 if where is not None:
                     claim.lend(name, where, array, writes=False)
         for name, given in (plan.out or {}).items():
             if not given.tensor.nbytes:
                 continue
-            where = yield from self.lent_table.lend_steps(given.tensor)
+            where = table.lend_known(given.tensor)
+            if where is None:
+                where = yield from table.lend_steps(given.tensor)
             if where is not None:
                 claim.lend(name, where, given.tensor, writes=True)
 
@@ -260,7 +274,7 @@ class Runner:
         covers the work the caller had queued on them when it called.
         """
         memory = None if lease is None else lease.extent.memory
-        stream = _devices.copy_stream(device) if memory is None else self._copy_stream(memory, device)
+        stream = None if memory is None else self._copy_stream(memory, device)  # (all lent: nothing to copy)
         queued = False
         waits = claim.waits if claim is not None else []
         try:
@@ -323,7 +337,10 @@ class Runner:
             self._infer_again_steps, info.name, info.version, inputs, outputs, copy, output_device, slot_timeout,
             options, out)
         if len(plan.chunks) == 1:
-            return InferRun([self._changed_steps(self.chunk_steps(plan, plan.chunks[0]), info, again)])
+            chunk = plan.chunks[0]
+            steps = self._lent_quick_steps(plan, chunk) if known is not None and self._all_lent(plan, chunk) \
+                else self.chunk_steps(plan, chunk)
+            return InferRun([self._changed_steps(steps, info, again)])
         rows = _results.result_rows(info, plan.names, plan.chunks, plan.route.results)
         # (a batch in chunks is not run again: its joining follows the old plan)
         return InferRun([self._changed_steps(self.chunk_steps(plan, chunk, into), info)
@@ -332,6 +349,95 @@ class Runner:
                                           rows=rows[0]))
 
     # -- a model that changed under the client ------------------------------
+
+    # -- the lent quick path: every tensor the caller's GPU memory, registered before ---------
+
+    def _all_lent(self, plan: Plan, arrays: Mapping[str, Any]) -> bool:
+        """Whether *plan*'s request names only the caller's GPU memory: every input a GPU tensor,
+        every output asked for an ``out=`` tensor -- all of them to be lent, none empty."""
+        out = plan.out
+        if out is None or not plan.route.lent or self.fallback.wire or len(out) != len(plan.names):
+            return False
+        for array in arrays.values():
+            if type(array) is not DeviceTensor or not array.nbytes:
+                return False
+        for name in plan.names:
+            given = out.get(name)
+            if given is None or not given.tensor.nbytes:
+                return False
+        return True
+
+    def _lent_quick_steps(self, plan: Plan, arrays: Mapping[str, Any]) -> Steps:
+        """A warm request of :meth:`_all_lent` tensors, each in an allocation the lent table
+        registered before (known by the driver's id of it): no slot, no copy, no registration --
+        the claim entered, the call's one ordering point waited for, the kept message sent, the
+        answer checked, as straight-line code.  What is not that (a tensor not known yet, memory
+        another request still uses, a server that forgot our registrations) goes the full way
+        (:meth:`chunk_steps`), which waits, registers and heals."""
+        if self.engine.closed:
+            self.engine.check_open()
+        info, out, table = plan.info, plan.out, self.lent_table
+        assert out is not None  # (_all_lent)
+        claim = Claim(self.claims, table)
+        full_way = True
+        with self._flight:
+            try:
+                spans = [Span.of(array, False) for array in arrays.values()]
+                spans += [Span.of(given.tensor, True) for given in out.values()]
+                if self.claims.enter(claim, spans) is None:  # (a clash: the full way waits for it)
+                    full_way = not self._lend_all_known(claim, arrays, out)
+                if not full_way:
+                    for event in _devices.distinct(claim.waits):  # (one: the call's ordering point)
+                        yield WaitForDevice(event)
+                    shapes = {name: array.shape for name, array in arrays.items()}
+                    inputs, requested, message = _messages.slot_request(
+                        self.wire, info, None, shapes, plan.names, {}, prepare=plan.options is None, lent=claim,
+                        kept=self._lent_messages)
+                    try:
+                        result = yield from self._send_claimed(
+                            Send(info.name, info.version, inputs, requested, plan.options, message, claim), claim)
+                    except OutputTooSmall as exc:  # (the out= tensor was the room: no larger slot can help)
+                        given = None if exc.output is None else out.get(exc.output)
+                        if given is None:
+                            raise
+                        raise _results.out_too_small(info, exc, given) from None
+                    # A server that forgot our registrations refused the request before running
+                    # it: the full way registers them again and sends it once more.
+                    full_way = isinstance(result, RegionNotRegistered)
+                    if not full_way:
+                        outputs, _, _ = _results.collect(info, None, result, plan.names, plan.copy, plan.route.results,
+                                                         lent=claim, allocated=out)
+                        table.count(len(claim.inputs), len(claim.outputs))
+            except GeneratorExit:  # closed (a cancelled aio call): no more steps may be taken
+                self._end_claim(claim)
+                raise
+            except BaseException:
+                self._end_claim(claim)
+                if self.engine.closed:  # nobody else will: what the request left, unregistered now
+                    yield from self.engine.dispose_steps()
+                raise
+            self._end_claim(claim)
+        if full_way:
+            return (yield from self.chunk_steps(plan, arrays))
+        if self.disposals.maybe_due:
+            yield from self.engine.settle_steps()  # what the finished request left idle
+        return outputs
+
+    def _lend_all_known(self, claim: Claim, arrays: Mapping[str, Any], out: Mapping[str, OutTensor]) -> bool:
+        """Lend *claim* every tensor of the request where the lent table knows its allocation
+        already; False (what was lent stays in the claim, to end with it) where one is not known."""
+        table = self.lent_table
+        for name, array in arrays.items():
+            where = table.lend_known(array)
+            if where is None:
+                return False
+            claim.lend(name, where, array, writes=False)
+        for name, given in out.items():
+            where = table.lend_known(given.tensor)
+            if where is None:
+                return False
+            claim.lend(name, where, given.tensor, writes=True)
+        return True
 
     def _changed_steps(self, steps: Steps, info: ModelInfo, again: Callable[..., Steps] | None = None) -> Steps:
         """*steps*; if the answer shows that *info*'s model changed since the client read it --
@@ -724,13 +830,17 @@ class Runner:
         if lease is not None and lease.extent.closed:  # close() gave up waiting for us and let go of it
             raise ClientClosed(f"the client was closed while this request on model {info.name!r} "
                                f"ran: its results are lost")
-        if stream is None:
-            stream = self._copy_stream(lease.extent.memory, results.device) if lease is not None \
-                else _devices.copy_stream(results.device)
+        # Results that need no copy -- all lent (no lease), or views of the slot where they are
+        # wanted -- need no stream, nor the caller's to order on: neither is looked up.
+        copies = lease is not None and (copy or out is not None or rows is not None or info.has_bytes
+                                        or lease.extent.memory.device != results.device)
+        if stream is None and copies:
+            stream = self._copy_stream(lease.extent.memory, results.device)
         try:
             outputs, queued, pending = _results.collect(info, lease, result, names, copy, results, rows, stream,
                                                          claim, out, self.lent_table.results,
-                                                         _devices.results_stream(results, claim, out))
+                                                         _devices.results_stream(results, claim, out) if copies
+                                                         else None)
             if queued:
                 yield WaitForDevice(_devices.ordering_event(stream.device).record(stream))
             elif pending is not None:
