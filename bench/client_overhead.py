@@ -41,7 +41,9 @@ request (``time.thread_time``: waits for the server are not in it) of each way
 of sending a 64 KiB GPU tensor, against the floor in the same process -- a
 by-reference request built by hand with tritonclient (input and output
 regions registered once, the InferInput bound to them once: no CUDA call per
-request) -- and the CUDA calls each makes per request, as the fake counts them.
+request) -- and the CUDA calls each makes per request, as the fake counts them; then each
+method's own work alone, its gRPC answered by a recorded response in a hot loop (no server, no
+gRPC: the steadier figure for an A/B on a loaded machine).
 Tensors come from the torch-like double (tests/fake_producers.py), whose own
 calls are Python over ctypes, not torch's C++: its handshakes are in the
 client's CPU here and cost more than torch's would.  The issue's targets:
@@ -234,7 +236,8 @@ def gpu_rows(size: int, reps: int, rounds: int) -> int:
                     samples[name].append((time.thread_time_ns() - t0) / 1e3)
         np.testing.assert_array_equal(y.numpy(), data)
         np.testing.assert_array_equal(kept[0].get(), data)
-        base = statistics.median(samples["floor (tritonclient, regions bound once)"])
+        floor_name = "floor (tritonclient, regions bound once)"
+        base = statistics.median(samples[floor_name])
         print(f"client thread CPU per warm GPU request, {size} B FP32 identity, FAKE CUDA runtime, real Triton "
               f"({rounds} rounds x {reps} calls, interleaved; median)")
         for name, values in samples.items():
@@ -242,6 +245,35 @@ def gpu_rows(size: int, reps: int, rounds: int) -> int:
             ours = calls[name]
             print(f"  {name:44s} {median:8.1f} us   x{median / base:5.2f} of the floor")
             print(f"  {'':44s} CUDA calls/request: {sum(ours.values()):g} {ours}")
+
+        # The client's own work alone, in a hot loop: every gRPC stub answers with a recorded
+        # response (the same shapes and datatypes; results are read from where they were), so
+        # neither the server nor gRPC's own CPU -- nor the caches they sweep between requests,
+        # several times this work above -- is in it.  Steadier than the rows above on a loaded machine.
+        _recorded_stub(tc, "ModelInfer")
+        for client in (c, copier):
+            _recorded_stub(client.tritonclient, "ModelInfer")
+            client._driver._grpc_send = None  # it bound the stub's ModelInfer at its first send
+        for fn in methods.values():  # record (the first call through each stub goes out once)
+            fn()
+        hot: dict[str, list[float]] = {name: [] for name in methods}
+        for _ in range(rounds):
+            for name, fn in methods.items():
+                t0 = time.thread_time_ns()
+                for _ in range(reps * 5):
+                    fn()
+                hot[name].append((time.thread_time_ns() - t0) / (reps * 5) / 1e3)
+        # What the double's own DLPack export costs per tensor taken (every input and out= tensor of
+        # a call): Python here, torch's C++ (a few us) on a GPU -- in the rows above and below.
+        s = torch_like.current_stream_provider(0) or 1
+        t0 = time.thread_time_ns()
+        for _ in range(reps * 5):
+            x.__dlpack__(stream=s)
+        double = (time.thread_time_ns() - t0) / (reps * 5) / 1e3
+        print(f"client work alone, server answered by a recorded response ({rounds} rounds x {reps * 5} calls, "
+              f"hot loop; best round; the double's own __dlpack__ is {double:.1f} us of each tensor taken)")
+        for name, values in hot.items():
+            print(f"  {name:44s} {min(values):8.1f} us")
         kept.clear()
         request.close()
         c.close()

@@ -370,15 +370,15 @@ class Runner:
     def _lent_quick_steps(self, plan: Plan, arrays: Mapping[str, Any]) -> Steps:
         """A warm request of :meth:`_all_lent` tensors, each in an allocation the lent table
         registered before (known by the driver's id of it): no slot, no copy, no registration --
-        the claim entered, the call's one ordering point waited for, the kept message sent, the
-        answer checked, as straight-line code.  What is not that (a tensor not known yet, memory
-        another request still uses, a server that forgot our registrations) goes the full way
-        (:meth:`chunk_steps`), which waits, registers and heals."""
+        the claim entered, the call's one ordering point waited for, then :meth:`slot_steps`
+        (the kept message sent, the answer checked), as straight-line code.  What is not that
+        (a tensor not known yet, memory another request still uses) goes the full way
+        (:meth:`chunk_steps`), which waits and registers."""
         if self.engine.closed:
             self.engine.check_open()
-        info, out, table = plan.info, plan.out, self.lent_table
+        info, out = plan.info, plan.out
         assert out is not None  # (_all_lent)
-        claim = Claim(self.claims, table)
+        claim = Claim(self.claims, self.lent_table)
         full_way = True
         with self._flight:
             try:
@@ -390,24 +390,16 @@ class Runner:
                     for event in _devices.distinct(claim.waits):  # (one: the call's ordering point)
                         yield WaitForDevice(event)
                     shapes = {name: array.shape for name, array in arrays.items()}
-                    inputs, requested, message = _messages.slot_request(
-                        self.wire, info, None, shapes, plan.names, {}, prepare=plan.options is None, lent=claim,
-                        kept=self._lent_messages)
                     try:
-                        result = yield from self._send_claimed(
-                            Send(info.name, info.version, inputs, requested, plan.options, message, claim), claim)
+                        outputs = yield from self.slot_steps(info, None, shapes, plan.names, plan.copy, {},
+                                                             plan.route.results, options=plan.options, claim=claim,
+                                                             out=out)
                     except OutputTooSmall as exc:  # (the out= tensor was the room: no larger slot can help)
                         given = None if exc.output is None else out.get(exc.output)
                         if given is None:
                             raise
                         raise _results.out_too_small(info, exc, given) from None
-                    # A server that forgot our registrations refused the request before running
-                    # it: the full way registers them again and sends it once more.
-                    full_way = isinstance(result, RegionNotRegistered)
-                    if not full_way:
-                        outputs, _, _ = _results.collect(info, None, result, plan.names, plan.copy, plan.route.results,
-                                                         lent=claim, allocated=out)
-                        table.count(len(claim.inputs), len(claim.outputs))
+                    self.lent_table.count(len(claim.inputs), len(claim.outputs))
             except GeneratorExit:  # closed (a cancelled aio call): no more steps may be taken
                 self._end_claim(claim)
                 raise

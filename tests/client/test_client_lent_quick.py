@@ -1,0 +1,115 @@
+"""The warm all-lent request: every tensor the caller's GPU memory, registered before (FAKE runtime).
+
+A call seen before whose every input is a GPU tensor and whose every output has
+an ``out=`` tensor, each in an allocation the lent table registered already,
+takes a straight-line path (``Runner._lent_quick_steps``): no slot, no copy, no
+registration.  These tests call each request once first, so that the call
+under test is the warm one, and check that the short path keeps what the full
+way guarantees: it reads what the caller queued last, waits for memory another
+request still writes, registers again what a restarted server forgot, and
+goes the full way for an allocation it does not know.
+
+The server is a real Triton with the fake CUDA runtime LD_PRELOADed (see
+test_client_lent.py); ``slow_fp32`` answers 500 ms after it is asked.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import numpy as np
+import pytest
+
+import tritonshm
+
+from triton_fixtures import client_url
+
+N = 16384  # floats: 64 KiB, a block of a 2 MiB segment of the caching double
+
+
+@pytest.fixture(autouse=True)
+def never_freed_under_the_server(fake_cuda):
+    before = fake_cuda.stats().freed_while_open
+    yield
+    assert fake_cuda.stats().freed_while_open == before
+
+
+@pytest.fixture
+def url(fake_cuda_server, protocol, fake_cuda):
+    return client_url(fake_cuda_server, protocol)
+
+
+def test_a_warm_all_lent_request_reads_what_the_caller_queued_last(url, fake_cuda, torch_caching):
+    """The fake lands queued work only when its stream is synchronized: a warm request sent
+    without waiting for the call's ordering point reads the input as it was before the copy."""
+    x = torch_caching.zeros(N)
+    y = torch_caching.zeros(N)
+    with tritonshm.Client(url) as c:
+        for value in range(1, 5):
+            x.fill_(value)  # queued on the caller's stream, not landed
+            assert c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})["OUTPUT0"] is y
+            assert (y.numpy() == value).all()
+        stats = c.stats()
+        assert (stats.inputs_lent, stats.outputs_lent, stats.registrations, stats.copied) == (4, 4, 1, {})
+    del x, y
+
+
+def test_a_warm_all_lent_call_into_an_out_another_call_is_writing_waits_for_it(fake_cuda_server, fake_cuda,
+                                                                               torch_caching):
+    x = torch_caching.from_numpy(np.full(N, 7, np.float32))
+    x2 = torch_caching.from_numpy(np.full(N, 9, np.float32))
+    y = torch_caching.zeros(N)
+    with tritonshm.Client(client_url(fake_cuda_server, "grpc")) as c:
+        for slot_timeout in (0.05, 5):  # each call below seen once before: the warm path
+            c.infer("identity_fp32", {"INPUT0": x2}, out={"OUTPUT0": y}, slot_timeout=slot_timeout)
+        c.model_info("slow_fp32")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(c.infer, "slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+            time.sleep(0.15)  # the first call is on the server now
+            with pytest.raises(tritonshm.TensorInUse, match="OUTPUT0"):
+                c.infer("identity_fp32", {"INPUT0": x2}, out={"OUTPUT0": y}, slot_timeout=0.05)
+            assert c.infer("identity_fp32", {"INPUT0": x2}, out={"OUTPUT0": y}, slot_timeout=5)["OUTPUT0"] is y
+            assert first.result(timeout=5)["OUTPUT0"] is y
+        time.sleep(0.1)
+        assert (y.numpy() == 9).all()  # the warm call's values: it wrote after the slow one was over
+    del x, x2, y
+
+
+def test_a_warm_all_lent_request_the_server_forgot_is_registered_again(url, fake_cuda, torch_caching):
+    x = torch_caching.from_numpy(np.full(N, 3, np.float32))
+    y = torch_caching.zeros(N)
+    with tritonshm.Client(url) as c:
+        for _ in range(2):
+            c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+        names = sorted(entry.name for entry in c.lent())
+        for name in names:  # as a restarted server would have
+            c.tritonclient.unregister_cuda_shared_memory(name)
+        x.fill_(5)
+        assert c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})["OUTPUT0"] is y
+        assert (y.numpy() == 5).all()
+        assert sorted(entry.name for entry in c.lent()) == names  # the same names again, registered again
+        assert c.stats().registrations == len(names)
+    del x, y
+
+
+def test_a_warm_request_of_an_allocation_not_lent_before_goes_the_full_way(url, fake_cuda, torch_caching):
+    """The same shapes (the same plan), but the out= tensor in an allocation the client has not
+    lent yet: it is registered, and the answer lands there."""
+    x = torch_caching.from_numpy(np.full(N, 4, np.float32))
+    y = torch_caching.zeros(N)
+    with tritonshm.Client(url) as c:
+        for _ in range(2):
+            c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+        registered = c.stats().registrations
+        (entry,) = c.lent()
+        fillers = []  # blocks of the lent segment, taken until the double carves a new one
+        y2 = torch_caching.zeros(N)
+        while entry.base <= y2.ptr < entry.base + entry.nbytes:
+            fillers.append(y2)
+            y2 = torch_caching.zeros(N)
+        assert c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y2})["OUTPUT0"] is y2
+        assert (y2.numpy() == 4).all()
+        assert c.stats().registrations == registered + 1
+        del fillers
+    del x, y, y2
