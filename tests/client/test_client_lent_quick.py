@@ -16,6 +16,7 @@ test_client_lent.py); ``slow_fp32`` answers 500 ms after it is asked.
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import time
 
 import numpy as np
@@ -113,3 +114,29 @@ def test_a_warm_request_of_an_allocation_not_lent_before_goes_the_full_way(url, 
         assert c.stats().registrations == registered + 1
         del fillers
     del x, y, y2
+
+
+def test_a_warm_all_lent_request_timed_out_keeps_its_out_block_until_the_server_is_done(fake_cuda_server, fake_cuda,
+                                                                                      torch_caching):
+    """As the full way's test (test_client_lent_hazards.py), on the warm path: the caller drops its
+    out= tensor right after the timeout; its block must not go to the next tensor while the
+    server may still write OUTPUT0 there."""
+    x = torch_caching.from_numpy(np.full(N, 7, np.float32))
+    y = torch_caching.zeros(N)
+    with tritonshm.Client(client_url(fake_cuda_server, "grpc")) as c:
+        c.infer("slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y}, client_timeout=5)  # seen once: warm now
+        y.fill_(0)
+        with pytest.raises(tritonshm.ServerTimeout):
+            c.infer("slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y}, client_timeout=0.1)
+        y_ptr, x_ptr = y.ptr, x.ptr
+        del y, x
+        gc.collect()
+        z = torch_caching.zeros(N)
+        w = torch_caching.zeros(N)
+        torch_caching.synchronize()  # the zeros land now: a late write into z or w is seen below
+        assert {z.ptr, w.ptr}.isdisjoint({y_ptr, x_ptr})
+        assert c.stats().abandoned == 1
+        time.sleep(0.5 + 0.5)  # the abandoned request has written its output by now
+        assert not z.numpy().any() and not w.numpy().any()
+        assert (np.frombuffer(fake_cuda.read(y_ptr, 4 * N), np.float32) == 7).all()  # where it was meant to
+        del z, w

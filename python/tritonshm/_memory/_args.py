@@ -59,12 +59,15 @@ def dtype_of(dtype: Any) -> np.dtype:
 def shape_of(shape: Any) -> tuple[int, ...]:
     """A shape tuple of non-negative ints from an int or a sequence of ints."""
     try:
-        dims: tuple[int, ...] = (operator.index(shape),)
+        if type(shape) is tuple or type(shape) is list:  # (the usual case: no TypeError raised to find out)
+            dims: tuple[int, ...] = tuple(map(operator.index, shape))
+        else:
+            try:
+                dims = (operator.index(shape),)
+            except TypeError:
+                dims = tuple(map(operator.index, shape))
     except TypeError:
-        try:
-            dims = tuple(operator.index(d) for d in shape)
-        except TypeError:
-            raise ShapeMismatch(f"shape must be an int or a sequence of ints, not {shape!r}") from None
+        raise ShapeMismatch(f"shape must be an int or a sequence of ints, not {shape!r}") from None
     if len(dims) > MAX_NDIM:
         raise ShapeMismatch(f"shape has {len(dims)} dims; numpy allows at most {MAX_NDIM}")
     for d in dims:
