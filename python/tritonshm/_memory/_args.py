@@ -32,6 +32,8 @@ def index(value: Any, what: str) -> int:
 
 def device_of(device: Any) -> int:
     """A CUDA device number (this process's numbering), or OutOfBounds."""
+    if type(device) is int and 0 <= device <= 1 << 30:  # (the usual case, asked on every request)
+        return device
     dev = index(device, "device")
     if dev < 0 or dev > 1 << 30:
         raise OutOfBounds(f"device={dev} is not a CUDA device number")

@@ -213,7 +213,7 @@ cdef _Side _resolve(object obj, bint writable, str role, Runtime rt, int device,
 cdef object _range(_Side side, str role, object offset, object nbytes):
     """Check ``[offset, offset + nbytes)`` against *side*; returns ``(offset, nbytes)``."""
     cap = side.size
-    off = _index(offset, f"{role}_offset")
+    off = offset if type(offset) is int else _index(offset, f"{role}_offset")  # (ints: no Python call)
     if off < 0 or off > cap:
         raise OutOfBounds(f"{role}_offset={off} is outside the {role} {side.describe()}")
     size = cap - off if nbytes is None else nbytes
@@ -270,11 +270,12 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None, done
     cdef int device
     cdef int sync
     cdef int rc
-    n = None if nbytes is None else _index(nbytes, "nbytes")
+    # (each a plain int on every request's copies: no Python call for those)
+    n = None if nbytes is None else nbytes if type(nbytes) is int else _index(nbytes, "nbytes")
     if n is not None and n < 0:
         raise OutOfBounds(f"nbytes={n} is negative")
-    doff = _index(dst_offset, "dst_offset")
-    soff = _index(src_offset, "src_offset")
+    doff = dst_offset if type(dst_offset) is int else _index(dst_offset, "dst_offset")
+    soff = src_offset if type(src_offset) is int else _index(src_offset, "src_offset")
     if stream is not None and not isinstance(stream, Stream):
         raise UnsupportedBuffer(f"stream must be a tritonshm.cuda.Stream (Stream.create(device) or "
                                 f"copy_stream(device)), not {type(stream).__name__}")

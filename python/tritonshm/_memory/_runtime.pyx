@@ -134,6 +134,8 @@ cdef class Runtime:
         asks again before it is refused.  So a warm request counts no devices.
         """
         cdef int count = 0
+        if type(device) is int and 0 <= device < self._devices_seen:  # (every request asks: no Python call)
+            return device
         dev = _device_of(device)
         if dev < self._devices_seen:
             return dev

@@ -152,7 +152,10 @@ def ordering_event(device: int) -> Any:
         pool = _events.by_device[key] = []
     for index in range(len(pool)):  # (no local holds an event while its references are counted)
         if _refs(pool, index) <= _UNHELD and not pool[index].closed:
-            return pool[index]
+            # To the back: the pool is kept least recently handed out first -- the events
+            # still held (by results, by marks) are the recent ones, looked at last.
+            pool.append(pool.pop(index))
+            return pool[-1]
     event = Event.create(device)
     if len(pool) < _POOLED_EVENTS:
         pool.append(event)
@@ -333,7 +336,7 @@ def capture_inputs(inputs: Any) -> Any:
     (a coroutine) sends is then ordered after the work the caller had queued
     when it called, on its own current stream, not the worker's.
     """
-    if not isinstance(inputs, Mapping):
+    if type(inputs) is not dict and not isinstance(inputs, Mapping):
         return inputs
     out = {}
     with one_ordering_point():
@@ -357,7 +360,7 @@ def capture_out(out: Any) -> dict[str, OutTensor] | None:
     Host arrays are refused: results on the host are new numpy arrays."""
     if out is None:
         return None
-    if not isinstance(out, Mapping):
+    if type(out) is not dict and not isinstance(out, Mapping):
         raise InvalidOption(f"out must be a mapping of output name to GPU tensor, not {type(out).__name__}")
     captured = {}
     with one_ordering_point():

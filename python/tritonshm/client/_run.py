@@ -243,8 +243,8 @@ class Runner:
         table = self.lent_table
         for name, array in arrays.items():
             if isinstance(array, DeviceTensor) and array.nbytes:  # (Triton refuses 0-byte bindings)
-                # An allocation lent before is known by its id, and is none of our slots (their
-                # views are never lent: own_slot() names them first, so their ids never get here).
+                # An allocation lent before is known by its id -- never one of our slots in
+                # service: own_slot() names a view of those before it could be lent.
                 where = table.lend_known(array)
                 if where is None:
                     where = self.pool_table.own_slot(array)
@@ -290,6 +290,7 @@ class Runner:
                     queued |= stream is not None and (memory.kind == "cuda" or isinstance(array, DeviceTensor))
                     memory.write(offset, array, stream)
             if queued:  # one wait for the copies and the lent tensors' events alike
+                assert stream is not None  # (what was queued went there)
                 for event in _devices.distinct(waits):
                     stream.wait(event)
                 yield WaitForDevice(_devices.ordering_event(stream.device).record(stream))
@@ -298,7 +299,7 @@ class Runner:
                 for event in _devices.distinct(waits):
                     yield WaitForDevice(event)
         except BaseException:
-            if queued:
+            if queued and stream is not None:
                 stream.synchronize()  # nothing of ours may still land in the slot once it is back
             raise
         return stream
@@ -347,8 +348,6 @@ class Runner:
                          for chunk, into in zip(plan.chunks, rows)],
                         functools.partial(_results.join_chunks, names=plan.names, placement=plan.route.results,
                                           rows=rows[0]))
-
-    # -- a model that changed under the client ------------------------------
 
     # -- the lent quick path: every tensor the caller's GPU memory, registered before ---------
 
@@ -430,6 +429,8 @@ class Runner:
                 return False
             claim.lend(name, where, given.tensor, writes=True)
         return True
+
+    # -- a model that changed under the client ------------------------------
 
     def _changed_steps(self, steps: Steps, info: ModelInfo, again: Callable[..., Steps] | None = None) -> Steps:
         """*steps*; if the answer shows that *info*'s model changed since the client read it --
@@ -546,7 +547,7 @@ class Runner:
         library, where results go -- so that its plan holds again, checked and routed then; None
         for a request that is not such a one (no GPU tensor, BYTES, anything unusual: the full way
         checks it).  Where the tensors are is not part of it: each request lends its own."""
-        if not isinstance(arrays, Mapping) or len(arrays) > 8 or info.has_bytes or info.decoupled \
+        if type(arrays) is not dict and not isinstance(arrays, Mapping) or len(arrays) > 8 or info.has_bytes or info.decoupled \
                 or type(output_device) not in (str, int) or not (slot_timeout is None or type(slot_timeout)
                                                                     in (int, float)):
             return None
@@ -826,7 +827,7 @@ class Runner:
         # wanted -- need no stream, nor the caller's to order on: neither is looked up.
         copies = lease is not None and (copy or out is not None or rows is not None or info.has_bytes
                                         or lease.extent.memory.device != results.device)
-        if stream is None and copies:
+        if stream is None and copies and lease is not None:  # (copies: there is a lease)
             stream = self._copy_stream(lease.extent.memory, results.device)
         try:
             outputs, queued, pending = _results.collect(info, lease, result, names, copy, results, rows, stream,
