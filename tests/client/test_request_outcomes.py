@@ -495,3 +495,46 @@ def test_on_a_server_older_than_2_50_a_slot_given_up_on_is_held_old_server_hold(
                 time.sleep(0.2)
         np.testing.assert_array_equal(out["OUTPUT0"], x_of(4))
         assert awaiting(c) == 0
+
+
+# -- what the server refuses after close() gave up ----------------------------------------------
+
+
+class _Memory:
+    """An extent's memory as the disposals see it: its kind, and closing it."""
+
+    def __init__(self, kind: str):
+        self.kind, self.closed = kind, False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.mark.parametrize("kind, held", [("cuda", True), ("system", False)])
+def test_what_the_server_refuses_after_close_gave_up_is_held_or_closed_not_left_parked(kind, held):
+    """close() gives up on what the server still refuses (held for the process, or closed), but a
+    request close() stopped waiting for may end later and let go of its slot then: refused at
+    that moment, the slot's extent was parked where nobody asks again, and its memory was freed
+    by the garbage collector whenever the engine died (CI saw the ResourceWarning).  Sans I/O:
+    the unregister is answered by hand."""
+    import os
+
+    from tritonshm.client._disposal import Disposals, held_for_the_server
+    from tritonshm.client._pool import Extent
+    from tritonshm.client._steps import Unregister
+
+    disposals = Disposals(os.getpid())
+    disposals.give_up()  # the client closed
+    extent = Extent(_Memory(kind), 1)
+    extent.name = "tritonshm-refused-after-close"
+    steps = disposals.drop_steps(extent)
+    assert isinstance(next(steps), Unregister)
+    refusal = ServerError("failed to unregister: currently in use", status="StatusCode.INTERNAL")
+    with pytest.raises(StopIteration):
+        steps.throw(refusal)  # (not unreachable: the server is there, and says no)
+    try:
+        assert disposals.parked == []
+        assert (extent in held_for_the_server, extent.memory.closed) == (held, not held)
+    finally:
+        if extent in held_for_the_server:
+            held_for_the_server.remove(extent)

@@ -75,6 +75,7 @@ class Disposals:
         self._warned = False
         self._lock = threading.Lock()   # extents are parked, and taken whole, from any thread
         self._parked: list[Extent] = []
+        self._given_up = False  # the client closed: nothing parked is asked about again (give_up)
         self._retry_at = 0.0
         self._proving: list[Extent] = []  # pools' extents held for the server, asked on a backoff
         #: Something may be waiting to be let go of: set by whoever leaves it (a pool's idle
@@ -131,8 +132,14 @@ class Disposals:
 
     def _park(self, extents: list[Extent]) -> None:
         with self._lock:
-            self._parked.extend(extents)
-        self.maybe_due = True
+            if not self._given_up:
+                self._parked.extend(extents)
+                self.maybe_due = True
+                return
+        # The client closed and gave up on what was parked (give_up): nobody asks again, so what
+        # is refused from now on -- a request that was still running when close() stopped waiting
+        # lets go of its slot after -- is held or closed at once, never left in a list nobody reads.
+        self._give_up_on(extents)
 
     def _take_parked(self) -> list[Extent]:
         with self._lock:
@@ -296,8 +303,15 @@ class Disposals:
         """The server still refuses (the client closed): close parked host memory (unlinking is
         safe: the server's mapping stays valid) and device memory of a server that stayed
         unreachable (gone: it holds nothing); hold device memory the server refused for the life
-        of the process (:data:`held_for_the_server`), never freed under the server."""
-        for extent in self._take_parked():
+        of the process (:data:`held_for_the_server`), never freed under the server.  What is
+        refused after this is treated so at once (:meth:`_park`)."""
+        with self._lock:
+            self._given_up = True
+        self._give_up_on(self._take_parked())
+
+    @staticmethod
+    def _give_up_on(extents: list[Extent]) -> None:
+        for extent in extents:
             if extent.memory.kind == "cuda" and not extent.unreachable:
                 held_for_the_server.append(extent)  # its bytes stay taken: the memory is still ours
             else:
