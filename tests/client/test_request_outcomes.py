@@ -538,3 +538,39 @@ def test_what_the_server_refuses_after_close_gave_up_is_held_or_closed_not_left_
     finally:
         if extent in held_for_the_server:
             held_for_the_server.remove(extent)
+
+
+def test_close_keeps_asking_while_a_request_it_stopped_waiting_for_asks_too():
+    """close() asks the server again, for a while, to unregister what it refused; a request that
+    close() stopped waiting for ends meanwhile and asks about the same parked extents (any thread
+    may: the list is taken whole).  close()'s asking used to end at once -- nothing parked just
+    then -- and the request's refused extent was parked after close() gave up: never asked again
+    (CI: test_close_that_stops_waiting_holds_what_the_server_still_uses[0.3]).  Sans I/O: each
+    unregister answered by hand."""
+    import os
+
+    from tritonshm.client._disposal import Disposals
+    from tritonshm.client._pool import Extent
+    from tritonshm.client._steps import Pause, Unregister
+
+    refusal = ServerError("failed to unregister: currently in use", status="StatusCode.INTERNAL")
+    disposals = Disposals(os.getpid())
+    extent = Extent(_Memory("cuda"), 1)
+    extent.name = "tritonshm-asked-twice"
+    first = disposals.drop_steps(extent)  # close(): refused while the request runs
+    next(first)
+    with pytest.raises(StopIteration):
+        first.throw(refusal)
+    assert disposals.parked == [extent]
+    request = disposals.retry_steps()  # the request ended, and asks about what is parked
+    assert isinstance(next(request), Unregister)
+    settle = disposals.settle_steps(5.0)  # close() asks again meanwhile
+    assert isinstance(next(settle), Pause)  # (it ended here, with nothing parked just then)
+    with pytest.raises(StopIteration):
+        request.throw(refusal)  # refused: the server answers a request before it lets go
+    assert disposals.parked == [extent]
+    step = settle.send(None)  # after the pause: close() asks, and the server lets go now
+    assert isinstance(step, Unregister) and step.name == extent.name
+    with pytest.raises(StopIteration):
+        settle.send(None)
+    assert extent.memory.closed and disposals.parked == []

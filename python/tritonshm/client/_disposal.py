@@ -76,6 +76,7 @@ class Disposals:
         self._lock = threading.Lock()   # extents are parked, and taken whole, from any thread
         self._parked: list[Extent] = []
         self._given_up = False  # the client closed: nothing parked is asked about again (give_up)
+        self._in_hand = 0  # parked extents taken by retry_steps() whose steps have not ended
         self._retry_at = 0.0
         self._proving: list[Extent] = []  # pools' extents held for the server, asked on a backoff
         #: Something may be waiting to be let go of: set by whoever leaves it (a pool's idle
@@ -283,19 +284,29 @@ class Disposals:
     def retry_steps(self, when_due: bool = False) -> Steps:
         """Ask again to unregister and close the parked extents (only if :meth:`due`, with
         *when_due*); those still refused stay parked.  Any thread may run this: the list is
-        taken whole, so no extent is tried (or closed) twice."""
+        taken whole, so no extent is tried (or closed) twice; until its steps end, the extents
+        taken are *in hand* (a closing client's :meth:`settle_steps` waits for them too)."""
         if when_due:
             if not self.due():
                 return
             self._retry_at = time.monotonic() + _RETRY_INTERVAL
-        yield from self.drop_all_steps(self._take_parked())
+        with self._lock:
+            taken, self._parked = self._parked, []
+            self._in_hand += len(taken)
+        try:
+            yield from self.drop_all_steps(taken)
+        finally:
+            with self._lock:
+                self._in_hand -= len(taken)
 
     def settle_steps(self, seconds: float) -> Steps:
         """Ask again, every _SETTLE_INTERVAL for up to *seconds*, to unregister what is parked (a
         closing client: a server answers before it has released a request's regions, so it says
-        "currently in use" for a moment); what is still refused then stays parked."""
+        "currently in use" for a moment); what is still refused then stays parked.  Extents
+        another thread's steps are asking about meanwhile (a request close() stopped waiting for
+        ends, and asks too) are waited for: refused there, they are parked again and asked here."""
         deadline = time.monotonic() + seconds
-        while self._parked and time.monotonic() < deadline:
+        while (self._parked or self._in_hand) and time.monotonic() < deadline:
             yield Pause(_SETTLE_INTERVAL)
             yield from self.retry_steps()
 
