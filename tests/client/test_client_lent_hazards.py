@@ -57,14 +57,19 @@ def wait_until(predicate, seconds=5.0):
 
 # -- 1. a request the client gave up on -------------------------------------------------------------
 
+@pytest.mark.parametrize("warm", [False, True])
 def test_a_timed_out_request_keeps_its_out_block_until_the_server_is_done(fake_cuda_server, fake_cuda,
-                                                                          torch_caching):
+                                                                          torch_caching, warm):
     """The caller drops its out= tensor right after the timeout: its block must not go to the next
-    tensor while the server may still write OUTPUT0 there."""
+    tensor while the server may still write OUTPUT0 there.  *warm*: the call was made once before,
+    so it takes the warm all-lent path (Runner._lent_quick_attempt)."""
     x = torch_caching.from_numpy(np.full(N, 7, np.float32))
     y = torch_caching.zeros(N)
     with tritonshm.Client(grpc_url(fake_cuda_server)) as c:
         c.model_info("slow_fp32")
+        if warm:
+            c.infer("slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y}, client_timeout=5)
+            y.fill_(0)
         with pytest.raises(tritonshm.ServerTimeout):
             c.infer("slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y}, client_timeout=0.1)
         y_ptr, x_ptr = y.ptr, x.ptr
@@ -113,16 +118,21 @@ def test_a_retry_into_the_same_out_waits_for_the_request_it_replaces(fake_cuda_s
     del x, x2, y
 
 
-def test_a_call_into_an_out_another_call_is_writing_waits_for_it(fake_cuda_server, fake_cuda, torch_caching):
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_call_into_an_out_another_call_is_writing_waits_for_it(fake_cuda_server, fake_cuda, torch_caching, warm):
     """Two calls into one out= tensor at once, neither given up on: the second waits until the
     first is answered (the server's two writes never interleave, the later call's values are the
-    ones left), and says so (TensorInUse) within its slot_timeout."""
+    ones left), and says so (TensorInUse) within its slot_timeout.  *warm*: the second call was
+    made once before, so it takes the warm all-lent path (Runner._lent_quick_attempt)."""
     x = torch_caching.from_numpy(np.full(N, 7, np.float32))
     x2 = torch_caching.from_numpy(np.full(N, 9, np.float32))
     y = torch_caching.zeros(N)
     with tritonshm.Client(grpc_url(fake_cuda_server)) as c:
         c.model_info("slow_fp32")
         c.model_info("identity_fp32")
+        if warm:
+            for slot_timeout in (0.05, 5):  # each identity call below, seen once before
+                c.infer("identity_fp32", {"INPUT0": x2}, out={"OUTPUT0": y}, slot_timeout=slot_timeout)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             first = pool.submit(c.infer, "slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
             time.sleep(0.15)  # the first call is on the server now

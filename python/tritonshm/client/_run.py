@@ -109,9 +109,11 @@ class Runner:
         #: model, shapes, outputs and where the tensors are (:func:`._messages.slot_request`).
         self._lent_messages: dict[tuple, Any] = {}
 
-    def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _results.Rows | None = None) -> Steps:
+    def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _results.Rows | None = None,
+                    lent_quick: bool = False) -> Steps:
         """Steps of one chunk of *plan* (its *arrays* fit a slot): lease, copy in, run,
-        collect (fixed-size outputs into *rows* of a chunked batch's results, when given).
+        collect (fixed-size outputs into *rows* of a chunked batch's results, when given) --
+        with *lent_quick*, first :meth:`_lent_quick_attempt`.
 
         What the server may touch -- the slot, the tensors lent -- is held by the chunk's
         :class:`~._claim.Claim`, which lets go of it when the chunk ends: at once if the
@@ -119,7 +121,14 @@ class Runner:
         with self._flight:
             claim = Claim(self.claims, self.lent_table)
             try:
-                outputs = yield from self._chunk_attempts(plan, arrays, rows, claim)
+                outputs = None
+                if lent_quick:
+                    outputs = yield from self._lent_quick_attempt(plan, arrays, claim)
+                    if outputs is None:  # not taken: the full way, on a claim of its own
+                        self._end_claim(claim)
+                        claim = Claim(self.claims, self.lent_table)
+                if outputs is None:
+                    outputs = yield from self._chunk_attempts(plan, arrays, rows, claim)
             except GeneratorExit:  # closed (a cancelled aio call): no more steps may be taken
                 self._end_claim(claim)
                 raise
@@ -339,8 +348,7 @@ class Runner:
             options, out)
         if len(plan.chunks) == 1:
             chunk = plan.chunks[0]
-            steps = self._lent_quick_steps(plan, chunk) if known is not None and self._all_lent(plan, chunk) \
-                else self.chunk_steps(plan, chunk)
+            steps = self.chunk_steps(plan, chunk, lent_quick=known is not None and self._all_lent(plan, chunk))
             return InferRun([self._changed_steps(steps, info, again)])
         rows = _results.result_rows(info, plan.names, plan.chunks, plan.route.results)
         # (a batch in chunks is not run again: its joining follows the old plan)
@@ -366,52 +374,33 @@ class Runner:
                 return False
         return True
 
-    def _lent_quick_steps(self, plan: Plan, arrays: Mapping[str, Any]) -> Steps:
+    def _lent_quick_attempt(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
         """A warm request of :meth:`_all_lent` tensors, each in an allocation the lent table
         registered before (known by the driver's id of it): no slot, no copy, no registration --
-        the claim entered, the call's one ordering point waited for, then :meth:`slot_steps`
-        (the kept message sent, the answer checked), as straight-line code.  What is not that
-        (a tensor not known yet, memory another request still uses) goes the full way
-        (:meth:`chunk_steps`), which waits and registers."""
+        *claim* entered, the call's one ordering point waited for, then :meth:`slot_steps` (the
+        kept message sent, the answer checked), as straight-line code.  None where it is not
+        that (a tensor not known yet, memory another request still uses): then the full way
+        (:meth:`_chunk_attempts`) waits and registers.  The caller ends *claim*."""
         if self.engine.closed:
             self.engine.check_open()
         info, out = plan.info, plan.out
         assert out is not None  # (_all_lent)
-        claim = Claim(self.claims, self.lent_table)
-        full_way = True
-        with self._flight:
-            try:
-                spans = [Span.of(array, False) for array in arrays.values()]
-                spans += [Span.of(given.tensor, True) for given in out.values()]
-                if self.claims.enter(claim, spans) is None:  # (a clash: the full way waits for it)
-                    full_way = not self._lend_all_known(claim, arrays, out)
-                if not full_way:
-                    for event in _devices.distinct(claim.waits):  # (one: the call's ordering point)
-                        yield WaitForDevice(event)
-                    shapes = {name: array.shape for name, array in arrays.items()}
-                    try:
-                        outputs = yield from self.slot_steps(info, None, shapes, plan.names, plan.copy, {},
-                                                             plan.route.results, options=plan.options, claim=claim,
-                                                             out=out)
-                    except OutputTooSmall as exc:  # (the out= tensor was the room: no larger slot can help)
-                        given = None if exc.output is None else out.get(exc.output)
-                        if given is None:
-                            raise
-                        raise _results.out_too_small(info, exc, given) from None
-                    self.lent_table.count(len(claim.inputs), len(claim.outputs))
-            except GeneratorExit:  # closed (a cancelled aio call): no more steps may be taken
-                self._end_claim(claim)
+        spans = [Span.of(array, False) for array in arrays.values()]
+        spans += [Span.of(given.tensor, True) for given in out.values()]
+        if self.claims.enter(claim, spans) is not None or not self._lend_all_known(claim, arrays, out):
+            return None  # (a clash, or a tensor not lent yet)
+        for event in _devices.distinct(claim.waits):  # (one: the call's ordering point)
+            yield WaitForDevice(event)
+        shapes = {name: array.shape for name, array in arrays.items()}
+        try:
+            outputs = yield from self.slot_steps(info, None, shapes, plan.names, plan.copy, {}, plan.route.results,
+                                                 options=plan.options, claim=claim, out=out)
+        except OutputTooSmall as exc:  # (the out= tensor was the room: no larger slot can help)
+            given = None if exc.output is None else out.get(exc.output)
+            if given is None:
                 raise
-            except BaseException:
-                self._end_claim(claim)
-                if self.engine.closed:  # nobody else will: what the request left, unregistered now
-                    yield from self.engine.dispose_steps()
-                raise
-            self._end_claim(claim)
-        if full_way:
-            return (yield from self.chunk_steps(plan, arrays))
-        if self.disposals.maybe_due:
-            yield from self.engine.settle_steps()  # what the finished request left idle
+            raise _results.out_too_small(info, exc, given) from None
+        self.lent_table.count(len(claim.inputs), len(claim.outputs))
         return outputs
 
     def _lend_all_known(self, claim: Claim, arrays: Mapping[str, Any], out: Mapping[str, OutTensor]) -> bool:
