@@ -35,7 +35,7 @@ import pytest
 
 # The Triton server fixtures (a real server for the session, fresh ones for
 # restarts) live in triton_fixtures.py; importing them here registers them.
-from triton_fixtures import fresh_server, protocol, server, triton_client  # noqa: E402,F401
+from triton_fixtures import fresh_server, protocol, server, session_server_survives, triton_client  # noqa: E402,F401
 # The fake Triton for the engine's steps (tests/support/, test-only) and its `fake_triton` fixture.
 pytest_plugins = ["support.fake_triton"]
 
@@ -178,8 +178,11 @@ _gc_frozen = False
 
 
 @pytest.fixture(autouse=True)
-def check_leaks():
-    """Fail the test if it leaks descriptors, mappings or /dev/shm segments."""
+def check_leaks(session_server_survives):
+    """Fail the test if it leaks descriptors, mappings or /dev/shm segments.
+
+    After ``session_server_survives`` sets up, so it checks before a dead session server is
+    started again (the new server's log file is no test's leak)."""
     global _gc_frozen
     if not _gc_frozen:
         # Everything alive before the first test (modules, collected items)

@@ -61,9 +61,14 @@ def start_or_skip(srv: LocalServer) -> LocalServer:
                     f"set TRITONSHM_REQUIRE_SERVER=1 to fail instead")
 
 
+#: The session's shared server once the ``server`` fixture started it (for ``session_server_survives``).
+_session_server: LocalServer | None = None
+
+
 @pytest.fixture(scope="session")
 def server():
     """A running LocalServer with the bundled models, shared by the session."""
+    global _session_server
     try:
         srv = start_or_skip(LocalServer())
     except pytest.skip.Exception:
@@ -73,7 +78,30 @@ def server():
         raise
     with srv:
         _warm_up_tritonclient(srv.http_url, srv.grpc_url)
-        yield srv
+        _session_server = srv
+        try:
+            yield srv
+        finally:
+            _session_server = None
+
+
+@pytest.fixture(autouse=True)
+def session_server_survives():
+    """Fail the test during which the session's server died, with the end of its log, and start it
+    again on the same ports for the next test: one crash of Triton fails one test, not every later
+    one with "connection refused" (CI once lost 183 tests to an abort inside Triton 2.51)."""
+    srv = _session_server
+    if srv is not None and not srv.running:
+        srv.start()  # it died outside any test, or its restart failed: try again
+    yield
+    srv = _session_server
+    if srv is None or srv.running:
+        return
+    exit_code = srv._proc.popen.returncode if srv._proc.popen is not None else None
+    tail = srv._log_tail()  # before start(): this run's log, not the next one's
+    srv.start()
+    pytest.fail(f"the session's Triton server died during this test (exit code {exit_code}); it was started "
+                f"again for the next test. The end of its log:\n{tail}", pytrace=False)
 
 
 def _warm_up_tritonclient(http_url: str, grpc_url: str) -> None:

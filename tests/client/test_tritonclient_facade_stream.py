@@ -118,19 +118,30 @@ def test_responses_of_one_request_arrive_in_order_with_its_id_and_none(server):
 
 
 def test_errors_on_the_stream_are_tritonclients(server):
-    """A model's error response, an unknown model, a missing input: the server's errors, as
-    tritonclient's callback hears them, and the stream goes on."""
+    """A model's error response, a missing input: the server's errors, as tritonclient's callback
+    hears them, and the stream goes on."""
     def requests(module):
         missing = stream_request(module, 1)[:1]
         return [(("stream_fp32", stream_request(module, -1)), {"request_id": "negative"}),
-                (("no_such_model", stream_request(module, 1)), {"request_id": "unknown"}),
                 (("stream_fp32", missing), {"request_id": "missing"}),
                 (("stream_fp32", stream_request(module, 1, value=7.0)), {"request_id": "after"})]
 
     plain, facade, pools = both_ways(server, requests)
     assert by_request(facade) == by_request(plain)
-    assert len(by_request(plain)["errors"]) == 3 and len(by_request(plain)["after"]) == 1
+    assert len(by_request(plain)["errors"]) == 2 and len(by_request(plain)["after"]) == 1
     assert_through_slots(pools)
+
+
+def test_an_unknown_model_on_the_stream_is_tritonclients_error(server):
+    """On a stream of its own: Triton 2.51 aborts (proto_buffer_writer.h "ASSERTION FAILED:
+    !byte_buffer->Valid()", SIGABRT) in some 5% of streams where its own error for an unknown model
+    is written while a backend's response is, plain tritonclient too -- CI lost its server so."""
+    def requests(module):
+        return [(("no_such_model", stream_request(module, 1)), {"request_id": "unknown"})]
+
+    plain, facade, _ = both_ways(server, requests)
+    assert by_request(facade) == by_request(plain)
+    assert len(by_request(plain)["errors"]) == 1
 
 
 def test_a_model_that_is_not_decoupled_answers_once_per_request(server):
