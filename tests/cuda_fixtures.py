@@ -111,10 +111,30 @@ def current_stream_provider(provider):
         providers.remove(provider)
 
 
+@contextlib.contextmanager
+def producer_stream_reader(producer):
+    """Let tritonshm read *producer*'s current stream for its tensors while in the block (what
+    ``producer_stream_of`` finds by itself for torch's), where the double says torch would."""
+    try:
+        from tritonshm._memory import _stream
+    except ImportError:
+        readers = None
+    else:
+        readers = getattr(_stream, "producer_streams", None)
+    if readers is None or not producer.stream_readable:
+        yield
+        return
+    readers[producer.tensor_type] = producer.current_stream
+    try:
+        yield
+    finally:
+        readers.pop(producer.tensor_type, None)
+
+
 def _producer_double(cls, fake, **allocator):
     producer = cls(fake, **allocator)
     try:
-        with current_stream_provider(producer.current_stream_provider):
+        with current_stream_provider(producer.current_stream_provider), producer_stream_reader(producer):
             yield producer
     finally:
         producer.close()

@@ -377,6 +377,7 @@ class FakeDeviceTensor:
     def _order_before(self, consumer_stream: int) -> None:
         """Torch's handshake: an event on our current stream, waited for by *consumer_stream*."""
         p = self.producer
+        p.stream_compares += 1
         current = p.current_stream(self.device)
         consumer = 0 if consumer_stream in (0, 1) else consumer_stream  # 1 (CUDA) / 0: the legacy stream
         if consumer == current:
@@ -459,6 +460,8 @@ class FakeCupyArray(FakeDeviceTensor):
 
 class _Producer:
     tensor_type: type[FakeDeviceTensor] = FakeDeviceTensor
+    #: Whether tritonshm knows how to read this library's current stream for its tensors (torch's).
+    stream_readable = False
     name = "fake"
 
     def __init__(self, fake: FakeCudart, *, caching: bool = False, expandable_segments: bool = False):
@@ -472,6 +475,9 @@ class _Producer:
         self._made_streams: list[tuple[int, int]] = []
         #: How many stream handshakes (event recorded + waited) exports did.
         self.handshakes = 0
+        #: How many exports were given a stream to order before (anything but -1): each compares it
+        #: with the current stream -- in torch, four Python stream look-ups even when they are equal.
+        self.stream_compares = 0
         #: How many times tritonshm asked current_stream_provider.
         self.provider_calls = 0
 
@@ -631,10 +637,15 @@ class _Producer:
 
 
 class TorchLike(_Producer):
-    """A torch double: tensors refuse DLPack export from a non-current device (and streams 0 and 2)."""
+    """A torch double: tensors refuse DLPack export from a non-current device (and streams 0 and 2).
+
+    tritonshm reads torch's own current stream for a torch tensor (``producer_stream_of``): the
+    ``torch_like`` fixtures put this double's ``current_stream`` there for its tensor type."""
 
     tensor_type = FakeTorchTensor
     name = "torch-like"
+    #: Whether tritonshm knows how to read this library's current stream for its tensors.
+    stream_readable = True
 
     def tensor(self, data, dtype=None, device=None) -> FakeTorchTensor:
         return self.from_numpy(np.asarray(data, dtype=dtype), device)

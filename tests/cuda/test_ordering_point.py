@@ -8,6 +8,7 @@ lands work only where something synchronizes it, so a missing order reads the ol
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import numpy as np
@@ -36,6 +37,37 @@ def test_an_unrecorded_capture_names_the_producers_stream_and_waits_for_its_even
     cuda.copy(out, cap)  # waits for the event: the side stream's write has landed first
     np.testing.assert_array_equal(out, np.arange(64, dtype=np.float32))
     cap.release()
+
+
+@pytest.mark.parametrize("on_a_stream", [False, True], ids=["legacy default stream", "a stream of its own"])
+def test_a_tensor_on_its_librarys_current_stream_is_taken_without_a_handshake(fake_cuda, torch_like, on_a_stream):
+    """torch's current stream is read (producer_stream_of): when it is the stream the capture
+    orders on, torch is asked for ``stream=-1`` -- it would compare the two, with four Python
+    stream look-ups, and do nothing."""
+    with torch_like.stream(0) if on_a_stream else contextlib.nullcontext(0) as current:
+        x = torch_like.from_numpy(np.arange(64, dtype=np.float32))
+        cap = cuda.capture(x, record=False)
+    assert cap.stream == current and torch_like.stream_compares == 0 and torch_like.handshakes == 0
+    cap.ordered_by(cuda.Event.create(0).record(current))
+    out = np.empty(64, np.float32)
+    cuda.copy(out, cap)
+    np.testing.assert_array_equal(out, np.arange(64, dtype=np.float32))
+    cap.release()
+
+
+def test_a_tensor_whose_library_is_on_another_stream_keeps_its_handshake(fake_cuda, torch_like, cupy_like):
+    """The capture orders on cupy's current stream while torch's is the legacy one: torch's
+    handshake orders its write before cupy's stream (without it the copy reads old bytes)."""
+    x = torch_like.from_numpy(np.arange(64, dtype=np.float32))  # queued on the legacy stream
+    with cupy_like.stream(0) as side:
+        cap = cuda.capture(x, record=False)
+        assert cap.stream == side and torch_like.handshakes == 1
+        cap.ordered_by(cuda.Event.create(0).record(side))
+    out = np.empty(64, np.float32)
+    cuda.copy(out, cap)
+    np.testing.assert_array_equal(out, np.arange(64, dtype=np.float32))
+    cap.release()
+    torch_like.synchronize(0)
 
 
 def test_a_recorded_capture_still_orders_our_copy_stream(fake_cuda, torch_like):

@@ -629,3 +629,36 @@ def test_per_thread_stream_reader_released_on_another_thread(fake_cuda):
             fake_cuda.device_synchronize()
             del w
             gc.collect()
+
+
+def test_torchs_current_stream_is_read_through_its_c_accessor(monkeypatch):
+    """torch's current stream (the caller's, for the ordering point; torch's own, for a tensor's
+    handshake) comes from ``torch._C._cuda_getCurrentRawStream``: one C call, not
+    ``torch.cuda.current_stream()``'s five Python layers. A stand-in torch module, no GPU."""
+    import sys
+    import types
+
+    from tritonshm._memory import _stream
+
+    asked = []
+
+    class Tensor:
+        pass
+
+    torch = types.ModuleType("torch")
+    torch.Tensor = Tensor
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: asked.append(device) or 0xABC)
+    torch.cuda = types.SimpleNamespace(is_initialized=lambda: True,
+                                       current_stream=lambda device: pytest.fail("the Python way was taken"))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(_stream, "_torch_stream_of", None)
+    monkeypatch.setattr(_stream, "producer_streams", {})
+    assert _stream._torch_current_stream(1) == 0xABC
+    reader = _stream.producer_stream_of(Tensor)
+    assert reader is not None and reader(0) == 0xABC
+    assert _stream.producer_stream_of(object) is None  # not torch's tensor: its handshake stays
+    assert asked == [1, 0]
+    del torch._C._cuda_getCurrentRawStream  # an older torch: the public way, same answer
+    torch.cuda.current_stream = lambda device: types.SimpleNamespace(cuda_stream=0xDEF)
+    monkeypatch.setattr(_stream, "_torch_stream_of", None)
+    assert _stream._torch_current_stream(0) == 0xDEF

@@ -26,6 +26,7 @@ from . import _dlpack
 from ._args import device_of as _device_of
 from ._cai import cai_device, parse_cai, read_cai
 from ._stream import current_stream as _current_stream
+from ._stream import producer_stream_of as _producer_stream_of
 
 __all__ = ["Capture", "capture", "describe"]
 
@@ -114,6 +115,20 @@ cdef int _order(Capture cap, Runtime rt, int dev, size_t stream, bint record) ex
     return 0
 
 
+cdef object _handshake_stream(object obj, int dev, size_t consumer):
+    """``__dlpack__``'s *stream* for a consumer that orders on *consumer*: -1 ("no synchronization")
+    where the producer's own current stream on *dev* is *consumer* -- its handshake would find the
+    two equal and do nothing (torch: after four Python stream look-ups) -- else *consumer*."""
+    own = _producer_stream_of(type(obj))
+    if own is not None:
+        try:
+            if own(dev) == consumer:
+                return -1
+        except Exception:  # (a device the library cannot see: its own handshake says so)
+            pass
+    return _dlpack.dlpack_stream(consumer)
+
+
 def capture(obj, device=None, *, bint record=True):
     """Take a device array as it is now, on the caller's thread: a :class:`Capture`.
 
@@ -144,9 +159,11 @@ def capture(obj, device=None, *, bint record=True):
     *s* being :func:`current_stream` of its device (1, the legacy default
     stream, for 0): the producer orders its pending work before *s* -- no
     work at all where *s* is its own current stream, as torch's and cupy's
-    are (their handshake makes no event then), and the right order for any
-    other producer, whose handshake makes *s* wait -- and :attr:`stream` is
-    *s*.  Nothing of ours is then ordered after the producer but what waits
+    are (their handshake makes no event then; where the producer's own
+    current stream can be read -- :func:`~._stream.producer_stream_of`, torch's
+    -- and is *s*, it is asked for ``stream=-1``, no handshake at all), and the
+    right order for any other producer, whose handshake makes *s* wait -- and
+    :attr:`stream` is *s*.  Nothing of ours is then ordered after the producer but what waits
     for that event.  The driver is also asked, under the same device guard,
     which allocation holds a DLPack tensor (:attr:`Capture.buffer_id`, 0 where
     it does not say): the client's lent table knows an allocation it
@@ -190,7 +207,7 @@ def capture(obj, device=None, *, bint record=True):
         if producer == 2:  # (per-thread default streams torch refuses to order before): our copy stream
             cs = thread_copy_stream(rt, dev)
             producer = <size_t>cs._live()
-        imp = _dlpack.import_device(obj, _dlpack.dlpack_stream(producer), _dlpack.DEVICE_MEMORY_TYPES,
+        imp = _dlpack.import_device(obj, _handshake_stream(obj, dev, producer), _dlpack.DEVICE_MEMORY_TYPES,
                                     identify=not record)
         cap.buffer_id = imp.buffer_id
         try:

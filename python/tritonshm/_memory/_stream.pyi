@@ -5,7 +5,7 @@ from typing import Callable
 
 from typing_extensions import Self
 
-__all__ = ["Stream", "Event", "Pending", "DeviceGuard", "copy_stream", "current_stream", "current_stream_providers",
+__all__ = ["Stream", "Event", "Pending", "DeviceGuard", "copy_stream", "current_stream", "current_stream_providers", "producer_streams", "producer_stream_of",
            "device_guard", "has_context"]
 
 class Stream:
@@ -76,6 +76,12 @@ current_stream_providers: list[Callable[[int], int | None]]
 answers (not None) wins. Built in: torch (when loaded and initialized) and cupy (when loaded), each
 answering only for a non-default current stream. Test doubles and other libraries insert their own."""
 
+producer_streams: dict[type, Callable[[int], int] | None]
+"""DLPack producer types whose own current stream can be read: ``type -> (device -> handle)`` (0: the
+legacy default stream), or None where it cannot. torch's tensor is found the first time one is asked
+about; test doubles and other libraries put their own here."""
+
+def producer_stream_of(kind: type) -> Callable[[int], int] | None: ...
 def copy_stream(device: int = 0) -> Stream: ...
 def current_stream(device: int = 0) -> int: ...
 def device_guard(device: int) -> DeviceGuard: ...

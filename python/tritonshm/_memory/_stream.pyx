@@ -49,6 +49,7 @@ from ..errors import OutOfBounds, RegionClosed, UnsupportedBuffer
 from ._args import device_of as _device_of
 
 __all__ = ["Stream", "Event", "Pending", "DeviceGuard", "copy_stream", "current_stream", "current_stream_providers",
+           "producer_streams", "producer_stream_of",
            "device_guard", "has_context"]
 
 
@@ -357,18 +358,35 @@ def copy_stream(device=0):
 
 # -- the caller's current stream ---------------------------------------------------
 
+def _torch_raw_stream(torch):
+    """``device -> handle`` of torch's current stream for this thread (0: the legacy default): its
+    C accessor, one call, where torch has it -- ``torch.cuda.current_stream()`` is five Python
+    layers (device index, availability, a Stream object) and a warm GPU request asks up to four
+    times."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda device: torch.cuda.current_stream(device).cuda_stream
+
+
 def _torch_current_stream(device):
     """torch's current stream on *device* for this thread, if torch is in use and it is not the default."""
+    global _torch_stream_of
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     try:
         if not torch.cuda.is_initialized():
             return None
-        handle = torch.cuda.current_stream(device).cuda_stream
+        if _torch_stream_of is None:
+            _torch_stream_of = _torch_raw_stream(torch)
+        handle = _torch_stream_of(device)
     except Exception:  # a CPU-only build, or a device torch cannot see
         return None
     return handle or None  # the default stream: let another library answer (else 0 anyway)
+
+
+_torch_stream_of = None
 
 
 def _cupy_current_stream(device):
@@ -389,6 +407,31 @@ def _cupy_current_stream(device):
 #: answering only for a non-default current stream.  Test doubles and other
 #: libraries insert their own.
 current_stream_providers = [_torch_current_stream, _cupy_current_stream]
+
+
+#: DLPack producer types whose own current stream can be read: ``type -> (device -> handle)`` (0:
+#: the legacy default stream), or None where it cannot.  torch's tensor is found the first time one
+#: is asked about; test doubles and other libraries put their own here.
+producer_streams = {}
+
+
+def producer_stream_of(kind):
+    """``device -> handle`` of the current stream of the library that made arrays of type *kind*,
+    or None when not known (:data:`producer_streams`, torch's tensor found on first use).
+
+    ``capture()`` asks a DLPack producer for no handshake at all (``stream=-1``) when that stream is
+    the one it orders on: the handshake would compare the two, find them equal and do nothing --
+    after four Python stream look-ups per tensor in torch's case."""
+    try:
+        return producer_streams[kind]
+    except KeyError:
+        pass
+    reader = None
+    torch = sys.modules.get("torch")
+    if torch is not None and kind is getattr(torch, "Tensor", None):
+        reader = _torch_raw_stream(torch)
+    producer_streams[kind] = reader
+    return reader
 
 
 def current_stream(device=0):
