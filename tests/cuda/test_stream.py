@@ -662,3 +662,33 @@ def test_torchs_current_stream_is_read_through_its_c_accessor(monkeypatch):
     torch.cuda.current_stream = lambda device: types.SimpleNamespace(cuda_stream=0xDEF)
     monkeypatch.setattr(_stream, "_torch_stream_of", None)
     assert _stream._torch_current_stream(0) == 0xDEF
+
+
+@pytest.mark.parametrize("own_stream", [False, True], ids=["legacy default stream", "a stream of its own"])
+def test_a_copy_on_the_callers_borrowed_stream_needs_no_handshake_and_lands_in_its_order(
+        fake_cuda, torch_like, own_stream):
+    """Stream.borrow(): the caller's stream (torch's current one; 0, the legacy default, is 1 as
+    a handle) as a Stream a copy is queued on. A result its library allocated there needs no
+    handshake (asked for stream=-1), the copy lands when that stream is synchronized, and closing
+    the borrowed Stream destroys nothing of the library's."""
+    import contextlib
+
+    data = np.arange(64, dtype=np.float32)
+    region = cuda.CudaRegion.create(data.nbytes)
+    region.write(data)
+    with torch_like.stream(0) if own_stream else contextlib.nullcontext(0) as current:
+        dst = torch_like.empty(64, np.float32)  # allocated on the current stream
+        borrowed = cuda.Stream.borrow(current, 0)
+        assert borrowed.handle == (current or 1) and borrowed.device == 0
+        cuda.copy(dst, region, stream=borrowed)
+        assert torch_like.stream_compares == 0 and torch_like.handshakes == 0
+        np.testing.assert_array_equal(dst.numpy(), data)  # .numpy() synchronizes the current stream
+        borrowed.close()
+        assert borrowed.closed
+        dst.fill_(7.0)  # the library's stream still works: nothing of it was destroyed
+        assert dst.numpy()[0] == 7.0
+    # on our copy stream instead, the library is asked to order its stream before ours
+    cuda.copy(dst, region, stream=cuda.copy_stream(0))
+    assert torch_like.stream_compares == 1
+    cuda.copy_stream(0).synchronize()
+    region.close()

@@ -17,7 +17,7 @@ the event and sees the bytes the caller meant.
 from ._cuda_array cimport CudaArray
 from ._dlpack cimport Imported
 from ._runtime cimport Runtime, current
-from ._stream cimport Event, Stream, new_event, thread_copy_stream
+from ._stream cimport Event, Stream, handshake_stream, new_event, thread_copy_stream
 
 import numpy as np
 
@@ -26,7 +26,6 @@ from . import _dlpack
 from ._args import device_of as _device_of
 from ._cai import cai_device, parse_cai, read_cai
 from ._stream import current_stream as _current_stream
-from ._stream import producer_stream_of as _producer_stream_of
 
 __all__ = ["Capture", "capture", "describe"]
 
@@ -115,20 +114,6 @@ cdef int _order(Capture cap, Runtime rt, int dev, size_t stream, bint record) ex
     return 0
 
 
-cdef object _handshake_stream(object obj, int dev, size_t consumer):
-    """``__dlpack__``'s *stream* for a consumer that orders on *consumer*: -1 ("no synchronization")
-    where the producer's own current stream on *dev* is *consumer* -- its handshake would find the
-    two equal and do nothing (torch: after four Python stream look-ups) -- else *consumer*."""
-    own = _producer_stream_of(type(obj))
-    if own is not None:
-        try:
-            if own(dev) == consumer:
-                return -1
-        except Exception:  # (a device the library cannot see: its own handshake says so)
-            pass
-    return _dlpack.dlpack_stream(consumer)
-
-
 def capture(obj, device=None, *, bint record=True):
     """Take a device array as it is now, on the caller's thread: a :class:`Capture`.
 
@@ -207,7 +192,7 @@ def capture(obj, device=None, *, bint record=True):
         if producer == 2:  # (per-thread default streams torch refuses to order before): our copy stream
             cs = thread_copy_stream(rt, dev)
             producer = <size_t>cs._live()
-        imp = _dlpack.import_device(obj, _handshake_stream(obj, dev, producer), _dlpack.DEVICE_MEMORY_TYPES,
+        imp = _dlpack.import_device(obj, handshake_stream(obj, dev, producer, True), _dlpack.DEVICE_MEMORY_TYPES,
                                     identify=not record)
         cap.buffer_id = imp.buffer_id
         try:

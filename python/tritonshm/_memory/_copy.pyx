@@ -14,7 +14,8 @@ Ordering: a DLPack producer is told the copy's stream
 (``__dlpack__(stream=...)``, under its device's guard); a CUDA Array
 Interface producer's ``stream`` gets an event our stream waits for; a
 :class:`~._capture.Capture` brings the event it was taken with.  Never the
-legacy default stream, never a device-wide synchronization.
+legacy default stream unless it is the caller's own (:meth:`Stream.borrow`),
+never a device-wide synchronization.
 """
 
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
@@ -26,7 +27,7 @@ from ._cuda_region cimport CudaRegion
 from ._cuda_window cimport CudaWindow
 from ._dlpack cimport Imported
 from ._runtime cimport Runtime, current
-from ._stream cimport Event, Pending, Stream, stream_handle, thread_copy_stream
+from ._stream cimport Event, Pending, Stream, handshake_stream, stream_handle, thread_copy_stream
 from ._tshm cimport (
     kDLCUDA,
     kDLCUDAManaged,
@@ -118,12 +119,10 @@ cdef Runtime _runtime_of(object obj):
     return None
 
 
-cdef _Side _resolve(object obj, bint writable, str role, Runtime rt, int device, object dl_stream):
-    """*obj* as one end of a copy on a stream of *device*; raises the project's errors for what cannot be one.
-
-    *dl_stream* is the copy's stream in ``__dlpack__``'s terms, for the
-    DLPack handshake.
-    """
+cdef _Side _resolve(object obj, bint writable, str role, Runtime rt, int device, size_t consumer):
+    """*obj* as one end of a copy on stream *consumer* of *device*; raises the project's errors for
+    what cannot be one.  A DLPack producer is told *consumer* for its handshake (none where it is
+    the producer's own current stream: :func:`~._stream.handshake_stream`)."""
     cdef _Side side
     cdef CudaRegion region
     cdef CudaWindow window
@@ -163,7 +162,7 @@ cdef _Side _resolve(object obj, bint writable, str role, Runtime rt, int device,
         side.wait = <size_t>cap.event._live()
         side.what = repr(cap)
         return side
-    imp = _dlpack.import_device(obj, dl_stream)
+    imp = _dlpack.import_device(obj, handshake_stream(obj, device, consumer))
     if imp is not None:
         side.imported = imp
         if writable and imp.readonly:
@@ -242,10 +241,12 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None, done
 
     * without *stream*: on this thread's :func:`copy_stream` of the copy's
       device, which is then synchronized -- complete on return;
-    * with *stream* (a :class:`Stream`): enqueued on it and **not** complete
+    * with *stream* (a :class:`Stream`: one of ours, or the caller's own
+      through :meth:`Stream.borrow`): enqueued on it and **not** complete
       on return; record an event or synchronize the stream before relying
       on the bytes, and keep the ends alive until then (a :class:`Capture`
-      keeps a producer's memory).
+      keeps a producer's memory).  A producer whose current stream is
+      *stream* is asked for no handshake: its work there is in order.
 
     A :class:`CudaArray` end with a copy into it still pending (a client's
     result) is read or written after that copy.  *done* (an :class:`Event`
@@ -253,7 +254,7 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None, done
     and *then* (a stream handle or :class:`Stream`: the consumer's) made to
     wait for it -- one guarded runtime call for all three.
 
-    Never the legacy default stream, never a device-wide synchronization.
+    Never the legacy default stream unless given, never a device-wide synchronization.
     Zero bytes make no CUDA call (nor record *done*).  The copy's device is *stream*'s, else
     that of a region, window, view or capture end (*dst*'s first), else of a
     DLPack device end, else the calling thread's current device.
@@ -265,6 +266,7 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None, done
     cdef size_t c_doff, c_soff, c_len
     cdef void *waits[2]
     cdef void *h
+    cdef size_t consumer
     cdef void *c_done = NULL
     cdef void *c_then = NULL
     cdef int device
@@ -277,15 +279,15 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None, done
     doff = dst_offset if type(dst_offset) is int else _index(dst_offset, "dst_offset")
     soff = src_offset if type(src_offset) is int else _index(src_offset, "src_offset")
     if stream is not None and not isinstance(stream, Stream):
-        raise UnsupportedBuffer(f"stream must be a tritonshm.cuda.Stream (Stream.create(device) or "
-                                f"copy_stream(device)), not {type(stream).__name__}")
+        raise UnsupportedBuffer(f"stream must be a tritonshm.cuda.Stream (Stream.create(device), "
+                                f"copy_stream(device) or Stream.borrow(handle, device)), not {type(stream).__name__}")
     try:
         rt = _runtime_of(dst)
         if rt is None:
             rt = _runtime_of(src)
         if stream is not None:
             cs = <Stream>stream
-            cs._live()
+            h = cs._live()
             device = cs._device
             if rt is None:
                 rt = cs._runtime
@@ -297,10 +299,10 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None, done
                 device = _device_hint(src)
             if device < 0:
                 rt.check(tshm_cuda_settle(rt.rt, rt.rt.GetDevice(&device)), "reading the current CUDA device")
-            cs = thread_copy_stream(rt, device)
-        dl_stream = _dlpack.dlpack_stream(<size_t>cs._live())
-        d = _resolve(dst, True, "destination", rt, device, dl_stream)
-        s = _resolve(src, False, "source", rt, device, dl_stream)
+            h = thread_copy_stream(rt, device)._live()
+        consumer = 0 if <size_t>h == 1 else <size_t>h  # (1: the legacy default stream, as producers call it)
+        d = _resolve(dst, True, "destination", rt, device, consumer)
+        s = _resolve(src, False, "source", rt, device, consumer)
         soff, n = _range(s, "src", soff, n)
         doff, n = _range(d, "dst", doff, n)
         if n == 0:
@@ -321,7 +323,6 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None, done
             if c_done == NULL:
                 raise UnsupportedBuffer("then= orders a stream after done=: give both")
             c_then = <void *>stream_handle(then)
-        h = cs._live()
         sync = stream is None
         with nogil:
             rc = tshm_cuda_memcpy(rt.rt, device, h, <void *>d.base, d.size, c_doff,

@@ -7,6 +7,7 @@ cdef class Stream:
     cdef int _device
     cdef Runtime _runtime
     cdef long _pid              # a forked child never destroys its parent's stream
+    cdef bint _borrowed         # another library's (Stream.borrow): never destroyed by us
     cdef object __weakref__
 
     cdef void *_live(self) except NULL
@@ -38,3 +39,4 @@ cdef class DeviceGuard:
 cdef Stream thread_copy_stream(Runtime rt, int device)
 cdef Event new_event(Runtime rt, int device)
 cdef size_t stream_handle(object stream) except? 0
+cdef object handshake_stream(object obj, int device, size_t consumer, bint on_device=*)

@@ -13,6 +13,9 @@ class Stream:
 
     @staticmethod
     def create(device: int = 0) -> Stream: ...
+    @staticmethod
+    def borrow(handle: int, device: int = 0) -> Stream:
+        """Another library's stream of *device* (0 or 1: the legacy default) as a Stream, never destroyed by us."""
     @property
     def handle(self) -> int: ...
     @property

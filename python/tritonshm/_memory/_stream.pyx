@@ -64,6 +64,7 @@ cdef class Stream:
     def __cinit__(self):
         self._handle = NULL
         self._pid = -1
+        self._borrowed = False
 
     def __init__(self, *args, **kwargs):
         raise TypeError("use Stream.create(device), or copy_stream(device) for this thread's own")
@@ -74,7 +75,7 @@ cdef class Stream:
     cdef _free(self):
         cdef void *h = self._handle
         self._handle = NULL
-        if h != NULL and self._pid == getpid():
+        if h != NULL and self._pid == getpid() and not self._borrowed:
             tshm_cuda_stream_free(self._runtime.rt, self._device, h)
 
     @staticmethod
@@ -82,6 +83,22 @@ cdef class Stream:
         """A new non-blocking stream of *device* (validated against the device count)."""
         cdef Runtime rt = current()
         return _new_stream(rt, rt.valid_device(device))
+
+    @staticmethod
+    def borrow(handle, device=0):
+        """Another library's stream of *device* (a ``cudaStream_t`` as an int: torch's
+        ``cuda_stream``, cupy's ``ptr``; 0 or 1 for the legacy default stream) as a Stream:
+        work can be queued on it and events recorded there; it is never destroyed by us
+        (:meth:`close` only lets go of it), and the library must keep it alive meanwhile."""
+        cdef Runtime rt = current()
+        cdef size_t h = stream_handle(handle)
+        cdef Stream self = Stream.__new__(Stream)
+        self._handle = <void *>(h if h != 0 else 1)  # (1: cudaStreamLegacy, a handle that is not NULL)
+        self._device = rt.valid_device(device)
+        self._runtime = rt
+        self._pid = getpid()
+        self._borrowed = True
+        return self
 
     cdef void *_live(self) except NULL:
         if self._handle == NULL:
@@ -138,7 +155,7 @@ cdef class Stream:
     def __repr__(self):
         if self._handle == NULL:
             return f"<Stream cuda:{self._device} closed>"
-        return f"<Stream cuda:{self._device} 0x{<size_t>self._handle:x}>"
+        return f"<Stream cuda:{self._device} 0x{<size_t>self._handle:x}{' borrowed' if self._borrowed else ''}>"
 
     def __reduce__(self):
         raise TypeError("a CUDA stream belongs to this process and cannot be pickled")
@@ -432,6 +449,22 @@ def producer_stream_of(kind):
         reader = _torch_raw_stream(torch)
     producer_streams[kind] = reader
     return reader
+
+
+cdef object handshake_stream(object obj, int device, size_t consumer, bint on_device=False):
+    """``__dlpack__``'s *stream* for a consumer ordering on *consumer*, a stream of *device*: -1
+    ("no synchronization") where *obj* lives on *device* (the caller may know it: *on_device*) and
+    its library's own current stream there is *consumer* (:func:`producer_stream_of`) -- the
+    producer's handshake would find the two equal and do nothing, after four Python stream look-ups
+    in torch's case -- else *consumer* (0, the legacy default stream, spelled 1)."""
+    own = producer_stream_of(type(obj))
+    if own is not None:
+        try:
+            if (on_device or obj.__dlpack_device__()[1] == device) and own(device) == consumer:
+                return -1
+        except Exception:  # (a device the library cannot see: its own handshake says so)
+            pass
+    return 1 if consumer == 0 else consumer
 
 
 def current_stream(device=0):

@@ -40,7 +40,7 @@ from .._memory import _runtime
 from .._memory._capture import capture, describe
 from .._memory._copy import copy
 from .._memory._cuda_array import empty as cuda_empty
-from .._memory._stream import Event, Pending, copy_stream as thread_copy_stream, current_stream
+from .._memory._stream import Event, Pending, Stream, copy_stream as thread_copy_stream, current_stream
 from ..errors import CudaUnavailable, DTypeMismatch, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
 __all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_out", "as_device_tensor", "capture_inputs", "empty",
@@ -164,9 +164,9 @@ def ordering_event(device: int) -> Any:
 
 # -- copies known complete by a later wait ------------------------------------------------------
 #
-# A copied result orders the caller's stream after the copy (cudaStreamWaitEvent); an event
-# recorded later on that stream (the next call's ordering point) completes only after the copy
-# has.  So when that event is waited for, the copy is known complete without asking CUDA: its
+# A copied result is queued on the caller's stream itself, where it is known (else that stream
+# is made to wait for the copy's event); an event recorded later on that stream (the next call's
+# ordering point) completes only after the copy has.  So when that event is waited for, the copy is known complete without asking CUDA: its
 # slot and result block come back with no event query.  (Only an optimisation: a Pending not
 # marked here is queried where it matters.)  A stream is known by its handle: one the caller
 # destroys while our wait is queued on it, and makes again under the same handle before the copy
@@ -558,6 +558,12 @@ def results_stream(results: Placement, claim: Any = None, out: Mapping[str, OutT
             here = current_stream(device)
             return stream if stream == (here or 1) else None
     return None
+
+
+def callers_stream(device: int, handle: int) -> Any:
+    """The caller's stream *handle* of *device* (torch's or cupy's, 1: the legacy default) as a
+    :class:`~tritonshm.cuda.Stream` copies can be queued on; never destroyed by us."""
+    return Stream.borrow(handle, device)
 
 
 def copy_stream(device: int | None) -> Any:

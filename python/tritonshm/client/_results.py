@@ -122,9 +122,9 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
     Returns ``(outputs, queued, pending)``: *queued* -- copies were queued that the CPU must
     wait for before the outputs are handed out (host results, a chunked batch's rows, device
     results of another library when the caller's stream *order* is unknown); else *pending*
-    (a :class:`~tritonshm.cuda.Pending`, or None) marks the device copies queued: the last of
-    them records its event, the caller's stream *order* (a handle, where known) waits for it,
-    our own result arrays carry it (their readers order after it), and the slot and result
+    (a :class:`~tritonshm.cuda.Pending`, or None) marks the device copies queued -- on the
+    caller's stream *order* (a handle) where it is known, so that its next work is after them --
+    the last of them records its event, our own result arrays carry it (their readers order after it), and the slot and result
     blocks they read and write are not reused before it completes -- no CPU wait."""
     check_version(info, result)
     if lease is None:  # everything lent: the server wrote each result where the caller wanted it
@@ -191,11 +191,16 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
     last = max((i for i, c in enumerate(device_copies) if c[2]), default=None)
     if last is None:  # nothing but empty tensors: nothing queued
         return outputs, queued, None
+    # On the caller's stream where it is known: what the caller queues there next is after the
+    # copies with no wait to queue, and the results its library allocated there need no handshake
+    # (torch's would order our copy stream after its stream with an event of its own, in Python).
+    # Else on our copy stream; our own arrays carry the event.
+    on = stream if order is None else _devices.callers_stream(stream.device, order)
     for i, (dst, offset, nbytes, dst_offset, ours) in enumerate(device_copies):
         if i == last:
-            memory.read_into(dst, offset, nbytes, dst_offset, stream, done=pending.event, then=order)
+            memory.read_into(dst, offset, nbytes, dst_offset, on, done=pending.event)
         else:
-            memory.read_into(dst, offset, nbytes, dst_offset, stream)
+            memory.read_into(dst, offset, nbytes, dst_offset, on)
         if ours:
             dst._after(pending)
     if order is not None:
