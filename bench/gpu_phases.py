@@ -113,6 +113,7 @@ def _median_ms(values: list[float]) -> float:
 def measure(url: str, nbytes: int, reps: int, warmup: int, spin_s: float) -> dict[str, dict[str, Any]]:
     import torch
 
+    from tritonshm.bench._harness import round_order
     from tritonshm.bench._gpu import (GpuClientInfer, GpuClientInferCopies, GpuClientInferOut, GpuFloor,
                                       GpuSetting, GpuTritonclientCuda, GpuZeroCopy, GPU_MODEL, sample_tensor)
 
@@ -127,8 +128,7 @@ def measure(url: str, nbytes: int, reps: int, warmup: int, spin_s: float) -> dic
         m.open()
     try:
         for index in range(warmup + reps):
-            shift = index % len(methods)
-            for m in methods[shift:] + methods[:shift]:
+            for m in round_order(methods, index):
                 m.stage(x)
                 _stamps.calls = []
                 c0, t0 = time.thread_time(), time.perf_counter()

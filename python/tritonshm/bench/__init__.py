@@ -28,9 +28,9 @@ a 1-D input of the given number of bytes.  The methods (see ``_methods.py``):
   ready ahead -- over HTTP on a connection of their own -- which can cost
   less: a ratio to the limit below 1 says so, it is no error.)
 
-Repetitions are interleaved: each round runs every method once, the order
-rotating by one place per round, so the noise of a shared machine falls on
-every method alike.  Warm-up rounds come first.  Every method's output is
+Repetitions are interleaved: each round runs every method once, in an order
+drawn anew each round (no method always after the same one), so the noise of
+a shared machine falls on every method alike.  Warm-up rounds come first.  Every method's output is
 checked against its input in the first warm-up round and in a last round
 with an input never sent before (so a stale result cannot pass);
 :class:`WrongOutput` stops the run.
@@ -236,7 +236,7 @@ def description() -> str:
     from ._report import legend
 
     lines = ["tritonshm bench (no mode option): one identity-model request per repetition, each method once per",
-             "round (rotating order); median and p25-p75 per method and size, ratios to the best peer and to",
+             "round (an order drawn anew each round); median and p25-p75 per method and size, ratios to the best peer and to",
              "the limit; every output is checked against its input. Methods:", ""]
     for m in METHODS:
         lines += textwrap.wrap(m.description, 100, initial_indent=f"  {m.name:<18} ", subsequent_indent=" " * 21)

@@ -22,7 +22,7 @@ Methods, in two pairs (each compared within its pair):
   transport="shm", slots=N)``).
 
 Measurements are interleaved in rounds: every method once per round, the
-order rotating by one place per round, after ``warmup`` shorter warm-up
+order drawn anew each round, after ``warmup`` shorter warm-up
 rounds.  Every caller sends its own inputs (two per caller, alternating),
 so an answer crossing over to another caller, or a stale one, differs from
 what that caller sent.  Every output's dtype and shape is checked; its
@@ -64,7 +64,7 @@ import numpy as np
 from .._transport import GRPC, GRPC_AIO, HTTP_AIO
 from ..demo import _size
 from ..errors import Error
-from ._harness import (DEFAULT_WARMUP, WrongOutput, close_all, method_classes, output_problem, run_meta,
+from ._harness import (DEFAULT_WARMUP, WrongOutput, close_all, method_classes, output_problem, round_order, run_meta,
                        sample_input, server_version)
 from ._methods import INPUT, NO_GRPC, NO_HTTP, OUTPUT, Setting, _grpc_client
 from ._report import server_at
@@ -484,12 +484,10 @@ def _measure_size(setting: Setting, classes: Sequence[type[ConcurrentMethod]], c
             opened.append(method)
             method.open()
         for index in range(warmup):
-            shift = index % len(methods)
-            for method in methods[shift:] + methods[:shift]:
+            for method in round_order(methods, index):
                 method.measure(inputs, min(duration, WARMUP_DURATION), 1, check_for(method))
         for index in range(rounds):
-            shift = index % len(methods)
-            for method in methods[shift:] + methods[:shift]:
+            for method in round_order(methods, index):
                 gc.collect(1)
                 samples[method.name].append(method.measure(inputs, duration, stride, check_for(method)))
         # A fresh input per caller, never sent before, every output checked: a stale answer cannot pass.
@@ -626,7 +624,7 @@ def format_concurrency_table(results: dict[str, Any]) -> str:
     lines = [
         f"{meta['model']} ({meta['datatype']}), {n} concurrent callers on one client; {server_at(meta)}",
         f"tritonshm {meta['tritonshm_version']}, {meta['cpu_count']} CPUs; {meta['rounds']} rounds of "
-        f"{meta['duration_s']:g} s per method, interleaved (rotating order)",
+        f"{meta['duration_s']:g} s per method, interleaved (an order drawn anew each round)",
         "req/s: median over rounds (p25-p75); ratio: tritonshm over the better tritonclient method of its mode "
         "(above 1 = more)",
     ]

@@ -4,7 +4,7 @@ The input is a float32 torch tensor on the GPU and the result is wanted on
 the GPU.  Each method runs against the GPU model (``identity_fp32_gpu``,
 ``python/tritonshm/models_gpu``: KIND_GPU, device tensors in and out) and
 the CPU model (``identity_fp32``), all of them in every round, the order
-rotating by one place per round, so the two models are compared in the same
+drawn anew each round, so the two models are compared in the same
 run under the same noise.  Every call ends with ``torch.cuda.synchronize()``:
 a result counts once it is on the device.  Methods:
 
@@ -600,7 +600,7 @@ def format_gpu_table(results: dict[str, Any]) -> str:
         f"the GPU; {server_note(meta)}",
         f"tritonshm {meta['tritonshm_version']}, torch {meta['torch']}, CUDA runtime {meta['cuda_runtime']}, "
         f"driver {meta['cuda_driver']}; repetitions interleaved: every method and model once per round, "
-        f"in a rotating order",
+        f"in an order drawn anew each round",
         "ms per request: median and p25-p75; '/best peer' and '/floor': median time divided by that "
         "reference's, same model and size (below 1 = faster)",
         f"peers: {', '.join(meta['peers'])}; models: "

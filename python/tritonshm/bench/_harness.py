@@ -7,6 +7,7 @@ import gc
 import importlib.metadata
 import os
 import platform
+import random
 import time
 from typing import Any, Callable, Sequence
 
@@ -79,16 +80,28 @@ def summarize(samples: Sequence[float]) -> dict[str, Any]:
     }
 
 
+def round_order(items: Sequence[Any], index: int) -> list[Any]:
+    """Round *index*'s order of *items*: a permutation drawn from *index* (the same each run).
+
+    Over the rounds each item runs at every place, and after every other one, alike.  A rotation
+    would keep each after the same neighbour round after round, and what one method leaves behind
+    falls on the next: on an H200 the server answered the request that always followed
+    tritonclient's CUDA row 0.1-0.2 ms slower than the same request after another row
+    (bench/gpu_phases.py, 2026-11-28)."""
+    order = list(items)
+    random.Random(index).shuffle(order)
+    return order
+
+
 def _round(methods: list[Method], x: Any, index: int, *, check: Callable[[Method, Any, Any], str | None] | None,
            times: dict[str, list[float]] | None) -> None:
-    """Round *index*: every method once on input *x*, the order rotated by *index* places.
+    """Round *index*: every method once on input *x*, in :func:`round_order`.
 
     With *check*, each output is given to it with *x* (untimed; it returns
     what is wrong, or None); with *times*, each call's sample (its seconds:
     :meth:`Method.sample`) is appended there, under the method's ``key``.
     """
-    shift = index % len(methods)
-    for method in methods[shift:] + methods[:shift]:
+    for method in round_order(methods, index):
         method.stage(x)
         t0 = time.perf_counter()
         out = method.call(x)

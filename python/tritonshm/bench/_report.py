@@ -91,7 +91,7 @@ def format_table(results: dict[str, Any]) -> str:
     lines = [
         f"{meta['model']} ({meta['datatype']}), {server_note(meta)}",
         f"tritonshm {meta['tritonshm_version']}, {meta['cpu_count']} CPUs; repetitions interleaved: "
-        f"every method once per round, in a rotating order",
+        f"every method once per round, in an order drawn anew each round",
     ]
     statuses = {res["status"] for entry in results["results"] for res in entry["methods"].values()}
     if NO_GRPC in statuses:

@@ -26,7 +26,7 @@ for opening a stream per request):
   for a reader).
 
 Repetitions are interleaved as in ``tritonshm bench`` (every method once per
-round, the order rotating by one place per round; warm-up rounds first), and
+round, in an order drawn anew each round; warm-up rounds first), and
 every response of every call -- the warm-up, every timed repetition and a
 last round with an input never sent before -- is checked, untimed, after
 the call: COUNT responses, INDEX = [i], OUTPUT0 = INPUT0 + i bit for bit.
@@ -359,7 +359,7 @@ def format_stream_table(results: dict[str, Any]) -> str:
         f"{meta['model']} ({meta['datatype']}, decoupled), {meta['responses']} responses per request; "
         f"{server_note(meta)}",
         f"tritonshm {meta['tritonshm_version']}, {meta['cpu_count']} CPUs; repetitions interleaved: every method "
-        f"once per round, in a rotating order; every response checked",
+        f"once per round, in an order drawn anew each round; every response checked",
         "TTFT: ms from the call to the first response's outputs in hand; total: ms to the final response "
         "(median and p25-p75);",
         f"resp/s: responses / median total; ratios over {base} (TTFT and total below 1 = sooner, "
