@@ -66,6 +66,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -161,7 +162,7 @@ def lend_hit_path(reps: int, rounds: int) -> int:
     return 0
 
 
-def gpu_rows(size: int, reps: int, rounds: int) -> int:
+def gpu_rows(size: int, reps: int, rounds: int, profile: Sequence[str] = ()) -> int:
     """``--gpu``: client thread CPU per warm GPU request vs the floor, on the fake runtime (see the module)."""
     tests = Path(__file__).resolve().parent.parent / "tests"
     sys.path.insert(0, str(tests))
@@ -181,6 +182,10 @@ def gpu_rows(size: int, reps: int, rounds: int) -> int:
     fake = fake_cuda.FakeCudart(path)
     torch_like = TorchLike(fake, caching=True)
     cuda.current_stream_providers.insert(0, torch_like.current_stream_provider)
+    from tritonshm._memory import _stream
+
+    # tritonshm reads torch's own current stream (producer_stream_of): the double's, the same way
+    _stream.producer_streams[torch_like.tensor_type] = torch_like.current_stream
     n = size // 4
     data = np.random.default_rng(0).random(n, dtype=np.float32)
     with LocalServer(quiet=True, env=fake_cuda.server_env(path)) as server:
@@ -274,6 +279,18 @@ def gpu_rows(size: int, reps: int, rounds: int) -> int:
               f"hot loop; best round; the double's own __dlpack__ is {double:.1f} us of each tensor taken)")
         for name, values in hot.items():
             print(f"  {name:44s} {min(values):8.1f} us")
+        for name in profile:
+            import cProfile
+            import pstats
+
+            fn = next(f for label, f in methods.items() if label.startswith(name))
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(reps * 5):
+                fn()
+            profiler.disable()
+            print(f"\n== {name}: {reps * 5} calls of the hot loop under cProfile")
+            pstats.Stats(profiler).strip_dirs().sort_stats("tottime").print_stats(30)
         kept.clear()
         request.close()
         c.close()
@@ -304,13 +321,16 @@ def main() -> int:
     parser.add_argument("--gpu", action="store_true",
                         help="the GPU rows instead: client thread CPU of warm GPU requests vs the floor, on the "
                              "fake CUDA runtime against a real Triton (default --size 65536, --reps 200)")
+    parser.add_argument("--profile", nargs="+", default=[], metavar="ROW",
+                        help="with --gpu: then these rows' hot loop under cProfile (a row's name or its start, "
+                             "e.g. 'Client.infer lent input + lent out=')")
     args = parser.parse_args()
     if args.reps is None:
         args.reps = 200 if args.cold or args.gpu else 2000
     if args.lend:
         return lend_hit_path(args.reps, args.rounds)
     if args.gpu:
-        return gpu_rows(65536 if args.size == 4096 else args.size, args.reps, args.rounds)
+        return gpu_rows(65536 if args.size == 4096 else args.size, args.reps, args.rounds, args.profile)
 
     import tritonclient.grpc as grpcclient
 
