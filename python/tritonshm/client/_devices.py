@@ -46,7 +46,7 @@ from ..errors import CudaUnavailable, DTypeMismatch, Error, InvalidOption, Shape
 __all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_out", "as_device_tensor", "capture_inputs", "empty",
            "to_host", "to_device", "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
            "require_cuda", "library_of", "one_ordering_point", "ordering_event", "distinct", "ResultBlocks",
-           "Pending", "stream_waited", "waited"]
+           "Pending", "Stream", "stream_waited", "waited"]
 
 
 class DeviceTensor:
@@ -164,10 +164,10 @@ def ordering_event(device: int) -> Any:
 
 # -- copies known complete by a later wait ------------------------------------------------------
 #
-# A copied result is queued on the caller's stream itself, where it is known (else that stream
-# is made to wait for the copy's event); an event recorded later on that stream (the next call's
-# ordering point) completes only after the copy has.  So when that event is waited for, the copy is known complete without asking CUDA: its
-# slot and result block come back with no event query.  (Only an optimisation: a Pending not
+# A copied result is queued on the caller's stream itself, where it is known; an event recorded
+# later on that stream (the next call's ordering point) completes only after the copy has.  So
+# when that event is waited for, the copy is known complete without asking CUDA: its slot and
+# result block come back with no event query.  (Only an optimisation: a Pending not
 # marked here is queried where it matters.)  A stream is known by its handle: one the caller
 # destroys while our wait is queued on it, and makes again under the same handle before the copy
 # lands, would vouch for a copy it never waited for -- a window of microseconds, on a stream
@@ -558,12 +558,6 @@ def results_stream(results: Placement, claim: Any = None, out: Mapping[str, OutT
             here = current_stream(device)
             return stream if stream == (here or 1) else None
     return None
-
-
-def callers_stream(device: int, handle: int) -> Any:
-    """The caller's stream *handle* of *device* (torch's or cupy's, 1: the legacy default) as a
-    :class:`~tritonshm.cuda.Stream` copies can be queued on; never destroyed by us."""
-    return Stream.borrow(handle, device)
 
 
 def copy_stream(device: int | None) -> Any:

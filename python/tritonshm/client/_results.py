@@ -124,8 +124,9 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
     results of another library when the caller's stream *order* is unknown); else *pending*
     (a :class:`~tritonshm.cuda.Pending`, or None) marks the device copies queued -- on the
     caller's stream *order* (a handle) where it is known, so that its next work is after them --
-    the last of them records its event, our own result arrays carry it (their readers order after it), and the slot and result
-    blocks they read and write are not reused before it completes -- no CPU wait."""
+    the last of them records its event, our own result arrays carry it (their readers order
+    after it), and the slot and result blocks they read and write are not reused before it
+    completes -- no CPU wait."""
     check_version(info, result)
     if lease is None:  # everything lent: the server wrote each result where the caller wanted it
         assert allocated is not None and lent and all(n in lent.outputs for n in names), \
@@ -195,7 +196,7 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
     # copies with no wait to queue, and the results its library allocated there need no handshake
     # (torch's would order our copy stream after its stream with an event of its own, in Python).
     # Else on our copy stream; our own arrays carry the event.
-    on = stream if order is None else _devices.callers_stream(stream.device, order)
+    on = stream if order is None else _devices.Stream.borrow(order, stream.device)
     for i, (dst, offset, nbytes, dst_offset, ours) in enumerate(device_copies):
         if i == last:
             memory.read_into(dst, offset, nbytes, dst_offset, on, done=pending.event)
