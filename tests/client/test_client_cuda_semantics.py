@@ -329,6 +329,23 @@ def test_a_tensor_on_gpu_1_while_gpu_0_is_current(two_gpu_server, fake_cuda, tor
         del out
 
 
+def test_an_out_tensor_on_another_gpu_than_the_slot_is_copied_into_in_its_streams_order(
+        two_gpu_server, fake_cuda, torch_like, monkeypatch):
+    """The input on cuda:0 (its slot there), out= on cuda:1, copied into (by_reference=False): the
+    copy out of the slot is queued on our copy stream of cuda:0 and the out= tensor's stream on
+    cuda:1 waits for it -- not queued on that stream, whose device is not the copy's (its event
+    could not be recorded there)."""
+    monkeypatch.setenv("TSHM_FAKE_CUDA_DEVICES", "2")
+    data = sample(np.float32, 1024)
+    x = torch_like.from_numpy(data, device=0)
+    with torch_like.stream(1):  # y's work goes on a stream of cuda:1, side
+        y = torch_like.empty(1024, np.float32, device=1)
+        with tritonshm.Client(two_gpu_server.grpc_url, transport="cuda", by_reference=False) as c:
+            got = c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y}, output_device="cuda:1")["OUTPUT0"]
+            assert got is y and [p.memory for p in c.pools()] == ["cuda:0"]
+            np.testing.assert_array_equal(y.numpy(), data)  # .numpy(): on y's current stream, side
+
+
 def test_a_process_that_only_uses_gpu_1_makes_no_context_on_gpu_0(two_gpu_server, fake_cuda, monkeypatch):
     monkeypatch.setenv("TSHM_FAKE_CUDA_DEVICES", "2")
     data = sample(np.float32, 1024)

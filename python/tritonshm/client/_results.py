@@ -192,14 +192,17 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
     last = max((i for i, c in enumerate(device_copies) if c[2]), default=None)
     if last is None:  # nothing but empty tensors: nothing queued
         return outputs, queued, None
-    # On the caller's stream where it is known: what the caller queues there next is after the
-    # copies with no wait to queue, and the results its library allocated there need no handshake
-    # (torch's would order our copy stream after its stream with an event of its own, in Python).
-    # Else on our copy stream; our own arrays carry the event.
-    on = stream if order is None else _devices.Stream.borrow(order, stream.device)
+    # On the caller's stream where it is known and of the copy's device: what the caller queues
+    # there next is after the copies with no wait to queue, and the results its library allocated
+    # there need no handshake (torch's would order our copy stream after its stream with an event
+    # of its own, in Python).  Else on our copy stream, the caller's stream (of another GPU than
+    # the slot's) made to wait for it; our own arrays carry the event.
+    on, then = stream, order
+    if order is not None and results.device == stream.device:
+        on, then = _devices.Stream.borrow(order, stream.device), None
     for i, (dst, offset, nbytes, dst_offset, ours) in enumerate(device_copies):
         if i == last:
-            memory.read_into(dst, offset, nbytes, dst_offset, on, done=pending.event)
+            memory.read_into(dst, offset, nbytes, dst_offset, on, done=pending.event, then=then)
         else:
             memory.read_into(dst, offset, nbytes, dst_offset, on)
         if ours:
