@@ -124,9 +124,11 @@ def measure(url: str, nbytes: int, reps: int, warmup: int, spin_s: float) -> dic
     x = sample_tensor(torch, count, 7)
     rows: dict[str, dict[str, Any]] = {m.name: {"before": [], "server": [], "after": [], "total": [], "cpu": [],
                                                 "grpc_calls": []} for m in methods}
-    for m in methods:
-        m.open()
+    opened = []
     try:
+        for m in methods:
+            opened.append(m)
+            m.open()
         for index in range(warmup + reps):
             for m in round_order(methods, index):
                 m.stage(x)
@@ -151,7 +153,7 @@ def measure(url: str, nbytes: int, reps: int, warmup: int, spin_s: float) -> dic
                 row["cpu"].append(c1 - c0)
                 row["grpc_calls"].append(len(calls))
     finally:
-        for m in methods:
+        for m in opened:
             m.close()
     return {name: {**{k: _median_ms(v) for k, v in row.items() if k != "grpc_calls"},
                    "grpc_calls": max(row["grpc_calls"], default=0)} for name, row in rows.items()}
