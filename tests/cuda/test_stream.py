@@ -651,7 +651,6 @@ def test_torchs_current_stream_is_read_through_its_c_accessor(monkeypatch):
     torch.cuda = types.SimpleNamespace(is_initialized=lambda: True,
                                        current_stream=lambda device: pytest.fail("the Python way was taken"))
     monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setattr(_stream, "_torch_stream_of", None)
     monkeypatch.setattr(_stream, "producer_streams", {})
     assert _stream._torch_current_stream(1) == 0xABC
     reader = _stream.producer_stream_of(Tensor)
@@ -660,7 +659,7 @@ def test_torchs_current_stream_is_read_through_its_c_accessor(monkeypatch):
     assert asked == [1, 0]
     del torch._C._cuda_getCurrentRawStream  # an older torch: the public way, same answer
     torch.cuda.current_stream = lambda device: types.SimpleNamespace(cuda_stream=0xDEF)
-    monkeypatch.setattr(_stream, "_torch_stream_of", None)
+    monkeypatch.setattr(_stream, "producer_streams", {})
     assert _stream._torch_current_stream(0) == 0xDEF
 
 

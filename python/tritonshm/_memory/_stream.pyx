@@ -388,22 +388,16 @@ def _torch_raw_stream(torch):
 
 def _torch_current_stream(device):
     """torch's current stream on *device* for this thread, if torch is in use and it is not the default."""
-    global _torch_stream_of
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     try:
         if not torch.cuda.is_initialized():
             return None
-        if _torch_stream_of is None:
-            _torch_stream_of = _torch_raw_stream(torch)
-        handle = _torch_stream_of(device)
+        handle = producer_stream_of(torch.Tensor)(device)
     except Exception:  # a CPU-only build, or a device torch cannot see
         return None
     return handle or None  # the default stream: let another library answer (else 0 anyway)
-
-
-_torch_stream_of = None
 
 
 def _cupy_current_stream(device):

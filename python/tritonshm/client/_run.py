@@ -16,7 +16,7 @@ import math
 import re
 import time
 from collections.abc import Mapping
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -87,6 +87,19 @@ class _QuickSlot(NamedTuple):
     inputs: list[tuple[str, np.ndarray]]
     outputs: list[tuple[str, Any, np.ndarray]]
     request: tuple[list, list, Any]
+
+
+def _callers_tensors(arrays: Mapping[str, Any],
+                     out: Mapping[str, OutTensor] | None) -> Iterator[tuple[str, DeviceTensor, bool]]:
+    """The tensors of a request in the caller's GPU memory, as ``(name, tensor, writes)``: each
+    GPU input, then each ``out=`` tensor (the server writes those) -- none empty (Triton refuses
+    0-byte bindings) and no host array (those are the client's own copies)."""
+    for name, array in arrays.items():
+        if isinstance(array, DeviceTensor) and array.nbytes:
+            yield name, array, False
+    for name, given in (out or {}).items():
+        if given.tensor.nbytes:
+            yield name, given.tensor, True
 
 
 class Runner:
@@ -205,11 +218,8 @@ class Runner:
         """Wait until no unfinished request names the caller's GPU memory this one writes, or
         writes what this one reads (a request the client gave up on, still running on the
         server); :class:`TensorInUse` after the request's slot_timeout."""
-        # (what, name, span): each span named only if the wait times out
-        named = [("input", name, Span.of(array, False)) for name, array in arrays.items()
-                 if isinstance(array, DeviceTensor) and array.nbytes]
-        named += [("out", name, Span.of(given.tensor, True)) for name, given in (plan.out or {}).items()
-                  if given.tensor.nbytes]
+        # (name, writes, span): each span named only if the wait times out
+        named = [(name, writes, Span.of(tensor, writes)) for name, tensor, writes in _callers_tensors(arrays, plan.out)]
         if not named:  # (host tensors are the client's copies: nothing to clash)
             return
         spans = [span for *_, span in named]
@@ -225,8 +235,8 @@ class Runner:
             return clash is None
 
         def timed_out() -> TensorInUse:
-            kind, name = next((kind, name) for kind, name, span in named if span is clash)
-            what = f"input {name!r}" if kind == "input" else f"out[{name!r}]"
+            name, writes = next((name, writes) for name, writes, span in named if span is clash)
+            what = f"out[{name!r}]" if writes else f"input {name!r}"
             return TensorInUse(
                 f"{what} of this request on model {plan.info.name!r} is memory another request still "
                 f"uses: one running now, or one the client gave up on (client_timeout, cancelled, "
@@ -250,25 +260,16 @@ class Runner:
         """Lend the server the GPU inputs of one chunk, and the results the caller allocated,
         where their memory can be (:mod:`._lent`); the rest is copied as before."""
         table = self.lent_table
-        for name, array in arrays.items():
-            if isinstance(array, DeviceTensor) and array.nbytes:  # (Triton refuses 0-byte bindings)
-                # An allocation lent before is known by its id -- never one of our slots in
-                # service: own_slot() names a view of those before it could be lent.
-                where = table.lend_known(array)
-                if where is None:
-                    where = self.pool_table.own_slot(array)
-                if where is None:
-                    where = yield from table.lend_steps(array)
-                if where is not None:
-                    claim.lend(name, where, array, writes=False)
-        for name, given in (plan.out or {}).items():
-            if not given.tensor.nbytes:
-                continue
-            where = table.lend_known(given.tensor)
+        for name, tensor, writes in _callers_tensors(arrays, plan.out):
+            # An allocation lent before is known by its id -- never one of our slots in service:
+            # own_slot() names a view of those (an input) before it could be lent.
+            where = table.lend_known(tensor)
+            if where is None and not writes:
+                where = self.pool_table.own_slot(tensor)
             if where is None:
-                where = yield from table.lend_steps(given.tensor)
+                where = yield from table.lend_steps(tensor)
             if where is not None:
-                claim.lend(name, where, given.tensor, writes=True)
+                claim.lend(name, where, tensor, writes=writes)
 
     def _fill_steps(self, info: ModelInfo, lease: Lease | None, arrays: Mapping[str, Any],
                     bytes_sizes: Mapping[str, int], device: int | None, claim: Claim | None = None) -> Steps:
@@ -385,9 +386,9 @@ class Runner:
             self.engine.check_open()
         info, out = plan.info, plan.out
         assert out is not None  # (_all_lent)
-        spans = [Span.of(array, False) for array in arrays.values()]
-        spans += [Span.of(given.tensor, True) for given in out.values()]
-        if self.claims.enter(claim, spans) is not None or not self._lend_all_known(claim, arrays, out):
+        tensors = list(_callers_tensors(arrays, out))
+        spans = [Span.of(tensor, writes) for _, tensor, writes in tensors]
+        if self.claims.enter(claim, spans) is not None or not self._lend_all_known(claim, tensors):
             return None  # (a clash, or a tensor not lent yet)
         for event in _devices.distinct(claim.waits):  # (one: the call's ordering point)
             yield WaitForDevice(event)
@@ -403,20 +404,16 @@ class Runner:
         self.lent_table.count(len(claim.inputs), len(claim.outputs))
         return outputs
 
-    def _lend_all_known(self, claim: Claim, arrays: Mapping[str, Any], out: Mapping[str, OutTensor]) -> bool:
-        """Lend *claim* every tensor of the request where the lent table knows its allocation
-        already; False (what was lent stays in the claim, to end with it) where one is not known."""
+    def _lend_all_known(self, claim: Claim, tensors: Sequence[tuple[str, DeviceTensor, bool]]) -> bool:
+        """Lend *claim* every one of *tensors* (:func:`_callers_tensors`) where the lent table knows
+        its allocation already; False (what was lent stays in the claim, to end with it) where one
+        is not known."""
         table = self.lent_table
-        for name, array in arrays.items():
-            where = table.lend_known(array)
+        for name, tensor, writes in tensors:
+            where = table.lend_known(tensor)
             if where is None:
                 return False
-            claim.lend(name, where, array, writes=False)
-        for name, given in out.items():
-            where = table.lend_known(given.tensor)
-            if where is None:
-                return False
-            claim.lend(name, where, given.tensor, writes=True)
+            claim.lend(name, where, tensor, writes=writes)
         return True
 
     # -- a model that changed under the client ------------------------------
@@ -536,9 +533,9 @@ class Runner:
         library, where results go -- so that its plan holds again, checked and routed then; None
         for a request that is not such a one (no GPU tensor, BYTES, anything unusual: the full way
         checks it).  Where the tensors are is not part of it: each request lends its own."""
-        if type(arrays) is not dict and not isinstance(arrays, Mapping) or len(arrays) > 8 or info.has_bytes or info.decoupled \
-                or type(output_device) not in (str, int) or not (slot_timeout is None or type(slot_timeout)
-                                                                    in (int, float)):
+        if (type(arrays) is not dict and not isinstance(arrays, Mapping)) or len(arrays) > 8 or info.has_bytes \
+                or info.decoupled or type(output_device) not in (str, int) \
+                or not (slot_timeout is None or type(slot_timeout) in (int, float)):
             return None
         if outputs is not None and (isinstance(outputs, str) or any(type(name) is not str for name in outputs)):
             return None
