@@ -63,6 +63,7 @@ class Counted:
     def __init__(self, ours, theirs, stats, steps, requests):
         self.ours, self.theirs, self.stats, self.steps, self.requests = ours, theirs, stats, steps, requests
         self.stream_compares = 0  # exports the producer double was asked to order (measure(producer=))
+        self.device_queries = 0  # __dlpack_device__ calls the producer double answered (measure(producer=))
 
     def per_request(self, *names: str) -> float:
         return sum(self.ours.get(name, 0) for name in names) / self.requests
@@ -118,11 +119,13 @@ def measure(fake, client, call: Callable[[], Any], requests: int = REQUESTS, pro
     count_plans(client, steps)
     ours, theirs, stats = fake.calls(), fake.calls(foreign=True), fake.stats()
     compares = producer.stream_compares if producer is not None else 0
+    queries = producer.device_queries if producer is not None else 0
     for _ in range(requests):
         call()
     counted = Counted(fake.calls() - ours, fake.calls(foreign=True) - theirs, fake.stats() - stats,
                       collections.Counter(steps), requests)
     counted.stream_compares = (producer.stream_compares - compares) if producer is not None else 0
+    counted.device_queries = (producer.device_queries - queries) if producer is not None else 0
     print(counted)
     return counted
 
@@ -178,6 +181,9 @@ def test_lent_input_and_lent_out(url, fake_cuda, torch_caching):
     # both tensors on torch's current stream, the one the request orders on: no handshake asked of
     # torch (each is four Python stream look-ups, ~20 us per tensor on an H200)
     limits.at_most("torch stream handshakes", counted.stream_compares / counted.requests, 0)
+    # where each tensor lives asked once: torch's __dlpack_device__ is Python (a torch.device made,
+    # an enum looked up), and the client's check, capture() and the import each asked it
+    limits.at_most("__dlpack_device__ calls per tensor", counted.device_queries / counted.requests / 2, 1)
     limits.at_most("allocations", counted.per_request(*ALLOCATIONS), 0)
     limits.at_most("copies", counted.per_request(*COPIES), 0)
     limits.at_most("event records of ours", counted.per_request("cudaEventRecord"), 1)

@@ -70,6 +70,25 @@ def test_a_tensor_whose_library_is_on_another_stream_keeps_its_handshake(fake_cu
     torch_like.synchronize(0)
 
 
+def test_capture_at_takes_where_the_caller_read_and_asks_the_tensor_nothing_more(fake_cuda, torch_like):
+    """The client reads a tensor's ``__dlpack_device__()`` once (device or pinned host memory?) and
+    hands it to ``capture_at``: neither the capture nor the import asks it again (torch's is
+    Python, a few microseconds a call).  Host memory is refused there, as capture() refuses it."""
+    from tritonshm._memory._capture import capture_at
+
+    x = torch_like.from_numpy(np.arange(64, dtype=np.float32))
+    where = x.__dlpack_device__()
+    asked = torch_like.device_queries
+    cap = capture_at(x, where)
+    assert torch_like.device_queries == asked and cap.device == 0 and cap.shape == (64,)
+    out = np.empty(64, np.float32)
+    cuda.copy(out, cap)
+    np.testing.assert_array_equal(out, np.arange(64, dtype=np.float32))
+    cap.release()
+    with pytest.raises(tritonshm.UnsupportedBuffer, match="device memory"):
+        capture_at(x, (3, 0))  # kDLCUDAHost: pinned host memory
+
+
 def test_a_recorded_capture_still_orders_our_copy_stream(fake_cuda, torch_like):
     """capture() as before (the default): the producer's handshake orders our copy stream."""
     with torch_like.stream(0):

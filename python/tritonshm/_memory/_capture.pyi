@@ -8,7 +8,7 @@ from typing_extensions import Self
 
 from ._stream import Event
 
-__all__ = ["Capture", "capture", "describe"]
+__all__ = ["Capture", "capture", "capture_at", "describe"]
 
 class Capture:
     """A device array as it was when :func:`capture` was called: its memory, and its work so far."""
@@ -46,6 +46,9 @@ class Capture:
 
 def capture(obj: Any, device: int | None = None, *, record: bool = True) -> Capture:
     """Take a device array as it is now, on the caller's thread: a :class:`Capture`."""
+
+def capture_at(obj: Any, where: tuple[int, int], *, record: bool = True) -> Capture:
+    """:func:`capture` of a DLPack producer of device memory whose ``__dlpack_device__()`` the caller read already."""
 
 def describe(obj: Any) -> tuple[np.dtype[Any], tuple[int, ...], int] | None:
     """``(dtype, shape, device)`` of a C-contiguous CUDA device array, or None for anything else."""

@@ -15,7 +15,7 @@ the event and sees the bytes the caller meant.
 """
 
 from ._cuda_array cimport CudaArray
-from ._dlpack cimport Imported
+from ._dlpack cimport Imported, import_device_at
 from ._runtime cimport Runtime, current
 from ._stream cimport Event, Stream, handshake_stream, new_event, thread_copy_stream
 
@@ -27,7 +27,9 @@ from ._args import device_of as _device_of
 from ._cai import cai_device, parse_cai, read_cai
 from ._stream import current_stream as _current_stream
 
-__all__ = ["Capture", "capture", "describe"]
+_DEVICE_MEMORY_TYPES = _dlpack.DEVICE_MEMORY_TYPES
+
+__all__ = ["Capture", "capture", "capture_at", "describe"]
 
 
 cdef class Capture:
@@ -157,16 +159,14 @@ def capture(obj, device=None, *, bint record=True):
     cdef Capture cap
     cdef CudaArray array
     cdef Runtime rt
-    cdef Imported imp
-    cdef Stream cs
     cdef int dev
     cdef size_t producer
     want = None if device is None else _device_of(device)
     if isinstance(obj, Capture):
         (<Capture>obj)._live()
         return obj
-    cap = Capture.__new__(Capture)
     if isinstance(obj, CudaArray):
+        cap = Capture.__new__(Capture)
         array = <CudaArray>obj
         if array._alloc == NULL:
             raise UnsupportedBuffer("this CudaArray was not made by view()")
@@ -184,39 +184,15 @@ def capture(obj, device=None, *, bint record=True):
         cap.device = dev
         return cap
     where = _dlpack.dlpack_device(obj)
-    if where is not None and where[0] in _dlpack.DEVICE_MEMORY_TYPES:
-        rt = current()
-        dev = rt.valid_device(where[1])
-        _device_wanted(want, dev, obj)
-        producer = 2 if record else _current_stream(dev)
-        if producer == 2:  # (per-thread default streams torch refuses to order before): our copy stream
-            cs = thread_copy_stream(rt, dev)
-            producer = <size_t>cs._live()
-        imp = _dlpack.import_device(obj, handshake_stream(obj, dev, producer, True), _dlpack.DEVICE_MEMORY_TYPES,
-                                    identify=not record)
-        cap.buffer_id = imp.buffer_id
-        try:
-            _order(cap, rt, dev, producer, record)
-            try:
-                cap.dtype = imp.dtype
-            except DTypeMismatch:  # bfloat16 and co: the bytes can still be copied
-                cap.dtype = None
-        except BaseException:
-            imp.release()
-            raise
-        cap._imported = imp
-        cap.ptr = imp.ptr
-        cap.nbytes = imp.nbytes
-        cap.shape = imp.shape
-        cap.readonly = imp.readonly
-        cap.device = dev
-        return cap
+    if where is not None and where[0] in _DEVICE_MEMORY_TYPES:
+        return _capture_dlpack(obj, where, want, record)
     parsed = parse_cai(obj)
     if parsed is None:
         raise UnsupportedBuffer(
             f"capture() takes a device array (a CudaArray, DLPack CUDA memory or __cuda_array_interface__); "
             f"{type(obj).__name__} is none of these: copy host memory directly")
     ptr, dt, shape, stream, readonly = parsed
+    cap = Capture.__new__(Capture)
     rt = current()
     dev = rt.valid_device(cai_device(obj, want if want is not None else 0))
     _device_wanted(want, dev, obj)
@@ -228,6 +204,50 @@ def capture(obj, device=None, *, bint record=True):
     cap.dtype = dt
     cap.shape = shape
     cap.readonly = readonly
+    cap.device = dev
+    return cap
+
+
+def capture_at(obj, tuple where not None, *, bint record=True):
+    """:func:`capture` of a DLPack producer of device memory whose ``__dlpack_device__()`` the
+    caller has read already: *where*, ``(device type, device id)`` as ints.  The client reads it
+    once per tensor, to tell device memory from pinned host memory; :func:`capture` would read it
+    again, and the import a third time (torch's is Python: a few microseconds a call)."""
+    if len(where) != 2 or where[0] not in _DEVICE_MEMORY_TYPES:
+        raise UnsupportedBuffer(f"capture_at() takes DLPack device memory, not device {where!r}")
+    return _capture_dlpack(obj, where, None, record)
+
+
+cdef Capture _capture_dlpack(object obj, tuple where, object want, bint record):
+    """:func:`capture` of a DLPack producer of device memory at *where* (its ``__dlpack_device__()``)."""
+    cdef Capture cap = Capture.__new__(Capture)
+    cdef Runtime rt = current()
+    cdef Imported imp
+    cdef Stream cs
+    cdef int dev = rt.valid_device(where[1])
+    cdef size_t producer
+    _device_wanted(want, dev, obj)
+    producer = 2 if record else _current_stream(dev)
+    if producer == 2:  # (per-thread default streams torch refuses to order before): our copy stream
+        cs = thread_copy_stream(rt, dev)
+        producer = <size_t>cs._live()
+    imp = import_device_at(obj, where, handshake_stream(obj, dev, producer, True), _DEVICE_MEMORY_TYPES,
+                           not record)
+    cap.buffer_id = imp.buffer_id
+    try:
+        _order(cap, rt, dev, producer, record)
+        try:
+            cap.dtype = imp.dtype
+        except DTypeMismatch:  # bfloat16 and co: the bytes can still be copied
+            cap.dtype = None
+    except BaseException:
+        imp.release()
+        raise
+    cap._imported = imp
+    cap.ptr = imp.ptr
+    cap.nbytes = imp.nbytes
+    cap.shape = imp.shape
+    cap.readonly = imp.readonly
     cap.device = dev
     return cap
 

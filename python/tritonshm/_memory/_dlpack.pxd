@@ -19,3 +19,5 @@ cdef class Imported:
     cdef readonly bint readonly
     cdef readonly unsigned long long buffer_id  # the driver's id of the allocation (identify=True), else 0
     cpdef release(self)
+
+cdef Imported import_device_at(object obj, tuple where, object stream, object device_types, bint identify)

@@ -289,12 +289,19 @@ def import_device(obj, stream=1, device_types=CUDA_DEVICE_TYPES, bint identify=F
     holds it (:attr:`Imported.buffer_id`: one attribute query, no more
     device bookkeeping).
     """
-    cdef Runtime rt
-    cdef int previous = 0
-    cdef Imported imp
     where = dlpack_device(obj)
     if where is None:
         return None
+    return import_device_at(obj, where, stream, device_types, identify)
+
+
+cdef Imported import_device_at(object obj, tuple where, object stream, object device_types, bint identify):
+    """:func:`import_device` of *obj* whose ``__dlpack_device__()`` the caller read already
+    (*where*, as :func:`dlpack_device` gives it): asked once per tensor, not again here (torch's
+    is Python, a few microseconds a call)."""
+    cdef Runtime rt
+    cdef int previous = 0
+    cdef Imported imp
     device_type, device_id = where
     if device_type not in device_types:
         return None

@@ -37,7 +37,7 @@ import numpy as np
 
 from .. import _dtypes
 from .._memory import _runtime
-from .._memory._capture import capture, describe
+from .._memory._capture import capture, capture_at, describe
 from .._memory._copy import copy
 from .._memory._cuda_array import empty as cuda_empty
 from .._memory._stream import Event, Pending, Stream, copy_stream as thread_copy_stream, current_stream
@@ -262,12 +262,14 @@ class one_ordering_point:  # noqa: N801 (a context manager used as a function: `
                 captured.ordered_by(event)
 
 
-def _capture(value: Any, device: int | None) -> Any:
-    """:func:`capture`, its event shared with the call's other captures inside :func:`one_ordering_point`."""
+def _capture(value: Any, device: int | None, where: tuple[int, int] | None = None) -> Any:
+    """:func:`capture` (:func:`capture_at` where *value*'s ``__dlpack_device__()`` was read
+    already: *where*), its event shared with the call's other captures inside
+    :func:`one_ordering_point`."""
     pending = _capturing.pending
     if pending is None:
-        return capture(value, device)
-    captured = capture(value, device, record=False)
+        return capture(value, device) if where is None else capture_at(value, where)
+    captured = capture(value, device, record=False) if where is None else capture_at(value, where, record=False)
     if captured.event is None:  # (a Capture given again keeps its own)
         pending.setdefault((captured.device, captured.stream), []).append(captured)
     return captured
@@ -276,13 +278,15 @@ def _capture(value: Any, device: int | None) -> Any:
 _GPU_MEMORY = (2, 13)  # kDLCUDA, kDLCUDAManaged
 
 
-def _on_a_gpu(value: Any) -> bool:
-    """Whether *value*'s ``__dlpack_device__`` says device memory (pinned host memory is not)."""
+def _gpu_memory_at(value: Any) -> tuple[int, int] | None:
+    """*value*'s ``__dlpack_device__()`` as ints where it says device memory, else None (pinned host
+    memory is not).  Read once per tensor: torch's is Python, a few microseconds a call."""
     try:
-        where = value.__dlpack_device__()
-        return int(where[0]) in _GPU_MEMORY
+        kind, device = value.__dlpack_device__()
+        where = (int(kind), int(device))
     except Exception:  # (not a DLPack device after all: describe() says what it is)
-        return False
+        return None
+    return where if where[0] in _GPU_MEMORY else None
 
 
 def distinct(events: Sequence[Any]) -> list[Any]:
@@ -302,10 +306,11 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
     if not (hasattr(kind, "__dlpack_device__") or hasattr(kind, "__cuda_array_interface__")
             or hasattr(value, "__cuda_array_interface__")):
         return None
-    if hasattr(kind, "__dlpack__") and _on_a_gpu(value):
+    where = _gpu_memory_at(value) if hasattr(kind, "__dlpack__") else None
+    if where is not None:
         # A DLPack tensor in device memory (torch, cupy, jax): taken at once, its dtype, shape and
         # device read from the import -- one exchange under one device guard, not two.
-        captured = _capture(value, None)  # a producer's refusal is UnsupportedBuffer there
+        captured = _capture(value, None, where)  # a producer's refusal is UnsupportedBuffer there
         if captured.dtype is None:
             captured.release()
             raise DTypeMismatch(f"{type(value).__name__} has a dtype numpy lacks: it cannot be sent")
