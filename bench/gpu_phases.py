@@ -114,12 +114,12 @@ def measure(url: str, nbytes: int, reps: int, warmup: int, spin_s: float) -> dic
     import torch
 
     from tritonshm.bench._harness import round_order
-    from tritonshm.bench._gpu import (GpuClientInfer, GpuClientInferCopies, GpuClientInferOut, GpuFloor,
-                                      GpuSetting, GpuTritonclientCuda, GpuZeroCopy, GPU_MODEL, sample_tensor)
+    from tritonshm.bench._gpu import (GpuClientInfer, GpuClientInferCopies, GpuClientInferOut, GpuClientInferViews,
+                                      GpuFloor, GpuSetting, GpuTritonclientCuda, GpuZeroCopy, GPU_MODEL, sample_tensor)
 
     count = nbytes // 4
     classes = [GpuFloor, *_floor_variants(torch, spin_s), GpuZeroCopy, GpuClientInfer, GpuClientInferOut,
-               GpuClientInferCopies, GpuTritonclientCuda]
+               GpuClientInferCopies, GpuClientInferViews, GpuTritonclientCuda]
     methods = [cls(GpuSetting.of(url, GPU_MODEL, count)) for cls in classes]
     x = sample_tensor(torch, count, 7)
     rows: dict[str, dict[str, Any]] = {m.name: {"before": [], "server": [], "after": [], "total": [], "cpu": [],

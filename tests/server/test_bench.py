@@ -284,15 +284,16 @@ def test_a_method_unavailable_at_open_is_reported_and_the_others_run(server):
 
 # -- bench --gpu, what can be checked without a GPU -----------------------------------------------
 
-GPU_NAMES = ["grpc", "tc-shm", "tc-cuda", "Client.infer", "Client.infer out=", "Client.infer copies", "zero-copy",
-             "floor"]
+GPU_NAMES = ["grpc", "tc-shm", "tc-cuda", "Client.infer", "Client.infer out=", "Client.infer copies",
+             "Client.infer copy=False", "zero-copy", "floor"]
 
 
 def test_gpu_methods_and_models():
     assert [m.name for m in bench.GPU_METHODS] == GPU_NAMES
     assert {m.name: m.group for m in bench.GPU_METHODS} == {
         "grpc": "peer", "tc-shm": "peer", "tc-cuda": "peer", "Client.infer": "tritonshm",
-        "Client.infer out=": "tritonshm", "Client.infer copies": "tritonshm", "zero-copy": "tritonshm",
+        "Client.infer out=": "tritonshm", "Client.infer copies": "tritonshm",
+        "Client.infer copy=False": "tritonshm", "zero-copy": "tritonshm",
         "floor": "reference"}
     assert bench.GPU_SIZES == (64 << 10, 1 << 20, 16 << 20, 64 << 20)
     repo = bench.gpu_model_repository()
@@ -388,9 +389,9 @@ def _fake_gpu_results(medians_ms: dict, sizes=(64 << 10, 16 << 20)) -> dict:
 
 def test_gpu_ratios_targets_and_table():
     gpu = {"grpc": 10.0, "tc-shm": 4.0, "tc-cuda": 3.0, "Client.infer": 1.15, "Client.infer out=": 1.1,
-           "Client.infer copies": 2.0, "zero-copy": 1.05, "floor": 1.0}
+           "Client.infer copies": 2.0, "Client.infer copy=False": 1.08, "zero-copy": 1.05, "floor": 1.0}
     cpu = {"grpc": 12.0, "tc-shm": 5.0, "tc-cuda": 6.0, "Client.infer": None, "Client.infer out=": 3.5,
-           "Client.infer copies": 7.0, "zero-copy": 4.0, "floor": 3.0}
+           "Client.infer copies": 7.0, "Client.infer copy=False": 3.4, "zero-copy": 4.0, "floor": 3.0}
     out = json.loads(json.dumps(_fake_gpu_results({"identity_fp32_gpu": gpu, "identity_fp32": cpu})))
     block = out["results"][1]["models"]["identity_fp32_gpu"]
     assert block["best_peer"] == "tc-cuda"

@@ -326,6 +326,17 @@ class GpuClientInferCopies(GpuClientInfer):
     by_reference = False
 
 
+class GpuClientInferViews(GpuClientInfer):
+    name = "Client.infer copy=False"
+    description = ("tritonshm.Client(url, transport='cuda').infer(model, {name: x}, copy=False): the torch tensor "
+                   "sent by reference, the output a view of the CUDA slot the server wrote (holding the slot "
+                   "until dropped), taken by torch.from_dlpack: a result with no copy after the answer")
+
+    def send(self, x: Any) -> Any:
+        view = self.client.infer(self.setting.model, {INPUT: x}, copy=False)[OUTPUT]
+        return self.torch.from_dlpack(view)
+
+
 class GpuZeroCopy(GpuClientInfer):
     name = "zero-copy"
     group = "tritonshm"
@@ -412,7 +423,8 @@ class GpuFloor(GpuMethod):
 
 #: Every method of ``bench --gpu``, in the order of the table.
 GPU_METHODS: tuple[type[GpuMethod], ...] = (GpuGrpc, GpuTritonclientShm, GpuTritonclientCuda, GpuClientInfer,
-                                            GpuClientInferOut, GpuClientInferCopies, GpuZeroCopy, GpuFloor)
+                                            GpuClientInferOut, GpuClientInferCopies, GpuClientInferViews,
+                                            GpuZeroCopy, GpuFloor)
 GPU_PEERS = tuple(m.name for m in GPU_METHODS if m.group == "peer")
 FLOOR = "floor"
 
