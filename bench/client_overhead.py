@@ -280,7 +280,15 @@ def gpu_rows(size: int, reps: int, rounds: int, profile: Sequence[str] = ()) -> 
                 fn()
             calls[name] = {k: v / 10 for k, v in sorted((fake.calls() - before).items())}
         samples: dict[str, list[float]] = {name: [] for name in methods}
-        theirs: dict[str, list[float]] = {name: [] for name in methods}  # the double's share of each
+        for _ in range(rounds):
+            for _ in range(reps):
+                for name, fn in methods.items():
+                    t0 = time.thread_time_ns()
+                    fn()
+                    samples[name].append((time.thread_time_ns() - t0) / 1e3)
+        # Then rounds as many again with the double's own calls timed (which adds its clock reads
+        # to each call: these give only the rows less the double's share)
+        alone: dict[str, list[float]] = {name: [] for name in methods}
         with _the_doubles_cpu(torch_like) as spent:
             for _ in range(rounds):
                 for _ in range(reps):
@@ -288,22 +296,21 @@ def gpu_rows(size: int, reps: int, rounds: int, profile: Sequence[str] = ()) -> 
                         before = spent[0]
                         t0 = time.thread_time_ns()
                         fn()
-                        samples[name].append((time.thread_time_ns() - t0) / 1e3)
-                        theirs[name].append((spent[0] - before) / 1e3)
+                        alone[name].append((time.thread_time_ns() - t0 - (spent[0] - before)) / 1e3)
         np.testing.assert_array_equal(y.numpy(), data)
         np.testing.assert_array_equal(kept[0].get(), data)
         floor_name = "floor (tritonclient, regions bound once)"
         base = statistics.median(samples[floor_name])
         print(f"client thread CPU per warm GPU request, {size} B FP32 identity, FAKE CUDA runtime, real Triton "
-              f"({rounds} rounds x {reps} calls, interleaved; median; 'less the double': less what the "
-              f"torch-like double's own Python took of it -- torch's exports, stream and device look-ups, "
-              f"allocations, which torch does in C++)")
+              f"({rounds} rounds x {reps} calls, interleaved; median; 'less the double': as many rounds again, "
+              f"less what the torch-like double's own Python took of each call -- torch's exports, stream and "
+              f"device look-ups, allocations, which torch does in C++)")
+        base_alone = statistics.median(alone[floor_name])
         for name, values in samples.items():
-            median = statistics.median(values)
-            alone = statistics.median([total - double for total, double in zip(values, theirs[name])])
+            median, ours_alone = statistics.median(values), statistics.median(alone[name])
             ours = calls[name]
             print(f"  {name:44s} {median:8.1f} us   x{median / base:5.2f} of the floor   less the double: "
-                  f"{alone:6.1f} us x{alone / base:5.2f}")
+                  f"{ours_alone:6.1f} us x{ours_alone / base_alone:5.2f}")
             print(f"  {'':44s} CUDA calls/request: {sum(ours.values()):g} {ours}")
 
         # The client's own work alone, in a hot loop: every gRPC stub answers with a recorded
