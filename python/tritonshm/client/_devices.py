@@ -39,6 +39,7 @@ from .. import _dtypes
 from .._memory import _runtime
 from .._memory._capture import capture, capture_at, describe
 from .._memory._copy import copy
+from .._memory._dlpack import DEVICE_MEMORY_TYPES
 from .._memory._cuda_array import empty as cuda_empty
 from .._memory._stream import Event, Pending, Stream, copy_stream as thread_copy_stream, current_stream
 from ..errors import CudaUnavailable, DTypeMismatch, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
@@ -275,9 +276,6 @@ def _capture(value: Any, device: int | None, where: tuple[int, int] | None = Non
     return captured
 
 
-_GPU_MEMORY = (2, 13)  # kDLCUDA, kDLCUDAManaged
-
-
 def _gpu_memory_at(value: Any) -> tuple[int, int] | None:
     """*value*'s ``__dlpack_device__()`` as ints where it says device memory, else None (pinned host
     memory is not).  Read once per tensor: torch's is Python, a few microseconds a call."""
@@ -286,7 +284,7 @@ def _gpu_memory_at(value: Any) -> tuple[int, int] | None:
         where = (int(kind), int(device))
     except Exception:  # (not a DLPack device after all: describe() says what it is)
         return None
-    return where if where[0] in _GPU_MEMORY else None
+    return where if where[0] in DEVICE_MEMORY_TYPES else None
 
 
 def distinct(events: Sequence[Any]) -> list[Any]:
