@@ -176,13 +176,7 @@ def capture(obj, device=None, *, bint record=True):
         array._order_before(producer or 1)  # a copy into it still landing (a client's result) first
         _order(cap, array._runtime, dev, producer, record)
         cap._obj = obj
-        cap.ptr = array.ptr
-        cap.nbytes = array.nbytes
-        cap.dtype = array.dtype
-        cap.shape = array.shape
-        cap.readonly = False
-        cap.device = dev
-        return cap
+        return _describe(cap, array.ptr, array.nbytes, array.dtype, array.shape, False, dev)
     where = _dlpack.dlpack_device(obj)
     if where is not None and where[0] in _DEVICE_MEMORY_TYPES:
         return _capture_dlpack(obj, where, want, record)
@@ -199,13 +193,7 @@ def capture(obj, device=None, *, bint record=True):
     _order(cap, rt, dev, stream if stream != 0 else _current_stream(dev), record)
     cap._obj = obj
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    cap.ptr = ptr
-    cap.nbytes = count * dt.itemsize
-    cap.dtype = dt
-    cap.shape = shape
-    cap.readonly = readonly
-    cap.device = dev
-    return cap
+    return _describe(cap, ptr, count * dt.itemsize, dt, shape, readonly, dev)
 
 
 def capture_at(obj, tuple where not None, *, bint record=True):
@@ -237,18 +225,25 @@ cdef Capture _capture_dlpack(object obj, tuple where, object want, bint record):
     try:
         _order(cap, rt, dev, producer, record)
         try:
-            cap.dtype = imp.dtype
+            dtype = imp.dtype
         except DTypeMismatch:  # bfloat16 and co: the bytes can still be copied
-            cap.dtype = None
+            dtype = None
     except BaseException:
         imp.release()
         raise
     cap._imported = imp
-    cap.ptr = imp.ptr
-    cap.nbytes = imp.nbytes
-    cap.shape = imp.shape
-    cap.readonly = imp.readonly
-    cap.device = dev
+    return _describe(cap, imp.ptr, imp.nbytes, dtype, imp.shape, imp.readonly, dev)
+
+
+cdef inline Capture _describe(Capture cap, size_t ptr, object nbytes, object dtype, tuple shape, bint readonly,
+                              int device):
+    """*cap*, told what it took: *nbytes* at *ptr* on *device*, of *dtype* and *shape*."""
+    cap.ptr = ptr
+    cap.nbytes = nbytes
+    cap.dtype = dtype
+    cap.shape = shape
+    cap.readonly = readonly
+    cap.device = device
     return cap
 
 
