@@ -1223,3 +1223,24 @@ def test_views_and_reads_match_model(size, dtype, shape, offset):
             assert got.tobytes() == raw[offset : offset + got.nbytes]
             del got
         assert r.exports == 0
+
+
+def test_dtype_checks_remember_only_numpys_own_dtypes():
+    """Every view of every request validates its dtype: the answer is kept, by id, for numpy's
+    builtin dtype instances only -- objects never freed, so an id kept never names another object.
+    A string, a byte-swapped or a structured dtype is checked every time, and keeping one dtype
+    changes no answer about another."""
+    from tritonshm._memory import _args, _dlpack
+
+    native = np.dtype("f4")
+    assert _args.dtype_of(native) is native and _args._DTYPES_SEEN[id(native)] is native
+    assert _dlpack.dl_dtype(native) == (2, 32) == _dlpack.dl_dtype(native)  # (kDLFloat)
+    for other in ("f4", np.float32, np.dtype(">f4"), np.dtype([("a", "<f4")])):
+        assert _args.dtype_of(other) == np.dtype(other)
+        assert id(other) not in _args._DTYPES_SEEN
+    with pytest.raises(DTypeMismatch):
+        _args.dtype_of(np.dtype(object))
+    with pytest.raises(DTypeMismatch):
+        _dlpack.dl_dtype(np.dtype(">f4"))
+    with pytest.raises(DTypeMismatch):
+        _dlpack.dl_dtype(np.dtype(">f4"))  # (a refusal is never kept as an answer)

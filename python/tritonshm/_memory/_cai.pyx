@@ -55,14 +55,16 @@ def cai_device(obj, int fallback):
 def read_cai(obj):
     """``obj.__cuda_array_interface__`` (None when absent), read with the object's device current."""
     cdef Runtime rt
-    cdef int previous = 0
+    cdef int previous = 0, rc
     cdef int device
     where = _dlpack.dlpack_device(obj, False)
     if where is None or where[0] not in _dlpack.DEVICE_MEMORY_TYPES:
         return getattr(obj, "__cuda_array_interface__", None)
     rt = current()
     device = where[1]
-    rt.check(tshm_cuda_device_enter(rt.rt, device, &previous), f"selecting CUDA device {device}")
+    rc = tshm_cuda_device_enter(rt.rt, device, &previous)
+    if rc != 0:
+        rt.check(rc, f"selecting CUDA device {device}")
     try:
         return getattr(obj, "__cuda_array_interface__", None)
     finally:

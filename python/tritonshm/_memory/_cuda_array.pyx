@@ -70,7 +70,8 @@ cdef object to_host(Runtime rt, tshm_cuda_alloc *a, size_t offset, size_t length
     finally:
         tshm_cuda_alloc_decref(a)
         PyBuffer_Release(&dst)
-    rt.check(rc, f"copying {length} bytes out of {owner!r}")
+    if rc != 0:
+        rt.check(rc, f"copying {length} bytes out of {owner!r}")
     return out.view(dtype).reshape(shape)
 
 

@@ -482,7 +482,8 @@ cdef class CudaRegion(Region):
         with nogil:
             rc = tshm_cuda_copy_in(a, off, <const void *>src, length, h, w)
         tshm_cuda_alloc_decref(a)
-        self._runtime.check(rc, f"copying {length} bytes into {self!r}")
+        if rc != 0:
+            self._runtime.check(rc, f"copying {length} bytes into {self!r}")
         return length
 
     def read(self, dtype, shape, offset=0):

@@ -96,9 +96,24 @@ def numpy_dtype(int code, int bits):
                         f"(formats neither numpy nor ml_dtypes' bfloat16 has)")
 
 
+# dl_dtype()'s answers for numpy's builtin dtypes, by id: each ``(dtype, (code, bits))`` (see
+# _args._DTYPES_SEEN: such an id is never another object's).  Every view of every request asks again.
+cdef dict _DL_DTYPES_SEEN = {}
+
+
 def dl_dtype(dtype):
     """``(code, bits)`` of a numpy dtype DLPack can describe, else DTypeMismatch."""
+    seen = _DL_DTYPES_SEEN.get(id(dtype))
+    if seen is not None and (<tuple>seen)[0] is dtype:
+        return (<tuple>seen)[1]
     dt = np.dtype(dtype)
+    code_bits = _dl_dtype(dt)
+    if dt.isbuiltin == 1 and dt is dtype and len(_DL_DTYPES_SEEN) < 64:
+        _DL_DTYPES_SEEN[id(dt)] = (dt, code_bits)
+    return code_bits
+
+
+cdef tuple _dl_dtype(dt):
     if dt == BFLOAT16:
         return kDLBfloat, 16
     code = _CODES.get(dt.kind)
@@ -300,7 +315,7 @@ cdef Imported import_device_at(object obj, tuple where, object stream, object de
     (*where*, as :func:`dlpack_device` gives it): asked once per tensor, not again here (torch's
     is Python, a few microseconds a call)."""
     cdef Runtime rt
-    cdef int previous = 0
+    cdef int previous = 0, rc
     cdef Imported imp
     device_type, device_id = where
     if device_type not in device_types:
@@ -308,7 +323,9 @@ cdef Imported import_device_at(object obj, tuple where, object stream, object de
     if device_type not in DEVICE_MEMORY_TYPES:
         return _import(obj, stream)
     rt = current()
-    rt.check(tshm_cuda_device_enter(rt.rt, device_id, &previous), f"selecting CUDA device {device_id}")
+    rc = tshm_cuda_device_enter(rt.rt, device_id, &previous)
+    if rc != 0:  # (the message is made only for a failure: this runs for every tensor taken)
+        rt.check(rc, f"selecting CUDA device {device_id}")
     try:
         imp = _import(obj, stream)
         if identify:

@@ -126,7 +126,8 @@ cdef class Stream:
         cdef int rc
         with nogil:
             rc = tshm_cuda_stream_sync(self._runtime.rt, self._device, h)
-        self._runtime.check(rc, f"synchronizing {self!r}")
+        if rc != 0:  # (the message is made only for a failure: this runs every request)
+            self._runtime.check(rc, f"synchronizing {self!r}")
 
     def wait(self, Event event not None):
         """Make work queued on this stream from now on wait for *event* (no host blocking)."""
@@ -226,8 +227,10 @@ cdef class Event:
 
     cdef int _record(self, size_t stream) except -1:
         cdef void *h = self._live()
-        self._runtime.check(tshm_cuda_event_record(self._runtime.rt, self._device, h, <void *>stream),
-                            f"recording {self!r} on stream 0x{stream:x}")
+        cdef int rc
+        rc = tshm_cuda_event_record(self._runtime.rt, self._device, h, <void *>stream)
+        if rc != 0:  # (the message is made only for a failure: this runs every request)
+            self._runtime.check(rc, f"recording {self!r} on stream 0x{stream:x}")
         return 0
 
     @property
@@ -259,7 +262,8 @@ cdef class Event:
         cdef int rc = tshm_cuda_event_query(self._runtime.rt, self._device, h)
         if rc == TSHM_CUDA_ERROR_NOT_READY:
             return False
-        self._runtime.check(rc, f"querying {self!r}")
+        if rc != 0:
+            self._runtime.check(rc, f"querying {self!r}")
         return True
 
     def synchronize(self):
@@ -268,7 +272,8 @@ cdef class Event:
         cdef int rc
         with nogil:
             rc = tshm_cuda_event_sync(self._runtime.rt, self._device, h)
-        self._runtime.check(rc, f"synchronizing {self!r}")
+        if rc != 0:  # (the message is made only for a failure: this runs every request)
+            self._runtime.check(rc, f"synchronizing {self!r}")
 
     def close(self):
         """Destroy the event; idempotent (a pending one is released when it completes)."""
@@ -496,11 +501,12 @@ cdef class DeviceGuard:
         raise TypeError("use device_guard(device)")
 
     def __enter__(self):
-        cdef int previous = 0
+        cdef int previous = 0, rc
         if self._runtime is None:  # only DeviceGuard.__new__ without device_guard() makes one
             raise TypeError("this DeviceGuard was not made by device_guard()")
-        self._runtime.check(tshm_cuda_device_enter(self._runtime.rt, self._device, &previous),
-                            f"selecting CUDA device {self._device}")
+        rc = tshm_cuda_device_enter(self._runtime.rt, self._device, &previous)
+        if rc != 0:
+            self._runtime.check(rc, f"selecting CUDA device {self._device}")
         self._previous.append(previous)
         return self
 

@@ -1,4 +1,4 @@
-"""Argument checks shared by every region type.
+"""Argument checks shared by every region type (compiled: every request's views and copies ask them).
 
 Offsets, sizes, dtypes and shapes are validated here, the same way for
 system, pinned and CUDA regions, before any copy or view touches memory.
@@ -40,8 +40,17 @@ def device_of(device: Any) -> int:
     return dev
 
 
+# The dtypes dtype_of() found good, by id: numpy's builtin ones only (one instance each, never
+# freed, so an id here is never another object's).  A view of every request asks again; the checks
+# run once per dtype.
+_DTYPES_SEEN: dict[int, np.dtype] = {}
+_DTYPES_KEPT = 64
+
+
 def dtype_of(dtype: Any) -> np.dtype:
     """A numpy dtype that can live in shared memory, or DTypeMismatch."""
+    if _DTYPES_SEEN.get(id(dtype)) is dtype:
+        return dtype
     try:
         dt = np.dtype(dtype)
     except (TypeError, ValueError) as exc:
@@ -55,6 +64,8 @@ def dtype_of(dtype: Any) -> np.dtype:
         )
     if dt.itemsize == 0:
         raise DTypeMismatch(f"dtype {dt} has no size")
+    if dt is dtype and dt.isbuiltin == 1 and len(_DTYPES_SEEN) < _DTYPES_KEPT:
+        _DTYPES_SEEN[id(dt)] = dt
     return dt
 
 
