@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import operator
 import sys
-from typing import Any
 
 import numpy as np
 
@@ -22,7 +21,7 @@ __all__ = ["index", "device_of", "dtype_of", "shape_of", "layout", "span"]
 MAX_NDIM = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
 
 
-def index(value: Any, what: str) -> int:
+cpdef object index(object value, str what):
     """``operator.index(value)`` with an error that names the argument."""
     try:
         return operator.index(value)
@@ -30,7 +29,7 @@ def index(value: Any, what: str) -> int:
         raise OutOfBounds(f"{what} must be an integer, not {type(value).__name__}") from None
 
 
-def device_of(device: Any) -> int:
+cpdef object device_of(object device):
     """A CUDA device number (this process's numbering), or OutOfBounds."""
     if type(device) is int and 0 <= device <= 1 << 30:  # (the usual case, asked on every request)
         return device
@@ -47,7 +46,7 @@ _DTYPES_SEEN: dict[int, np.dtype] = {}
 _DTYPES_KEPT = 64
 
 
-def dtype_of(dtype: Any) -> np.dtype:
+cpdef object dtype_of(object dtype):
     """A numpy dtype that can live in shared memory, or DTypeMismatch."""
     if _DTYPES_SEEN.get(id(dtype)) is dtype:
         return dtype
@@ -69,11 +68,11 @@ def dtype_of(dtype: Any) -> np.dtype:
     return dt
 
 
-def shape_of(shape: Any) -> tuple[int, ...]:
+cpdef tuple shape_of(object shape):
     """A shape tuple of non-negative ints from an int or a sequence of ints."""
     try:
         if type(shape) is tuple or type(shape) is list:  # (the usual case: no TypeError raised to find out)
-            dims: tuple[int, ...] = tuple(map(operator.index, shape))
+            dims = tuple(map(operator.index, shape))
         else:
             try:
                 dims = (operator.index(shape),)
@@ -89,7 +88,7 @@ def shape_of(shape: Any) -> tuple[int, ...]:
     return dims
 
 
-def layout(dtype: Any, shape: Any) -> tuple[np.dtype, tuple[int, ...], int]:
+cpdef tuple layout(object dtype, object shape):
     """``(dtype, dims, nbytes)`` of an array of *shape* x *dtype*, validated."""
     dt = dtype_of(dtype)
     dims = shape_of(shape)
@@ -105,7 +104,7 @@ def layout(dtype: Any, shape: Any) -> tuple[np.dtype, tuple[int, ...], int]:
     return dt, dims, count * dt.itemsize
 
 
-def span(owner: Any, capacity: int, offset: Any = 0, nbytes: Any = None) -> tuple[int, int]:
+cpdef tuple span(object owner, object capacity, object offset=0, object nbytes=None):
     """Validate bytes [offset, offset + nbytes) of *capacity* and return ``(offset, nbytes)``.
 
     *nbytes* defaults to the rest after *offset*.  Negative, non-integer,

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import DTypeMismatch, Error, RegionClosed, UnsupportedBuffer
 from . import _dlpack
-from ._args import device_of as _device_of
+from ._args cimport device_of as _device_of
 from ._cai import cai_device, parse_cai, read_cai
 from ._stream import current_stream as _current_stream
 

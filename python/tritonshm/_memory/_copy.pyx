@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import DTypeMismatch, OutOfBounds, UnsupportedBuffer
 from . import _dlpack
-from ._args import index as _index
+from ._args cimport index as _index
 from ._cai import cai_device, cuda_array_interface
 
 __all__ = ["copy"]

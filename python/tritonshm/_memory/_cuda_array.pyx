@@ -16,7 +16,7 @@ and window types make views and host copies with.
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 
-from ._dlpack cimport export_capsule
+from ._dlpack cimport dl_dtype, export_capsule
 from ._runtime cimport Runtime, current
 from ._stream cimport Event, Pending, thread_copy_stream
 from ._tshm cimport (
@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import OutOfBounds
 from . import _dlpack
-from ._args import device_of as _device_of, layout as _layout
+from ._args cimport device_of as _device_of, layout as _layout
 
 __all__ = ["CudaArray", "empty"]
 
@@ -100,7 +100,7 @@ def empty(dtype, shape, device=0):
     cdef size_t size
     cdef int dev
     dt, dims, nbytes = _layout(dtype, shape)
-    _dlpack.dl_dtype(dt)  # refuse what no consumer could describe
+    dl_dtype(dt)  # refuse what no consumer could describe
     if nbytes > (<size_t>-1) // 2:
         raise OutOfBounds(f"{nbytes} bytes is larger than any allocation can be")
     _device_of(device)

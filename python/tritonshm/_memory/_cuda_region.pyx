@@ -27,7 +27,7 @@ from ._capture cimport Capture
 from ._capture import capture as _capture
 from ._cuda_array cimport make_view, to_host
 from ._cuda_window cimport CudaWindow
-from ._dlpack cimport Imported
+from ._dlpack cimport Imported, dl_dtype
 from ._runtime cimport Runtime, current
 from ._stream cimport Event, Stream, thread_copy_stream
 from ._tshm cimport (
@@ -59,7 +59,7 @@ import numpy as np
 
 from ..errors import CudaError, DTypeMismatch, NotShareable, OutOfBounds, UnsupportedBuffer
 from . import _dlpack
-from ._args import device_of as _device_of, index as _index, layout as _layout
+from ._args cimport device_of as _device_of, index as _index, layout as _layout
 from ._cai import cai_device, cuda_array_interface
 
 __all__ = ["CudaRegion", "export_refusals"]
@@ -388,7 +388,7 @@ cdef class CudaRegion(Region):
         ``__cuda_array_interface__``, and keeps the memory alive.
         """
         dt, dims, nbytes = _layout(dtype, shape)
-        _dlpack.dl_dtype(dt)  # refuse what no consumer could describe
+        dl_dtype(dt)  # refuse what no consumer could describe
         off, _ = self.span(offset, nbytes)
         self._refuse_views()
         return make_view(self._runtime, self._live(), off, dt, dims, nbytes)

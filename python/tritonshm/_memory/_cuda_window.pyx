@@ -13,6 +13,7 @@ alive, so a window outlives its region's ``close()``.
 """
 
 from ._cuda_array cimport CudaArray
+from ._dlpack cimport dl_dtype
 from ._tshm cimport (
     tshm_cuda_hold,
     tshm_cuda_hold_decref,
@@ -21,8 +22,7 @@ from ._tshm cimport (
     tshm_cuda_hold_refs,
 )
 
-from . import _dlpack
-from ._args import layout as _layout, span as _span
+from ._args cimport layout as _layout, span as _span
 
 __all__ = ["CudaWindow"]
 
@@ -125,8 +125,8 @@ cdef class CudaWindow:
         """
         cdef CudaArray v
         dt, dims, nbytes = _layout(dtype, shape)
-        _dlpack.dl_dtype(dt)  # refuse what no consumer could describe
-        off, _ = self.span(offset, nbytes)
+        dl_dtype(dt)  # refuse what no consumer could describe
+        off, _ = _span(self, self._nbytes, offset, nbytes)
         v = CudaArray.__new__(CudaArray)
         tshm_cuda_hold_incref(self._h())
         v._hold = self._hold

@@ -20,4 +20,6 @@ cdef class Imported:
     cdef readonly unsigned long long buffer_id  # the driver's id of the allocation (identify=True), else 0
     cpdef release(self)
 
+cpdef tuple dl_dtype(object dtype)
+
 cdef Imported import_device_at(object obj, tuple where, object stream, object device_types, bint identify)

@@ -101,7 +101,7 @@ def numpy_dtype(int code, int bits):
 cdef dict _DL_DTYPES_SEEN = {}
 
 
-def dl_dtype(dtype):
+cpdef tuple dl_dtype(object dtype):
     """``(code, bits)`` of a numpy dtype DLPack can describe, else DTypeMismatch."""
     seen = _DL_DTYPES_SEEN.get(id(dtype))
     if seen is not None and (<tuple>seen)[0] is dtype:

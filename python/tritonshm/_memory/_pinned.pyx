@@ -19,7 +19,7 @@ from ._tshm cimport tshm_cuda_pin_mapping
 import errno
 
 from ..errors import CudaUnavailable
-from ._args import device_of as _device_of
+from ._args cimport device_of as _device_of
 
 __all__ = ["PinnedRegion"]
 

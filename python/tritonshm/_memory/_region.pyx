@@ -27,7 +27,7 @@ from posix.unistd cimport getpid
 import warnings
 
 from ..errors import RegionClosed
-from ._args import span as _span
+from ._args cimport span as _span
 
 __all__ = ["Region"]
 

@@ -35,7 +35,7 @@ import os
 import threading
 
 from ..errors import CudaError, CudaUnavailable, OutOfBounds, os_error
-from ._args import device_of as _device_of
+from ._args cimport device_of as _device_of
 
 __all__ = ["Runtime", "current", "use", "candidates"]
 

@@ -46,7 +46,7 @@ import sys
 import threading
 
 from ..errors import OutOfBounds, RegionClosed, UnsupportedBuffer
-from ._args import device_of as _device_of
+from ._args cimport device_of as _device_of
 
 __all__ = ["Stream", "Event", "Pending", "DeviceGuard", "copy_stream", "current_stream", "current_stream_providers",
            "producer_streams", "producer_stream_of",

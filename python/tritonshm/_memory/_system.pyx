@@ -48,7 +48,7 @@ from ..errors import (
     UnsupportedBuffer,
     os_error,
 )
-from ._args import index as _index, layout as _layout, span as _span
+from ._args cimport index as _index, layout as _layout, span as _span
 
 __all__ = ["SystemRegion", "Window"]
 
