@@ -62,7 +62,7 @@ def test_a_timed_out_request_keeps_its_out_block_until_the_server_is_done(fake_c
                                                                           torch_caching, warm):
     """The caller drops its out= tensor right after the timeout: its block must not go to the next
     tensor while the server may still write OUTPUT0 there.  *warm*: the call was made once before,
-    so it takes the warm all-lent path (Runner._lent_quick_attempt)."""
+    so it takes the warm all-lent path (Runner.lent_quick_steps)."""
     x = torch_caching.from_numpy(np.full(N, 7, np.float32))
     y = torch_caching.zeros(N)
     with tritonshm.Client(grpc_url(fake_cuda_server)) as c:
@@ -123,7 +123,7 @@ def test_a_call_into_an_out_another_call_is_writing_waits_for_it(fake_cuda_serve
     """Two calls into one out= tensor at once, neither given up on: the second waits until the
     first is answered (the server's two writes never interleave, the later call's values are the
     ones left), and says so (TensorInUse) within its slot_timeout.  *warm*: the second call was
-    made once before, so it takes the warm all-lent path (Runner._lent_quick_attempt)."""
+    made once before, so it takes the warm all-lent path (Runner.lent_quick_steps)."""
     x = torch_caching.from_numpy(np.full(N, 7, np.float32))
     x2 = torch_caching.from_numpy(np.full(N, 9, np.float32))
     y = torch_caching.zeros(N)

@@ -2,7 +2,7 @@
 
 A call seen before whose every input is a GPU tensor and whose every output has
 an ``out=`` tensor, each in an allocation the lent table registered already,
-takes a straight-line path (``Runner._lent_quick_attempt``): no slot, no copy, no
+takes a straight-line path (``Runner.lent_quick_steps``): no slot, no copy, no
 registration.  These tests call each request once first, so that the call
 under test is the warm one, and check that the short path keeps what the full
 way guarantees: it reads what the caller queued last, registers again what a

@@ -44,9 +44,21 @@ def inputs_of(module, array, name="INPUT0", datatype="FP32"):
 # -- 1. a client dropped with async_infer calls pending -------------------------------------------
 
 
+def pools_while_running(held):
+    """Whether *held* (a facade's tritonshm client; None: a plain tritonclient) had slot pools
+    while its requests to slow_fp32 ran (500 ms each) -- looked at then: once the last one ends,
+    a dropped client closes at once, its pools with it."""
+    for _ in range(40):
+        if held is None or held.pools():
+            return held is not None
+        threading.Event().wait(0.01)
+    return False
+
+
 def dropped_with_pending(module, server, protocol, count):
     """async_infer *count* requests to slow_fp32 (500 ms each), drop the client at once, then
-    wait for what they answer: results or errors, in order."""
+    wait for what they answer: results or errors, in order; and whether it had slot pools while
+    they ran."""
     client = connect(module, server, protocol)
     arrays = [np.full(4, i, np.float32) for i in range(count)]
     if protocol == "grpc":
@@ -61,6 +73,7 @@ def dropped_with_pending(module, server, protocol, count):
                                lambda result, error, i=i: callback(i, result, error))
         slots = getattr(client, "_tritonshm_slots", None)
         held = getattr(client, "tritonshm", None)
+        pooled = pools_while_running(held)
         del client
         gc.collect()
         for _ in arrays:
@@ -69,6 +82,7 @@ def dropped_with_pending(module, server, protocol, count):
         pending = [client.async_infer("slow_fp32", inputs_of(module, x)) for x in arrays]
         slots = getattr(client, "_tritonshm_slots", None)
         held = getattr(client, "tritonshm", None)
+        pooled = pools_while_running(held)
         del client
         gc.collect()
         answers = []
@@ -77,16 +91,16 @@ def dropped_with_pending(module, server, protocol, count):
                 answers.append(request.get_result(timeout=30).as_numpy("OUTPUT0"))
             except InferenceServerException as error:
                 answers.append(error)
-    return answers, slots, held
+    return answers, slots, held, pooled
 
 
 def test_a_dropped_client_finishes_its_pending_async_infer_as_tritonclients(server, protocol):
     plain_module, facade_module = modules(protocol)
-    expected, _, _ = dropped_with_pending(plain_module, server, protocol, 3)
-    got, slots, held = dropped_with_pending(facade_module, server, protocol, 3)
+    expected, *_ = dropped_with_pending(plain_module, server, protocol, 3)
+    got, slots, held, pooled = dropped_with_pending(facade_module, server, protocol, 3)
     assert [a.tolist() for a in expected] == [[float(i)] * 4 for i in range(3)]
     assert [a if isinstance(a, Exception) else a.tolist() for a in got] == [a.tolist() for a in expected]
-    assert held is not None and held.pools(), "the facade sent its tensors over the wire"
+    assert pooled, "the facade sent its tensors over the wire"
     # Once they are done, the dropped client goes, and its slots with it (closed on the thread
     # that let go of it last: waited for here, so that the next test finds nothing of it).
     del got

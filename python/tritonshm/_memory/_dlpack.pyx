@@ -80,8 +80,21 @@ _CODES = {"b": kDLBool, "i": kDLInt, "u": kDLUInt, "f": kDLFloat, "c": kDLComple
 _KINDS = {kDLInt: "i", kDLUInt: "u", kDLFloat: "f", kDLComplex: "c"}
 
 
+# What numpy_dtype() found, by (code, bits): asked for every tensor taken (only the few pairs numpy
+# has are ever kept: the rest are refused).
+cdef dict _NUMPY_DTYPES = {}
+
+
 def numpy_dtype(int code, int bits):
     """The numpy dtype of DLPack's ``(code, bits)`` (one lane), else DTypeMismatch."""
+    key = (code, bits)
+    dtype = _NUMPY_DTYPES.get(key)
+    if dtype is None:
+        dtype = _NUMPY_DTYPES[key] = _numpy_dtype(code, bits)
+    return dtype
+
+
+cdef object _numpy_dtype(int code, int bits):
     if code == kDLBool and bits == 8:
         return np.dtype(np.bool_)
     if code == kDLBfloat and bits == 16:

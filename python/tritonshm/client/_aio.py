@@ -342,8 +342,7 @@ class Client(ClientFace):
                                                  slot_timeout, checked)
             if quick is not None:  # seen before
                 return self._driver.drive(quick)
-        with _devices.one_ordering_point():  # inputs and out= alike: one event per stream, one wait
-            inputs, captured_out = _devices.capture_inputs(inputs), _devices.capture_out(out)
+        inputs, captured_out = _devices.capture_call(inputs, out)  # (now, on the caller's thread)
         return self._infer(model, inputs, outputs, version, copy, slot_timeout, output_device, checked, captured_out)
 
     async def _infer(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,

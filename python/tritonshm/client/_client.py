@@ -463,9 +463,9 @@ class Client(ClientFace):
         stream) by the time of this call, as with :meth:`infer`.
         """
         workers = self._workers_for("async")
-        with _devices.one_ordering_point():  # inputs and out= alike: one event per stream, one wait
-            if kwargs.get("out") is not None:  # results the caller allocated: captured now too
-                kwargs["out"] = _devices.capture_out(kwargs["out"])
+        if kwargs.get("out") is not None:  # results the caller allocated: captured now too
+            inputs, kwargs["out"] = _devices.capture_call(inputs, kwargs["out"])
+        else:
             inputs = _devices.capture_inputs(inputs)
         return workers.submit(self.infer, model, inputs, **kwargs)
 

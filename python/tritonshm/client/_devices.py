@@ -44,7 +44,7 @@ from .._memory._cuda_array import empty as cuda_empty
 from .._memory._stream import Event, Pending, Stream, copy_stream as thread_copy_stream, current_stream
 from ..errors import CudaUnavailable, DTypeMismatch, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
-__all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_out", "as_device_tensor", "capture_inputs", "empty",
+__all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_call", "capture_out", "as_device_tensor", "capture_inputs", "empty",
            "to_host", "to_device", "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
            "require_cuda", "library_of", "one_ordering_point", "ordering_event", "distinct", "ResultBlocks",
            "Pending", "Stream", "stream_waited", "waited"]
@@ -256,9 +256,10 @@ class one_ordering_point:  # noqa: N801 (a context manager used as a function: `
         self._pending = _capturing.pending = None
         for (device, stream), captures in pending.items():
             event = ordering_event(device)
-            after = _recording(device, stream)
+            after = _recording(device, stream) if _stream_waits else None  # (none: the usual case)
             event.record(stream)
-            _recorded(event, after)
+            if after:
+                _recorded(event, after)
             for captured in captures:
                 captured.ordered_by(event)
 
@@ -339,14 +340,27 @@ def capture_inputs(inputs: Any) -> Any:
     (a coroutine) sends is then ordered after the work the caller had queued
     when it called, on its own current stream, not the worker's.
     """
+    with one_ordering_point():
+        return _captured_inputs(inputs)
+
+
+def _captured_inputs(inputs: Any) -> Any:
+    # (capture_inputs(), inside an ordering point of the caller's)
     if type(inputs) is not dict and not isinstance(inputs, Mapping):
         return inputs
     out = {}
-    with one_ordering_point():
-        for name, value in inputs.items():
-            tensor = None if isinstance(value, (np.ndarray, DeviceTensor)) else as_device_tensor(value)
-            out[name] = value if tensor is None else tensor
+    for name, value in inputs.items():
+        tensor = None if isinstance(value, (np.ndarray, DeviceTensor)) else as_device_tensor(value)
+        out[name] = value if tensor is None else tensor
     return out
+
+
+def capture_call(inputs: Any, out: Any) -> tuple[Any, dict[str, OutTensor] | None]:
+    """A call's *inputs* and ``out=`` tensors captured now, on this thread, as :func:`capture_inputs`
+    and :func:`capture_out` take them -- under one ordering point: one event per producer stream,
+    one wait for the request."""
+    with one_ordering_point():
+        return _captured_inputs(inputs), _captured_out(out)
 
 
 class OutTensor(NamedTuple):
@@ -361,21 +375,26 @@ class OutTensor(NamedTuple):
 def capture_out(out: Any) -> dict[str, OutTensor] | None:
     """``out=`` (output name -> GPU tensor) captured now, on this thread; None stays None.
     Host arrays are refused: results on the host are new numpy arrays."""
+    with one_ordering_point():
+        return _captured_out(out)
+
+
+def _captured_out(out: Any) -> dict[str, OutTensor] | None:
+    # (capture_out(), inside an ordering point of the caller's)
     if out is None:
         return None
     if type(out) is not dict and not isinstance(out, Mapping):
         raise InvalidOption(f"out must be a mapping of output name to GPU tensor, not {type(out).__name__}")
     captured = {}
-    with one_ordering_point():
-        for name, value in out.items():
-            if isinstance(value, OutTensor):
-                captured[name] = value
-                continue
-            tensor = as_device_tensor(value)
-            if tensor is None:
-                raise InvalidOption(f"out[{name!r}] must be a GPU tensor (torch, cupy, CudaArray, ...) for the "
-                                    f"server to write into, not {type(value).__name__}")
-            captured[name] = OutTensor(value, tensor)
+    for name, value in out.items():
+        if isinstance(value, OutTensor):
+            captured[name] = value
+            continue
+        tensor = as_device_tensor(value)
+        if tensor is None:
+            raise InvalidOption(f"out[{name!r}] must be a GPU tensor (torch, cupy, CudaArray, ...) for the "
+                                f"server to write into, not {type(value).__name__}")
+        captured[name] = OutTensor(value, tensor)
     return captured
 
 

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeVar
 
 from ..errors import ClientClosed
 from . import _devices, _intake
-from ._devices import Placement
 from ._model import ModelInfo
 from ._pool import Lease
 from ._steps import Steps
@@ -33,6 +32,9 @@ class SlotRequest:
         self._runner = runner
         self._lease: Lease | None = lease
         self._shapes = dict(shapes)
+        # The slot's request objects and message for a run of every output with no options of its
+        # own, made at the first such run: the slot and shapes never change, nor does the message.
+        self._usual: tuple[list, list, Any] | None = None
         memory, layout = lease.extent.memory, lease.pool.layout
         self.inputs: dict[str, Any] = {
             spec.name: memory.view(lease.handle, layout.offsets[spec.name], spec.dtype, self._shapes[spec.name])
@@ -44,14 +46,23 @@ class SlotRequest:
         """The steps of a run on the inputs as they are now (with the request *options* given
         by keyword); the ordering point (an event on the caller's stream, for a slot on a
         GPU) is taken here, on the calling thread, and the options checked."""
-        if self._lease is None:
+        lease, runner, info = self._lease, self._runner, self.info
+        if lease is None:
             raise ClientClosed("this request is closed")
-        names = _intake.output_names(self.info, outputs)
-        checked = self._runner.planner.request_options(options or {})
-        device = self._lease.extent.memory.device
+        sent = None
+        if outputs is None and not options and runner.planner.default_options is None:
+            # The usual run, every output and no options: nothing to check, its message kept here.
+            names = info.output_names
+            sent = self._usual
+            if sent is None:
+                sent = self._usual = runner.slot_request(info, lease, self._shapes, names, None)
+            checked = None
+        else:
+            names = _intake.output_names(info, outputs)
+            checked = runner.planner.request_options(options or {})
+        device = lease.extent.memory.device
         ready = None if device is None else _devices.current_stream_event(device, stream)
-        return self._runner.run_steps(self.info, self._lease, self._shapes, names, Placement(device), ready,
-                                      checked)
+        return runner.run_steps(info, lease, self._shapes, names, ready, checked, sent)
 
     def close(self) -> None:
         """Give up the hold on the slot (views keep it until they go); idempotent."""

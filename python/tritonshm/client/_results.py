@@ -146,7 +146,7 @@ def collect(info: ModelInfo, lease: Lease | None, result: Any, names: Sequence[s
     for name in names:
         spec = info.output(name)
         shape = answered_shape(info, result, name, spec)
-        into = rows_for(info, rows, name, shape)
+        into = None if rows is None else rows_for(info, rows, name, shape)
         given = None if allocated is None else allocated.get(name)
         if given is not None:
             check_answer_fits_out(info, name, shape, given)

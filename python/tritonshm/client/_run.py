@@ -122,11 +122,9 @@ class Runner:
         #: model, shapes, outputs and where the tensors are (:func:`._messages.slot_request`).
         self._lent_messages: dict[tuple, Any] = {}
 
-    def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _results.Rows | None = None,
-                    lent_quick: bool = False) -> Steps:
+    def chunk_steps(self, plan: Plan, arrays: Mapping[str, Any], rows: _results.Rows | None = None) -> Steps:
         """Steps of one chunk of *plan* (its *arrays* fit a slot): lease, copy in, run,
-        collect (fixed-size outputs into *rows* of a chunked batch's results, when given) --
-        with *lent_quick*, first :meth:`_lent_quick_attempt`.
+        collect (fixed-size outputs into *rows* of a chunked batch's results, when given).
 
         What the server may touch -- the slot, the tensors lent -- is held by the chunk's
         :class:`~._claim.Claim`, which lets go of it when the chunk ends: at once if the
@@ -134,14 +132,7 @@ class Runner:
         with self._flight:
             claim = Claim(self.claims, self.lent_table)
             try:
-                outputs = None
-                if lent_quick:
-                    outputs = yield from self._lent_quick_attempt(plan, arrays, claim)
-                    if outputs is None:  # not taken: the full way, on a claim of its own
-                        self._end_claim(claim)
-                        claim = Claim(self.claims, self.lent_table)
-                if outputs is None:
-                    outputs = yield from self._chunk_attempts(plan, arrays, rows, claim)
+                outputs = yield from self._chunk_attempts(plan, arrays, rows, claim)
             except GeneratorExit:  # closed (a cancelled aio call): no more steps may be taken
                 self._end_claim(claim)
                 raise
@@ -330,13 +321,13 @@ class Runner:
             if signature is None:
                 # GPU tensors taken now (once: a run again takes these), then the plan of a call
                 # like this one seen before, where there is one: nothing checked or routed again.
-                inputs, out = _devices.capture_inputs(inputs), _devices.capture_out(out)
+                inputs, out = _devices.capture_call(inputs, out)
                 device_signature = self._device_signature(info, inputs, outputs, copy, output_device,
                                                           slot_timeout, out)
             known = None if device_signature is None else self._device_plans.get(device_signature)
-            if known is not None:
-                plan = known._replace(chunks=[{spec.name: inputs[spec.name] for spec in info.inputs}],
-                                      options=options, out=out)
+            if known is not None:  # (a Plan made whole: namedtuple's _replace costs two Python calls)
+                plan = Plan(info, [{spec.name: inputs[spec.name] for spec in info.inputs}], known.names, known.route,
+                            known.copy, known.slot_timeout, options, out)
             else:
                 plan = self.planner.plan(info, inputs, outputs, copy, output_device, slot_timeout, options,
                                          out=out)
@@ -349,8 +340,9 @@ class Runner:
             options, out)
         if len(plan.chunks) == 1:
             chunk = plan.chunks[0]
-            steps = self.chunk_steps(plan, chunk, lent_quick=known is not None and self._all_lent(plan, chunk))
-            return InferRun([self._changed_steps(steps, info, again)])
+            if known is not None and self._all_lent(plan, chunk):
+                return InferRun([self.lent_quick_steps(plan, chunk, again)])
+            return InferRun([self._changed_steps(self.chunk_steps(plan, chunk), info, again)])
         rows = _results.result_rows(info, plan.names, plan.chunks, plan.route.results)
         # (a batch in chunks is not run again: its joining follows the old plan)
         return InferRun([self._changed_steps(self.chunk_steps(plan, chunk, into), info)
@@ -375,33 +367,68 @@ class Runner:
                 return False
         return True
 
-    def _lent_quick_attempt(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
+    def lent_quick_steps(self, plan: Plan, arrays: Mapping[str, Any], again: Callable[..., Steps] | None) -> Steps:
         """A warm request of :meth:`_all_lent` tensors, each in an allocation the lent table
-        registered before (known by the driver's id of it): no slot, no copy, no registration --
-        *claim* entered, the call's one ordering point waited for, then :meth:`slot_steps` (the
-        kept message sent, the answer checked), as straight-line code.  None where it is not
-        that (a tensor not known yet, memory another request still uses): then the full way
-        (:meth:`_chunk_attempts`) waits and registers.  The caller ends *claim*."""
+        registered before (known by the driver's id of it), as straight-line code -- the GPU twin
+        of :meth:`quick_steps`: no slot, no copy, no registration; its claim entered, the call's
+        one ordering point waited for, the kept message sent, the answer checked.  Where it is not
+        that (a tensor not known yet, memory another request still uses) the full way
+        (:meth:`chunk_steps`) waits and registers.  Ended as :meth:`chunk_steps` ends a chunk; a
+        model that changed is read again and the request run *again* as :meth:`_changed_steps`
+        does."""
         if self.engine.closed:
             self.engine.check_open()
         info, out = plan.info, plan.out
         assert out is not None  # (_all_lent)
-        tensors = list(_callers_tensors(arrays, out))
-        spans = [Span.of(tensor, writes) for _, tensor, writes in tensors]
-        if self.claims.enter(claim, spans) is not None or not self._lend_all_known(claim, tensors):
-            return None  # (a clash, or a tensor not lent yet)
-        for event in _devices.distinct(claim.waits):  # (one: the call's ordering point)
-            yield WaitForDevice(event)
-        shapes = {name: array.shape for name, array in arrays.items()}
-        try:
-            outputs = yield from self.slot_steps(info, None, shapes, plan.names, plan.copy, {}, plan.route.results,
-                                                 options=plan.options, claim=claim, out=out)
-        except OutputTooSmall as exc:  # (the out= tensor was the room: no larger slot can help)
-            given = None if exc.output is None else out.get(exc.output)
-            if given is None:
+        outputs: dict[str, Any] | None = None
+        changed: ServerError | None = None
+        with self._flight:
+            claim = Claim(self.claims, self.lent_table)
+            try:
+                tensors = list(_callers_tensors(arrays, out))
+                if self.claims.enter(claim, [Span.of(tensor, writes) for _, tensor, writes in tensors]) is None \
+                        and self._lend_all_known(claim, tensors):  # (else a clash, or a tensor not lent yet)
+                    for event in _devices.distinct(claim.waits):  # (one: the call's ordering point)
+                        yield WaitForDevice(event)
+                    shapes = {name: array.shape for name, array in arrays.items()}
+                    inputs, requested, message = _messages.slot_request(
+                        self.wire, info, None, shapes, plan.names, {}, prepare=plan.options is None, lent=claim,
+                        kept=self._lent_messages)
+                    try:
+                        result = yield from self._send_claimed(
+                            Send(info.name, info.version, inputs, requested, plan.options, message, claim), claim)
+                    except OutputTooSmall as exc:  # (the out= tensor was the room: no larger slot can help)
+                        given = None if exc.output is None else out.get(exc.output)
+                        if given is None:
+                            raise
+                        raise _results.out_too_small(info, exc, given) from None
+                    outputs = _results.collect(info, None, result, plan.names, plan.copy, plan.route.results,
+                                               lent=claim, allocated=out)[0]
+                    self.lent_table.count(len(claim.inputs), len(claim.outputs))
+            except GeneratorExit:  # closed (a cancelled aio call): no more steps may be taken
+                self._end_claim(claim)
                 raise
-            raise _results.out_too_small(info, exc, given) from None
-        self.lent_table.count(len(claim.inputs), len(claim.outputs))
+            except BaseException as exc:
+                self._end_claim(claim)
+                if self.engine.closed:  # nobody else will: what the request left, unregistered now
+                    yield from self.engine.dispose_steps()
+                if not (isinstance(exc, ServerError) and _stale(exc)):
+                    raise
+                changed = exc  # (the model changed: read again below, as _changed_steps does)
+            else:
+                self._end_claim(claim)
+                if outputs is not None and self.disposals.maybe_due:
+                    yield from self.engine.settle_steps()  # what the finished request left idle
+        if changed is not None:  # the model changed: read again, and run again where that is safe
+            self.forget_model(info.name)
+            try:
+                if again is None:
+                    raise changed
+                return (yield from again(info, changed))
+            finally:
+                changed = None  # (see _steps.advance)
+        if outputs is None:  # not taken: the full way
+            return (yield from self._changed_steps(self.chunk_steps(plan, arrays), info, again))
         return outputs
 
     def _lend_all_known(self, claim: Claim, tensors: Sequence[tuple[str, DeviceTensor, bool]]) -> bool:
@@ -593,7 +620,7 @@ class Runner:
                 try:
                     result = yield from self._send_claimed(Send(
                         info.name, info.version, inputs, requested, options, message if options is None else None,
-                        claim), claim)
+                        claim), claim, heal=False)
                 except OutputTooSmall:
                     if options is not None and not options.may_run_twice:
                         raise  # it ran: not again (the full way says the same)
@@ -800,12 +827,7 @@ class Runner:
                                                             prepare=options is None, lent=lent,
                                                             kept=self._lent_messages)
         send = Send(info.name, info.version, inputs, requested, options, message, claim)
-        result = yield from self._send_claimed(send, claim)
-        if isinstance(result, RegionNotRegistered):
-            # The server restarted and forgot our regions: register every extent of the
-            # pool (and every lent allocation) again under its name, then retry once.
-            yield from self._register_again_steps(None if lease is None else lease.pool)
-            result = yield from self._send_claimed(send, claim, again=True)
+        result = yield from self._send_claimed(send, claim, None if lease is None else lease.pool)
         if lease is not None and lease.extent.closed:  # close() gave up waiting for us and let go of it
             raise ClientClosed(f"the client was closed while this request on model {info.name!r} "
                                f"ran: its results are lost")
@@ -838,27 +860,34 @@ class Runner:
             raise
         return outputs
 
-    @staticmethod
-    def _send_claimed(send: Send, claim: Claim | None, again: bool = False) -> Steps:
-        """Send *send*; the result -- or, the first time, a :class:`RegionNotRegistered` to
-        heal -- with *claim* unanswered from the driver's sending (it marks it) until the
-        server's answer (a result, or an error the server sent; not a timeout, a cancellation or
-        a lost connection, after which it may still run the request: see :mod:`._claim`)."""
-        try:
-            result = yield send
-        except RegionNotRegistered as exc:
-            if claim is not None:
-                claim.unanswered = False  # refused before it ran
-            if again:
+    def _send_claimed(self, send: Send, claim: Claim | None, pool: SlotPool | None = None,
+                      heal: bool = True) -> Steps:
+        """Send *send*; its result, with *claim* unanswered from the driver's sending (it marks it)
+        until the server's answer (a result, or an error the server sent; not a timeout, a
+        cancellation or a lost connection, after which it may still run the request: see
+        :mod:`._claim`).  A server that forgot our regions (it restarted) refused the request before
+        running it: it gets them again -- every extent of *pool*, every lent allocation -- and the
+        request once more; without *heal*, the :class:`RegionNotRegistered` is returned instead."""
+        for attempt in range(2):
+            try:
+                result = yield send
+            except RegionNotRegistered as exc:
+                if claim is not None:
+                    claim.unanswered = False  # refused before it ran
+                if attempt:
+                    raise
+                if not heal:
+                    return exc
+            except BaseException as exc:
+                if claim is not None:
+                    claim.ended_by(exc)  # the server's own answer, or it never arrived: done with it
                 raise
-            return exc
-        except BaseException as exc:
-            if claim is not None:
-                claim.ended_by(exc)  # the server's own answer, or it never arrived: done with it
-            raise
-        if claim is not None:
-            claim.unanswered = False
-        return result
+            else:
+                if claim is not None:
+                    claim.unanswered = False
+                return result
+            yield from self._register_again_steps(pool)
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     @staticmethod
     def _copy_stream(memory: SlotMemory, device: int | None) -> Any:
@@ -866,10 +895,18 @@ class Runner:
         device = memory.device if memory.device is not None else device
         return None if device is None else _devices.copy_stream(device)
 
+    def slot_request(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]],
+                     names: Sequence[str], options: RequestOptions | None) -> tuple[list, list, Any]:
+        """The request objects of a zero-copy request's slot, and its message made ready where
+        there are no *options* (see :func:`._messages.slot_request`)."""
+        return _messages.slot_request(self.wire, info, lease, shapes, names, {}, prepare=options is None)
+
     def run_steps(self, info: ModelInfo, lease: Lease, shapes: Mapping[str, tuple[int, ...]], names: Sequence[str],
-                  results: Placement, ready: Any, options: RequestOptions | None) -> Steps:
-        """A zero-copy request's run (:class:`~._request.SlotRequest`): :meth:`slot_steps` over its
-        slot, results as views, counted in flight.  Its :class:`~._claim.Claim` holds the slot for
+                  ready: Any, options: RequestOptions | None, sent: tuple[list, list, Any] | None = None) -> Steps:
+        """A zero-copy request's run (:class:`~._request.SlotRequest`), as straight-line code: once
+        the event *ready* is reached, its slot's request is sent (*sent*: its objects and message,
+        where the caller keeps them; else :meth:`slot_request`'s) and the outputs come back as views
+        of the slot, the request counted in flight.  Its :class:`~._claim.Claim` holds the slot for
         the server if the outcome is unknown (the request keeps its lease); a run after such a one
         first waits, up to the client's slot_timeout, for the server to let go of the slot."""
         with self._flight:
@@ -878,8 +915,16 @@ class Runner:
             claim = Claim(self.claims, self.lent_table)
             claim.lease, claim.owns_lease = lease, False
             try:
-                return (yield from self.slot_steps(info, lease, shapes, names, False, {}, results, ready=ready,
-                                                   options=options, claim=claim))
+                if ready is not None:
+                    yield WaitForDevice(ready)
+                inputs, requested, message = sent or self.slot_request(info, lease, shapes, names, options)
+                send = Send(info.name, info.version, inputs, requested, options, message, claim)
+                result = yield from self._send_claimed(send, claim, lease.pool)
+                if lease.extent.closed:  # close() gave up waiting for us and let go of it
+                    raise ClientClosed(f"the client was closed while this request on model {info.name!r} "
+                                       f"ran: its results are lost")
+                # (views of the slot, BYTES decoded out of it: nothing queued on a GPU)
+                return _results.collect(info, lease, result, names, False, Placement(lease.extent.memory.device))[0]
             except ModelChanged:
                 self.forget_model(info.name)  # (its views are of the old model's tensors: no second run)
                 raise
