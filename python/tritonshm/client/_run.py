@@ -417,7 +417,9 @@ class Runner:
                 changed = exc  # (the model changed: read again below, as _changed_steps does)
             else:
                 self._end_claim(claim)
-                if outputs is not None and self.disposals.maybe_due:
+                if outputs is None:  # not taken: the full way (in flight all along, as one request)
+                    return (yield from self._changed_steps(self.chunk_steps(plan, arrays), info, again))
+                if self.disposals.maybe_due:
                     yield from self.engine.settle_steps()  # what the finished request left idle
         if changed is not None:  # the model changed: read again, and run again where that is safe
             self.forget_model(info.name)
@@ -427,8 +429,6 @@ class Runner:
                 return (yield from again(info, changed))
             finally:
                 changed = None  # (see _steps.advance)
-        if outputs is None:  # not taken: the full way
-            return (yield from self._changed_steps(self.chunk_steps(plan, arrays), info, again))
         return outputs
 
     def _lend_all_known(self, claim: Claim, tensors: Sequence[tuple[str, DeviceTensor, bool]]) -> bool:
