@@ -254,7 +254,7 @@ cdef class Imported:
         self._capsule = None
 
 
-def _take_capsule(obj, stream):
+cdef object _take_capsule(object obj, object stream):
     """``obj.__dlpack__`` with the newest protocol it speaks."""
     try:
         return obj.__dlpack__(stream=stream, max_version=VERSION)

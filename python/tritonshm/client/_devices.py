@@ -133,14 +133,17 @@ _events = _Events()
 _POOLED_EVENTS = 8  # per thread and device: more at once (results kept with their events) are made and dropped
 
 
-def _refs(pool: list[Any], index: int) -> int:
-    """``sys.getrefcount`` of ``pool[index]``, taken the same way for every object."""
-    return sys.getrefcount(pool[index])
+def _unheld() -> int:
+    """What ``getrefcount(pool[index])`` reads, in a loop like :func:`ordering_event`'s, for an
+    object that only the list *pool* holds: the interpreter's own references on the way vary
+    between versions (3.14 borrows some), so it is measured, not assumed -- with the same code."""
+    pool, getrefcount = [object()], sys.getrefcount
+    for index in range(len(pool)):
+        return getrefcount(pool[index])
+    raise AssertionError("unreachable: the pool has one object")
 
 
-#: What an object that only a list holds reads as through :func:`_refs` (the interpreter's own
-#: references on the way vary between versions: 3.14 borrows some), measured, not assumed.
-_UNHELD = _refs([object()], 0)
+_UNHELD = _unheld()
 
 
 def ordering_event(device: int) -> Any:
@@ -151,8 +154,9 @@ def ordering_event(device: int) -> Any:
     pool = _events.by_device.get(key)
     if pool is None:
         pool = _events.by_device[key] = []
-    for index in range(len(pool)):  # (no local holds an event while its references are counted)
-        if _refs(pool, index) <= _UNHELD and not pool[index].closed:
+    getrefcount = sys.getrefcount  # (the same code as _unheld(); no local holds an event while it counts)
+    for index in range(len(pool)):
+        if getrefcount(pool[index]) <= _UNHELD and not pool[index].closed:
             # To the back: the pool is kept least recently handed out first -- the events
             # still held (by results, by marks) are the recent ones, looked at last.
             pool.append(pool.pop(index))

@@ -317,18 +317,18 @@ class Runner:
         if quick is not None:  # seen before: checked then, planned then (it sees a changed model itself)
             return InferRun([self.quick_steps(quick, inputs, options)])
         device_signature = None
-        with _devices.one_ordering_point():  # the call's GPU inputs and out= tensors: one event per stream
-            if signature is None:
-                # GPU tensors taken now (once: a run again takes these), then the plan of a call
-                # like this one seen before, where there is one: nothing checked or routed again.
-                inputs, out = _devices.capture_call(inputs, out)
-                device_signature = self._device_signature(info, inputs, outputs, copy, output_device,
-                                                          slot_timeout, out)
-            known = None if device_signature is None else self._device_plans.get(device_signature)
-            if known is not None:  # (a Plan made whole: namedtuple's _replace costs two Python calls)
-                plan = Plan(info, [{spec.name: inputs[spec.name] for spec in info.inputs}], known.names, known.route,
-                            known.copy, known.slot_timeout, options, out)
-            else:
+        if signature is None:
+            # GPU tensors taken now, under one ordering point (once: a run again takes these), then
+            # the plan of a call like this one seen before, where there is one: nothing checked or
+            # routed again.
+            inputs, out = _devices.capture_call(inputs, out)
+            device_signature = self._device_signature(info, inputs, outputs, copy, output_device, slot_timeout, out)
+        known = None if device_signature is None else self._device_plans.get(device_signature)
+        if known is not None:  # (a Plan made whole: namedtuple's _replace costs two Python calls)
+            plan = Plan(info, [{spec.name: inputs[spec.name] for spec in info.inputs}], known.names, known.route,
+                        known.copy, known.slot_timeout, options, out)
+        else:
+            with _devices.one_ordering_point():  # whatever planning takes: one event per stream too
                 plan = self.planner.plan(info, inputs, outputs, copy, output_device, slot_timeout, options,
                                          out=out)
         if signature is not None:
