@@ -157,10 +157,13 @@ class Runner:
         info, names, route = plan.info, plan.names, plan.route
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays) if info.has_bytes else {}
-        yield from self._wait_for_clashes(plan, arrays, claim)
+        waiting = self._enter_claims(plan, arrays, claim)
+        if waiting is not None:
+            yield from waiting
         lending = route.lent and not self.fallback.wire  # (a server that refused CUDA memory: the table says so)
-        if lending:
-            yield from self._lend_steps(plan, arrays, claim)
+        registering = self._lend(plan, arrays, claim) if lending else None
+        if registering is not None:
+            yield from registering
         needs = self.pool_table.needs(info, shapes, bytes_sizes)
         if claim.tensors:  # lent tensors take no room in a slot
             needs = {name: size for name, size in needs.items()
@@ -168,8 +171,11 @@ class Runner:
         for attempt in range(_GROW_ATTEMPTS):
             lease = None
             if needs or self.fallback.wire:
-                lease = None if self.fallback.wire else (
-                    yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, not plan.copy, route.memory))
+                lease = None if self.fallback.wire else self.pool_table.lease_now(info, needs, route.memory,
+                                                                                   not plan.copy)
+                if lease is None and not self.fallback.wire:  # (no free slot at hand: the steps wait or grow)
+                    lease = yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, not plan.copy,
+                                                                   route.memory)
                 if lease is None:
                     self._count_wire_copies(arrays, plan.out, claim if lending else None)
                     inputs, requested = _messages.wire_request(self.wire, info, arrays, names)
@@ -205,20 +211,23 @@ class Runner:
             return outputs
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _wait_for_clashes(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
-        """Wait until no unfinished request names the caller's GPU memory this one writes, or
-        writes what this one reads (a request the client gave up on, still running on the
-        server); :class:`TensorInUse` after the request's slot_timeout."""
+    def _enter_claims(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps | None:
+        """Enter *claim* as naming the caller's GPU memory the request reads and writes; None when
+        it is in (the usual case: no steps), else the steps that wait until no unfinished request
+        names memory this one writes, or writes what this one reads (a request the client gave up
+        on, still running on the server) -- :class:`TensorInUse` after the request's slot_timeout."""
         # (name, writes, span): each span named only if the wait times out
         named = [(name, writes, Span.of(tensor, writes)) for name, tensor, writes in _callers_tensors(arrays, plan.out)]
         if not named:  # (host tensors are the client's copies: nothing to clash)
-            return
+            return None
         spans = [span for *_, span in named]
-        # Checked and entered in one step: a request starting meanwhile sees these.  The usual
-        # case, no clash, takes no waiting steps.
+        # Checked and entered in one step: a request starting meanwhile sees these.
         clash = self.claims.enter(claim, spans)
-        if clash is None:
-            return
+        return None if clash is None else self._wait_for_clashes(plan, claim, named, spans, clash)
+
+    def _wait_for_clashes(self, plan: Plan, claim: Claim, named: list[tuple[str, bool, Span]], spans: list[Span],
+                          clash: Span) -> Steps:
+        """:meth:`_enter_claims`' wait: until *claim* enters *spans* (*clash*: the first in the way)."""
 
         def entered() -> bool:
             nonlocal clash
@@ -247,10 +256,13 @@ class Runner:
         if copied:
             self.lent_table.count_copied("on the wire", copied)
 
-    def _lend_steps(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps:
+    def _lend(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps | None:
         """Lend the server the GPU inputs of one chunk, and the results the caller allocated,
-        where their memory can be (:mod:`._lent`); the rest is copied as before."""
+        where their memory can be (:mod:`._lent`); the rest is copied as before.  Those whose
+        allocation is known are lent now; None when that is all of them (the warm case: no steps),
+        else the steps that register the rest."""
         table = self.lent_table
+        unknown = []
         for name, tensor, writes in _callers_tensors(arrays, plan.out):
             # An allocation lent before is known by its id -- never one of our slots in service:
             # own_slot() names a view of those (an input) before it could be lent.
@@ -258,7 +270,15 @@ class Runner:
             if where is None and not writes:
                 where = self.pool_table.own_slot(tensor)
             if where is None:
-                where = yield from table.lend_steps(tensor)
+                unknown.append((name, tensor, writes))
+            else:
+                claim.lend(name, where, tensor, writes=writes)
+        return self._lend_steps(unknown, claim) if unknown else None
+
+    def _lend_steps(self, tensors: list[tuple[str, DeviceTensor, bool]], claim: Claim) -> Steps:
+        """:meth:`_lend`'s registrations: each of *tensors* lent where its memory can be."""
+        for name, tensor, writes in tensors:
+            where = yield from self.lent_table.lend_steps(tensor)
             if where is not None:
                 claim.lend(name, where, tensor, writes=writes)
 
@@ -758,10 +778,13 @@ class Runner:
         claim = Claim(self.claims, self.lent_table)
         with self._flight:
             try:
-                yield from self._wait_for_clashes(plan, arrays, claim)
+                waiting = self._enter_claims(plan, arrays, claim)
+                if waiting is not None:
+                    yield from waiting
                 lending = plan.route.lent and not self.fallback.wire
-                if lending:
-                    yield from self._lend_steps(plan, arrays, claim)
+                registering = self._lend(plan, arrays, claim) if lending else None
+                if registering is not None:
+                    yield from registering
                 needs = {name: size for name, size in self.pool_table.needs(info, shapes, bytes_sizes).items()
                          if name not in claim.inputs}  # lent inputs take no room in a slot
                 lease = None if self.fallback.wire or not needs else (
