@@ -50,6 +50,7 @@ class SlotRequest:
         if lease is None:
             raise ClientClosed("this request is closed")
         sent = None
+        names: Sequence[str]
         if outputs is None and not options and runner.planner.default_options is None:
             # The usual run, every output and no options: nothing to check, its message kept here.
             names = info.output_names

@@ -226,7 +226,7 @@ class Runner:
         return None if clash is None else self._wait_for_clashes(plan, claim, named, spans, clash)
 
     def _wait_for_clashes(self, plan: Plan, claim: Claim, named: list[tuple[str, bool, Span]], spans: list[Span],
-                          clash: Span) -> Steps:
+                          clash: Span | None) -> Steps:
         """:meth:`_enter_claims`' wait: until *claim* enters *spans* (*clash*: the first in the way)."""
 
         def entered() -> bool:
