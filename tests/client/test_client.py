@@ -203,6 +203,23 @@ def test_request_gives_views_into_the_slot(client):
     assert not out["OUTPUT0"].flags.owndata  # a view of the slot, not a copy
 
 
+def test_runs_of_one_request_ask_each_for_its_own_outputs_and_options(server, protocol):
+    """A request keeps the message of its usual run (every output, no options of its own) after the
+    first: a run asking for some outputs, or with options, is sent as asked, and the usual run
+    after it as before -- on a client with default options too (headers: its message made per run)."""
+    a, b = floats(16, seed=1), floats(16, seed=2)
+    for defaults in ({}, {"headers": {"x-test": "1"}}):  # (headers: the client's default options)
+        with tritonshm.Client(client_url(server, protocol), **defaults) as c, c.request("add_sub") as req:
+            req.inputs["INPUT0"][:], req.inputs["INPUT1"][:] = a, b
+            for _ in range(2):  # (the second time with what the first kept)
+                assert sorted(req.run()) == ["OUTPUT0", "OUTPUT1"]
+                only = req.run(outputs=["OUTPUT1"])
+                assert list(only) == ["OUTPUT1"] and np.array_equal(only["OUTPUT1"], a - b)
+                usual = req.run()
+                assert sorted(usual) == ["OUTPUT0", "OUTPUT1"] and np.array_equal(usual["OUTPUT0"], a + b)
+                assert sorted(req.run(timeout=10_000_000)) == ["OUTPUT0", "OUTPUT1"]
+
+
 def test_request_checks_its_arguments(client):
     with pytest.raises(tritonshm.ShapeMismatch, match="batch_size"):
         client.request("batched_fp32", batch_size=9)
