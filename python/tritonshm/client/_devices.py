@@ -44,8 +44,8 @@ from .._memory._cuda_array import empty as cuda_empty
 from .._memory._stream import Event, Pending, Stream, copy_stream as thread_copy_stream, current_stream
 from ..errors import CudaUnavailable, DTypeMismatch, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
-__all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_call", "capture_out", "as_device_tensor", "capture_inputs", "empty",
-           "to_host", "to_device", "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
+__all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_call", "capture_out", "as_device_tensor", "capture_inputs",
+           "empty", "to_host", "to_device", "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
            "require_cuda", "library_of", "one_ordering_point", "ordering_event", "distinct", "ResultBlocks",
            "Pending", "Stream", "stream_waited", "waited"]
 
