@@ -292,7 +292,9 @@ cdef Event new_event(Runtime rt, int device):
     """A new event of *device*; *device* is already known to be valid."""
     cdef Event self = Event.__new__(Event)
     cdef void *h = NULL
-    rt.check(tshm_cuda_event_new(rt.rt, device, &h), f"creating a CUDA event on device {device}")
+    cdef int rc = tshm_cuda_event_new(rt.rt, device, &h)
+    if rc != 0:  # (the message is made only for a failure, as for the other calls of every request)
+        rt.check(rc, f"creating a CUDA event on device {device}")
     self._handle = h
     self._device = device
     self._runtime = rt

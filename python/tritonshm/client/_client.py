@@ -404,10 +404,7 @@ class Client(ClientFace):
                                                  slot_timeout, checked)
             if quick is not None:  # seen before
                 return drive(quick)
-        runner = self._runner
-        info = None if engine.closed else engine.cached_model(model, version)  # (model_info(), written out)
-        if info is None:
-            info = self.model_info(model, version)
+        info, runner = self.model_info(model, version), self._runner
         try:
             run = runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, checked, out)
         except PLAN_REFUSALS as refusal:  # against what the client knew: the model may have changed

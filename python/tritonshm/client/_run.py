@@ -171,11 +171,11 @@ class Runner:
         for attempt in range(_GROW_ATTEMPTS):
             lease = None
             if needs or self.fallback.wire:
-                lease = None if self.fallback.wire else self.pool_table.lease_now(info, needs, route.memory,
-                                                                                   not plan.copy)
-                if lease is None and not self.fallback.wire:  # (no free slot at hand: the steps wait or grow)
-                    lease = yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, not plan.copy,
-                                                                   route.memory)
+                if not self.fallback.wire:
+                    lease = self.pool_table.lease_now(info, needs, route.memory, not plan.copy)
+                    if lease is None:  # (no free slot at hand: the steps wait or grow)
+                        lease = yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, not plan.copy,
+                                                                       route.memory)
                 if lease is None:
                     self._count_wire_copies(arrays, plan.out, claim if lending else None)
                     inputs, requested = _messages.wire_request(self.wire, info, arrays, names)
