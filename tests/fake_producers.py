@@ -102,8 +102,9 @@ _PyCapsule_GetName = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCa
 _EXPORTS: dict[int, tuple] = {}
 
 
-def _release_export(address: int) -> None:
-    _EXPORTS.pop(address, None)
+def _release_export(address: int, exports: dict[int, tuple] = _EXPORTS) -> None:
+    # (*exports* bound now: at exit the module's globals are cleared before the last consumers die)
+    exports.pop(address, None)
 
 
 # The managed tensor's deleter: a consumer calls it from any thread, with or
@@ -111,15 +112,22 @@ def _release_export(address: int) -> None:
 _DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_release_export)
 
 
-def _capsule_destructor(capsule: int) -> None:
+def _capsule_destructor(capsule: int, valid: Any = _PyCapsule_IsValid, pointer: Any = _PyCapsule_GetPointer,
+                        names: tuple = (_NAME_VERSIONED, _NAME_LEGACY)) -> None:
     # Never consumed (still "dltensor..."): the producer lets go itself.
-    for name in (_NAME_VERSIONED, _NAME_LEGACY):
-        if _PyCapsule_IsValid(capsule, name):
-            _release_export(_PyCapsule_GetPointer(capsule, name))
+    for name in names:
+        if valid(capsule, name):
+            _release_export(pointer(capsule, name))
             return
 
 
 _CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_capsule_destructor)
+
+# A torch or cupy deleter is C code that lives as long as the process; these are ctypes objects,
+# and the structs they free live in _EXPORTS.  A consumer may let go of an export last of all, at
+# exit, after the module's globals were cleared (a capture held by a module-level name): kept for
+# the process's life, the deleters and what they free are still there then, as torch's are.
+ctypes.pythonapi.Py_IncRef(ctypes.py_object((_EXPORTS, _DELETER, _CAPSULE_DESTRUCTOR, _release_export)))
 
 _DL_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}  # kDLInt, kDLUInt, kDLFloat, kDLBool
 _NP_KINDS = {v: k for k, v in _DL_CODES.items()}

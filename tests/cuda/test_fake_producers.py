@@ -9,7 +9,11 @@ from __future__ import annotations
 import ctypes
 import gc
 import os
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -355,6 +359,36 @@ def test_from_dlpack_with_the_legacy_stream_passes_1(fake):
         del t
     finally:
         torch.close()
+
+
+def test_an_export_let_go_of_at_exit_after_the_doubles_module_is_cleared_does_not_crash(fake_cudart_path):
+    """A consumer may call an export's deleter last of all, as the interpreter exits -- a capture
+    held by a module-level name -- after the doubles' module globals were cleared.  torch's and
+    cupy's deleters are C code that lives as long as the process; the doubles' are ctypes objects,
+    and must be as durable (they were not: a capture held by a module-level name crashed the
+    interpreter at exit, jumping to a freed callback)."""
+    code = textwrap.dedent(f"""
+        import ctypes, gc, sys
+        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+        import numpy as np
+        import fake_cuda, fake_producers
+        torch = fake_producers.TorchLike(fake_cuda.FakeCudart({str(fake_cudart_path)!r}))
+        capsule = torch.from_numpy(np.arange(4, dtype=np.float32)).__dlpack__()
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        managed = get(capsule, b"dltensor")
+        ctypes.pythonapi.PyCapsule_SetName(ctypes.py_object(capsule), b"used_dltensor")  # consumed
+        deleter_at = managed + fake_cuda.DLManagedTensor.deleter.offset
+        del capsule
+        vars(fake_producers).clear()  # what finalisation does to the module, before the consumer lets go
+        del fake_producers, torch
+        gc.collect()
+        deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(ctypes.c_void_p.from_address(deleter_at).value)
+        deleter(managed)
+        print("let go")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "let go", (proc.returncode, proc.stderr[-2000:])
 
 
 # --- registration with tritonshm -----------------------------------------------------
