@@ -1,7 +1,7 @@
 """One ordering point per call (issue 40), on the FAKE runtime: captures on the producer's stream.
 
-``capture(record=False)`` takes a device array without recording anything or queueing anything on a
-stream of ours; the client's :func:`~tritonshm.client._devices.one_ordering_point` then records one
+``capture(pending=...)`` takes a device array without recording anything or queueing anything on a
+stream of ours, and adds it to the call's captures of its stream; the client's :func:`~tritonshm.client._devices.one_ordering_point` then records one
 event per producer stream for all the arrays of a call, and the request waits for it once.  The fake
 lands work only where something synchronizes it, so a missing order reads the old bytes.
 """
@@ -24,9 +24,11 @@ def test_an_unrecorded_capture_names_the_producers_stream_and_waits_for_its_even
     with torch_like.stream(0) as side:
         x = torch_like.from_numpy(np.arange(64, dtype=np.float32))  # queued on the side stream
         queued = fake_cuda.stats()
-        cap = cuda.capture(x, record=False)
+        pending: dict = {}
+        cap = cuda.capture(x, pending=pending)
     assert (fake_cuda.stats() - queued).event_records == 0  # nothing recorded, nothing of ours queued
     assert cap.stream == side and cap.event is None and torch_like.handshakes == 0
+    assert pending == {(0, side): [cap]}  # gathered, for one event on that stream
     with pytest.raises(TypeError, match="ordered_by"):  # nothing may use it before it has its event
         cuda.copy(np.empty(64, np.float32), cap)
     event = cuda.Event.create(0).record(side)
@@ -46,7 +48,7 @@ def test_a_tensor_on_its_librarys_current_stream_is_taken_without_a_handshake(fa
     stream look-ups, and do nothing."""
     with torch_like.stream(0) if on_a_stream else contextlib.nullcontext(0) as current:
         x = torch_like.from_numpy(np.arange(64, dtype=np.float32))
-        cap = cuda.capture(x, record=False)
+        cap = cuda.capture(x, pending={})
     assert cap.stream == current and torch_like.stream_compares == 0 and torch_like.handshakes == 0
     cap.ordered_by(cuda.Event.create(0).record(current))
     out = np.empty(64, np.float32)
@@ -60,7 +62,7 @@ def test_a_tensor_whose_library_is_on_another_stream_keeps_its_handshake(fake_cu
     handshake orders its write before cupy's stream (without it the copy reads old bytes)."""
     x = torch_like.from_numpy(np.arange(64, dtype=np.float32))  # queued on the legacy stream
     with cupy_like.stream(0) as side:
-        cap = cuda.capture(x, record=False)
+        cap = cuda.capture(x, pending={})
         assert cap.stream == side and torch_like.handshakes == 1
         cap.ordered_by(cuda.Event.create(0).record(side))
     out = np.empty(64, np.float32)

@@ -30,7 +30,7 @@ class Capture:
     stream: int
     """The stream :attr:`event` is recorded on: the producer's (0: the legacy default stream)."""
     buffer_id: int
-    """The driver's id of the allocation holding it (``capture(record=False)`` of a DLPack tensor), else 0."""
+    """The driver's id of the allocation holding it (``capture(pending=...)`` of a DLPack tensor), else 0."""
     def ordered_by(self, event: Event) -> None: ...
     @property
     def closed(self) -> bool: ...
@@ -44,10 +44,10 @@ class Capture:
     ) -> None: ...
     def __reduce__(self) -> tuple[Any, ...]: ...
 
-def capture(obj: Any, device: int | None = None, *, record: bool = True) -> Capture:
+def capture(obj: Any, device: int | None = None, *, pending: dict[tuple[int, int], list[Capture]] | None = None) -> Capture:
     """Take a device array as it is now, on the caller's thread: a :class:`Capture`."""
 
-def capture_at(obj: Any, where: tuple[int, int], *, record: bool = True) -> Capture:
+def capture_at(obj: Any, where: tuple[int, int], *, pending: dict[tuple[int, int], list[Capture]] | None = None) -> Capture:
     """:func:`capture` of a DLPack producer of device memory whose ``__dlpack_device__()`` the caller read already."""
 
 def describe(obj: Any) -> tuple[np.dtype[Any], tuple[int, ...], int] | None:

@@ -52,15 +52,15 @@ cdef class Capture:
         raise TypeError("use tritonshm.cuda.capture(device_array)")
 
     cdef int _live(self) except -1:
-        if self.event is None:  # only Capture.__new__ without capture() makes one, or record=False
+        if self.event is None:  # only Capture.__new__ without capture() makes one, or pending=
             raise TypeError("this Capture was not made by capture(), or its event was never given "
-                            "(capture(record=False) waits for ordered_by())")
+                            "(capture(pending=...) waits for ordered_by())")
         if self._released:
             raise RegionClosed(f"{self!r} was released")
         return 0
 
     def ordered_by(self, Event event not None):
-        """Give a capture made with ``record=False`` its event: one the caller records on
+        """Give a capture made with *pending* its event: one the caller records on
         :attr:`stream` (of :attr:`device`) after this capture was taken -- and before anything
         waits for it -- and may share with other captures of the same stream (one ordering point
         for all the device arrays of one call).  Once only."""
@@ -106,17 +106,24 @@ cdef int _device_wanted(object want, int actual, object obj) except -1:
     return 0
 
 
-cdef int _order(Capture cap, Runtime rt, int dev, size_t stream, bint record) except -1:
-    """The capture's ordering point: an event on *stream*, recorded now -- or, not *record*, left
-    to the caller (:meth:`Capture.ordered_by`)."""
+cdef int _order(Capture cap, Runtime rt, int dev, size_t stream, dict pending) except -1:
+    """The capture's ordering point: an event on *stream*, recorded now -- or, *pending* given,
+    left to the caller (:meth:`Capture.ordered_by`)."""
     cap.stream = stream
-    if record:
+    if pending is None:
         cap.event = new_event(rt, dev)
         cap.event._record(stream)
     return 0
 
 
-def capture(obj, device=None, *, bint record=True):
+cdef Capture _gathered(Capture cap, dict pending):
+    """*cap*, added to the captures *pending* its event on its device and stream (none: it has one)."""
+    if pending is not None:
+        pending.setdefault((cap.device, cap.stream), []).append(cap)
+    return cap
+
+
+def capture(obj, device=None, *, dict pending=None):
     """Take a device array as it is now, on the caller's thread: a :class:`Capture`.
 
     *obj* is a :class:`CudaArray`, a DLPack producer of CUDA memory (torch,
@@ -138,11 +145,12 @@ def capture(obj, device=None, *, bint record=True):
     that does not say (default 0), or a check for the others.  A producer's
     refusal is :class:`UnsupportedBuffer`; host memory too.
 
-    ``record=False`` records nothing and queues nothing on a stream of ours:
-    the caller gives the event (:meth:`Capture.ordered_by`), recorded on
-    :attr:`Capture.stream` after its captures -- one event for all the device
-    arrays of a call on one stream, the client's one ordering point per
-    request.  A DLPack producer is then asked for ``__dlpack__(stream=s)``,
+    Given *pending* (a dict), it records nothing and queues nothing on a
+    stream of ours: the capture is added to ``pending[(device, stream)]`` (a
+    list), and the caller gives the event (:meth:`Capture.ordered_by`),
+    recorded on :attr:`Capture.stream` after its captures -- one event for
+    all the device arrays of a call on one stream, the client's one ordering
+    point per request.  A DLPack producer is then asked for ``__dlpack__(stream=s)``,
     *s* being :func:`current_stream` of its device (1, the legacy default
     stream, for 0): the producer orders its pending work before *s* -- no
     work at all where *s* is its own current stream, as torch's and cupy's
@@ -174,12 +182,12 @@ def capture(obj, device=None, *, bint record=True):
         _device_wanted(want, dev, obj)
         producer = _current_stream(dev)
         array._order_before(producer or 1)  # a copy into it still landing (a client's result) first
-        _order(cap, array._runtime, dev, producer, record)
+        _order(cap, array._runtime, dev, producer, pending)
         cap._obj = obj
-        return _describe(cap, array.ptr, array.nbytes, array.dtype, array.shape, False, dev)
+        return _gathered(_describe(cap, array.ptr, array.nbytes, array.dtype, array.shape, False, dev), pending)
     where = _dlpack.dlpack_device(obj)
     if where is not None and where[0] in _DEVICE_MEMORY_TYPES:
-        return _capture_dlpack(obj, where, want, record)
+        return _capture_dlpack(obj, where, want, pending)
     parsed = parse_cai(obj)
     if parsed is None:
         raise UnsupportedBuffer(
@@ -190,23 +198,23 @@ def capture(obj, device=None, *, bint record=True):
     rt = current()
     dev = rt.valid_device(cai_device(obj, want if want is not None else 0))
     _device_wanted(want, dev, obj)
-    _order(cap, rt, dev, stream if stream != 0 else _current_stream(dev), record)
+    _order(cap, rt, dev, stream if stream != 0 else _current_stream(dev), pending)
     cap._obj = obj
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    return _describe(cap, ptr, count * dt.itemsize, dt, shape, readonly, dev)
+    return _gathered(_describe(cap, ptr, count * dt.itemsize, dt, shape, readonly, dev), pending)
 
 
-def capture_at(obj, tuple where not None, *, bint record=True):
+def capture_at(obj, tuple where not None, *, dict pending=None):
     """:func:`capture` of a DLPack producer of device memory whose ``__dlpack_device__()`` the
     caller has read already: *where*, ``(device type, device id)`` as ints.  The client reads it
     once per tensor, to tell device memory from pinned host memory; :func:`capture` would read it
     again, and the import a third time (torch's is Python: a few microseconds a call)."""
     if len(where) != 2 or where[0] not in _DEVICE_MEMORY_TYPES:
         raise UnsupportedBuffer(f"capture_at() takes DLPack device memory, not device {where!r}")
-    return _capture_dlpack(obj, where, None, record)
+    return _capture_dlpack(obj, where, None, pending)
 
 
-cdef Capture _capture_dlpack(object obj, tuple where, object want, bint record):
+cdef Capture _capture_dlpack(object obj, tuple where, object want, dict pending):
     """:func:`capture` of a DLPack producer of device memory at *where* (its ``__dlpack_device__()``)."""
     cdef Capture cap = Capture.__new__(Capture)
     cdef Runtime rt = current()
@@ -214,6 +222,7 @@ cdef Capture _capture_dlpack(object obj, tuple where, object want, bint record):
     cdef Stream cs
     cdef int dev = rt.valid_device(where[1])
     cdef size_t producer
+    cdef bint record = pending is None
     _device_wanted(want, dev, obj)
     producer = 2 if record else _current_stream(dev)
     if producer == 2:  # (per-thread default streams torch refuses to order before): our copy stream
@@ -223,7 +232,7 @@ cdef Capture _capture_dlpack(object obj, tuple where, object want, bint record):
                            not record)
     cap.buffer_id = imp.buffer_id
     try:
-        _order(cap, rt, dev, producer, record)
+        _order(cap, rt, dev, producer, pending)
         try:
             dtype = imp.dtype
         except DTypeMismatch:  # bfloat16 and co: the bytes can still be copied
@@ -232,7 +241,7 @@ cdef Capture _capture_dlpack(object obj, tuple where, object want, bint record):
         imp.release()
         raise
     cap._imported = imp
-    return _describe(cap, imp.ptr, imp.nbytes, dtype, imp.shape, imp.readonly, dev)
+    return _gathered(_describe(cap, imp.ptr, imp.nbytes, dtype, imp.shape, imp.readonly, dev), pending)
 
 
 cdef inline Capture _describe(Capture cap, size_t ptr, object nbytes, object dtype, tuple shape, bint readonly,

@@ -268,19 +268,6 @@ class one_ordering_point:  # noqa: N801 (a context manager used as a function: `
                 captured.ordered_by(event)
 
 
-def _capture(value: Any, device: int | None, where: tuple[int, int] | None = None) -> Any:
-    """:func:`capture` (:func:`capture_at` where *value*'s ``__dlpack_device__()`` was read
-    already: *where*), its event shared with the call's other captures inside
-    :func:`one_ordering_point`."""
-    pending = _capturing.pending
-    if pending is None:
-        return capture(value, device) if where is None else capture_at(value, where)
-    captured = capture(value, device, record=False) if where is None else capture_at(value, where, record=False)
-    if captured.event is None:  # (a Capture given again keeps its own)
-        pending.setdefault((captured.device, captured.stream), []).append(captured)
-    return captured
-
-
 def _gpu_memory_at(value: Any) -> tuple[int, int] | None:
     """*value*'s ``__dlpack_device__()`` as ints where it says device memory, else None (pinned host
     memory is not).  Read once per tensor: torch's is Python, a few microseconds a call."""
@@ -310,10 +297,11 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
             or hasattr(value, "__cuda_array_interface__")):
         return None
     where = _gpu_memory_at(value) if hasattr(kind, "__dlpack__") else None
+    pending = _capturing.pending  # inside one_ordering_point(): the capture joins the call's others
     if where is not None:
         # A DLPack tensor in device memory (torch, cupy, jax): taken at once, its dtype, shape and
         # device read from the import -- one exchange under one device guard, not two.
-        captured = _capture(value, None, where)  # a producer's refusal is UnsupportedBuffer there
+        captured = capture_at(value, where, pending=pending)  # a producer's refusal is UnsupportedBuffer there
         if captured.dtype is None:
             captured.release()
             raise DTypeMismatch(f"{type(value).__name__} has a dtype numpy lacks: it cannot be sent")
@@ -328,7 +316,7 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
         if described is None:
             return None
         dtype, shape, device = described
-        captured = _capture(value, device)  # a producer's refusal is UnsupportedBuffer there
+        captured = capture(value, device, pending=pending)  # a producer's refusal is UnsupportedBuffer there
     try:
         origin = weakref.ref(value)
     except TypeError:  # an object that takes no weak references: never known to be dropped
