@@ -41,7 +41,9 @@ request (``time.thread_time``: waits for the server are not in it) of each way
 of sending a 64 KiB GPU tensor, against the floor in the same process -- a
 by-reference request built by hand with tritonclient (input and output
 regions registered once, the InferInput bound to them once: no CUDA call per
-request) -- and the CUDA calls each makes per request, as the fake counts them; then each
+request) -- each method in runs of calls of its own, interleaved, the first of each run left
+out (a call after another method finds that method's code warm or cold, not its own) -- and the
+CUDA calls each makes per request, as the fake counts them; then each
 method's own work alone, its gRPC answered by a recorded response in a hot loop (no server, no
 gRPC: the steadier figure for an A/B on a loaded machine).
 Tensors come from the torch-like double (tests/fake_producers.py), whose own
@@ -67,7 +69,7 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +95,33 @@ def _recorded_stub(client, method: str):
             return answer["response"]
 
     setattr(stub, method, Recorded())
+    channel = getattr(client, "_channel", None)
+    if channel is not None:  # tritonshm's ready requests go on the channel itself, as bytes
+        client._channel = _RecordedChannel(channel, method)
+
+
+class _RecordedChannel:
+    """A gRPC channel whose *method* answers with the response of its first real call, as
+    :func:`_recorded_stub`'s stub does (the rest is the channel's)."""
+
+    def __init__(self, channel, method: str):
+        self._channel, self._method = channel, method
+
+    def unary_unary(self, path: str, *args, **kwargs):
+        real = self._channel.unary_unary(path, *args, **kwargs)
+        if not path.endswith("/" + self._method):
+            return real
+        answer = {}
+
+        def call(request, **kwargs):
+            if "response" not in answer:
+                answer["response"] = real(request, **kwargs)
+            return answer["response"]
+
+        return call
+
+    def __getattr__(self, name: str):
+        return getattr(self._channel, name)
 
 
 def _recorded_http(client) -> None:
@@ -135,10 +164,10 @@ def lend_hit_path(reps: int, rounds: int) -> int:
         except StopIteration as stop:
             return stop.value
 
-    table.finished(drive(table.lend_steps(tensor)))
+    table.finished([drive(table.lend_steps(tensor))])
 
     def table_alone():
-        table.finished(drive(table.lend_steps(tensor)))
+        table.finished([drive(table.lend_steps(tensor))])
 
     def with_claim():
         claim = Claim(claims, table)
@@ -161,6 +190,34 @@ def lend_hit_path(reps: int, rounds: int) -> int:
         extent.release_memory()
     region.close()
     return 0
+
+
+#: Calls of one method in a row, the first of each left out: each call measured is one after a
+#: call of its own -- as an application making one kind of request sees it -- not after another
+#: method, whose code and data (tritonclient's protobuf building and parsing, say, or none of
+#: it) would be warm or cold for it by the order of the methods.
+RUN = 10
+
+
+def _in_runs(methods: dict[str, Callable[[], Any]], rounds: int, reps: int,
+             not_its_own: Callable[[], int] | None = None) -> dict[str, list[float]]:
+    """Thread CPU (us) of *reps* calls of each method per round, in runs of :data:`RUN` calls of
+    one method, the methods' runs interleaved; less, per call, what *not_its_own* (a counter of
+    nanoseconds) grew by during it."""
+    samples: dict[str, list[float]] = {name: [] for name in methods}
+    for _ in range(rounds):
+        for _ in range(max(1, reps // RUN)):
+            for name, fn in methods.items():
+                fn()  # (after another method's call: not counted)
+                for _ in range(RUN):
+                    before = 0 if not_its_own is None else not_its_own()
+                    t0 = time.thread_time_ns()
+                    fn()
+                    elapsed = time.thread_time_ns() - t0
+                    if not_its_own is not None:
+                        elapsed -= not_its_own() - before
+                    samples[name].append(elapsed / 1e3)
+    return samples
 
 
 @contextlib.contextmanager
@@ -279,30 +336,18 @@ def gpu_rows(size: int, reps: int, rounds: int, profile: Sequence[str] = ()) -> 
             for _ in range(10):
                 fn()
             calls[name] = {k: v / 10 for k, v in sorted((fake.calls() - before).items())}
-        samples: dict[str, list[float]] = {name: [] for name in methods}
-        for _ in range(rounds):
-            for _ in range(reps):
-                for name, fn in methods.items():
-                    t0 = time.thread_time_ns()
-                    fn()
-                    samples[name].append((time.thread_time_ns() - t0) / 1e3)
+        samples = _in_runs(methods, rounds, reps)
         # Then rounds as many again with the double's own calls timed (which adds its clock reads
         # to each call: these give only the rows less the double's share)
-        alone: dict[str, list[float]] = {name: [] for name in methods}
         with _the_doubles_cpu(torch_like) as spent:
-            for _ in range(rounds):
-                for _ in range(reps):
-                    for name, fn in methods.items():
-                        before = spent[0]
-                        t0 = time.thread_time_ns()
-                        fn()
-                        alone[name].append((time.thread_time_ns() - t0 - (spent[0] - before)) / 1e3)
+            alone = _in_runs(methods, rounds, reps, lambda: spent[0])
         np.testing.assert_array_equal(y.numpy(), data)
         np.testing.assert_array_equal(kept[0].get(), data)
         floor_name = "floor (tritonclient, regions bound once)"
         base = statistics.median(samples[floor_name])
         print(f"client thread CPU per warm GPU request, {size} B FP32 identity, FAKE CUDA runtime, real Triton "
-              f"({rounds} rounds x {reps} calls, interleaved; median; 'less the double': as many rounds again, "
+              f"({rounds} rounds x {reps} calls, in runs of {RUN} calls of one method, interleaved, the first of "
+              f"each run left out; median; 'less the double': as many rounds again, "
               f"less what the torch-like double's own Python took of each call -- torch's exports, stream and "
               f"device look-ups, allocations, which torch does in C++)")
         base_alone = statistics.median(alone[floor_name])

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 from . import _tritonclient_compat
 from .errors import InvalidOption, InvalidOptionType, RegistrationError
 
-__all__ = ["Transport", "GRPC", "GRPC_AIO", "HTTP", "HTTP_AIO", "IN_PROCESS", "of_client", "parse_url", "SCHEMES"]
+__all__ = ["Transport", "ReadyRequest", "GRPC", "GRPC_AIO", "HTTP", "HTTP_AIO", "IN_PROCESS", "of_client", "parse_url", "SCHEMES"]
 
 #: Servers that live in this process, by the address they answer at (``"host:port"``, as
 #: :func:`parse_url` gives it): for such an address :meth:`Transport.connect` hands out what
@@ -101,44 +101,95 @@ class Transport:
 
 
     def request_message(self, model: str, version: str, inputs: list, outputs: list) -> Any:
-        """The whole inference request, made once to be sent many times: gRPC its
-        ``ModelInferRequest`` (for a :meth:`sender`), HTTP an :class:`~tritonshm._http1.Prepared`
+        """The whole inference request, made once to be sent many times: gRPC a
+        :class:`ReadyRequest` (for a :meth:`sender`), HTTP an :class:`~tritonshm._http1.Prepared`
         (for :class:`~tritonshm._http1.Connections`).  *inputs* and *outputs* live in shared
         memory: no tensor travels in the message."""
         if self.http:
             from . import _http1
 
             return _http1.prepare(model, version, inputs, outputs)
-        return _tritonclient_compat.grpc_request(
+        return ReadyRequest(_tritonclient_compat.grpc_request(
             model_name=model, inputs=inputs, model_version=version, request_id="", outputs=outputs,
-            sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=None, parameters=None)
+            sequence_id=0, sequence_start=False, sequence_end=False, priority=0, timeout=None, parameters=None))
 
-    def sender(self, client: Any) -> Callable[[Any], Any]:
-        """What runs gRPC inference messages (from :meth:`request_message`) on *client*: a
-        function of a message, its ``InferResult`` (awaitable for aio) -- what tritonclient's
-        ``infer`` does once it has built the message, which is the part skipped.  Bound once per
-        client: its stub's ``ModelInfer``, its metadata, tritonclient's result and error types
-        are looked up now, not per request.  Failures are tritonclient's
-        (``InferenceServerException``), as its ``infer`` raises them."""
+    def sender(self, client: Any) -> Callable[[ReadyRequest], Any]:
+        """What runs gRPC inference requests made ready (:meth:`request_message`) on *client*: a
+        function of one, its ``InferResult`` (awaitable for aio) -- what tritonclient's ``infer``
+        does once it has built the message, which is the part skipped.  Bound once per client:
+        its channel's (or stub's) ``ModelInfer``, its metadata, tritonclient's result and error
+        types are looked up now, not per request.  Failures are tritonclient's
+        (``InferenceServerException``), as its ``infer`` raises them.
+
+        On the client's own channel the request goes as the bytes made once, and the answer comes
+        as bytes: one that is the same, byte for byte, as the last answer to that request (a
+        warm request's is: the same outputs, shapes and version) is the result parsed then."""
         grpc, InferResult, raise_error_grpc = _tritonclient_compat.grpc_parts()
         metadata_of = _tritonclient_compat.grpc_metadata_of(client)
-        model_infer = _tritonclient_compat.grpc_stub(client).ModelInfer
-        if self.aio:
-            async def send_awaited(message: Any) -> Any:
+        raw_infer = _tritonclient_compat.grpc_raw_infer(client)
+        if raw_infer is None:  # a stub of a test's, in this process: its messages as they are
+            model_infer = _tritonclient_compat.grpc_stub(client).ModelInfer
+            if self.aio:
+                async def send_message_awaited(ready: ReadyRequest) -> Any:
+                    try:
+                        return InferResult(await model_infer(request=ready.request, metadata=metadata_of(None)))
+                    except grpc.RpcError as rpc_error:
+                        raise_error_grpc(rpc_error)
+
+                return send_message_awaited
+
+            def send_message(ready: ReadyRequest) -> Any:
                 try:
-                    return InferResult(await model_infer(request=message, metadata=metadata_of(None)))
+                    return InferResult(model_infer(request=ready.request, metadata=metadata_of(None)))
+                except grpc.RpcError as rpc_error:
+                    raise_error_grpc(rpc_error)
+
+            return send_message
+        parse = _tritonclient_compat.grpc_infer_response().FromString
+
+        def result_of(ready: ReadyRequest, answer: bytes) -> Any:
+            last = ready.last
+            if answer == last[0]:
+                return last[1]
+            result = InferResult(parse(answer))
+            ready.last = (answer, result, None)  # (one assignment: a request on another thread reads one whole)
+            return result
+
+        if self.aio:
+            async def send_awaited(ready: ReadyRequest) -> Any:
+                try:
+                    return result_of(ready, await raw_infer(ready.data, metadata=metadata_of(None)))
                 except grpc.RpcError as rpc_error:
                     raise_error_grpc(rpc_error)
 
             return send_awaited
 
-        def send(message: Any) -> Any:
+        def send(ready: ReadyRequest) -> Any:
             try:
-                return InferResult(model_infer(request=message, metadata=metadata_of(None)))
+                return result_of(ready, raw_infer(ready.data, metadata=metadata_of(None)))
             except grpc.RpcError as rpc_error:
                 raise_error_grpc(rpc_error)
 
         return send
+
+
+class ReadyRequest:
+    """A gRPC inference request made once, to be sent many times (:meth:`Transport.request_message`):
+    its ``ModelInferRequest`` (*request*), that message's bytes (*data*), and the last answer to it
+    (*last*: ``(bytes, InferResult, what the client read of it)``), whose result
+    :meth:`Transport.sender` hands out again for an answer that is the same -- and what was read
+    of it once is known (:func:`~tritonshm.client._results.answered_shapes`).  Results are read,
+    never changed, by whoever gets one."""
+
+    __slots__ = ("request", "data", "last")
+
+    def __init__(self, request: Any):
+        self.request = request
+        self.data: bytes = request.SerializeToString()
+        self.last: tuple[bytes | None, Any, Any] = (None, None, None)
+
+    def __repr__(self) -> str:
+        return f"<ReadyRequest of {len(self.data)} bytes for model {self.request.model_name!r}>"
 
 
 GRPC = Transport("grpc", False, "tritonclient.grpc")

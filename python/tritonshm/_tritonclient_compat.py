@@ -29,7 +29,7 @@ from typing import Any, Callable, NamedTuple, NoReturn
 from .errors import InferenceServerException
 
 __all__ = ["CONTRACT", "Private", "TritonclientChanged", "TritonclientIncompatible", "usable", "grpc_request",
-           "http_request", "grpc_error", "raise_grpc_error", "grpc_compression", "grpc_stub", "grpc_metadata",
+           "http_request", "grpc_error", "raise_grpc_error", "grpc_compression", "grpc_stub", "grpc_raw_infer", "grpc_infer_response", "grpc_metadata",
            "grpc_parts", "with_grpc_stub", "tensor_of", "input_content", "reads_request_objects", "input_class", "result_class", "note_binary_size"]
 
 
@@ -182,6 +182,26 @@ def grpc_stub(client: Any) -> Any:
                 f"{_tritonclient_version()} no longer has: install a release tritonshm was tested with "
                 f"(pip install 'tritonclient[grpc,http]<={_TESTED}') or a newer tritonshm")
     return stub
+
+
+def grpc_raw_infer(client: Any) -> Any:
+    """``ModelInfer`` on the channel of a tritonclient gRPC client (blocking or aio) that takes a
+    request's bytes and answers the response's bytes, unparsed; None where the client's calls are
+    not its channel's (a stub of a test's in its place: :func:`with_grpc_stub`) or it has none."""
+    from tritonclient.grpc import service_pb2_grpc
+
+    channel = getattr(client, "_channel", None)
+    if channel is None or type(getattr(client, "_client_stub", None)) is not service_pb2_grpc.GRPCInferenceServiceStub:
+        return None
+    return channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+
+@functools.cache
+def grpc_infer_response() -> Any:
+    """tritonclient's ``ModelInferResponse`` protobuf class (imported once, on first use)."""
+    from tritonclient.grpc import service_pb2
+
+    return service_pb2.ModelInferResponse
 
 
 def with_grpc_stub(client: Any, stub: Any) -> Any:

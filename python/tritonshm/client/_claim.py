@@ -160,8 +160,7 @@ class Claim:
             return
         lent = [*self.inputs.values(), *self.outputs.values()]
         if not self.server_may_run_it:
-            for where in lent:
-                self._allocations.finished(where)
+            self._allocations.finished(lent)
             self._claims.settle(self)
         else:
             tensors = [t for t, _ in self.tensors]

@@ -63,7 +63,7 @@ import dataclasses
 import threading
 import time
 import weakref
-from typing import Any, NamedTuple
+from typing import Any, Iterable, NamedTuple, Sequence
 
 from .._memory._cuda_region import CudaRegion
 from ..errors import (ClientClosed, NotShareable, Outcome, RegistrationError, ServerError, SharedMemoryRefused,
@@ -102,11 +102,7 @@ class LentMemory(RegisteredMemory):
     def __init__(self, region: CudaRegion):
         self.region = region
         self.device = region.device
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the allocation in bytes."""
-        return self.region.nbytes
+        self.nbytes: int = region.nbytes  # size of the allocation in bytes (read by every request lent it)
 
 
 class Lent(NamedTuple):
@@ -210,12 +206,11 @@ class LentAllocations:
         request hands back to :meth:`finished`; None where it must be copied instead."""
         if self._fallback.lending_refused is not None:
             return self._copied("server cannot open CUDA memory")
+        known = self.lend_known((tensor,))[0]
+        if known is not None:
+            return known
         source = tensor.source
         buffer_id = getattr(source, "buffer_id", 0)
-        if buffer_id:
-            known = self._lend_known(tensor, buffer_id)
-            if known is not None:
-                return known
         try:
             region = CudaRegion.borrow(source)
         except NotShareable:
@@ -301,41 +296,43 @@ class LentAllocations:
             raise ClientClosed(_CLOSED_WHILE_REGISTERING)
         return Lent(entry.extent, name, offset, tensor.nbytes)
 
-    def lend_known(self, tensor: DeviceTensor) -> Lent | None:
-        """*tensor*'s :class:`Lent` when its allocation is registered already and known by the
-        driver's id of it (the warm request's case: no steps); None: take :meth:`lend_steps`."""
-        buffer_id = getattr(tensor.source, "buffer_id", 0)
-        if not buffer_id or self._fallback.lending_refused is not None:
-            return None
-        return self._lend_known(tensor, buffer_id)
-
-    def _lend_known(self, tensor: DeviceTensor, buffer_id: int) -> Lent | None:
-        """The hit path: *tensor* in an allocation registered already, known by the driver's id of
-        it (*buffer_id*, taken with the tensor: :attr:`~tritonshm.cuda.Capture.buffer_id`) -- ids
-        are never reused in a process's life, so the same id is the same allocation, whose
-        registration holds, with nothing asked of CUDA (no borrow, no IPC export).  None: go the
-        full way (not registered yet, or being registered)."""
-        ptr = tensor.source.ptr + tensor.offset
+    def lend_known(self, tensors: Sequence[DeviceTensor]) -> list[Lent | None]:
+        """Each of *tensors* as a :class:`Lent` where its allocation is registered already and
+        known by the driver's id of it -- the warm request's case: one look under the lock for all
+        of a request's tensors, no steps -- else None (take :meth:`lend_steps` for it).  Ids are
+        never reused in a process's life, so the same id is the same allocation, whose registration
+        holds, with nothing asked of CUDA (no borrow, no IPC export).  Each Lent goes back through
+        :meth:`finished`."""
+        if self._fallback.lending_refused is not None:
+            return [None] * len(tensors)
+        lents: list[Lent | None] = []
         with self._lock:
             if self._closed:
                 raise ClientClosed("the client was closed while this request lent a GPU tensor")
-            for key, entry in self._entries.items():  # (at most max_entries)
-                if entry.buffer_id != buffer_id or key[0] != tensor.device or entry.extent.name is None:
+            for tensor in tensors:
+                lents.append(None)
+                buffer_id = getattr(tensor.source, "buffer_id", 0)  # (0: the driver gave none)
+                if not buffer_id:
                     continue
-                offset = ptr - key[1]
-                if offset < 0 or offset + tensor.nbytes > entry.extent.memory.nbytes:
-                    return None  # (the full way says why: it spans allocations)
-                entry.users += 1
-                entry.lent += 1
-                entry.last_used = time.monotonic()
-                self._entries.move_to_end(key)
-                return Lent(entry.extent, entry.extent.name, offset, tensor.nbytes)
-        return None
+                ptr = tensor.source.ptr + tensor.offset
+                for key, entry in self._entries.items():  # (at most max_entries)
+                    if entry.buffer_id != buffer_id or key[0] != tensor.device or entry.extent.name is None:
+                        continue
+                    offset = ptr - key[1]
+                    if 0 <= offset and offset + tensor.nbytes <= entry.extent.memory.nbytes:
+                        entry.users += 1
+                        entry.lent += 1
+                        entry.last_used = time.monotonic()
+                        self._entries.move_to_end(key)
+                        lents[-1] = Lent(entry.extent, entry.extent.name, offset, tensor.nbytes)
+                    break  # (outside it: the full way says why -- it spans allocations)
+        return lents
 
-    def finished(self, lent: Lent) -> None:
-        """A request that named *lent* is over, answered: the server is done with it."""
+    def finished(self, lents: Iterable[Lent]) -> None:
+        """A request that named *lents* is over, answered: the server is done with them."""
         with self._lock:
-            self._one_user_less(lent.extent)
+            for lent in lents:
+                self._one_user_less(lent.extent)
 
     def abandon(self, lent: Lent, tensors: list[DeviceTensor]) -> Extent:
         """The client gave up on a request that named *lent* (the server may still run it): the

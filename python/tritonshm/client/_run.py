@@ -90,16 +90,17 @@ class _QuickSlot(NamedTuple):
 
 
 def _callers_tensors(arrays: Mapping[str, Any],
-                     out: Mapping[str, OutTensor] | None) -> Iterator[tuple[str, DeviceTensor, bool]]:
+                     out: Mapping[str, OutTensor] | None) -> list[tuple[str, DeviceTensor, bool]]:
     """The tensors of a request in the caller's GPU memory, as ``(name, tensor, writes)``: each
     GPU input, then each ``out=`` tensor (the server writes those) -- none empty (Triton refuses
     0-byte bindings) and no host array (those are the client's own copies)."""
-    for name, array in arrays.items():
-        if isinstance(array, DeviceTensor) and array.nbytes:
-            yield name, array, False
-    for name, given in (out or {}).items():
-        if given.tensor.nbytes:
-            yield name, given.tensor, True
+    tensors = [(name, array, False) for name, array in arrays.items()
+               if isinstance(array, DeviceTensor) and array.nbytes]
+    if out:
+        for name, given in out.items():
+            if given.tensor.nbytes:
+                tensors.append((name, given.tensor, True))
+    return tensors
 
 
 class Runner:
@@ -261,12 +262,11 @@ class Runner:
         where their memory can be (:mod:`._lent`); the rest is copied as before.  Those whose
         allocation is known are lent now; None when that is all of them (the warm case: no steps),
         else the steps that register the rest."""
-        table = self.lent_table
+        tensors = _callers_tensors(arrays, plan.out)
         unknown = []
-        for name, tensor, writes in _callers_tensors(arrays, plan.out):
-            # An allocation lent before is known by its id -- never one of our slots in service:
-            # own_slot() names a view of those (an input) before it could be lent.
-            where = table.lend_known(tensor)
+        # An allocation lent before is known by its id -- never one of our slots in service:
+        # own_slot() names a view of those (an input) before it could be lent.
+        for (name, tensor, writes), where in zip(tensors, self.lent_table.lend_known([t for _, t, _ in tensors])):
             if where is None and not writes:
                 where = self.pool_table.own_slot(tensor)
             if where is None:
@@ -405,7 +405,7 @@ class Runner:
         with self._flight:
             claim = Claim(self.claims, self.lent_table)
             try:
-                tensors = list(_callers_tensors(arrays, out))
+                tensors = _callers_tensors(arrays, out)
                 if self.claims.enter(claim, [Span.of(tensor, writes) for _, tensor, writes in tensors]) is None \
                         and self._lend_all_known(claim, tensors):  # (else a clash, or a tensor not lent yet)
                     for event in _devices.distinct(claim.waits):  # (one: the call's ordering point)
@@ -423,7 +423,7 @@ class Runner:
                             raise
                         raise _results.out_too_small(info, exc, given) from None
                     outputs = _results.collect(info, None, result, plan.names, plan.copy, plan.route.results,
-                                               lent=claim, allocated=out)[0]
+                                               lent=claim, allocated=out, ready=message)[0]
                     self.lent_table.count(len(claim.inputs), len(claim.outputs))
             except GeneratorExit:  # closed (a cancelled aio call): no more steps may be taken
                 self._end_claim(claim)
@@ -455,13 +455,13 @@ class Runner:
         """Lend *claim* every one of *tensors* (:func:`_callers_tensors`) where the lent table knows
         its allocation already; False (what was lent stays in the claim, to end with it) where one
         is not known."""
-        table = self.lent_table
-        for name, tensor, writes in tensors:
-            where = table.lend_known(tensor)
+        every = True
+        for (name, tensor, writes), where in zip(tensors, self.lent_table.lend_known([t for _, t, _ in tensors])):
             if where is None:
-                return False
-            claim.lend(name, where, tensor, writes=writes)
-        return True
+                every = False
+            else:
+                claim.lend(name, where, tensor, writes=writes)
+        return every
 
     # -- a model that changed under the client ------------------------------
 
@@ -651,9 +651,8 @@ class Runner:
                     if lease.extent.closed:  # close() gave up waiting for us and let go of it
                         raise ClientClosed(f"the client was closed while this request on model "
                                            f"{info.name!r} ran: its results are lost")
-                    _results.check_version(info, result)
-                    for name, spec, view in slot.outputs:
-                        shape = _results.answered_shape(info, result, name, spec)
+                    shapes = _results.answered_shapes(info, result, quick.plan.names, message)
+                    for (name, spec, view), shape in zip(slot.outputs, shapes):
                         size = math.prod(shape) * spec.dtype.itemsize
                         outputs[name] = view[:size].view(spec.dtype).reshape(shape).copy()
             except ServerError as exc:
@@ -864,7 +863,7 @@ class Runner:
             outputs, queued, pending = _results.collect(info, lease, result, names, copy, results, rows, stream,
                                                          claim, out, self.lent_table.results,
                                                          _devices.results_stream(results, claim, out) if copies
-                                                         else None)
+                                                         else None, message)
             if queued:
                 yield WaitForDevice(_devices.ordering_event(stream.device).record(stream))
             elif pending is not None:
@@ -947,7 +946,8 @@ class Runner:
                     raise ClientClosed(f"the client was closed while this request on model {info.name!r} "
                                        f"ran: its results are lost")
                 # (views of the slot, BYTES decoded out of it: nothing queued on a GPU)
-                return _results.collect(info, lease, result, names, False, Placement(lease.extent.memory.device))[0]
+                return _results.collect(info, lease, result, names, False, Placement(lease.extent.memory.device),
+                                        ready=message)[0]
             except ModelChanged:
                 self.forget_model(info.name)  # (its views are of the old model's tensors: no second run)
                 raise

@@ -516,7 +516,7 @@ class Told:
             self._target = prepared.target
             print("POST {}, headers {}\n{!r}".format(self._base + prepared.target, prepared.headers, prepared.body))
         else:
-            message = step.message if step.message is not None else _grpc_message(step)
+            message = step.message.request if step.message is not None else _grpc_message(step)
             print("{}, metadata {}\n{}".format(self.call, self._headers.items(), message))
         if self.call == "async_infer":
             print("Sent request")
