@@ -89,9 +89,15 @@ class Prepared:
 
     *idempotent*: whether running it twice does no harm, so that it may go once more on a
     fresh connection when a kept one turns out closed before any byte of an answer came.  A
-    request that is not is never sent again once any of its bytes went out."""
+    request that is not is never sent again once any of its bytes went out.
 
-    __slots__ = ("model", "target", "body", "headers", "idempotent", "_wire")
+    *last* is the last answer to it, ``(body, Result, what the client read of it)``: an answer
+    that is the same, byte for byte (a warm request's is), is that :class:`Result` again
+    (:func:`result_of`), and what was read of it is known
+    (:func:`~tritonshm.client._results.answered_shapes`), as for gRPC's
+    :class:`~tritonshm._transport.ReadyRequest`."""
+
+    __slots__ = ("model", "target", "body", "headers", "idempotent", "last", "_wire")
 
     def __init__(self, model: str, target: str, body: bytes, headers: Mapping[str, Any] | None = None,
                  idempotent: bool = True):
@@ -104,6 +110,7 @@ class Prepared:
             if any(c in f"{name}{value}" for c in "\r\n"):  # checked by RequestOptions; never let one through
                 raise ValueError(f"header {name!r}: no line breaks in a header")
         self._wire: tuple[bytes, tuple[bytes, ...]] | None = None  # (host header, what goes on the socket)
+        self.last: tuple[bytes | None, Any, Any] = (None, None, None)
 
     def wire(self, host: bytes) -> tuple[bytes, ...]:
         """The request's bytes for a server known as *host*, to write in order: one piece, or the
@@ -444,13 +451,17 @@ class Result:
         return self._response
 
 
-def result_of(response: Response, doing: str) -> Any:
+def result_of(response: Response, doing: str, request: Prepared | None = None) -> Any:
     """What *response* answers: a :class:`Result` when it is JSON alone (outputs left in shared
-    memory), tritonclient.http's ``InferResult`` when tensors' bytes follow the JSON or it is
-    compressed; or its error in tritonshm's terms (as tritonclient raises it: the server's
-    ``{"error": ...}``)."""
+    memory) -- the one made of the last answer to *request*, if this one is the same -- or
+    tritonclient.http's ``InferResult`` when tensors' bytes follow the JSON or it is compressed;
+    or its error in tritonshm's terms (as tritonclient raises it: the server's ``{"error": ...}``)."""
     header_length = response.headers.get("inference-header-content-length")
     encoding = response.headers.get("content-encoding")
+    last = None if request is None else request.last
+    if last is not None and response.status == 200 and response.body == last[0] \
+            and header_length is None and encoding is None:
+        return last[1]
     if response.status == 200 and (header_length is not None or encoding is not None):
         from tritonclient.http import InferResult
 
@@ -471,7 +482,10 @@ def result_of(response: Response, doing: str) -> Any:
         answer = None
     if response.status != 200 or not isinstance(answer, dict) or "error" in answer:
         raise _error_answer(response.status, answer, body, doing)  # (made elsewhere: no local holds it)
-    return Result(answer)
+    result = Result(answer)
+    if request is not None and encoding is None:
+        request.last = (response.body, result, None)  # (one assignment: another thread reads one whole)
+    return result
 
 
 def _error_answer(status: int, answer: Any, body: bytes, doing: str) -> ServerError:
@@ -534,13 +548,13 @@ class _ConnectionsBase:
         return request.idempotent and reused and not reader.started and isinstance(exc, ConnectionError) \
             and not self.closed
 
-    def _done(self, sock: socket.socket, response: Response, doing: str) -> Any:
-        """Keep *sock* for the next request if it may carry one; *response*'s result."""
+    def _done(self, sock: socket.socket, response: Response, doing: str, request: Prepared) -> Any:
+        """Keep *sock* for the next request if it may carry one; *response*'s result (to *request*)."""
         if response.keep_alive and not self.closed and len(self._idle) < _MAX_IDLE:
             self._idle.append(sock)
         else:
             self._discard(sock)
-        return result_of(response, doing)
+        return result_of(response, doing, request)
 
     def _take_idle(self) -> socket.socket | None:
         """An idle connection still in step with the server, or None.  One with input waiting --
@@ -620,7 +634,7 @@ class Connections(_ConnectionsBase):
                         again()
                     continue
                 raise self.unavailable(doing, exc, sent) from exc
-            return self._done(sock, response, doing)
+            return self._done(sock, response, doing, request)
         raise AssertionError("unreachable: the second try uses a fresh connection")
 
     def close(self) -> None:
@@ -681,7 +695,7 @@ class AsyncConnections(_ConnectionsBase):
             finally:
                 if response is None:  # failed, or cancelled: what is left of the answer is unread on it
                     self._discard(sock)
-            return self._done(sock, response, doing)
+            return self._done(sock, response, doing, request)
         raise AssertionError("unreachable: the second try uses a fresh connection")
 
     def close(self) -> None:

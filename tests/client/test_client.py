@@ -220,32 +220,42 @@ def test_runs_of_one_request_ask_each_for_its_own_outputs_and_options(server, pr
                 assert sorted(req.run(timeout=10_000_000)) == ["OUTPUT0", "OUTPUT1"]
 
 
-def test_a_warm_requests_answer_the_same_as_the_last_is_parsed_and_read_once(server, monkeypatch):
+def test_a_warm_requests_answer_the_same_as_the_last_is_parsed_and_read_once(server, protocol, monkeypatch):
     """A request made ready goes as the bytes made once, and an answer to it that is the same, byte
     for byte, as the last one (a warm request's is) is the result made of that one, its output
     shapes read then: runs of a zero-copy request, and the quick numpy path on its slot, make one
-    result and read its shapes once -- not once a call.  (gRPC: HTTP's answers are JSON.)"""
-    from tritonshm import _tritonclient_compat
+    result and read its shapes once -- not once a call."""
+    from tritonshm import _http1, _tritonclient_compat
     from tritonshm.client import _results
 
-    grpc, infer_result, raise_error = _tritonclient_compat.grpc_parts()
     made, read = [], []
+    if protocol == "http":
+        class CountedJSON(_http1.Result):
+            __slots__ = ()
 
-    class CountedResult(infer_result):
-        def __init__(self, response):
-            made.append(response)
-            super().__init__(response)
+            def __init__(self, response):
+                made.append(response)
+                super().__init__(response)
 
+        monkeypatch.setattr(_http1, "Result", CountedJSON)
+    else:
+        grpc, infer_result, raise_error = _tritonclient_compat.grpc_parts()
+
+        class CountedResult(infer_result):
+            def __init__(self, response):
+                made.append(response)
+                super().__init__(response)
+
+        monkeypatch.setattr(_tritonclient_compat, "grpc_parts", lambda: (grpc, CountedResult, raise_error))
     real_shape = _results.answered_shape
 
     def counted_shape(info, result, name, spec=None):
         read.append(name)
         return real_shape(info, result, name, spec)
 
-    monkeypatch.setattr(_tritonclient_compat, "grpc_parts", lambda: (grpc, CountedResult, raise_error))
     monkeypatch.setattr(_results, "answered_shape", counted_shape)
     a, b = floats(16, seed=1), floats(16, seed=2)
-    with tritonshm.Client(client_url(server, "grpc"), slots=1) as c:
+    with tritonshm.Client(client_url(server, protocol), slots=1) as c:
         with c.request("add_sub") as req:
             req.inputs["INPUT0"][:], req.inputs["INPUT1"][:] = a, b
             for _ in range(5):
