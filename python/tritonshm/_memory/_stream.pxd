@@ -38,5 +38,6 @@ cdef class DeviceGuard:
 
 cdef Stream thread_copy_stream(Runtime rt, int device)
 cdef Event new_event(Runtime rt, int device)
+cpdef Event ordering_event(int device)
 cdef size_t stream_handle(object stream) except? 0
 cdef object handshake_stream(object obj, int device, size_t consumer, bint on_device=*)

@@ -5,7 +5,7 @@ from typing import Callable
 
 from typing_extensions import Self
 
-__all__ = ["Stream", "Event", "Pending", "DeviceGuard", "copy_stream", "current_stream", "current_stream_providers", "producer_streams", "producer_stream_of",
+__all__ = ["Stream", "Event", "Pending", "DeviceGuard", "copy_stream", "ordering_event", "current_stream", "current_stream_providers", "producer_streams", "producer_stream_of",
            "device_guard", "has_context"]
 
 class Stream:
@@ -86,6 +86,8 @@ about; test doubles and other libraries put their own here."""
 
 def producer_stream_of(kind: type) -> Callable[[int], int] | None: ...
 def copy_stream(device: int = 0) -> Stream: ...
+def ordering_event(device: int) -> Event:
+    """An event of *device* to record now, from this thread's few: one nothing else holds any more, else a new one."""
 def current_stream(device: int = 0) -> int: ...
 def device_guard(device: int) -> DeviceGuard: ...
 def has_context(device: int) -> bool | None: ...

@@ -22,6 +22,8 @@ default stream (which serializes every thread and library in the process):
 Every runtime call runs under the guard of its stream's or event's device.
 """
 
+from cpython.list cimport PyList_GET_ITEM
+from cpython.ref cimport PyObject
 from posix.unistd cimport getpid
 
 from ._runtime cimport Runtime, current
@@ -48,8 +50,8 @@ import threading
 from ..errors import OutOfBounds, RegionClosed, UnsupportedBuffer
 from ._args cimport device_of as _device_of
 
-__all__ = ["Stream", "Event", "Pending", "DeviceGuard", "copy_stream", "current_stream", "current_stream_providers",
-           "producer_streams", "producer_stream_of",
+__all__ = ["Stream", "Event", "Pending", "DeviceGuard", "copy_stream", "ordering_event", "current_stream",
+           "current_stream_providers", "producer_streams", "producer_stream_of",
            "device_guard", "has_context"]
 
 
@@ -378,6 +380,48 @@ def copy_stream(device=0):
     """
     cdef Runtime rt = current()
     return thread_copy_stream(rt, rt.valid_device(device))
+
+
+# -- this thread's ordering events -------------------------------------------------
+
+#: Events kept per thread, runtime and device: more at once (results kept with their events) are
+#: made and dropped.
+_POOLED_EVENTS = 8
+
+
+cpdef Event ordering_event(int device):
+    """An event of *device* to record now, from this thread's few: one that nothing else holds
+    any more (no capture, step or caller can wait for its old point), else a new one.  A warm
+    request creates and destroys no event (two runtime calls, each under a device guard).
+
+    An event belongs to the runtime it was made with (a test suite switches between a fake
+    runtime and the real one in one process)."""
+    cdef Runtime rt = current()
+    cdef dict pools = getattr(_local, "events", None)
+    cdef list pool
+    cdef Py_ssize_t index, count
+    cdef PyObject *kept
+    cdef Event event
+    if pools is None:
+        pools = _local.events = {}
+    key = (rt, device)
+    pool = pools.get(key)
+    if pool is None:
+        pool = pools[key] = []
+    count = len(pool)
+    for index in range(count):
+        kept = PyList_GET_ITEM(pool, index)  # (borrowed: the pool's reference is the only one counted)
+        if kept.ob_refcnt == 1 and (<Event>kept)._handle != NULL:
+            event = <Event>kept
+            # To the back: the pool is kept least recently handed out first -- the events still
+            # held (by results, by marks) are the recent ones, looked at last.
+            del pool[index]
+            pool.append(event)
+            return event
+    event = new_event(rt, rt.valid_device(device))
+    if count < _POOLED_EVENTS:
+        pool.append(event)
+    return event
 
 
 # -- the caller's current stream ---------------------------------------------------

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 import threading
 import weakref
 from collections.abc import Mapping  # (isinstance() on it: typing's alias costs three calls more)
@@ -41,7 +40,7 @@ from .._memory._capture import capture, capture_at, describe
 from .._memory._copy import copy
 from .._memory._dlpack import DEVICE_MEMORY_TYPES
 from .._memory._cuda_array import empty as cuda_empty
-from .._memory._stream import Event, Pending, Stream, copy_stream as thread_copy_stream, current_stream
+from .._memory._stream import Pending, Stream, copy_stream as thread_copy_stream, current_stream, ordering_event
 from ..errors import CudaUnavailable, DTypeMismatch, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
 __all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_call", "capture_out", "as_device_tensor", "capture_inputs",
@@ -120,51 +119,6 @@ class _Capturing(threading.local):
 
 
 _capturing = _Capturing()
-
-
-class _Events(threading.local):
-    def __init__(self) -> None:
-        # By (runtime, device): an event belongs to the runtime it was made with (a test suite
-        # switches between a fake runtime and the real one in one process).
-        self.by_device: dict[tuple[Any, int], list[Any]] = {}
-
-
-_events = _Events()
-_POOLED_EVENTS = 8  # per thread and device: more at once (results kept with their events) are made and dropped
-
-
-def _unheld() -> int:
-    """What ``getrefcount(pool[index])`` reads, in a loop like :func:`ordering_event`'s, for an
-    object that only the list *pool* holds: the interpreter's own references on the way vary
-    between versions (3.14 borrows some), so it is measured, not assumed -- with the same code."""
-    pool, getrefcount = [object()], sys.getrefcount
-    for index in range(len(pool)):
-        return getrefcount(pool[index])
-    raise AssertionError("unreachable: the pool has one object")
-
-
-_UNHELD = _unheld()
-
-
-def ordering_event(device: int) -> Any:
-    """An event of *device* to record now, from this thread's few: one that nothing else holds
-    any more (no capture, step or caller can wait for its old point), else a new one.  A warm
-    request creates and destroys no event (two runtime calls, each under a device guard)."""
-    key = (_runtime.current(), device)
-    pool = _events.by_device.get(key)
-    if pool is None:
-        pool = _events.by_device[key] = []
-    getrefcount = sys.getrefcount  # (the same code as _unheld(); no local holds an event while it counts)
-    for index in range(len(pool)):
-        if getrefcount(pool[index]) <= _UNHELD and not pool[index].closed:
-            # To the back: the pool is kept least recently handed out first -- the events
-            # still held (by results, by marks) are the recent ones, looked at last.
-            pool.append(pool.pop(index))
-            return pool[-1]
-    event = Event.create(device)
-    if len(pool) < _POOLED_EVENTS:
-        pool.append(event)
-    return event
 
 
 # -- copies known complete by a later wait ------------------------------------------------------
