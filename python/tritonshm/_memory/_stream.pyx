@@ -26,6 +26,9 @@ from cpython.list cimport PyList_GET_ITEM
 from cpython.ref cimport PyObject
 from posix.unistd cimport getpid
 
+cdef extern from "Python.h":
+    Py_ssize_t references_to "Py_REFCNT" (PyObject *o)  # (the macro: a borrowed pointer, no reference taken)
+
 from ._runtime cimport Runtime, current
 from ._tshm cimport (
     TSHM_CUDA_ERROR_NOT_READY,
@@ -411,7 +414,7 @@ cpdef Event ordering_event(int device):
     count = len(pool)
     for index in range(count):
         kept = PyList_GET_ITEM(pool, index)  # (borrowed: the pool's reference is the only one counted)
-        if kept.ob_refcnt == 1 and (<Event>kept)._handle != NULL:
+        if references_to(kept) == 1 and (<Event>kept)._handle != NULL:
             event = <Event>kept
             # To the back: the pool is kept least recently handed out first -- the events still
             # held (by results, by marks) are the recent ones, looked at last.

@@ -306,14 +306,14 @@ class LentAllocations:
         if self._fallback.lending_refused is not None:
             return [None] * len(tensors)
         lents: list[Lent | None] = []
-        with self._lock:
-            if self._closed:
-                raise ClientClosed("the client was closed while this request lent a GPU tensor")
+        with self._lock:  # (held throughout: a close() cannot come between two tensors' looks)
             for tensor in tensors:
                 lents.append(None)
                 buffer_id = getattr(tensor.source, "buffer_id", 0)  # (0: the driver gave none)
                 if not buffer_id:
                     continue
+                if self._closed:
+                    raise ClientClosed("the client was closed while this request lent a GPU tensor")
                 ptr = tensor.source.ptr + tensor.offset
                 for key, entry in self._entries.items():  # (at most max_entries)
                     if entry.buffer_id != buffer_id or key[0] != tensor.device or entry.extent.name is None:
