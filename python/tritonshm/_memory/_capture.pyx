@@ -52,7 +52,7 @@ cdef class Capture:
         raise TypeError("use tritonshm.cuda.capture(device_array)")
 
     cdef int _live(self) except -1:
-        if self.event is None:  # only Capture.__new__ without capture() makes one, or pending=
+        if self.event is None:  # Capture.__new__ without capture(), or capture(pending=) before ordered_by()
             raise TypeError("this Capture was not made by capture(), or its event was never given "
                             "(capture(pending=...) waits for ordered_by())")
         if self._released:
@@ -117,7 +117,8 @@ cdef int _order(Capture cap, Runtime rt, int dev, size_t stream, dict pending) e
 
 
 cdef Capture _gathered(Capture cap, dict pending):
-    """*cap*, added to the captures *pending* its event on its device and stream (none: it has one)."""
+    """*cap*, added where given to *pending*'s captures of its device and stream -- those one event
+    is to order -- (none given: it recorded its own)."""
     if pending is not None:
         pending.setdefault((cap.device, cap.stream), []).append(cap)
     return cap
