@@ -162,9 +162,9 @@ cdef class CudaArray:
         cdef Event pending = self._pending_event()
         if pending is None:
             return 0
-        self._runtime.check(tshm_cuda_stream_wait(self._runtime.rt, self._a().device, <void *>stream,
-                                                  pending._live()),
-                            f"ordering stream 0x{stream:x} after the copy into {self!r}")
+        cdef int rc = tshm_cuda_stream_wait(self._runtime.rt, self._a().device, <void *>stream, pending._live())
+        if rc != 0:  # (the message is made only for a failure)
+            self._runtime.check(rc, f"ordering stream 0x{stream:x} after the copy into {self!r}")
         return 0
 
     def synchronize(self):
@@ -258,6 +258,7 @@ cdef class CudaArray:
         *stream* (-1: on the CPU, as nothing else orders the consumer).
         """
         cdef tshm_cuda_reader *reader = NULL
+        cdef int rc
         versioned = _dlpack.check_request(stream, max_version, dl_device, copy, kDLCUDA, self._a().device)
         if self._pending is not None:
             if stream == -1:
@@ -273,8 +274,9 @@ cdef class CudaArray:
             # stream than the consumer's: the legacy one (1) is ordered after every blocking
             # stream, the consumer thread's per-thread stream included.
             handle = 1 if stream is None or stream == 2 else <size_t>stream
-            self._runtime.check(tshm_cuda_reader_new(self._hold, <void *><size_t>handle, &reader),
-                                f"preparing a DLPack export of {self!r}")
+            rc = tshm_cuda_reader_new(self._hold, <void *><size_t>handle, &reader)
+            if rc != 0:  # (the message is made only for a failure: an export per result handed on)
+                self._runtime.check(rc, f"preparing a DLPack export of {self!r}")
             # The reader holds one holder; export_capsule takes it over.
             return export_capsule(<void *>(self._alloc.ptr + self._offset), kDLCUDA, self._alloc.device,
                                   self.dtype, self.shape, False, versioned, tshm_cuda_reader_release, reader)
