@@ -159,7 +159,7 @@ class Claim:
                 self._claims.settle(self)
             return
         lent = [*self.inputs.values(), *self.outputs.values()]
-        if not self.server_may_run_it:
+        if not (self.unanswered or self.sent_twice):  # (server_may_run_it, written out: every lent request ends here)
             self._allocations.finished(lent)
             self._claims.settle(self)
         else:

@@ -306,6 +306,7 @@ class LentAllocations:
         if self._fallback.lending_refused is not None:
             return [None] * len(tensors)
         lents: list[Lent | None] = []
+        now = time.monotonic()
         with self._lock:  # (held throughout: a close() cannot come between two tensors' looks)
             for tensor in tensors:
                 lents.append(None)
@@ -322,7 +323,7 @@ class LentAllocations:
                     if 0 <= offset and offset + tensor.nbytes <= entry.extent.memory.nbytes:
                         entry.users += 1
                         entry.lent += 1
-                        entry.last_used = time.monotonic()
+                        entry.last_used = now
                         self._entries.move_to_end(key)
                         lents[-1] = Lent(entry.extent, entry.extent.name, offset, tensor.nbytes)
                     break  # (outside it: the full way says why -- it spans allocations)
