@@ -158,11 +158,12 @@ class Runner:
         info, names, route = plan.info, plan.names, plan.route
         shapes = {name: array.shape for name, array in arrays.items()}
         bytes_sizes = _intake.bytes_sizes(info, arrays) if info.has_bytes else {}
-        waiting = self._enter_claims(plan, arrays, claim)
+        tensors = _callers_tensors(arrays, plan.out)
+        waiting = self._enter_claims(plan, tensors, claim)
         if waiting is not None:
             yield from waiting
         lending = route.lent and not self.fallback.wire  # (a server that refused CUDA memory: the table says so)
-        registering = self._lend(plan, arrays, claim) if lending else None
+        registering = self._lend(tensors, claim) if lending else None
         if registering is not None:
             yield from registering
         needs = self.pool_table.needs(info, shapes, bytes_sizes)
@@ -212,13 +213,15 @@ class Runner:
             return outputs
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _enter_claims(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps | None:
-        """Enter *claim* as naming the caller's GPU memory the request reads and writes; None when
+    def _enter_claims(self, plan: Plan, tensors: Sequence[tuple[str, DeviceTensor, bool]],
+                      claim: Claim) -> Steps | None:
+        """Enter *claim* as naming the caller's GPU memory the request reads and writes (*tensors*:
+        :func:`_callers_tensors`); None when
         it is in (the usual case: no steps), else the steps that wait until no unfinished request
         names memory this one writes, or writes what this one reads (a request the client gave up
         on, still running on the server) -- :class:`TensorInUse` after the request's slot_timeout."""
         # (name, writes, span): each span named only if the wait times out
-        named = [(name, writes, Span.of(tensor, writes)) for name, tensor, writes in _callers_tensors(arrays, plan.out)]
+        named = [(name, writes, Span.of(tensor, writes)) for name, tensor, writes in tensors]
         if not named:  # (host tensors are the client's copies: nothing to clash)
             return None
         spans = [span for *_, span in named]
@@ -257,12 +260,11 @@ class Runner:
         if copied:
             self.lent_table.count_copied("on the wire", copied)
 
-    def _lend(self, plan: Plan, arrays: Mapping[str, Any], claim: Claim) -> Steps | None:
-        """Lend the server the GPU inputs of one chunk, and the results the caller allocated,
-        where their memory can be (:mod:`._lent`); the rest is copied as before.  Those whose
-        allocation is known are lent now; None when that is all of them (the warm case: no steps),
-        else the steps that register the rest."""
-        tensors = _callers_tensors(arrays, plan.out)
+    def _lend(self, tensors: Sequence[tuple[str, DeviceTensor, bool]], claim: Claim) -> Steps | None:
+        """Lend the server a request's GPU inputs, and the results the caller allocated (*tensors*:
+        :func:`_callers_tensors`), where their memory can be (:mod:`._lent`); the rest is copied as
+        before.  Those whose allocation is known are lent now; None when that is all of them (the
+        warm case: no steps), else the steps that register the rest."""
         unknown = []
         # An allocation lent before is known by its id -- never one of our slots in service:
         # own_slot() names a view of those (an input) before it could be lent.
@@ -406,8 +408,9 @@ class Runner:
             claim = Claim(self.claims, self.lent_table)
             try:
                 tensors = _callers_tensors(arrays, out)
-                if self.claims.enter(claim, [Span.of(tensor, writes) for _, tensor, writes in tensors]) is None \
-                        and self._lend_all_known(claim, tensors):  # (else a clash, or a tensor not lent yet)
+                # Entered and lent with no steps, or not taken: a clash to wait out, or a tensor to
+                # register (what was lent stays in the claim, to end with it).
+                if self._enter_claims(plan, tensors, claim) is None and self._lend(tensors, claim) is None:
                     for event in _devices.distinct(claim.waits):  # (one: the call's ordering point)
                         yield WaitForDevice(event)
                     shapes = {name: array.shape for name, array in arrays.items()}
@@ -450,18 +453,6 @@ class Runner:
             finally:
                 changed = None  # (see _steps.advance)
         return outputs
-
-    def _lend_all_known(self, claim: Claim, tensors: Sequence[tuple[str, DeviceTensor, bool]]) -> bool:
-        """Lend *claim* every one of *tensors* (:func:`_callers_tensors`) where the lent table knows
-        its allocation already; False (what was lent stays in the claim, to end with it) where one
-        is not known."""
-        every = True
-        for (name, tensor, writes), where in zip(tensors, self.lent_table.lend_known([t for _, t, _ in tensors])):
-            if where is None:
-                every = False
-            else:
-                claim.lend(name, where, tensor, writes=writes)
-        return every
 
     # -- a model that changed under the client ------------------------------
 
@@ -777,11 +768,12 @@ class Runner:
         claim = Claim(self.claims, self.lent_table)
         with self._flight:
             try:
-                waiting = self._enter_claims(plan, arrays, claim)
+                tensors = _callers_tensors(arrays, plan.out)
+                waiting = self._enter_claims(plan, tensors, claim)
                 if waiting is not None:
                     yield from waiting
                 lending = plan.route.lent and not self.fallback.wire
-                registering = self._lend(plan, arrays, claim) if lending else None
+                registering = self._lend(tensors, claim) if lending else None
                 if registering is not None:
                     yield from registering
                 needs = {name: size for name, size in self.pool_table.needs(info, shapes, bytes_sizes).items()
