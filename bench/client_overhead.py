@@ -77,24 +77,27 @@ import numpy as np
 from tritonshm import _tritonclient_compat
 
 
+class _Recorded:
+    """A gRPC method (*real*) that answers every call with the response of its first real one."""
+
+    def __init__(self, real):
+        self._real, self._answer = real, []
+
+    def __call__(self, request, **kwargs):
+        if not self._answer:
+            self._answer.append(self._real(request, **kwargs))
+        return self._answer[0]
+
+    def with_call(self, request, **kwargs):
+        if not self._answer:
+            self._answer.append(self._real.with_call(request, **kwargs))
+        return self._answer[0]
+
+
 def _recorded_stub(client, method: str):
     """Make *client*'s gRPC stub answer *method* with the response of one real call."""
     stub = _tritonclient_compat.grpc_stub(client)
-    real = getattr(stub, method)
-    answer = {}
-
-    class Recorded:
-        def __call__(self, request, **kwargs):
-            if "response" not in answer:
-                answer["response"] = real(request, **kwargs)
-            return answer["response"]
-
-        def with_call(self, request, **kwargs):
-            if "response" not in answer:
-                answer["response"] = real.with_call(request, **kwargs)
-            return answer["response"]
-
-    setattr(stub, method, Recorded())
+    setattr(stub, method, _Recorded(getattr(stub, method)))
     channel = getattr(client, "_channel", None)
     if channel is not None:  # tritonshm's ready requests go on the channel itself, as bytes
         client._channel = _RecordedChannel(channel, method)
@@ -109,16 +112,7 @@ class _RecordedChannel:
 
     def unary_unary(self, path: str, *args, **kwargs):
         real = self._channel.unary_unary(path, *args, **kwargs)
-        if not path.endswith("/" + self._method):
-            return real
-        answer = {}
-
-        def call(request, **kwargs):
-            if "response" not in answer:
-                answer["response"] = real(request, **kwargs)
-            return answer["response"]
-
-        return call
+        return _Recorded(real) if path.endswith("/" + self._method) else real
 
     def __getattr__(self, name: str):
         return getattr(self._channel, name)
