@@ -2,7 +2,8 @@
 
 A lent input's results are copied out of the CUDA slot into tritonshm's own ``CudaArray``\\ s on the
 copy stream, and handed out before the copy has landed (the fake lands queued work only when
-something synchronizes it).  Every reader must order after the copy, the slot must not be leased
+something synchronizes it).  Our results are the slot itself where the pool has one to spare
+(test_client_results_in_place.py); here they are copied, as torch's and cupy's always are.  Every reader must order after the copy, the slot must not be leased
 again (and written by the server) before the copy out of it has read it, and a result block must not
 be handed out again under a copy into it."""
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 import tritonshm
+from tritonshm.client._plan import Plan
 
 from triton_fixtures import client_url
 
@@ -26,6 +28,13 @@ MODEL = "identity_fp32"
 @pytest.fixture
 def url(fake_cuda_server, fake_cuda):
     return client_url(fake_cuda_server, "grpc")
+
+
+@pytest.fixture(autouse=True)
+def results_copied(monkeypatch):
+    """Results copied out of the slot, as torch's and cupy's are (and ours when the pool has no
+    slot to spare): none written in place."""
+    monkeypatch.setattr(Plan, "results_in_place", property(lambda plan: False))
 
 
 def test_a_result_read_at_once_sees_the_copy(url, fake_cuda, torch_like):

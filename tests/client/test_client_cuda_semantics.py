@@ -391,7 +391,7 @@ def test_a_failing_collect_leaves_no_copy_queued_out_of_the_slot(url, fake_cuda,
     from tritonshm.client import _devices
 
     x = device_array(np.zeros(16, np.float32))
-    with tritonshm.Client(url) as c:
+    with tritonshm.Client(url, slots=1) as c:  # (no slot to spare for results in place: copied out)
         c.infer("add_sub", {"INPUT0": x, "INPUT1": x})  # the pool is made
         real, calls, kept = _devices.empty, [], []
 

@@ -371,7 +371,11 @@ class Client(ClientFace):
         outputs are views into the slot (numpy, or ``CudaArray`` on a GPU),
         which stays out of the pool until every view -- and every DLPack
         tensor made from one -- is gone; where the slot is not where the
-        results are wanted, they are copies all the same.  *out* names GPU
+        results are wanted, they are copies all the same.  With ``copy=True``
+        a ``CudaArray`` result on the GPU of its CUDA slot is that slot, which
+        the server wrote it in (nothing is copied after the answer), while the
+        pool has another slot free; it too holds its slot until it is gone, and
+        is never written again meanwhile.  *out* names GPU
         tensors the caller allocated (output name -> writable tensor, of the
         output's dtype and shape, where the results go) for the server to write
         in place -- on every route, host slots included; copied into only where

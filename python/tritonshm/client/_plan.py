@@ -49,6 +49,16 @@ class Plan(NamedTuple):
     options: RequestOptions | None = None  # what the server is told besides the tensors (None: nothing)
     out: Mapping[str, OutTensor] | None = None  # results the caller allocated, by output name
 
+    @property
+    def results_in_place(self) -> bool:
+        """Whether results copied to the caller (*copy*) may be the slot the server wrote them in:
+        tritonshm's own :class:`~tritonshm.CudaArray`\\ s on the GPU of the request's CUDA slots.  The
+        result holds the slot (as a ``copy=False`` view does) and nothing is copied after the answer;
+        torch and cupy results are the caller's library's memory, copied there (their streams order
+        what runs on them, which a view of ours cannot follow)."""
+        memory = self.route.memory
+        return self.copy and memory.on_gpu and self.route.results == (memory.device, "tritonshm")
+
 
 @dataclasses.dataclass(frozen=True)
 class Routing:

@@ -454,17 +454,18 @@ class SlotPool:
 
     # -- leasing ----------------------------------------------------------
 
-    def try_acquire(self, hold: bool = True) -> Lease | None:
+    def try_acquire(self, hold: bool = True, spare: int = 0) -> Lease | None:
         """Lease a free slot without waiting; None if none is free or the pool is retired.
 
         With *hold* the lease has a handle whose views keep the slot (it
         returns when they are all gone); without, the caller hands the slot
         back with :meth:`finished_and_back` (a request that copies its results out).
+        *spare*: free slots this lease must leave free (None if it would not).
         """
         with self._lock:
-            if not self._free:
+            if len(self._free) <= spare:
                 self._look_at_watched()
-            if not self._free or self.retired:
+            if len(self._free) <= spare or self.retired:
                 return None
             extent, index = self._free.pop()  # LIFO: the slot used last is still in cache
             self._running += 1

@@ -352,12 +352,14 @@ class PoolTable:
             yield Pause(_BUDGET_POLL)
 
 
-    def lease_now(self, info: ModelInfo, needs: Mapping[str, int], kind: SlotKind, hold: bool) -> Lease | None:
+    def lease_now(self, info: ModelInfo, needs: Mapping[str, int], kind: SlotKind, hold: bool,
+                  spare: int = 0) -> Lease | None:
         """The usual case of :meth:`lease_steps`, with no steps at all: a free slot of the pool
-        in service that fits *needs*; None when there is none (then take the steps)."""
+        in service that fits *needs*, leaving *spare* free ones; None when there is none (then
+        take the steps)."""
         pool = self._pools.get((info.name, info.version, kind))
         if pool is not None and pool.layout.fits(needs):
-            return pool.try_acquire(hold)
+            return pool.try_acquire(hold, spare)
         return None
 
     def lease_steps(self, info: ModelInfo, needs: Mapping[str, int], timeout: float | None,

@@ -170,11 +170,19 @@ class Runner:
         if claim.tensors:  # lent tensors take no room in a slot
             needs = {name: size for name, size in needs.items()
                      if name not in claim.inputs and name not in claim.outputs}
+        # Our CudaArray results are the slot the server wrote them in, held by them, where the pool
+        # has a free slot to spare meanwhile (keeping results never leaves the others none): no copy
+        # out after the answer, no event.  Else they are copied out as the caller asked.
+        in_place_wanted = rows is None and plan.results_in_place
         for attempt in range(_GROW_ATTEMPTS):
-            lease = None
+            lease, in_place = None, False
             if needs or self.fallback.wire:
                 if not self.fallback.wire:
-                    lease = self.pool_table.lease_now(info, needs, route.memory, not plan.copy)
+                    if in_place_wanted:
+                        lease = self.pool_table.lease_now(info, needs, route.memory, True, spare=1)
+                        in_place = lease is not None
+                    if lease is None:
+                        lease = self.pool_table.lease_now(info, needs, route.memory, not plan.copy)
                     if lease is None:  # (no free slot at hand: the steps wait or grow)
                         lease = yield from self.pool_table.lease_steps(info, needs, plan.slot_timeout, not plan.copy,
                                                                        route.memory)
@@ -187,9 +195,9 @@ class Runner:
             claim.lease = lease
             try:
                 stream = yield from self._fill_steps(info, lease, arrays, bytes_sizes, route.device, claim)
-                outputs = yield from self.slot_steps(info, lease, shapes, names, plan.copy, bytes_sizes,
-                                                     route.results, rows, stream, options=plan.options,
-                                                     claim=claim, out=plan.out)
+                outputs = yield from self.slot_steps(info, lease, shapes, names, plan.copy and not in_place,
+                                                     bytes_sizes, route.results, rows, stream,
+                                                     options=plan.options, claim=claim, out=plan.out)
             except OutputTooSmall as exc:
                 # A variable-size output outgrew its guess: grow to what the server asked for
                 # and run again on a slot of a larger pool -- unless running it again would do

@@ -1,0 +1,100 @@
+"""CudaArray results written in place (issue 40), on the FAKE runtime against a real Triton.
+
+A request whose results are tritonshm's own ``CudaArray``\\ s, on the GPU of its CUDA slot, gets as
+each result a view of the slot the server wrote it in: nothing is copied after the answer, no
+event is recorded for it.  It is still a copy to the caller: the result holds its slot until it is
+gone (a later request never writes it), and a pool never gives its last free slot to a result --
+those beyond are copied out as before, so keeping results never makes a request wait or fail.  A
+request given up on keeps its slot for the server like any other.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import numpy as np
+import pytest
+
+import tritonshm
+from tritonshm.client._devices import as_device_tensor
+from tritonshm.client._slots import SlotKind
+
+from support.insides import live_pool
+from triton_fixtures import client_url
+
+pytestmark = pytest.mark.server
+
+N = 4096
+MODEL = "identity_fp32"
+
+
+@pytest.fixture
+def url(fake_cuda_server, fake_cuda):
+    return client_url(fake_cuda_server, "grpc")
+
+
+def in_a_slot(client, result) -> bool:
+    """Whether *result* is memory of one of *client*'s CUDA slots (written there by the server)."""
+    return client._engine.pool_table.own_slot(as_device_tensor(result)) is not None
+
+
+def test_a_result_is_the_slot_the_server_wrote_and_later_requests_leave_it_be(url, fake_cuda, torch_like):
+    first, second = np.full(N, 1.0, np.float32), np.full(N, 2.0, np.float32)
+    x1, x2 = torch_like.from_numpy(first), torch_like.from_numpy(second)
+    with tritonshm.Client(url) as c:
+        c.infer(MODEL, {"INPUT0": x1})  # the pool is made
+        before = fake_cuda.stats()
+        a = c.infer(MODEL, {"INPUT0": x1})["OUTPUT0"]
+        assert isinstance(a, tritonshm.CudaArray) and in_a_slot(c, a)
+        assert not a.pending  # nothing queued after the answer: the server wrote it
+        assert (fake_cuda.stats() - before).async_copies == 0
+        for _ in range(5):  # later requests take other slots while a holds its own
+            b = c.infer(MODEL, {"INPUT0": x2})["OUTPUT0"]
+            np.testing.assert_array_equal(b.get(), second)
+        np.testing.assert_array_equal(a.get(), first)
+        del a, b
+
+
+def test_kept_results_never_take_the_last_free_slot(url, fake_cuda, torch_like):
+    """Twelve results kept from a pool of four slots: three are slots, the rest copies; the pool
+    neither grows nor waits, and each result is its own request's."""
+    data = [np.full(N, float(i), np.float32) for i in range(12)]
+    x = torch_like.zeros(N)  # (one input, lent: a fresh one per request would be copied into the slot)
+    with tritonshm.Client(url, slots=4) as c:
+        c.infer(MODEL, {"INPUT0": x})  # the pool is made
+        gc.collect()
+        pool = live_pool(c, MODEL, SlotKind.cuda(0))
+        kept = []
+        for d in data:
+            x.copy_(d)  # (queued on the caller's stream: the request's ordering point is after it)
+            kept.append(c.infer(MODEL, {"INPUT0": x}, slot_timeout=0.01)["OUTPUT0"])
+        assert [in_a_slot(c, r) for r in kept] == [True] * 3 + [False] * 9
+        assert len(pool.extents) == 1  # (never grown: a slot was free for each copied result)
+        for result, d in zip(kept, data):
+            np.testing.assert_array_equal(result.get(), d)
+        del kept, result
+        gc.collect()
+        assert all(p.held == 0 for p in c.pools())  # each slot back once its result is gone
+        again = c.infer(MODEL, {"INPUT0": x})["OUTPUT0"]
+        assert in_a_slot(c, again)
+        np.testing.assert_array_equal(again.get(), data[-1])
+        del again
+        assert c.stats().copied == {}  # (every request lent its input)
+
+
+def test_a_result_in_place_given_up_on_keeps_its_slot_for_the_server(url, fake_cuda, torch_like):
+    """slow_fp32 answers after 500 ms; the client gives up at 0.1 s: the slot the server still writes
+    is not leased to the next requests (whose results would be overwritten) until it is done."""
+    x = torch_like.from_numpy(np.full(N, 7.0, np.float32))
+    y = torch_like.from_numpy(np.full(N, 9.0, np.float32))
+    with tritonshm.Client(url, slots=4) as c:
+        c.infer("slow_fp32", {"INPUT0": y})  # the pool is made
+        with pytest.raises(tritonshm.ServerTimeout):
+            c.infer("slow_fp32", {"INPUT0": x}, client_timeout=0.1)
+        assert c.stats().abandoned == 1
+        kept = [c.infer("slow_fp32", {"INPUT0": y})["OUTPUT0"] for _ in range(2)]
+        time.sleep(0.6)  # the abandoned request has written its output by now
+        for result in kept:
+            np.testing.assert_array_equal(result.get(), np.full(N, 9.0, np.float32))
+        del kept, result
