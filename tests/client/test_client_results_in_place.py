@@ -98,3 +98,22 @@ def test_a_result_in_place_given_up_on_keeps_its_slot_for_the_server(url, fake_c
         for result in kept:
             np.testing.assert_array_equal(result.get(), np.full(N, 9.0, np.float32))
         del kept, result
+
+
+def test_a_result_given_as_out_is_written_in_its_slot_and_never_held(url, fake_cuda, torch_like):
+    """A result in place given back as the next request's out= is named in its slot's registration:
+    nothing registered again, nothing held by the lent table, and the slot back once it is gone."""
+    x = torch_like.from_numpy(np.full(N, 3.0, np.float32))
+    with tritonshm.Client(url) as c:
+        c.infer(MODEL, {"INPUT0": x})  # the pool is made
+        result = c.infer(MODEL, {"INPUT0": x})["OUTPUT0"]
+        assert in_a_slot(c, result)
+        registered = c.stats().registrations
+        x.copy_(np.full(N, 5.0, np.float32))
+        assert c.infer(MODEL, {"INPUT0": x}, out={"OUTPUT0": result})["OUTPUT0"] is result
+        np.testing.assert_array_equal(result.get(), np.full(N, 5.0, np.float32))
+        stats = c.stats()
+        assert stats.outputs_lent == 1 and stats.registrations == registered
+        del result
+        gc.collect()
+        assert all(pool.held == 0 for pool in c.pools())

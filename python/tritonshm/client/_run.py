@@ -275,9 +275,10 @@ class Runner:
         warm case: no steps), else the steps that register the rest."""
         unknown = []
         # An allocation lent before is known by its id -- never one of our slots in service:
-        # own_slot() names a view of those (an input) before it could be lent.
+        # own_slot() names a view of those (an input, or a result given as out=) before it could
+        # be lent (the lent table would register the slot's memory again, and hold the slot).
         for (name, tensor, writes), where in zip(tensors, self.lent_table.lend_known([t for _, t, _ in tensors])):
-            if where is None and not writes:
+            if where is None:
                 where = self.pool_table.own_slot(tensor)
             if where is None:
                 unknown.append((name, tensor, writes))
