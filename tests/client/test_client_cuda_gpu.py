@@ -19,6 +19,7 @@ import pytest
 import tritonshm
 from tritonshm import cuda
 from tritonshm._memory import _runtime
+from tritonshm.client._devices import as_device_tensor
 
 from triton_fixtures import NUMERIC_IDENTITY_MODELS, client_url, sample, start_or_skip
 
@@ -79,6 +80,30 @@ def test_results_held_by_torch_stay_intact_across_later_requests(server, torch):
         del kept, tensor
         gc.collect()
         assert c.pools()[0].held == 0
+
+
+def test_cudaarray_results_in_place_stay_intact_and_read_through_torch(server, torch):
+    """CudaArray inputs: results are the slot the server wrote (copy=True, a slot to spare), later
+    requests never write them, and torch reads them through DLPack on the real card."""
+    with tritonshm.Client(server.grpc_url, slots=4) as c, tritonshm.CudaRegion.create(4 << 14) as region:
+        x = region.view(np.float32, 1 << 14)
+        kept = []
+        for i in range(6):
+            data = sample(np.float32, 1 << 14, seed=i)
+            cuda.copy(x, data)
+            kept.append((data, c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"]))
+        in_slots = [c._engine.pool_table.own_slot(as_device_tensor(out)) is not None for _, out in kept]
+        assert in_slots == [False, True, True, True, False, False]  # (the first made the pool)
+        for data, out in kept:
+            assert isinstance(out, cuda.CudaArray)
+            np.testing.assert_array_equal(torch.from_dlpack(out).cpu().numpy(), data)
+        del kept, out, x
+        gc.collect()
+        torch.cuda.synchronize()  # (torch's reads of the slots are done: they come back)
+        deadline = time.monotonic() + 5
+        while any(pool.held for pool in c.pools()) and time.monotonic() < deadline:
+            time.sleep(0.01)  # (readers let go of a slot asynchronously: looked at again)
+        assert all(pool.held == 0 for pool in c.pools())
 
 
 def test_chunked_torch_batch(server, torch):
