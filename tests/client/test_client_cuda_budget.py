@@ -18,7 +18,8 @@ the calls per request are checked against the issue's limits:
 * lent input, results copied (a pool of one slot has none to spare for results in place): one
   async copy, at most one CPU wait, no ``cudaMalloc``/``cudaFree`` per request;
 * zero-copy ``request().run()`` on a CUDA slot: at most one event recorded and one wait;
-* every warm GPU request: no ``cudaGetDeviceCount``, at most four ``cudaGetDevice``.
+* every warm GPU request: no ``cudaGetDeviceCount``, at most four ``cudaGetDevice`` (but a copy out
+  of a pool's one slot, which asks whether the last copy out of it is done before leasing it again).
 
 Each test collects every limit it breaks and fails naming them all, with the calls it counted (so a
 run on older code says by how much).  Safety is the fake's to enforce meanwhile: work lands only where
