@@ -30,8 +30,11 @@ MODEL = "identity_fp32"
 
 
 @pytest.fixture
-def url(fake_cuda_server, fake_cuda):
-    return client_url(fake_cuda_server, "grpc")
+def url(fake_cuda_server, protocol, fake_cuda):
+    before = fake_cuda.stats()
+    yield client_url(fake_cuda_server, protocol)
+    # The server (another process) had our memory open: never freed under it, in any test here.
+    assert (fake_cuda.stats() - before).freed_while_open == 0
 
 
 def in_a_slot(client, result) -> bool:
@@ -83,6 +86,7 @@ def test_kept_results_never_take_the_last_free_slot(url, fake_cuda, torch_like):
         assert c.stats().copied == {}  # (every request lent its input)
 
 
+@pytest.mark.parametrize("protocol", ["grpc"])  # (client_timeout is gRPC's)
 def test_a_result_in_place_given_up_on_keeps_its_slot_for_the_server(url, fake_cuda, torch_like):
     """slow_fp32 answers after 500 ms; the client gives up at 0.1 s: the slot the server still writes
     is not leased to the next requests (whose results would be overwritten) until it is done."""
