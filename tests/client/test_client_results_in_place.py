@@ -89,19 +89,25 @@ def test_kept_results_never_take_the_last_free_slot(url, fake_cuda, torch_like):
 @pytest.mark.parametrize("protocol", ["grpc"])  # (client_timeout is gRPC's)
 def test_a_result_in_place_given_up_on_keeps_its_slot_for_the_server(url, fake_cuda, torch_like):
     """slow_fp32 answers after 500 ms; the client gives up at 0.1 s: the slot the server still writes
-    is not leased to the next requests (whose results would be overwritten) until it is done."""
+    is held for it, never the slot of a later result (which the late write would overwrite)."""
     x = torch_like.from_numpy(np.full(N, 7.0, np.float32))
     y = torch_like.from_numpy(np.full(N, 9.0, np.float32))
     with tritonshm.Client(url, slots=4) as c:
         c.infer("slow_fp32", {"INPUT0": y})  # the pool is made
         with pytest.raises(tritonshm.ServerTimeout):
             c.infer("slow_fp32", {"INPUT0": x}, client_timeout=0.1)
-        assert c.stats().abandoned == 1
+        pool = live_pool(c, "slow_fp32", SlotKind.cuda(0))
+        for_server = {(extent.name, index) for extent in pool.extents for index in extent.for_server}
+        assert c.stats().abandoned == 1 and len(for_server) == 1
         kept = [c.infer("slow_fp32", {"INPUT0": y})["OUTPUT0"] for _ in range(2)]
+        slots = [c._engine.pool_table.own_slot(as_device_tensor(result)) for result in kept]
+        slots = [lent for lent in slots if lent is not None]
+        assert slots  # (in place: the extent of the server's slot is out of leasing, another has slots)
+        assert not {(lent.name, lent.offset // pool.layout.slot_bytes) for lent in slots} & for_server
         time.sleep(0.6)  # the abandoned request has written its output by now
         for result in kept:
             np.testing.assert_array_equal(result.get(), np.full(N, 9.0, np.float32))
-        del kept, result
+        del kept, result, slots
 
 
 def test_a_result_given_as_out_is_written_in_its_slot_and_never_held(url, fake_cuda, torch_like):
