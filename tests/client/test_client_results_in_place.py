@@ -10,6 +10,7 @@ request given up on keeps its slot for the server like any other.
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import time
 
@@ -127,3 +128,34 @@ def test_a_result_given_as_out_is_written_in_its_slot_and_never_held(url, fake_c
         del result
         gc.collect()
         assert all(pool.held == 0 for pool in c.pools())
+
+
+def test_threads_keeping_and_dropping_results_each_get_their_own(url, fake_cuda, torch_like):
+    """Eight threads, each with its own lent input, keep some results and drop others while the
+    pool's four slots go to results in place, copies and growth: every result kept is its own
+    request's, intact after all the others ran."""
+    threads, requests = 8, 40
+    inputs = [torch_like.zeros(N) for _ in range(threads)]
+    with tritonshm.Client(url, slots=4) as c:
+        c.infer(MODEL, {"INPUT0": inputs[0]})  # the pool is made
+
+        def work(t: int) -> list:
+            kept = []
+            for i in range(requests):
+                value = float(t * 1000 + i)
+                inputs[t].fill_(value)  # (queued on this thread's stream: the request orders after it)
+                out = c.infer(MODEL, {"INPUT0": inputs[t]})["OUTPUT0"]
+                if i % 3:  # two of three kept, the third dropped at once
+                    kept.append((value, out))
+            return kept
+
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            results = [kept for kept in pool.map(work, range(threads))]
+        in_place = 0
+        for kept in results:
+            for value, out in kept:
+                np.testing.assert_array_equal(out.get(), np.full(N, value, np.float32))
+                in_place += in_a_slot(c, out)
+        assert in_place  # (some were slots: the test ran what it is about)
+        del results, kept, out
+        gc.collect()
