@@ -2,10 +2,10 @@
 
 A lent input's results are copied out of the CUDA slot into tritonshm's own ``CudaArray``\\ s on the
 copy stream, and handed out before the copy has landed (the fake lands queued work only when
-something synchronizes it).  Our results are the slot itself where the pool has one to spare
-(test_client_results_in_place.py); here they are copied, as torch's and cupy's always are.  Every reader must order after the copy, the slot must not be leased
+something synchronizes it).  Every reader must order after the copy, the slot must not be leased
 again (and written by the server) before the copy out of it has read it, and a result block must not
-be handed out again under a copy into it."""
+be handed out again under a copy into it.  (Our results are the slot itself where the pool has one
+to spare -- test_client_results_in_place.py; here they are copied, as torch's and cupy's are.)"""
 
 from __future__ import annotations
 
