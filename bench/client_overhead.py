@@ -50,7 +50,8 @@ Tensors come from the torch-like double (tests/fake_producers.py), whose own
 calls are Python over ctypes, not torch's C++: its handshakes are in the
 client's CPU here and cost more than torch's would.  The issue's targets:
 zero-copy within 1.2x of the floor, lent ``out=`` 1.6x, lent input with copied
-results 2x.  Figures, never asserted.
+results 2x (the ``CudaArray`` results row: written in place where the pool has a slot to spare,
+as here).  Figures, never asserted.
 
 ``--lend`` measures instead what sending one GPU tensor by reference adds to
 a request once its allocation is registered (no server, no GPU: the fake CUDA

@@ -19,7 +19,8 @@ from typing import Any, Callable, Mapping
 from . import _tritonclient_compat
 from .errors import InvalidOption, InvalidOptionType, RegistrationError
 
-__all__ = ["Transport", "ReadyRequest", "GRPC", "GRPC_AIO", "HTTP", "HTTP_AIO", "IN_PROCESS", "of_client", "parse_url", "SCHEMES"]
+__all__ = ["Transport", "ReadyRequest", "GRPC", "GRPC_AIO", "HTTP", "HTTP_AIO", "IN_PROCESS", "of_client", "parse_url",
+           "SCHEMES"]
 
 #: Servers that live in this process, by the address they answer at (``"host:port"``, as
 #: :func:`parse_url` gives it): for such an address :meth:`Transport.connect` hands out what

@@ -29,7 +29,8 @@ from typing import Any, Callable, NamedTuple, NoReturn
 from .errors import InferenceServerException
 
 __all__ = ["CONTRACT", "Private", "TritonclientChanged", "TritonclientIncompatible", "usable", "grpc_request",
-           "http_request", "grpc_error", "raise_grpc_error", "grpc_compression", "grpc_stub", "grpc_raw_infer", "grpc_infer_response", "grpc_metadata",
+           "http_request", "grpc_error", "raise_grpc_error", "grpc_compression", "grpc_stub", "grpc_raw_infer",
+           "grpc_infer_response", "grpc_metadata",
            "grpc_parts", "with_grpc_stub", "tensor_of", "input_content", "reads_request_objects", "input_class", "result_class", "note_binary_size"]
 
 

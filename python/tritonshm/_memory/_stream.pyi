@@ -5,8 +5,8 @@ from typing import Callable
 
 from typing_extensions import Self
 
-__all__ = ["Stream", "Event", "Pending", "DeviceGuard", "copy_stream", "ordering_event", "current_stream", "current_stream_providers", "producer_streams", "producer_stream_of",
-           "device_guard", "has_context"]
+__all__ = ["Stream", "Event", "Pending", "DeviceGuard", "copy_stream", "ordering_event", "current_stream",
+           "current_stream_providers", "producer_streams", "producer_stream_of", "device_guard", "has_context"]
 
 class Stream:
     """A non-blocking CUDA stream of one device."""

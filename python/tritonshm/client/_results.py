@@ -18,8 +18,7 @@ from ._model import ModelInfo
 from ._pool import Lease
 
 __all__ = ["Rows", "answered_shape", "answered_shapes", "check_answer_fits_out", "check_version", "collect",
-           "into_out", "join_chunks",
-           "out_too_small", "result_rows", "rows_for", "wire_results"]
+           "into_out", "join_chunks", "out_too_small", "result_rows", "rows_for", "wire_results"]
 
 
 def check_answer_fits_out(info: ModelInfo, name: str, shape: tuple[int, ...], given: _devices.OutTensor) -> None:
