@@ -30,7 +30,7 @@ import weakref
 from typing import Any, Callable, Mapping
 
 from . import _dtypes, _transport
-from .errors import OutOfBounds, RegistrationError, ServerError, ShapeMismatch, translate_error
+from .errors import OutOfBounds, RegionNotRegistered, RegistrationError, ServerError, ShapeMismatch, translate_error
 
 __all__ = ["register", "unregister", "status", "bind_input", "bind_output", "registered_name"]
 
@@ -45,9 +45,14 @@ _lock = threading.Lock()
 
 # Triton answers a request before it lets go of the request's regions, and
 # refuses to unregister one meanwhile ("... it is currently in use."): for a
-# moment after every response, or for as long as a request runs.  unregister()
-# asks again for up to this long; callers that must never free memory under
-# the server (the client's device pools) keep refused memory and retry later.
+# moment after every response, or for as long as a request runs -- releases
+# 2.50-2.52.  From 2.53 the unregister succeeds at once and the server keeps the
+# region (and its mapping of our memory) until those requests end (server PR
+# #7743): unregister() then asks whether it still has the region, and says "in
+# use" while it does, so that an unregister that succeeds means the server let
+# go on every release.  It asks again for up to this long; callers that must
+# never free memory under the server (the client's device pools) keep refused
+# memory and retry later.
 _IN_USE = "currently in use"
 _IN_USE_PATIENCE = 1.0
 _IN_USE_INTERVAL = 0.01
@@ -146,9 +151,14 @@ def unregister(client: Any, name_or_region: Any, *, patience: float = _IN_USE_PA
                headers: Mapping[str, str] | None = None) -> Any:
     """Unregister one of our regions, by name or by region; idempotent.
 
-    A server that refuses because the region is in use (Triton does, for a
-    moment after each response that used it, and while a request runs) is
-    asked again for up to *patience* seconds before its error is raised.
+    Returns once the server let go of the region: a server that refuses
+    because the region is in use (Triton does, for a moment after each
+    response that used it, and while a request runs) is asked again for up
+    to *patience* seconds before its error is raised.  One that defers the
+    unregister instead (Triton 2.53 and later: it says yes, and keeps the
+    region until the requests using it end) still lists the region: that
+    too is "currently in use" (a :class:`ServerError`) until it is gone, so
+    the region's memory is never closed while the server may still use it.
 
     Refuses names this process did not register: tritonshm never removes
     other clients' regions, and never unregisters "all".  The extension
@@ -178,29 +188,51 @@ def unregister(client: Any, name_or_region: Any, *, patience: float = _IN_USE_PA
     # server, and a request naming it here gets the server's clear error.
     doing = f"unregistering {name!r}"
     if _transport.of_client(client).aio:
-        return _unregister_patiently_aio(client, doing, method, name, patience, headers)
+        return _unregister_patiently_aio(client, doing, method, name, kind, patience, headers)
     deadline = time.monotonic() + patience
     while True:
         try:
-            return call_translated(client, doing, method, name, **_with(headers))
+            call_translated(client, doing, method, name, **_with(headers))
+            try:
+                still = name in status(client, name, kind, headers=headers)
+            except RegionNotRegistered:
+                still = False
+            if not still:
+                return None  # gone: the server let go
+            raise _deferred(doing, name)
         except ServerError as exc:
             if _IN_USE not in str(exc) or time.monotonic() >= deadline:
                 raise
         time.sleep(_IN_USE_INTERVAL)
 
 
-async def _unregister_patiently_aio(client: Any, doing: str, method: str, name: str, patience: float,
+async def _unregister_patiently_aio(client: Any, doing: str, method: str, name: str, kind: str, patience: float,
                                     headers: Mapping[str, str] | None = None) -> Any:
     """:func:`unregister` for an aio client, asking again while the region is "in use"."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + patience
     while True:
         try:
-            return await call_translated(client, doing, method, name, **_with(headers))
+            await call_translated(client, doing, method, name, **_with(headers))
+            try:
+                still = name in await status(client, name, kind, headers=headers)
+            except RegionNotRegistered:
+                still = False
+            if not still:
+                return None
+            raise _deferred(doing, name)
         except ServerError as exc:
             if _IN_USE not in str(exc) or loop.time() >= deadline:
                 raise
         await asyncio.sleep(_IN_USE_INTERVAL)
+
+
+def _deferred(doing: str, name: str) -> ServerError:
+    """The server said yes to unregistering *name* and still has it: it deferred the unregister
+    until the requests that use the region end (Triton 2.53 and later), and may still read or
+    write the memory -- "in use", as the releases that refuse say."""
+    return ServerError(f"{doing}: the server keeps {name!r} until the requests that use it end (it deferred "
+                       f"the unregister): the region is currently in use")
 
 
 def _done(client: Any, value: Any) -> Any:
@@ -214,12 +246,14 @@ def _done(client: Any, value: Any) -> Any:
     return ready()
 
 
-def status(client: Any, name: str | None = None, kind: str = "system") -> Any:
+def status(client: Any, name: str | None = None, kind: str = "system", *,
+           headers: Mapping[str, str] | None = None) -> Any:
     """The server's shared-memory regions of *kind* ("system" or "cuda") as a dict by name.
 
     System regions map to ``{key, offset, byte_size}``, CUDA regions to
     ``{device_id, byte_size}``.  With *name*, only that region (a missing
-    one raises :class:`RegionNotRegistered`).  For an aio client, an awaitable.
+    one raises :class:`RegionNotRegistered`).  *headers* go with the call.
+    For an aio client, an awaitable.
     """
     if kind not in ("system", "cuda"):
         raise RegistrationError(f"kind must be 'system' or 'cuda', not {kind!r}")
@@ -228,7 +262,7 @@ def status(client: Any, name: str | None = None, kind: str = "system") -> Any:
     kwargs = _transport.of_client(client).json  # gRPC answers protobufs unless asked for JSON
     method = "get_cuda_shared_memory_status" if kind == "cuda" else "get_system_shared_memory_status"
     return call_translated(client, doing, method, name or "",
-                 on_success=_cuda_regions_of if kind == "cuda" else _regions_of, **kwargs)
+                 on_success=_cuda_regions_of if kind == "cuda" else _regions_of, **kwargs, **_with(headers))
 
 
 def _entries(reply: Any) -> Any:

@@ -9,13 +9,15 @@ open through CUDA IPC (``cudaFree`` under another process's mapping is
 undefined behaviour): what a server keeps refusing is held for the life of
 the process (:data:`held_for_the_server`).
 
-A pool's extent that holds slots for a request of unknown outcome (timed out,
-cancelled, cut off: the server may still write them) is *proven* before it
-serves again (:meth:`Disposals.prove_steps`): unregistered, which Triton
-2.50-2.52 refuse while a request uses the region, then registered again under
-its name, which every release refuses ("already in manager") while the old
-registration lives on -- from 2.53 an unregister of a region in use succeeds
-and takes effect when its last request ends.  Both done, the server holds
+An unregister that succeeds means the server let go, on every release:
+Triton 2.50-2.52 refuse one while a request uses the region, and from 2.53,
+which says yes at once and keeps the region until its last request ends,
+:func:`tritonshm.triton.unregister` finds the region still listed and says
+"in use" too.  A pool's extent that holds slots for a request of unknown
+outcome (timed out, cancelled, cut off: the server may still write them) is
+*proven* before it serves again (:meth:`Disposals.prove_steps`): unregistered,
+then registered again under its name, which every release refuses ("already
+in manager") while the old registration lives on.  Both done, the server holds
 nothing of it: the extent comes back whole.  A restarted server forgets it at
 once.  Asked on a backoff, by whoever drives requests.
 
