@@ -15,6 +15,7 @@ the server has it open (``freed_while_open``).
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 import time
@@ -94,6 +95,38 @@ def test_an_unregister_the_server_defers_is_refused_until_the_server_let_go(serv
         request.join()
         region.close()
         tc.close()
+
+
+def test_an_aio_unregister_the_server_defers_is_refused_until_the_server_let_go(server, deferring):
+    import tritonclient.grpc.aio
+
+    region = tritonshm.SystemRegion.create(8192)
+    region.write(np.ones(4, np.float32))
+    started, done = threading.Event(), threading.Event()
+
+    async def main() -> None:
+        tc = tritonclient.grpc.aio.InferenceServerClient(server.grpc_url)
+        try:
+            name = await tritonshm.register(tc, region)
+            request = threading.Thread(target=_slow_request_on, args=(server, "grpc", region, started, done))
+            request.start()
+            try:
+                started.wait(5)
+                await asyncio.sleep(0.2)
+                with pytest.raises(ServerError, match="currently in use"):
+                    await tritonshm.unregister(tc, name, patience=0.0)
+                assert deferring.deferred == 1
+                await tritonshm.unregister(tc, name, patience=5.0)
+                assert done.is_set() and name not in await triton.status(tc)
+            finally:
+                request.join()
+        finally:
+            await tc.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        region.close()
 
 
 @pytest.mark.usefixtures("never_freed_under_the_server")

@@ -51,10 +51,15 @@ class DeferringUnregisters:
         import tritonclient.grpc
         import tritonclient.http
 
+        import tritonclient.grpc.aio
+
         for protocol, cls in (("grpc", tritonclient.grpc.InferenceServerClient),
                               ("http", tritonclient.http.InferenceServerClient)):
             for method in _METHODS:
                 monkeypatch.setattr(cls, method, self._deferring(protocol, method, getattr(cls, method)))
+        for method in _METHODS:  # (the aio gRPC client's: what it defers, the thread removes over gRPC)
+            cls = tritonclient.grpc.aio.InferenceServerClient
+            monkeypatch.setattr(cls, method, self._deferring_aio(method, getattr(cls, method)))
         self._thread = threading.Thread(target=self._remove_when_done, name="deferring-triton", daemon=True)
         self._thread.start()
         return self
@@ -69,6 +74,21 @@ class DeferringUnregisters:
                     raise
             with self._lock:  # 2.53: "will be unregistered after in-flight requests complete"
                 self._pending.append((protocol, method, name))
+                self.deferred += 1
+            self._wake.set()
+            return None
+
+        return unregister
+
+    def _deferring_aio(self, method: str, real: Any) -> Any:
+        async def unregister(client: Any, name: str = "", *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await real(client, name, *args, **kwargs)
+            except InferenceServerException as exc:
+                if not name or _IN_USE not in str(exc):
+                    raise
+            with self._lock:
+                self._pending.append(("grpc", method, name))
                 self.deferred += 1
             self._wake.set()
             return None
