@@ -73,7 +73,8 @@ class DeferringUnregisters:
                 if not name or _IN_USE not in str(exc):
                     raise
             with self._lock:  # 2.53: "will be unregistered after in-flight requests complete"
-                self._pending.append((protocol, method, name))
+                if (protocol, method, name) not in self._pending:  # (asked again: still the one removal)
+                    self._pending.append((protocol, method, name))
                 self.deferred += 1
             self._wake.set()
             return None
@@ -88,7 +89,8 @@ class DeferringUnregisters:
                 if not name or _IN_USE not in str(exc):
                     raise
             with self._lock:
-                self._pending.append(("grpc", method, name))
+                if ("grpc", method, name) not in self._pending:
+                    self._pending.append(("grpc", method, name))
                 self.deferred += 1
             self._wake.set()
             return None
