@@ -20,7 +20,7 @@ from . import _tritonclient_compat
 from .errors import InvalidOption, InvalidOptionType, RegistrationError
 
 __all__ = ["Transport", "ReadyRequest", "GRPC", "GRPC_AIO", "HTTP", "HTTP_AIO", "IN_PROCESS", "of_client", "parse_url",
-           "SCHEMES"]
+           "SCHEMES", "release_gevent_hub"]
 
 #: Servers that live in this process, by the address they answer at (``"host:port"``, as
 #: :func:`parse_url` gives it): for such an address :meth:`Transport.connect` hands out what
@@ -214,6 +214,15 @@ _URL_FORMS = ("expected 'host', 'host:port', 'grpc://host[:port]', 'grpcs://host
               "without a port: 8001 for gRPC, 8000 for http://, 443 for https://")
 # host[:port]: a name or IPv4 address, or an IPv6 address in brackets; then an optional port.
 _ADDRESS = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+(?:%[\w.-]+)?\]|[A-Za-z0-9_.-]+)(?::(?P<port>[0-9]{1,5}))?")
+
+
+def release_gevent_hub() -> None:
+    """Destroy this thread's gevent hub and its loop: for a thread of ours that is ending after
+    tritonclient.http calls (each thread that makes an HTTP client gets a hub, with descriptors
+    of its own).  Nothing where gevent was never imported."""
+    gevent = sys.modules.get("gevent")
+    if gevent is not None:
+        gevent.get_hub().destroy(destroy_loop=True)
 
 
 def of_client(client: Any) -> Transport:

@@ -22,7 +22,7 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapp
 from .. import _http1, _transport, triton
 from ..errors import ClientClosed, ServerError, ServerTimeout, translate_error
 from . import _devices, _messages
-from ._client import SETTLE_SECONDS, BlockingDriver, release_everything
+from ._client import SETTLE_SECONDS, BlockingDriver, release_everything, unregisterer
 from ._engine import Engine
 from ._face import ClientFace
 from ._run import PLAN_REFUSALS, Runner
@@ -301,9 +301,10 @@ class Client(ClientFace):
         # blocking connection (made only then) unregisters its pools.
         blocking, address, ssl = _transport.parse_url(url, aio=False)
         connect = functools.partial(blocking.connect, address, ssl=ssl)
+        # (its connection also asks about what close() leaves held for the server, after the close)
+        self._blocking_connector = Connector(connect, blocking.http, io_threads=1)
         self._finalizer = weakref.finalize(
-            self, release_everything, BlockingDriver(engine, Connector(connect, blocking.http, io_threads=1)),
-            engine, {}, False)
+            self, release_everything, BlockingDriver(engine, self._blocking_connector), engine, {}, False)
 
     @property
     def tritonclient(self) -> Any:
@@ -419,8 +420,11 @@ class Client(ClientFace):
             await self._driver.close_wire()  # streams still open end with ClientClosed; their slots come back
             settle = SETTLE_SECONDS if engine.slot_timeout is None else min(engine.slot_timeout, SETTLE_SECONDS)
             await self._driver.drive(engine.release_steps(settle))
-            engine.hold_refused()  # device memory the server still refuses: never freed under it
+            # Device memory the server still refuses: never freed under it; asked about again, on
+            # a thread of its own, through a blocking connection (short-lived clients once closed).
+            engine.hold_refused(unregisterer(self._blocking_connector, engine.control_headers()))
         finally:
+            self._blocking_connector.close()
             await self._driver.aio_client.close()
 
     async def _until_idle(self, timeout: float | None) -> None:

@@ -231,21 +231,29 @@ def release_everything(driver: BlockingDriver, engine: Engine, workers: dict[str
     that was never closed, so it is best effort: a name the server cannot
     unregister does not stop the rest (host memory is closed all the same).
     Memory the server refuses to let go of is asked for again for up to
-    *settle* seconds; device memory still refused then is held for the life
-    of the process, never freed under the server.
+    *settle* seconds; device memory still refused then is held, never freed
+    under the server, and asked about again after that through *driver*'s
+    connection (short-lived clients once it is closed) until the server lets go.
     """
     for group in list(workers.values()):
         group.shutdown(wait)
     workers.clear()
     driver.close_wire()  # its requests' slots come back, to be released below
-    _carry_out_unregisters(driver.connector, engine.release_steps(settle), engine.control_headers())
-    engine.hold_refused()
+    unregister = unregisterer(driver.connector, engine.control_headers())
+    _carry_out_unregisters(unregister, engine.release_steps(settle))
+    engine.hold_refused(unregister)  # (asked about after the close, through the same connection)
     driver.connector.close(wait)
 
 
-def _carry_out_unregisters(connector: Connector, steps: Steps, headers: Mapping[str, str] | None) -> None:
-    """Drive steps that only unregister (and pause), blocking, with the client's *headers*; failures
-    go back into the steps."""
+def unregisterer(connector: Connector, headers: Mapping[str, str] | None) -> Callable[[str], Any]:
+    """Unregisters a name, with *headers*, through *connector* -- once it is closed, on a
+    short-lived client of the calling thread's own (see :meth:`Connector.call`)."""
+    return lambda name: connector.call(functools.partial(_unregister_now, name=name, headers=headers))
+
+
+def _carry_out_unregisters(unregister: Callable[[str], Any], steps: Steps) -> None:
+    """Drive steps that only unregister (through *unregister*) and pause, blocking; failures go
+    back into the steps."""
     step = advance(steps)
     while not isinstance(step, Done):
         try:
@@ -253,8 +261,7 @@ def _carry_out_unregisters(connector: Connector, steps: Steps, headers: Mapping[
                 time.sleep(step.seconds)
                 outcome, failure = None, None
             else:
-                outcome, failure = connector.call(functools.partial(_unregister_now, name=step.name,
-                                                                    headers=headers)), None
+                outcome, failure = unregister(step.name), None
         except Exception as exc:
             outcome, failure = None, exc
         step = advance(steps, outcome, failure)
@@ -505,8 +512,10 @@ class Client(ClientFace):
         New requests are refused at once; requests already in flight (on any
         thread) are waited for -- up to the client's *slot_timeout* -- before the
         memory they use is unregistered.  Device memory the server refuses
-        to unregister (it may still be reading it) is never freed under it.
-        Result views handed out earlier stay valid: they keep their memory.
+        to unregister (it may still be reading it) is never freed under it:
+        it is asked about again after this returns, on a backoff, and freed
+        once the server lets go.  Result views handed out earlier stay valid:
+        they keep their memory.
         """
         engine = self._engine
         if not engine.stop_accepting():

@@ -6,8 +6,10 @@ server may be unreachable when we ask.  An extent it refused is *parked*:
 kept open and asked again later (after requests, and when the client
 closes).  Device memory is never freed while the server may still have it
 open through CUDA IPC (``cudaFree`` under another process's mapping is
-undefined behaviour): what a server keeps refusing is held for the life of
-the process (:data:`held_for_the_server`).
+undefined behaviour): what a server still refuses when its client has closed
+is held (:data:`held_for_the_server`) and asked about again, on a backoff, by
+one thread of the process's, through the closed client's connection -- freed
+once the server lets go of it.
 
 An unregister that succeeds means the server let go, on every release:
 Triton 2.50-2.52 refuse one while a request uses the region, and from 2.53,
@@ -33,11 +35,15 @@ they hold no engine and no client: a forgotten client's finalizer runs them too.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
 import warnings
+import weakref
+from typing import Any, Callable
 
+from .._transport import release_gevent_hub
 from ..errors import Outcome, RegistrationError, ServerError, outcome_of
 from ._pool import Extent, SlotPool
 from ._steps import Pause, Register, Steps, Unregister
@@ -52,16 +58,29 @@ _PROVE_MAX = 0.5         # ... twice as long each time, up to this
 # PR #7567, 24.09); from 2.53 (PR #7743) the unregister is deferred and re-registering refused.
 PROVING_SERVER = (2, 50)
 
-# Device memory a server refused to let go of when its client closed: held for the life of the
-# process (freeing it under the server would be undefined behaviour; the driver frees it at exit).
+#: Device memory a server refused to let go of when its client closed: held (freeing it under the
+#: server would be undefined behaviour), and asked about again on a backoff, after the close, by one
+#: thread of the process's (:func:`_ask_until_let_go`) through the closed client's connection, until
+#: the server lets go of it (or is gone): freed then.  Memory with no one to ask (a forked child's
+#: names are its parent's) is held for the life of the process; the driver frees it at exit.
 held_for_the_server: list[Extent] = []
+_held_lock = threading.Lock()
+_asking: threading.Thread | None = None  # the thread asking about held_for_the_server, while it has any
+_exiting = False  # the interpreter is going: nothing more is asked
+_AFTER_CLOSE_FIRST = 0.05  # held after close: first asked again after this, then
+_AFTER_CLOSE_MAX = 2.0     # ... twice as long each time, up to this
+
+#: Unregisters a name through a closed client's connection; raises as the unregister does
+#: (:func:`tritonshm.triton.unregister`: "in use" while the server still uses the region).
+Unregisterer = Callable[[str], Any]
 
 
 class Disposals:
     """One client's letting go of memory: unregister, then close; what the server refuses is
     *parked* -- kept open, asked again (after requests, at most every _RETRY_INTERVAL; and when
-    the client closes) -- and what it still refuses at the end is held for the life of the
-    process (device memory) or closed (host memory).  The only writer of the parked list.
+    the client closes) -- and what it still refuses at the end is held until it lets go (device
+    memory: :meth:`hold_for_the_server`) or closed (host memory).  The only writer of the parked
+    list.
 
     *creator_pid*: a forked child unregisters nothing (the names are its parent's).  Sans-I/O:
     its steps (:mod:`._steps`) are run by the client's driver, or by the finalizer's.
@@ -78,6 +97,7 @@ class Disposals:
         self._lock = threading.Lock()   # extents are parked, and taken whole, from any thread
         self._parked: list[Extent] = []
         self._given_up = False  # the client closed: nothing parked is asked about again (give_up)
+        self._unregister_after_close: Unregisterer | None = None  # ... but what it holds for the server
         self._in_hand = 0  # parked extents taken by retry_steps() whose steps have not ended
         self._retry_at = 0.0
         self._proving: list[Extent] = []  # pools' extents held for the server, asked on a backoff
@@ -312,20 +332,107 @@ class Disposals:
             yield Pause(_SETTLE_INTERVAL)
             yield from self.retry_steps()
 
-    def give_up(self) -> None:
-        """The server still refuses (the client closed): close parked host memory (unlinking is
-        safe: the server's mapping stays valid) and device memory of a server that stayed
-        unreachable (gone: it holds nothing); hold device memory the server refused for the life
-        of the process (:data:`held_for_the_server`), never freed under the server.  What is
-        refused after this is treated so at once (:meth:`_park`)."""
+    def give_up(self, unregister: Unregisterer | None = None) -> None:
+        """The client closed, and the server still refuses: close parked host memory (unlinking
+        is safe: the server's mapping stays valid) and device memory of a server that stayed
+        unreachable (gone: it holds nothing); hold device memory the server refused
+        (:data:`held_for_the_server`), never freed under the server, and ask about it again
+        through *unregister* (the closed client's connection) until the server lets go of it.
+        What is refused after this is treated so at once (:meth:`_park`)."""
         with self._lock:
             self._given_up = True
+            self._unregister_after_close = unregister if os.getpid() == self.creator_pid else None
         self._give_up_on(self._take_parked())
 
-    @staticmethod
-    def _give_up_on(extents: list[Extent]) -> None:
+    def _give_up_on(self, extents: list[Extent]) -> None:
         for extent in extents:
             if extent.memory.kind == "cuda" and not extent.unreachable:
-                held_for_the_server.append(extent)  # its bytes stay taken: the memory is still ours
+                self.hold_for_the_server(extent)  # its bytes stay taken: the memory is still ours
             else:
                 extent.release_memory()
+
+    def hold_for_the_server(self, extent: Extent) -> None:
+        """Hold *extent*, device memory the server may still use after the client closed (or
+        while it closes), in :data:`held_for_the_server` -- asked about again through the closed
+        client's connection once :meth:`give_up` gave one, else for the life of the process."""
+        with self._lock:
+            unregister = self._unregister_after_close
+        _hold_for_the_server(extent, unregister)
+
+
+def _hold_for_the_server(extent: Extent, unregister: Unregisterer | None) -> None:
+    """Hold *extent* (device memory of a closed client's, which the server still uses) until
+    *unregister* of its name succeeds -- asked on a backoff by one thread -- or for the life of
+    the process, with no one to ask."""
+    global _asking
+    extent.retry_at = time.monotonic() + _AFTER_CLOSE_FIRST
+    extent.backoff = _AFTER_CLOSE_FIRST
+    with _held_lock:
+        held_for_the_server.append(extent)
+        if unregister is None or extent.name is None:
+            return
+        _after_close[extent] = unregister
+        if _asking is None and not _exiting:
+            _asking = threading.Thread(target=_ask_until_let_go, name="tritonshm-held-for-the-server", daemon=True)
+            _asking.start()
+
+
+#: What each extent held after its client closed is asked about through.
+_after_close: "weakref.WeakKeyDictionary[Extent, Unregisterer]" = weakref.WeakKeyDictionary()
+
+
+def _ask_until_let_go() -> None:
+    """The thread of :data:`held_for_the_server`: ask the server again about each extent held
+    whose backoff is over -- unregistered (the server let go), or unreachable (gone: it holds
+    nothing), it is freed; refused, or cut off, it is asked again twice as late -- until none is
+    left to ask about (the next one held starts another thread)."""
+    global _asking
+    try:
+        _ask_while_held()
+    finally:
+        with _held_lock:
+            if _asking is threading.current_thread():  # (at exit, or failed)
+                _asking = None
+        release_gevent_hub()  # (a closed HTTP client's connection asks on clients made here)
+
+
+def _ask_while_held() -> None:
+    # (_ask_until_let_go's loop: returns when nothing held is left to ask about, or at exit)
+    global _asking
+    while not _exiting:
+        now = time.monotonic()
+        with _held_lock:
+            asked = [(extent, _after_close[extent]) for extent in held_for_the_server if extent in _after_close]
+            if not asked:
+                _asking = None  # (under the lock that holds: the next extent held starts another)
+                return
+        for extent, unregister in asked:
+            if extent.retry_at > now or _exiting:
+                continue
+            try:
+                unregister(extent.name)
+            except ServerError as exc:
+                if outcome_of(exc) is not Outcome.NOT_SENT:  # in use, or no answer: ask again later
+                    extent.retry_at = time.monotonic() + extent.backoff
+                    extent.backoff = min(2 * extent.backoff, _AFTER_CLOSE_MAX)
+                    continue
+            except Exception:  # noqa: BLE001 (a daemon thread: nobody would see it; ask again later)
+                extent.retry_at = time.monotonic() + _AFTER_CLOSE_MAX
+                continue
+            with _held_lock:
+                _after_close.pop(extent, None)
+                try:
+                    held_for_the_server.remove(extent)
+                except ValueError:
+                    continue  # (let go of meanwhile by whoever else holds the list)
+            extent.release_memory()
+        with _held_lock:
+            due = min((e.retry_at for e in held_for_the_server if e in _after_close), default=now)
+        time.sleep(min(max(due - time.monotonic(), 0.005), 0.5))
+
+
+@atexit.register
+def _stop_asking() -> None:
+    # At exit nothing more is asked (the driver frees what is still held as the process ends).
+    global _exiting
+    _exiting = True

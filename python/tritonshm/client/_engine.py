@@ -355,7 +355,8 @@ class Engine:
         on whose memory is still held for the server. No I/O."""
         return dataclasses.replace(self.lent_table.stats(), awaiting_server=self.claims.awaiting())
 
-    def hold_refused(self) -> None:
+    def hold_refused(self, unregister: Callable[[str], Any] | None = None) -> None:
         """After :meth:`release_steps`: close parked host memory, and hold device memory the
-        server still refuses to let go of for the life of the process (never freed under it)."""
-        self.disposals.give_up()
+        server still refuses to let go of (never freed under it) until *unregister* (through
+        the closed client's connection), asked again on a backoff, finds the server let go."""
+        self.disposals.give_up(unregister)

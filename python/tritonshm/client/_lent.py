@@ -69,7 +69,7 @@ from .._memory._cuda_region import CudaRegion
 from ..errors import (ClientClosed, NotShareable, Outcome, RegistrationError, ServerError, SharedMemoryRefused,
                       outcome_of)
 from ._devices import DeviceTensor, ResultBlocks
-from ._disposal import Disposals, held_for_the_server
+from ._disposal import Disposals
 from ._fallback import Fallback
 from ._pool import ByteBudget, Extent
 from ._slots import RegisteredMemory
@@ -453,8 +453,9 @@ class LentAllocations:
         """A registration that failed with *exc*: out of the table (or of the doomed), its
         borrowed region closed -- except where the client closed while it was on its way and
         the call was cut rather than answered (:func:`_cut`: a closed client's channel cancels
-        it): the server may have registered it all the same, and nobody can ask it any more,
-        so the memory is held for the life of the process.  Returns whether the client closed."""
+        it): the server may have registered it all the same, so the memory is held for the
+        server (:meth:`~._disposal.Disposals.hold_for_the_server`).  Returns whether the client
+        closed."""
         with self._lock:
             if self._entries.get(key) is entry:
                 self._entries.pop(key)
@@ -465,24 +466,24 @@ class LentAllocations:
         # A registration of unknown outcome (cut short: a channel closed under it, a deadline, a
         # lost connection) may have been carried out all the same (errors.OUTCOMES).
         if closed and outcome_of(exc) is Outcome.UNKNOWN:
-            held_for_the_server.append(entry.extent)
+            self._letting_go.hold_for_the_server(entry.extent)
         else:
             entry.extent.release_memory()
         return closed
 
     def _unregister_late_steps(self, extent: Extent, name: str) -> Steps:
         """Unregister (*name*), then let go of, an allocation whose registration's reply came
-        after the client closed.  Its closing has let go of the rest and asks the server
-        nothing more: an allocation the server does not let go of now (refused, or the closed
-        client's connection is gone) is held for the life of the process, never freed under the
-        server (as the closing client's own refused memory: :data:`~._disposal.held_for_the_server`)."""
+        after the client closed.  Its closing has let go of the rest: an allocation the server
+        does not let go of now (refused, or the closed client's connection is gone) is held for
+        the server as the closing client's own refused memory is, never freed under it
+        (:meth:`~._disposal.Disposals.hold_for_the_server`)."""
         try:
             yield Unregister(name)
         except ServerError:
-            held_for_the_server.append(extent)
+            self._letting_go.hold_for_the_server(extent)
             return
         except GeneratorExit:  # (aio: cancelled while the Unregister was out; its outcome unknown)
-            held_for_the_server.append(extent)
+            self._letting_go.hold_for_the_server(extent)
             raise
         extent.release_memory()
 

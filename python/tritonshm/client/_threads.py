@@ -13,6 +13,7 @@ import queue
 import threading
 from typing import Any, Callable
 
+from .._transport import release_gevent_hub
 
 __all__ = ["Workers", "Connector"]
 
@@ -144,9 +145,7 @@ class Connector:
             return
         self._local.client = None
         client.close()
-        import gevent
-
-        gevent.get_hub().destroy(destroy_loop=True)
+        release_gevent_hub()
 
     def close(self, wait: bool = True) -> None:
         """Stop the I/O threads and close the shared client; idempotent.

@@ -1,0 +1,102 @@
+"""What a closing client leaves with a server that still uses it comes back once the server lets go.
+
+``close()`` waits for requests in flight (up to *slot_timeout*), then asks the
+server for a while (up to min(slot_timeout, 5 s)) to unregister everything.
+Device memory a request it stopped waiting for still uses -- its CUDA slot,
+the caller's tensors it lent -- is then held, never freed under the server;
+and asked about again on a backoff after ``close()`` returned, until the
+server lets go of it, when it is freed: never "never".  On the FAKE CUDA
+runtime against a real Triton, which catches memory freed under the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import gc
+import time
+
+import numpy as np
+import pytest
+
+import tritonshm
+from tritonshm.client import _disposal
+
+from support.deferring_triton import DeferringUnregisters
+from triton_fixtures import client_url
+
+pytestmark = pytest.mark.server
+
+N = 16384  # floats: 64 KiB, a block of a 2 MiB segment of the caching double
+SLOW = 0.5  # slow_fp32's delay
+
+
+@pytest.fixture
+def never_freed_under_the_server(fake_cuda):
+    before = fake_cuda.stats().freed_while_open
+    yield
+    assert fake_cuda.stats().freed_while_open == before
+
+
+def _wait_until(predicate, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+@pytest.mark.usefixtures("never_freed_under_the_server")
+@pytest.mark.parametrize("protocol, server_release", [("grpc", "2.51"), ("http", "2.51"), ("grpc", "2.53")])
+@pytest.mark.parametrize("by_reference", [True, False], ids=["lent", "slot"])
+def test_memory_held_when_the_client_closed_comes_back_once_the_server_let_go(
+        fake_cuda_server, torch_caching, monkeypatch, protocol, server_release, by_reference):
+    deferring = DeferringUnregisters(fake_cuda_server).install(monkeypatch) if server_release == "2.53" else None
+    x = torch_caching.from_numpy(np.full(N, 7, np.float32))
+    y = torch_caching.zeros(N)
+    before = set(map(id, _disposal.held_for_the_server))
+    c = tritonshm.Client(client_url(fake_cuda_server, protocol), slot_timeout=0.1, by_reference=by_reference)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        c.model_info("slow_fp32")
+        running = pool.submit(c.infer, "slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+        time.sleep(0.2)  # (on the server now: it reads x, or the slot, and writes y, or the slot, at 0.5 s)
+        c.close()  # stops waiting for it after 0.1 s, asks the server for 0.1 s more
+        held = [e for e in _disposal.held_for_the_server if id(e) not in before]
+        assert held and not any(e.memory.closed for e in held)  # the server still uses it: held
+        concurrent.futures.wait([running])
+    # ... and let go of once the server did (it removed the region when the request ended)
+    _wait_until(lambda: not any(e in _disposal.held_for_the_server for e in held), 10)
+    assert all(e.memory.closed for e in held)
+    if by_reference:  # the lent tensors' blocks were held with the registration: no longer
+        del x, y, running
+        gc.collect()
+        assert torch_caching.empty_cache() > 0
+    if deferring is not None:
+        deferring.stop()
+
+
+@pytest.mark.usefixtures("never_freed_under_the_server")
+def test_an_aio_client_closed_under_a_request_lets_go_of_its_slot_once_the_server_did(fake_cuda_server,
+                                                                                       torch_caching):
+    """The asyncio client's close() holds and asks the same way (through a blocking connection
+    of its own, as its finalizer's)."""
+    import tritonshm.aio
+
+    x = torch_caching.from_numpy(np.full(N, 7, np.float32))
+    y = torch_caching.zeros(N)
+    before = set(map(id, _disposal.held_for_the_server))
+
+    async def main() -> list:
+        c = tritonshm.aio.Client(client_url(fake_cuda_server, "grpc"), slot_timeout=0.1, by_reference=False)
+        await c.model_info("slow_fp32")
+        running = asyncio.ensure_future(c.infer("slow_fp32", {"INPUT0": x}, out={"OUTPUT0": y}))
+        await asyncio.sleep(0.2)
+        await c.close()
+        held = [e for e in _disposal.held_for_the_server if id(e) not in before]
+        assert held and not any(e.memory.closed for e in held)
+        await asyncio.gather(running, return_exceptions=True)
+        return held
+
+    held = asyncio.run(main())
+    _wait_until(lambda: not any(e in _disposal.held_for_the_server for e in held), 10)
+    assert all(e.memory.closed for e in held)
+    del x, y
