@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import threading
 import time
 
 import numpy as np
@@ -100,3 +101,21 @@ def test_an_aio_client_closed_under_a_request_lets_go_of_its_slot_once_the_serve
     _wait_until(lambda: not any(e in _disposal.held_for_the_server for e in held), 10)
     assert all(e.memory.closed for e in held)
     del x, y
+
+
+def test_a_forked_child_neither_inherits_the_asking_thread_nor_its_lock():
+    """The asking thread is the parent's: a child forked while it asks (its lock held) starts its
+    own for its own clients, and asks nothing about its parent's names."""
+    import os
+
+    with _disposal._held_lock:  # (as the parent's asking thread may hold it at the fork)
+        _disposal._asking, was = threading.current_thread(), _disposal._asking
+        try:
+            pid = os.fork()
+            if pid == 0:  # the child: exit status 0 when it could take the lock and would start a thread
+                ok = _disposal._held_lock.acquire(timeout=1) and _disposal._asking is None
+                os._exit(0 if ok and not _disposal._after_close else 1)
+        finally:
+            _disposal._asking = was
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

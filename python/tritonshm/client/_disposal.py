@@ -436,3 +436,14 @@ def _stop_asking() -> None:
     # At exit nothing more is asked (the driver frees what is still held as the process ends).
     global _exiting
     _exiting = True
+
+
+def _after_fork_in_child() -> None:
+    # The parent's asking thread is not the child's (and may have held the lock at the fork); what
+    # the parent holds stays held in the child, which asks nothing about its parent's names.
+    global _held_lock, _asking
+    _held_lock, _asking = threading.Lock(), None
+    _after_close.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
