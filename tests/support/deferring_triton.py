@@ -49,9 +49,8 @@ class DeferringUnregisters:
 
     def install(self, monkeypatch: Any) -> "DeferringUnregisters":
         import tritonclient.grpc
-        import tritonclient.http
-
         import tritonclient.grpc.aio
+        import tritonclient.http
 
         for protocol, cls in (("grpc", tritonclient.grpc.InferenceServerClient),
                               ("http", tritonclient.http.InferenceServerClient)):
@@ -66,18 +65,12 @@ class DeferringUnregisters:
 
     def _deferring(self, protocol: str, method: str, real: Any) -> Any:
         self._real[protocol, method] = real
+
         def unregister(client: Any, name: str = "", *args: Any, **kwargs: Any) -> Any:
             try:
                 return real(client, name, *args, **kwargs)
             except InferenceServerException as exc:
-                if not name or _IN_USE not in str(exc):
-                    raise
-            with self._lock:  # 2.53: "will be unregistered after in-flight requests complete"
-                if (protocol, method, name) not in self._pending:  # (asked again: still the one removal)
-                    self._pending.append((protocol, method, name))
-                self.deferred += 1
-            self._wake.set()
-            return None
+                self._defer(protocol, method, name, exc)
 
         return unregister
 
@@ -86,16 +79,21 @@ class DeferringUnregisters:
             try:
                 return await real(client, name, *args, **kwargs)
             except InferenceServerException as exc:
-                if not name or _IN_USE not in str(exc):
-                    raise
-            with self._lock:
-                if ("grpc", method, name) not in self._pending:
-                    self._pending.append(("grpc", method, name))
-                self.deferred += 1
-            self._wake.set()
-            return None
+                self._defer("grpc", method, name, exc)
 
         return unregister
+
+    def _defer(self, protocol: str, method: str, name: str, refusal: InferenceServerException) -> None:
+        """The server refused to unregister *name* (*refusal*): if because it is in use, say yes
+        and remove it once the server lets go (2.53: "will be unregistered after in-flight
+        requests complete"), else raise the refusal."""
+        if not name or _IN_USE not in str(refusal):
+            raise refusal
+        with self._lock:
+            if (protocol, method, name) not in self._pending:  # (asked again: still the one removal)
+                self._pending.append((protocol, method, name))
+            self.deferred += 1
+        self._wake.set()
 
     def _remove_when_done(self) -> None:
         # The server's own removal, when the requests that use a region end: asked here until the
