@@ -367,18 +367,19 @@ def _hold_for_the_server(extent: Extent, unregister: Unregisterer | None) -> Non
     global _asking
     extent.retry_at = time.monotonic() + _AFTER_CLOSE_FIRST
     extent.backoff = _AFTER_CLOSE_FIRST
+    name = extent.name
     with _held_lock:
         held_for_the_server.append(extent)
-        if unregister is None or extent.name is None:
+        if unregister is None or name is None:
             return
-        _after_close[extent] = unregister
+        _after_close[extent] = (unregister, name)
         if _asking is None and not _exiting:
             _asking = threading.Thread(target=_ask_until_let_go, name="tritonshm-held-for-the-server", daemon=True)
             _asking.start()
 
 
-#: What each extent held after its client closed is asked about through.
-_after_close: "weakref.WeakKeyDictionary[Extent, Unregisterer]" = weakref.WeakKeyDictionary()
+#: What each extent held after its client closed is asked about through, and its name.
+_after_close: "weakref.WeakKeyDictionary[Extent, tuple[Unregisterer, str]]" = weakref.WeakKeyDictionary()
 
 
 def _ask_until_let_go() -> None:
@@ -402,15 +403,15 @@ def _ask_while_held() -> None:
     while not _exiting:
         now = time.monotonic()
         with _held_lock:
-            asked = [(extent, _after_close[extent]) for extent in held_for_the_server if extent in _after_close]
+            asked = [(extent, *_after_close[extent]) for extent in held_for_the_server if extent in _after_close]
             if not asked:
                 _asking = None  # (under the lock that holds: the next extent held starts another)
                 return
-        for extent, unregister in asked:
+        for extent, unregister, name in asked:
             if extent.retry_at > now or _exiting:
                 continue
             try:
-                unregister(extent.name)
+                unregister(name)
             except ServerError as exc:
                 if outcome_of(exc) is not Outcome.NOT_SENT:  # in use, or no answer: ask again later
                     extent.retry_at = time.monotonic() + extent.backoff
