@@ -119,3 +119,53 @@ def test_a_forked_child_neither_inherits_the_asking_thread_nor_its_lock():
             _disposal._asking = was
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+_EXIT_SCRIPT = """
+import sys, threading, time
+import numpy as np
+import tritonshm
+
+url, mode = sys.argv[1], sys.argv[2]
+from tritonshm import triton
+from tritonshm.errors import ServerError
+
+def refusing(client, name, **kwargs):  # a server that never lets go: asked about for ever
+    raise ServerError(f"unregistering {name!r}: it is currently in use")
+
+with tritonshm.CudaRegion.create(4 * 16384) as region:
+    region.write(np.full(16384, 7, np.float32))
+    x = region.view(np.float32, (16384,))
+c = tritonshm.Client(url, slot_timeout=0.1, by_reference=False)
+c.model_info("slow_fp32")
+
+def run():
+    try:
+        c.infer("slow_fp32", {"INPUT0": x})
+    except Exception:
+        pass
+
+threading.Thread(target=run, daemon=True).start()
+time.sleep(0.2)  # (on the server now)
+triton.unregister = refusing
+if mode == "close":
+    c.close()  # its CUDA slot is held: the asking thread runs, and is refused for ever
+print("exiting", flush=True)  # ("open": the client's finalizer closes it as the process exits)
+"""
+
+
+@pytest.mark.parametrize("mode", ["close", "open"])
+def test_a_process_exits_at_once_while_memory_is_held_for_the_server(fake_cuda_server, fake_cuda, mode):
+    """Nothing is asked at exit: a process whose client left memory with a server that never lets
+    go of it (closed, or closed by its finalizer as the process ends) exits at once -- the thread
+    asking about it neither keeps the process alive nor runs on into its end."""
+    import subprocess
+    import sys
+
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT, client_url(fake_cuda_server, "grpc"), mode],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "exiting"
+    assert time.monotonic() - started < 20  # (not the 60 s timeout: nothing waited for the thread)
+    time.sleep(SLOW)  # (the server lets go of the dead process's memory: its request ends)

@@ -432,11 +432,15 @@ def _ask_while_held() -> None:
         time.sleep(min(max(due - time.monotonic(), 0.005), 0.5))
 
 
-@atexit.register
 def _stop_asking() -> None:
     # At exit nothing more is asked (the driver frees what is still held as the process ends).
     global _exiting
     _exiting = True
+
+
+# Before the atexit callbacks, where the finalizer of a client never closed holds what its server
+# still uses: threading's own exit hook (concurrent.futures' too), where there is one.
+getattr(threading, "_register_atexit", atexit.register)(_stop_asking)
 
 
 def _after_fork_in_child() -> None:
