@@ -41,8 +41,8 @@ pytest_plugins = ["support.fake_triton"]
 
 # The CUDA fixtures (the fake runtime for CI, the real GPU) live in cuda_fixtures.py.
 from cuda_fixtures import (  # noqa: E402,F401
-    cupy, cupy_async_pool, cupy_like, fake_cuda, fake_cuda_server, fake_cudart_path, gpu, torch, torch_caching,
-    torch_expandable, torch_like,
+    cupy, cupy_async_pool, cupy_like, fake_cuda, fake_cuda_server, fake_cudart_path, gpu, never_freed_under_the_server,
+    torch, torch_caching, torch_expandable, torch_like,
 )
 
 SHM_DIR = "/dev/shm"

@@ -152,6 +152,15 @@ def torch_like(fake_cuda):
 
 
 @pytest.fixture
+def never_freed_under_the_server(fake_cuda):
+    """Asked for by name (``pytest.mark.usefixtures``): the test freed no memory the server had
+    open -- the fake counts a ``cudaFree`` under a live IPC mapping (``freed_while_open``)."""
+    before = fake_cuda.stats().freed_while_open
+    yield
+    assert fake_cuda.stats().freed_while_open == before, "memory the server had open was freed"
+
+
+@pytest.fixture
 def torch_caching(fake_cuda):
     """A torch-like double whose tensors are blocks of a caching allocator's segments
     (fake_producers.CachingAllocator): torch's default memory, as far as lifetimes go."""

@@ -175,13 +175,6 @@ def _mixes(url: str, torch_like: Any, ops: str, seed: int, close: bool = False) 
         copier.close()
 
 
-@pytest.fixture
-def never_freed_under_the_server(fake_cuda):
-    before = fake_cuda.stats().freed_while_open
-    yield
-    assert fake_cuda.stats().freed_while_open == before
-
-
 @pytest.mark.usefixtures("never_freed_under_the_server")
 @pytest.mark.parametrize("protocol, server_release", [("grpc", "2.51"), ("http", "2.51"), ("grpc", "2.53")])
 def test_threads_mixing_every_way_of_sending_gpu_tensors_each_get_their_own_answers(

@@ -28,12 +28,8 @@ from triton_fixtures import client_url
 N = 16384  # floats: 64 KiB, a block of a 2 MiB segment of the caching double
 MiB = 1 << 20
 
-
-@pytest.fixture(autouse=True)
-def never_freed_under_the_server(fake_cuda):
-    before = fake_cuda.stats().freed_while_open
-    yield
-    assert fake_cuda.stats().freed_while_open == before, "memory the server had open was freed"
+# Every test here: nothing the server had open is freed (tests/cuda_fixtures.py).
+pytestmark = pytest.mark.usefixtures("never_freed_under_the_server")
 
 
 def lent_names(probe):

@@ -46,13 +46,6 @@ def deferring(request, monkeypatch):
     shim.stop()
 
 
-@pytest.fixture
-def never_freed_under_the_server(fake_cuda):
-    before = fake_cuda.stats().freed_while_open
-    yield
-    assert fake_cuda.stats().freed_while_open == before
-
-
 def _slow_request_on(server, protocol: str, region, started: threading.Event, done: threading.Event) -> None:
     """slow_fp32 reading INPUT0 from *region* and writing OUTPUT0 there (500 ms), on a client of
     this thread's own (tritonclient.http's work only in the thread that made them)."""

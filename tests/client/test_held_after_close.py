@@ -32,13 +32,6 @@ N = 16384  # floats: 64 KiB, a block of a 2 MiB segment of the caching double
 SLOW = 0.5  # slow_fp32's delay
 
 
-@pytest.fixture
-def never_freed_under_the_server(fake_cuda):
-    before = fake_cuda.stats().freed_while_open
-    yield
-    assert fake_cuda.stats().freed_while_open == before
-
-
 def _wait_until(predicate, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while not predicate():
