@@ -14,6 +14,7 @@ a broken install must not hide behind skips. Any other error of a server
 from __future__ import annotations
 
 import os
+import time
 
 import ml_dtypes
 import numpy as np
@@ -154,6 +155,14 @@ def triton_client(server, protocol):
     module, client = make_client(server, protocol)
     yield module, client
     client.close()
+
+
+def wait_until(predicate, seconds: float = 5.0) -> None:
+    """Return once *predicate()* is true; fail the test if it is not within *seconds*."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
 
 
 def client_url(srv, protocol):

@@ -31,7 +31,7 @@ import tritonshm.aio
 
 from support.insides import release_held_for_the_server
 from fake_cuda import server_env
-from triton_fixtures import client_url, start_or_skip
+from triton_fixtures import client_url, start_or_skip, wait_until
 
 N = 16384  # floats: 64 KiB, a block of a 2 MiB segment of the caching double
 SLOW = 0.5  # slow_fp32's delay
@@ -42,13 +42,6 @@ pytestmark = pytest.mark.usefixtures("never_freed_under_the_server")
 
 def grpc_url(server):
     return client_url(server, "grpc")
-
-
-def wait_until(predicate, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 # -- 1. a request the client gave up on -------------------------------------------------------------

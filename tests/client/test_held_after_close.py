@@ -24,19 +24,12 @@ import tritonshm
 from tritonshm.client import _disposal
 
 from support.deferring_triton import DeferringUnregisters
-from triton_fixtures import client_url
+from triton_fixtures import client_url, wait_until
 
 pytestmark = pytest.mark.server
 
 N = 16384  # floats: 64 KiB, a block of a 2 MiB segment of the caching double
 SLOW = 0.5  # slow_fp32's delay
-
-
-def _wait_until(predicate, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
 
 
 @pytest.mark.usefixtures("never_freed_under_the_server")
@@ -58,7 +51,7 @@ def test_memory_held_when_the_client_closed_comes_back_once_the_server_let_go(
         assert held and not any(e.memory.closed for e in held)  # the server still uses it: held
         concurrent.futures.wait([running])
     # ... and let go of once the server did (it removed the region when the request ended)
-    _wait_until(lambda: not any(e in _disposal.held_for_the_server for e in held), 10)
+    wait_until(lambda: not any(e in _disposal.held_for_the_server for e in held), 10)
     assert all(e.memory.closed for e in held)
     if by_reference:  # the lent tensors' blocks were held with the registration: no longer
         del x, y, running
@@ -91,7 +84,7 @@ def test_an_aio_client_closed_under_a_request_lets_go_of_its_slot_once_the_serve
         return held
 
     held = asyncio.run(main())
-    _wait_until(lambda: not any(e in _disposal.held_for_the_server for e in held), 10)
+    wait_until(lambda: not any(e in _disposal.held_for_the_server for e in held), 10)
     assert all(e.memory.closed for e in held)
     del x, y
 
