@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from .. import _http1, triton
 from ..errors import ServerError, ServerTimeout, translate_error
 from . import _devices, _messages
+from ._disposal import Unregisterer
 from ._engine import Engine
 from ._face import ClientFace
 from ._run import PLAN_REFUSALS, Runner
@@ -245,13 +246,13 @@ def release_everything(driver: BlockingDriver, engine: Engine, workers: dict[str
     driver.connector.close(wait)
 
 
-def unregisterer(connector: Connector, headers: Mapping[str, str] | None) -> Callable[[str], Any]:
+def unregisterer(connector: Connector, headers: Mapping[str, str] | None) -> Unregisterer:
     """Unregisters a name, with *headers*, through *connector* -- once it is closed, on a
     short-lived client of the calling thread's own (see :meth:`Connector.call`)."""
     return lambda name: connector.call(functools.partial(_unregister_now, name=name, headers=headers))
 
 
-def _carry_out_unregisters(unregister: Callable[[str], Any], steps: Steps) -> None:
+def _carry_out_unregisters(unregister: Unregisterer, steps: Steps) -> None:
     """Drive steps that only unregister (through *unregister*) and pause, blocking; failures go
     back into the steps."""
     step = advance(steps)

@@ -48,7 +48,7 @@ from ..errors import Outcome, RegistrationError, ServerError, outcome_of
 from ._pool import Extent, SlotPool
 from ._steps import Pause, Register, Steps, Unregister
 
-__all__ = ["Disposals", "held_for_the_server"]
+__all__ = ["Disposals", "Unregisterer", "held_for_the_server"]
 
 _SETTLE_INTERVAL = 0.02  # how often a closing client asks again to unregister what is parked
 _RETRY_INTERVAL = 0.05   # at most this often, requests ask again to unregister what is parked

@@ -26,7 +26,7 @@ from ._model import ModelInfo
 from ._options import RequestOptions, check_slot_timeout
 from ._plan import Planner, Routing
 from ._pool import ByteBudget, PoolInfo
-from ._disposal import Disposals
+from ._disposal import Disposals, Unregisterer
 from ._pools import PoolTable, host_memory
 from ._steps import FetchModel, FetchModelNames, FetchServerVersion, Steps
 
@@ -355,7 +355,7 @@ class Engine:
         on whose memory is still held for the server. No I/O."""
         return dataclasses.replace(self.lent_table.stats(), awaiting_server=self.claims.awaiting())
 
-    def hold_refused(self, unregister: Callable[[str], Any] | None = None) -> None:
+    def hold_refused(self, unregister: Unregisterer | None = None) -> None:
         """After :meth:`release_steps`: close parked host memory, and hold device memory the
         server still refuses to let go of (never freed under it) until *unregister* (through
         the closed client's connection), asked again on a backoff, finds the server let go."""
