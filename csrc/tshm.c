@@ -110,6 +110,16 @@ int tshm_segment_create(size_t nbytes, char *name_out, size_t name_cap, int *fd_
             last = -EAGAIN;
             continue;
         }
+        /* 0600 exactly: shm_open's mode is masked by the umask, and a umask
+         * that takes the owner's write bit (0377) would leave a segment the
+         * server, running as the same user, cannot open to write outputs.
+         * Never wider than 0600 whatever the umask. */
+        if ((st.st_mode & 07777) != 0600 && fchmod(fd, 0600) != 0) {
+            int err = errno;
+            shm_unlink(name_out);
+            close(fd);
+            return -err;
+        }
         /* Reserve the pages now rather than ftruncate()'s sparse file: on a
          * full /dev/shm a sparse segment maps fine and then kills the process
          * with SIGBUS on first touch, far from the cause.  Reserving fails

@@ -198,6 +198,28 @@ def test_write_refuses_non_contiguous_and_misfits_and_writes_nothing(fake_cuda):
         assert not c.read(np.uint8, 64).any()
 
 
+@pytest.mark.parametrize("field, value, match", [
+    ("shape", (-1,), "negative dimension"), ("shape", (2**62, 8), "larger than any allocation"),
+    ("data", (-8, False), "no address"), ("data", (2**64, False), "no address"),
+    ("stream", -1, "no stream handle"), ("stream", 2**64, "no stream handle"), ("stream", "s", "not an int"),
+])
+@pytest.mark.parametrize("op", ["write", "copy", "capture", "describe"])
+def test_a_malformed_cuda_array_interface_is_refused_by_name(fake_cuda, op, field, value, match):
+    """Numbers the C side holds as size_t are checked as Python ints: never an OverflowError from
+    deep down, never a shape whose int64 product wraps to a 0-byte copy."""
+    with tritonshm.CudaRegion.create(64) as c, tritonshm.CudaRegion.create(64) as src:
+        src.write(np.ones(16, np.float32))
+
+        class Malformed:
+            __cuda_array_interface__ = dict({"shape": (4,), "typestr": "<f4", "data": (src.ptr, False),
+                                             "version": 3}, **{field: value})
+
+        with pytest.raises(UnsupportedBuffer, match=match):
+            {"write": c.write, "copy": lambda obj: cuda.copy(c, obj), "capture": cuda.capture,
+             "describe": cuda.describe}[op](Malformed())
+        assert not c.read(np.uint8, 64).any()
+
+
 @pytest.mark.parametrize("offset, nbytes", [(-1, 4), (65, 0), (0, 65), (60, 8), (2**64, 1), (1, 2**64 - 1)])
 def test_bounds_and_overflow_are_checked(fake_cuda, offset, nbytes):
     with tritonshm.CudaRegion.create(64) as c:
@@ -280,6 +302,78 @@ def test_view_outlives_close_and_memory_goes_with_the_last_view(fake_cuda):
     assert c.exports == 1 and fake_cuda.stats().live_allocs == base + 1
     del w
     assert c.exports == 0 and fake_cuda.stats().live_allocs == base
+
+
+# A region closed in the middle of read() or view() -- by a finalizer the cyclic GC runs at an
+# allocation of the call's own, or by another thread while the call runs Python code (a thread's
+# first copy makes its copy stream): the call must hold the memory before any of that, or it reads
+# freed memory and frees it a second time (read) or hands out a view of freed memory (view).  In a
+# child process: that is a crash.  The GC is made to collect at each allocation of the call in
+# turn; each read() runs on a new thread, whose copy stream it makes.
+_CLOSED_MID_CALL = r"""
+import gc, sys, threading
+import numpy as np
+from fake_cuda import FakeCudart
+import tritonshm
+from tritonshm._memory import _runtime
+fake = FakeCudart(sys.argv[1])
+_runtime.use(sys.argv[1])
+op = sys.argv[2]
+data = np.arange(4096, dtype=np.float32)
+
+class ClosesOnCollection:  # garbage in a cycle: its finalizer runs at the next collection
+    def __init__(self, region):
+        self.region, self.me = region, self
+    def __del__(self):
+        self.region.close()
+
+closed_mid_call = 0
+for shift in range(16):  # the collection lined up with each allocation of the call in turn
+    r = tritonshm.CudaRegion.create(data.nbytes)
+    r.write(data)
+    frees = fake.stats().free_calls
+    result = [None]
+
+    def call():
+        gc.collect()
+        ClosesOnCollection(r)
+        gc.set_threshold(10)
+        padding = [[] for _ in range(shift)]
+        try:
+            result[0] = r.read(np.float32, (4096,)) if op == "read" else r.view(np.float32, (4096,))
+        except tritonshm.RegionClosed:
+            pass
+        finally:
+            gc.set_threshold(700)
+
+    if op == "read":
+        worker = threading.Thread(target=call)
+        worker.start()
+        worker.join()
+    else:
+        call()
+    got = result.pop()
+    if got is not None and r.closed:
+        closed_mid_call += 1
+        if op == "view":
+            assert fake.stats().free_calls == frees, "the region's memory was freed under a live view"
+            got = got.get()
+        assert (got == data).all(), "the copy read freed memory"
+    del got
+    gc.collect()
+    assert fake.stats().free_calls == frees + 1, f"{fake.stats().free_calls - frees} frees, not 1"
+assert closed_mid_call, "no collection fell inside the call: the test lines nothing up"
+print("ok", closed_mid_call)
+"""
+
+
+@pytest.mark.parametrize("op", ["read", "view"])
+def test_a_region_closed_in_the_middle_of_read_or_view_is_never_freed_under_it(fake_cudart_path, op):
+    out = subprocess.run([sys.executable, "-c", _CLOSED_MID_CALL, str(fake_cudart_path), op],
+                         capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0 and out.stdout.startswith("ok"), \
+        f"rc={out.returncode} stdout={out.stdout[-300:]!r} stderr={out.stderr[-600:]!r}"
 
 
 def test_device_free_memory_comes_back(fake_cuda):
@@ -379,7 +473,12 @@ def test_dlpack_request_rules(fake_cuda):
         for stream in (None, -1, 1, 2, 123456):
             v.__dlpack__(stream=stream, dl_device=(2, 0), copy=False, max_version=(1, 1))
         assert c.exports == 1
-        del v
+        w = c.window()
+        for view in (v, w.view(np.float32, 16)):  # (a window's view converts the stream to a handle)
+            for stream in (2**64, -2**70):
+                with pytest.raises(DLPackError, match="stream"):
+                    view.__dlpack__(stream=stream)
+        del v, view, w
 
 
 def test_cuda_array_interface(fake_cuda):

@@ -367,8 +367,11 @@ def test_keys_are_unique():
             r.close()
 
 
-def test_segment_mode_is_0600_whatever_the_umask():
-    old = os.umask(0)
+@pytest.mark.parametrize("umask", [0, 0o077, 0o277, 0o377])
+def test_segment_mode_is_0600_whatever_the_umask(umask):
+    """Never wider than 0600, and never narrower either: a umask that takes the owner's write bit
+    would leave a segment that the server, as the same user, cannot open to write outputs."""
+    old = os.umask(umask)
     try:
         r = SystemRegion.create(64)
     finally:

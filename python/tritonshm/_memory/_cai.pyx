@@ -21,12 +21,18 @@ from ._runtime cimport Runtime, current
 from ._stream cimport Event, new_event
 from ._tshm cimport tshm_cuda_device_enter, tshm_cuda_device_leave
 
+import math
+import operator
+
 import numpy as np
 
 from ..errors import Error, UnsupportedBuffer
 from . import _dlpack
 
 __all__ = ["cai_device", "cuda_array_interface", "parse_cai", "read_cai"]
+
+_MAX_ADDRESS = <size_t>-1  # a pointer or stream handle: what a size_t holds
+_MAX_BYTES = (<size_t>-1) // 2  # no allocation is larger (ptrdiff_t)
 
 
 cdef Event producer_event(Runtime rt, int device, size_t stream):
@@ -77,8 +83,7 @@ def cuda_array_interface(obj):
     if parsed is None:
         return None
     ptr, dt, shape, stream, readonly = parsed
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    return ptr, count * dt.itemsize, stream, readonly
+    return ptr, math.prod(shape) * dt.itemsize, stream, readonly
 
 
 def parse_cai(obj, cai=None):
@@ -108,13 +113,34 @@ def parse_cai(obj, cai=None):
         raise UnsupportedBuffer(f"{type(obj).__name__} has a malformed __cuda_array_interface__ ({exc})") from None
     if cai.get("mask") is not None:
         raise UnsupportedBuffer(f"{type(obj).__name__} is a masked array; copy its data first")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    # Numbers C will hold as size_t, checked here as Python ints (numpy's int64 product wraps):
+    # a malformed export is refused by name, never an OverflowError deep down or a 0-byte copy.
+    if any(d < 0 for d in shape):
+        raise UnsupportedBuffer(f"{type(obj).__name__} has a negative dimension in __cuda_array_interface__ "
+                                f"(shape {shape})")
+    count = math.prod(shape)
+    if count * dt.itemsize > _MAX_BYTES:
+        raise UnsupportedBuffer(f"{type(obj).__name__}'s __cuda_array_interface__ shape {shape} of {dt} is larger "
+                                f"than any allocation can be")
+    if not 0 <= ptr <= _MAX_ADDRESS:
+        raise UnsupportedBuffer(f"{type(obj).__name__} gave data pointer {ptr} in __cuda_array_interface__, "
+                                f"which is no address")
     if strides is not None and count > 0:
         expected = dt.itemsize
         for d, s in zip(reversed(shape), reversed(tuple(strides))):
             if d != 1 and s != expected:
                 raise UnsupportedBuffer(f"{type(obj).__name__} is not C-contiguous; make it so first")
             expected *= d
+    if stream is None:
+        return ptr, dt, shape, 0, readonly
+    try:
+        stream = operator.index(stream)
+    except TypeError:
+        raise UnsupportedBuffer(f"{type(obj).__name__} gave stream {stream!r} in __cuda_array_interface__, "
+                                f"not an int or None") from None
     if stream == 0:
         raise UnsupportedBuffer(f"{type(obj).__name__} gave stream 0 in __cuda_array_interface__, which v3 forbids")
-    return ptr, dt, shape, (0 if stream is None else int(stream)), readonly
+    if not 0 < stream <= _MAX_ADDRESS:
+        raise UnsupportedBuffer(f"{type(obj).__name__} gave stream {stream} in __cuda_array_interface__, which "
+                                f"is no stream handle (1: legacy default, 2: per-thread default, or a handle)")
+    return ptr, dt, shape, stream, readonly

@@ -79,8 +79,16 @@ cdef class _Side:
 
 
 cdef _Side _native(tshm_cuda_alloc *a, size_t base, size_t size, Runtime rt, object owner):
-    cdef _Side side = _Side.__new__(_Side)
-    tshm_cuda_alloc_incref(a)  # a concurrent close() must not free under the copy
+    # *a* is live when called (the caller checked it, no Python code since).  Held first: a
+    # concurrent close() must not free under the copy, and the allocation below may run a
+    # finalizer that closes *a*'s owner.
+    cdef _Side side
+    tshm_cuda_alloc_incref(a)
+    try:
+        side = _Side.__new__(_Side)
+    except BaseException:
+        tshm_cuda_alloc_decref(a)
+        raise
     side.alloc = a
     side.base = base
     side.size = size

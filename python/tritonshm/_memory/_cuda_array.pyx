@@ -57,19 +57,24 @@ cdef object to_host(Runtime rt, tshm_cuda_alloc *a, size_t offset, size_t length
     """Bytes [offset, offset + length) of *a* copied into a new numpy array of *shape* x *dtype*.
 
     On this thread's copy stream of the memory's device, after the event *wait* (or NULL),
-    complete on return.
+    complete on return.  *a* is live when called (the caller checked it, no Python code since).
     """
     cdef Py_buffer dst
-    cdef void *h = thread_copy_stream(rt, a.device)._live()
-    out = np.empty(length, dtype=np.uint8)
-    PyObject_GetBuffer(out, &dst, PyBUF_WRITABLE)
-    tshm_cuda_alloc_incref(a)  # a concurrent close() must not free under the copy
+    cdef void *h
+    # Held before anything else: the copy stream's look-up and the allocation below run Python
+    # code (a finalizer, another thread: a close() that would free *a* under the copy).
+    tshm_cuda_alloc_incref(a)
     try:
-        with nogil:
-            rc = tshm_cuda_copy_out(a, offset, dst.buf, length, h, wait)
+        h = thread_copy_stream(rt, a.device)._live()
+        out = np.empty(length, dtype=np.uint8)
+        PyObject_GetBuffer(out, &dst, PyBUF_WRITABLE)
+        try:
+            with nogil:
+                rc = tshm_cuda_copy_out(a, offset, dst.buf, length, h, wait)
+        finally:
+            PyBuffer_Release(&dst)
     finally:
         tshm_cuda_alloc_decref(a)
-        PyBuffer_Release(&dst)
     if rc != 0:
         rt.check(rc, f"copying {length} bytes out of {owner!r}")
     return out.view(dtype).reshape(shape)
@@ -77,9 +82,15 @@ cdef object to_host(Runtime rt, tshm_cuda_alloc *a, size_t offset, size_t length
 
 cdef CudaArray make_view(Runtime rt, tshm_cuda_alloc *a, size_t offset, object dtype, tuple shape,
                          object nbytes):
-    """A :class:`CudaArray` of *shape* x *dtype* at byte *offset* of *a*, holding a reference of its own."""
-    cdef CudaArray v = CudaArray.__new__(CudaArray)
-    tshm_cuda_alloc_incref(a)
+    """A :class:`CudaArray` of *shape* x *dtype* at byte *offset* of *a*, holding a reference of its own.
+    *a* is live when called (the caller checked it, no Python code since)."""
+    cdef CudaArray v
+    tshm_cuda_alloc_incref(a)  # before the allocation below, which may run a finalizer that closes *a*'s owner
+    try:
+        v = CudaArray.__new__(CudaArray)
+    except BaseException:
+        tshm_cuda_alloc_decref(a)
+        raise
     v._alloc = a
     v._runtime = rt
     v._offset = offset

@@ -156,7 +156,7 @@ def check_request(stream, max_version, dl_device, copy, int device_type, int dev
     if stream is not None:
         if not isinstance(stream, int):
             raise DLPackError(f"stream must be an int or None, not {type(stream).__name__}")
-        if device_type == kDLCUDA and (stream == 0 or stream < -1):
+        if device_type == kDLCUDA and (stream == 0 or stream < -1 or stream > <size_t>-1):
             raise DLPackError(f"stream={stream} is not valid for CUDA (0 is ambiguous; use 1 for the legacy "
                               f"default stream, 2 for per-thread, or a stream handle)")
         if device_type == kDLCPU and stream not in (-1,):
