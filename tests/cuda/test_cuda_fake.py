@@ -434,6 +434,42 @@ def test_describe_asks_dlpack_what_a_void_cuda_array_interface_type_is(fake_cuda
     del t, f
 
 
+@pytest.mark.parametrize("major, dims", [(2, None), (0, None), (1, -3)])
+def test_a_dlpack_tensor_of_another_major_version_or_negative_dims_is_refused(fake_cuda, torch_like, major, dims):
+    """DLPack's rule: a versioned tensor whose major version the consumer does not read is not
+    taken (past the version its layout is unknown): the capsule, unconsumed, hands it back.  A
+    negative dimension is refused too (a negative byte count otherwise)."""
+    import ctypes
+
+    import fake_producers
+
+    class Odd:  # a producer whose export says another major version, or a negative dimension
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+        def __dlpack_device__(self):
+            return self.tensor.__dlpack_device__()
+
+        def __dlpack__(self, **kwargs):
+            capsule = self.tensor.__dlpack__(**kwargs)
+            get = ctypes.pythonapi.PyCapsule_GetPointer
+            get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+            managed = fake_producers.DLManagedTensorVersioned.from_address(get(capsule, b"dltensor_versioned"))
+            managed.major = major
+            if dims is not None:
+                managed.dl_tensor.shape[0] = dims
+            return capsule
+
+    exports = fake_producers.live_exports()
+    t = Odd(torch_like.from_numpy(np.ones(4, np.float32)))
+    with tritonshm.CudaRegion.create(64) as c:
+        for op in (cuda.capture, lambda obj: cuda.copy(c, obj), c.write):
+            with pytest.raises(UnsupportedBuffer, match="DLPack 2.x|DLPack 0.x" if dims is None else "malformed"):
+                op(t)
+            gc.collect()
+            assert fake_producers.live_exports() == exports, "the producer never got its tensor back"
+
+
 def test_unconsumed_capsule_releases_its_reference(fake_cuda):
     with tritonshm.CudaRegion.create(64) as c:
         v = c.view(np.uint8, 64)

@@ -362,6 +362,14 @@ cdef Imported _import(object obj, object stream):
     imp = Imported.__new__(Imported)
     if PyCapsule_IsValid(capsule, _VERSIONED):
         p = PyCapsule_GetPointer(capsule, _VERSIONED)
+        major = (<DLManagedTensorVersioned *>p).version.major
+        if major != VERSION[0]:
+            # A layout we do not know past the version (DLPack's rule): not taken, not touched --
+            # the capsule, still unconsumed, hands it back to its producer, now (its destructor
+            # may be Python code, which must not run with our exception set).
+            capsule = None
+            raise UnsupportedBuffer(f"{type(obj).__name__}.__dlpack__() gave a DLPack {major}.x tensor; "
+                                    f"tritonshm reads {VERSION[0]}.x")
         imp._versioned = True
         t = &(<DLManagedTensorVersioned *>p).dl_tensor
         PyCapsule_SetName(capsule, _USED_VERSIONED)
@@ -374,15 +382,21 @@ cdef Imported _import(object obj, object stream):
         raise UnsupportedBuffer(f"{type(obj).__name__}.__dlpack__() returned no usable DLPack capsule")
     imp._managed = p
     imp._capsule = capsule
+    capsule = None  # (imp holds it: its release lets go of it, before any raise below)
     imp.readonly = imp._versioned and ((<DLManagedTensorVersioned *>p).flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0
     imp.dtype_code = t.dtype.code
     imp.dtype_bits = t.dtype.bits
     imp.shape = tuple([t.shape[i] for i in range(t.ndim)])
-    if t.dtype.lanes != 1 or t.dtype.bits % 8 != 0:
-        raise UnsupportedBuffer(f"cannot copy a DLPack tensor of {t.dtype.bits}-bit x{t.dtype.lanes} lanes")
-    if not tshm_dlpack_is_c_contiguous(t):
-        raise UnsupportedBuffer(
-            f"{type(obj).__name__} is not C-contiguous; make it so first (e.g. .contiguous())")
+    refused = None
+    if t.ndim < 0 or any(d < 0 for d in imp.shape):
+        refused = f"{type(obj).__name__}.__dlpack__() gave a tensor of {t.ndim} dims, shape {imp.shape}: malformed"
+    elif t.dtype.lanes != 1 or t.dtype.bits % 8 != 0:
+        refused = f"cannot copy a DLPack tensor of {t.dtype.bits}-bit x{t.dtype.lanes} lanes"
+    elif not tshm_dlpack_is_c_contiguous(t):
+        refused = f"{type(obj).__name__} is not C-contiguous; make it so first (e.g. .contiguous())"
+    if refused is not None:
+        imp.release()  # handed back before the raise: the producer's deleter may be Python code
+        raise UnsupportedBuffer(refused)
     count = 1
     for i in range(t.ndim):
         count *= t.shape[i]
