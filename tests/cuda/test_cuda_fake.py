@@ -282,6 +282,44 @@ def test_close_while_write_converts_its_offset(fake_cuda):
     assert c.closed and c.exports == 0 and fake_cuda.stats().live_allocs == base
 
 
+class _ClosingStream:
+    """An offset whose conversion closes *stream*; with *tensor*, a DLPack producer whose export
+    closes it (a call's own arguments running code that closes the copy's stream)."""
+
+    def __init__(self, stream, tensor=None):
+        self.stream, self.tensor = stream, tensor
+
+    def __index__(self):
+        self.stream.close()
+        return 0
+
+    def __dlpack_device__(self):
+        return self.tensor.__dlpack_device__()
+
+    def __dlpack__(self, **kwargs):
+        capsule = self.tensor.__dlpack__(**kwargs)  # (its handshake with the stream, then the close)
+        self.stream.close()
+        return capsule
+
+
+@pytest.mark.parametrize("call", ["write", "copy", "copy stream="])
+def test_a_stream_closed_by_the_calls_own_arguments_is_never_used(fake_cuda, torch_like, call):
+    """The copy's stream is read after the arguments' own code ran (an offset's ``__index__``, a
+    producer's export): one that code closed is a clear RegionClosed, never a destroyed handle
+    handed to CUDA (which the fake fails with cudaErrorInvalidResourceHandle, and a real driver
+    need not catch)."""
+    with tritonshm.CudaRegion.create(64) as c:
+        stream = cuda.Stream.create(0) if call == "copy stream=" else cuda.copy_stream(0)
+        with pytest.raises(RegionClosed, match="closed"):
+            if call == "write":
+                c.write(np.ones(4, np.uint8), offset=_ClosingStream(stream))
+            else:
+                source = _ClosingStream(stream, torch_like.from_numpy(np.ones(4, np.uint8)))
+                cuda.copy(c, source, stream=stream if call == "copy stream=" else None)
+        assert not c.read(np.uint8, 64).any()
+        assert not cuda.copy_stream(0).closed  # (the thread's next copy makes a new one)
+
+
 # --------------------------------------------------------------------------
 # Lifetimes: views, DLPack capsules, close, GC, fork
 # --------------------------------------------------------------------------

@@ -307,12 +307,14 @@ def copy(dst, src, nbytes=None, *, dst_offset=0, src_offset=0, stream=None, done
                 device = _device_hint(src)
             if device < 0:
                 rt.check(tshm_cuda_settle(rt.rt, rt.rt.GetDevice(&device)), "reading the current CUDA device")
-            h = thread_copy_stream(rt, device)._live()
+            cs = thread_copy_stream(rt, device)
+            h = cs._live()
         consumer = 0 if <size_t>h == 1 else <size_t>h  # (1: the legacy default stream, as producers call it)
         d = _resolve(dst, True, "destination", rt, device, consumer)
         s = _resolve(src, False, "source", rt, device, consumer)
         soff, n = _range(s, "src", soff, n)
         doff, n = _range(d, "dst", doff, n)
+        h = cs._live()  # (the producers' exports and the offsets' __index__ ran Python code: still open?)
         if n == 0:
             return 0
         if d.base + doff != s.base + soff and d.base + doff < s.base + soff + n \

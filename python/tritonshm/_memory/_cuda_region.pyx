@@ -474,10 +474,13 @@ cdef class CudaRegion(Region):
         """Copy *length* bytes from *src* (host or device) in at *offset* on *stream*, after *wait*."""
         cdef tshm_cuda_alloc *a
         cdef size_t off
-        cdef void *h = stream._live()
-        cdef void *w = NULL if wait is None else wait._live()
+        cdef void *h
+        cdef void *w
         off, _ = self.span(offset, length)
-        a = self._live()  # span() can run __index__ code that closes us
+        # Read after span(), whose __index__ code can close us, the stream or the event
+        a = self._live()
+        h = stream._live()
+        w = NULL if wait is None else wait._live()
         tshm_cuda_alloc_incref(a)
         with nogil:
             rc = tshm_cuda_copy_in(a, off, <const void *>src, length, h, w)
