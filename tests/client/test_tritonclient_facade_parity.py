@@ -274,6 +274,8 @@ def test_an_error_reads_as_tritonclients(server, protocol, case, way):
             client.close()
     expected, got = errors
     assert error_seen(got, like=expected) == error_seen(expected)
+    # (the same branch of `except InferenceServerException: ... except TimeoutError: ...`)
+    assert isinstance(got, InferenceServerException) == isinstance(expected, InferenceServerException)
     if isinstance(expected, TimeoutError):  # tritonclient.http's: gevent's socket timeout
         assert isinstance(got, TimeoutError) and got.args == expected.args and str(expected) == "timed out"
     elif case == "refused":
@@ -310,6 +312,7 @@ def test_an_aio_error_reads_as_tritonclients(server, protocol, case):
     expected = asyncio.run(run(importlib.import_module(f"tritonclient.{protocol}.aio")))
     got = asyncio.run(run(importlib.import_module(f"tritonshm.{protocol}.aio")))
     assert error_seen(got, like=expected) == error_seen(expected)
+    assert isinstance(got, InferenceServerException) == isinstance(expected, InferenceServerException)
     if isinstance(expected, TimeoutError):  # tritonclient.http.aio's: aiohttp's
         assert isinstance(got, TimeoutError) and got.args == expected.args
     elif case == "refused":

@@ -691,15 +691,16 @@ def in_tritonclients_words(error: BaseException, http: bool, aio: bool = False) 
     """*error*, a failure of the held client's call, as tritonclient's own call would have said
     it: a server's error (its ``said``) with tritonclient's ``str()`` and ``message()``
     (:class:`InTritonclientsWords`); over HTTP, the held client's network timeout as
-    tritonclient.http's (gevent's socket timeout, a ``TimeoutError``: ``'timed out'``; *aio*:
-    aiohttp's, a ``TimeoutError`` without a message).  Any other failure is tritonshm's own (no
-    slot free, the client closed ...): as it is."""
+    tritonclient.http's: gevent's socket timeout, a plain ``TimeoutError`` (``'timed out'``;
+    *aio*: aiohttp's, without a message) -- not an ``InferenceServerException``, so that code
+    catching that first takes the branch it takes with tritonclient.  Any other failure is
+    tritonshm's own (no slot free, the client closed ...): as it is."""
     if not isinstance(error, ServerError):
         return error
     if error.said is not None:
         args: tuple = (error.said,)
     elif http and isinstance(error, ServerTimeout) and error.status() is None:
-        args = () if aio else ("timed out",)
+        return TimeoutError(*(() if aio else ("timed out",)))
     else:
         return error
     reworded = _reworded(type(error), args, dict(error.__dict__))
