@@ -30,7 +30,8 @@ import weakref
 from typing import Any, Callable, Mapping
 
 from . import _dtypes, _transport
-from .errors import OutOfBounds, RegionNotRegistered, RegistrationError, ServerError, ShapeMismatch, translate_error
+from .errors import (OutOfBounds, RegionNotRegistered, RegistrationError, ServerError, ServerTimeout, ShapeMismatch,
+                     translate_error)
 
 __all__ = ["register", "unregister", "status", "bind_input", "bind_output", "registered_name"]
 
@@ -70,16 +71,31 @@ def registered_name(region: Any) -> str | None:
 
 
 def call_translated(client: Any, doing: str, method: str, *args: Any, on_success: Callable[[Any], Any] | None = None,
-                    cuda: bool = False, address: str | None = None, **kwargs: Any) -> Any:
+                    cuda: bool = False, address: str | None = None, answer_within: float | None = None,
+                    **kwargs: Any) -> Any:
     """Call ``client.<method>(*args, **kwargs)``, turning tritonclient's
     failures into :class:`ServerError` subclasses that say what to do
     (*doing* opens the message; *address*, where known, is named when the
     server cannot be reached); for aio clients return an awaitable that
-    does the same.  Used by this module and by the clients."""
+    does the same.  Used by this module and by the clients.
+
+    *answer_within* (seconds) bounds the wait for the answer -- gRPC's
+    ``client_timeout``, an aio client's await -- after which it is
+    :class:`~tritonshm.ServerTimeout` (whether the server acted is unknown);
+    0 or less: not asked at all, the same error.  A blocking HTTP client has no
+    such bound per call: its ``network_timeout`` is the bound there.  (Not
+    ``timeout``: that is a keyword of tritonclient's ``infer``, passed on.)"""
 
     def finish(result: Any) -> Any:
         return on_success(result) if on_success is not None else result
 
+    timeout = answer_within
+    if timeout is not None:
+        if timeout <= 0:
+            raise ServerTimeout(f"{doing}: no time was left to wait for the server's answer")
+        wire = _transport.of_client(client)
+        if not wire.aio and not wire.http:
+            kwargs["client_timeout"] = timeout
     try:
         outcome = getattr(client, method)(*args, **kwargs)
     except ServerError:
@@ -91,7 +107,9 @@ def call_translated(client: Any, doing: str, method: str, *args: Any, on_success
 
     async def awaited() -> Any:
         try:
-            result = await outcome
+            result = await (outcome if timeout is None else asyncio.wait_for(outcome, timeout))
+        except asyncio.TimeoutError:
+            raise ServerTimeout(f"{doing}: the server did not answer within {timeout:g} s") from None
         except Exception as exc:
             raise translate_error(exc, doing, cuda=cuda, address=address) from exc
         return finish(result)
@@ -100,7 +118,7 @@ def call_translated(client: Any, doing: str, method: str, *args: Any, on_success
 
 
 def register(client: Any, region: Any, name: str | None = None, *, device_id: int | None = None,
-             headers: Mapping[str, str] | None = None) -> Any:
+             headers: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
     """Register the whole of *region* with the server behind *client*.
 
     Returns the name (for an aio client, an awaitable of it).  *name*
@@ -109,7 +127,10 @@ def register(client: Any, region: Any, name: str | None = None, *, device_id: in
     one, on *device_id* -- the server's number for the region's GPU, which
     defaults to ``region.device`` and differs only when the server sees
     the GPUs through another ``CUDA_VISIBLE_DEVICES``.  *headers* go with the call (a server
-    whose shared-memory API is restricted wants its header).
+    whose shared-memory API is restricted wants its header); *timeout* bounds it as in
+    :func:`call_translated`.  The default name is this process's from the moment it is asked
+    for, so that :func:`unregister` takes it also when whether the server registered it is
+    unknown (a call cut off).
     """
     if region.closed:
         region.span()  # raises RegionClosed with the region's description
@@ -125,6 +146,13 @@ def register(client: Any, region: Any, name: str | None = None, *, device_id: in
             _own_names[name] = kind
         return name
 
+    if name == default_name(region):
+        # Ours by construction (the region's unguessable key), so ours before the call: a call
+        # cut off may have registered it all the same.  A name the caller chose is ours only
+        # once the server took it (it may be another client's).
+        with _lock:
+            _own_names[name] = kind
+
     if kind == "cuda":
         device = region.device if device_id is None else device_id
         if not isinstance(device, int) or isinstance(device, bool) or device < 0:
@@ -132,13 +160,13 @@ def register(client: Any, region: Any, name: str | None = None, *, device_id: in
         handle = base64.b64encode(region.ipc_handle).decode("ascii")
         return call_translated(
             client, doing, "register_cuda_shared_memory",
-            name, handle, device, region.nbytes, on_success=remember, cuda=True, **_with(headers),
+            name, handle, device, region.nbytes, on_success=remember, cuda=True, answer_within=timeout, **_with(headers),
         )
     if device_id is not None:
         raise RegistrationError(f"device_id applies to CUDA regions only, not to {region!r}")
     return call_translated(
         client, doing, "register_system_shared_memory",
-        name, region.key, region.nbytes, 0, on_success=remember, **_with(headers),
+        name, region.key, region.nbytes, 0, on_success=remember, answer_within=timeout, **_with(headers),
     )
 
 
@@ -148,7 +176,7 @@ def _with(headers: Mapping[str, str] | None) -> dict[str, Any]:
 
 
 def unregister(client: Any, name_or_region: Any, *, patience: float = _IN_USE_PATIENCE,
-               headers: Mapping[str, str] | None = None) -> Any:
+               headers: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
     """Unregister one of our regions, by name or by region; idempotent.
 
     Returns once the server let go of the region: a server that refuses
@@ -163,7 +191,10 @@ def unregister(client: Any, name_or_region: Any, *, patience: float = _IN_USE_PA
     Refuses names this process did not register: tritonshm never removes
     other clients' regions, and never unregisters "all".  The extension
     (system or CUDA) is the one the name was registered with.  *headers* go
-    with the call.
+    with the call.  *timeout* (seconds) bounds the whole of it, answers and
+    patience together, as :func:`call_translated` bounds one call: past it,
+    :class:`~tritonshm.ServerTimeout`, and whether the server let go is
+    unknown (a server that hangs never holds the caller for ever).
     """
     if isinstance(name_or_region, str):
         name = name_or_region
@@ -187,44 +218,50 @@ def unregister(client: Any, name_or_region: Any, *, patience: float = _IN_USE_PA
     # The region keeps its name: it may still be registered with another
     # server, and a request naming it here gets the server's clear error.
     doing = f"unregistering {name!r}"
+    ends = None if timeout is None else time.monotonic() + timeout
     if _transport.of_client(client).aio:
-        return _unregister_patiently_aio(client, doing, method, name, kind, patience, headers)
+        return _unregister_patiently_aio(client, doing, method, name, kind, patience, headers, ends)
     deadline = time.monotonic() + patience
     while True:
         try:
-            call_translated(client, doing, method, name, **_with(headers))
+            call_translated(client, doing, method, name, answer_within=_left(ends), **_with(headers))
             try:
-                still = name in status(client, name, kind, headers=headers)
+                still = name in status(client, name, kind, headers=headers, timeout=_left(ends))
             except RegionNotRegistered:
                 still = False
             if not still:
                 return None  # gone: the server let go
             raise _deferred(doing, name)
         except ServerError as exc:
-            if _IN_USE not in str(exc) or time.monotonic() >= deadline:
+            if _IN_USE not in str(exc) or time.monotonic() >= min(deadline, ends or deadline):
                 raise
         time.sleep(_IN_USE_INTERVAL)
 
 
 async def _unregister_patiently_aio(client: Any, doing: str, method: str, name: str, kind: str, patience: float,
-                                    headers: Mapping[str, str] | None = None) -> Any:
-    """:func:`unregister` for an aio client, asking again while the region is "in use"."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + patience
+                                    headers: Mapping[str, str] | None = None, ends: float | None = None) -> Any:
+    """:func:`unregister` for an aio client, asking again while the region is "in use" (*ends*:
+    its timeout's end, on ``time.monotonic()``)."""
+    deadline = time.monotonic() + patience
     while True:
         try:
-            await call_translated(client, doing, method, name, **_with(headers))
+            await call_translated(client, doing, method, name, answer_within=_left(ends), **_with(headers))
             try:
-                still = name in await status(client, name, kind, headers=headers)
+                still = name in await status(client, name, kind, headers=headers, timeout=_left(ends))
             except RegionNotRegistered:
                 still = False
             if not still:
                 return None
             raise _deferred(doing, name)
         except ServerError as exc:
-            if _IN_USE not in str(exc) or loop.time() >= deadline:
+            if _IN_USE not in str(exc) or time.monotonic() >= min(deadline, ends or deadline):
                 raise
         await asyncio.sleep(_IN_USE_INTERVAL)
+
+
+def _left(ends: float | None) -> float | None:
+    """Seconds until *ends* (a ``time.monotonic()`` instant; None: no bound)."""
+    return None if ends is None else ends - time.monotonic()
 
 
 def _deferred(doing: str, name: str) -> ServerError:
@@ -247,13 +284,13 @@ def _done(client: Any, value: Any) -> Any:
 
 
 def status(client: Any, name: str | None = None, kind: str = "system", *,
-           headers: Mapping[str, str] | None = None) -> Any:
+           headers: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
     """The server's shared-memory regions of *kind* ("system" or "cuda") as a dict by name.
 
     System regions map to ``{key, offset, byte_size}``, CUDA regions to
     ``{device_id, byte_size}``.  With *name*, only that region (a missing
-    one raises :class:`RegionNotRegistered`).  *headers* go with the call.
-    For an aio client, an awaitable.
+    one raises :class:`RegionNotRegistered`).  *headers* go with the call;
+    *timeout* bounds it as in :func:`call_translated`.  For an aio client, an awaitable.
     """
     if kind not in ("system", "cuda"):
         raise RegistrationError(f"kind must be 'system' or 'cuda', not {kind!r}")
@@ -261,8 +298,8 @@ def status(client: Any, name: str | None = None, kind: str = "system", *,
     doing = f"reading {what} status" if name is None else f"reading the status of {name!r}"
     kwargs = _transport.of_client(client).json  # gRPC answers protobufs unless asked for JSON
     method = "get_cuda_shared_memory_status" if kind == "cuda" else "get_system_shared_memory_status"
-    return call_translated(client, doing, method, name or "",
-                 on_success=_cuda_regions_of if kind == "cuda" else _regions_of, **kwargs, **_with(headers))
+    return call_translated(client, doing, method, name or "", on_success=_cuda_regions_of if kind == "cuda"
+                           else _regions_of, answer_within=timeout, **kwargs, **_with(headers))
 
 
 def _entries(reply: Any) -> Any:

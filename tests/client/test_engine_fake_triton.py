@@ -657,6 +657,27 @@ def test_aio_close_waits_for_cancelled_tasks_the_server_still_runs(fake_triton):
     assert_nothing_registered(fake)
 
 
+@pytest.mark.parametrize("aio", [False, True], ids=["sync", "aio"])
+def test_a_registration_cut_off_though_carried_out_is_unregistered_before_its_memory_goes(fake_triton, aio):
+    """A new slot region's registration whose answer did not come in time (a client_timeout, a
+    lost connection) may have been carried out: its name is unregistered before its memory is
+    closed -- never a region the server maps freed under it, nor a name left registered."""
+    fake = fake_triton
+    fake.cut_off_registrations()
+
+    async def main() -> None:
+        c = await fake.aio_client() if aio else fake.client()
+        with pytest.raises(tritonshm.ServerTimeout):
+            got = c.infer("identity_fp32", {"INPUT0": data(0)})
+            await got if aio else got
+        got = c.infer("identity_fp32", {"INPUT0": data(1)})  # (a region of its own: the next request's)
+        np.testing.assert_array_equal((await got if aio else got)["OUTPUT0"], data(1))
+        await c.close() if aio else c.close()
+
+    asyncio.run(main())
+    assert_nothing_registered(fake)  # (and no memory freed while registered: the fixture's check)
+
+
 def test_close_against_a_dead_server_is_quick_and_frees_the_memory(fake_triton):
     fake = fake_triton
     c = fake.client()

@@ -24,7 +24,7 @@ import tritonshm
 from tritonshm.client import _disposal
 
 from support.deferring_triton import DeferringUnregisters
-from triton_fixtures import client_url, wait_until
+from triton_fixtures import client_url, make_client, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -57,6 +57,36 @@ def test_memory_held_when_the_client_closed_comes_back_once_the_server_let_go(
         del x, y, running
         gc.collect()
         assert torch_caching.empty_cache() > 0
+    if deferring is not None:
+        deferring.stop()
+
+
+def _registered(server) -> set[str]:
+    """The system shared-memory regions *server* has registered now."""
+    _, tc = make_client(server, "grpc")
+    try:
+        return set(tritonshm.status(tc))
+    finally:
+        tc.close()
+
+
+@pytest.mark.parametrize("protocol, server_release", [("grpc", "2.51"), ("http", "2.51"), ("grpc", "2.53")])
+def test_a_host_region_the_closing_client_stopped_waiting_for_is_unregistered_once_the_server_let_go(
+        server, monkeypatch, protocol, server_release):
+    """Host memory is closed (unlinked) at once -- the server's mapping stays valid -- but its
+    registration is asked about after the close as device memory is: else the server keeps it,
+    and its mapping of the unlinked pages, until it restarts."""
+    deferring = DeferringUnregisters(server).install(monkeypatch) if server_release == "2.53" else None
+    c = tritonshm.Client(client_url(server, protocol), slot_timeout=0.1)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        c.model_info("slow_fp32")
+        running = pool.submit(c.infer, "slow_fp32", {"INPUT0": np.ones(4, np.float32)})
+        time.sleep(0.2)  # (on the server now: it answers at 0.5 s)
+        names = {name for pool_ in c.pools() for name in pool_.regions}
+        c.close()  # stops waiting for it after 0.1 s, asks the server for 0.1 s more
+        assert names & _registered(server), "the request should still hold its region"
+        concurrent.futures.wait([running])
+    wait_until(lambda: not names & _registered(server), 10)
     if deferring is not None:
         deferring.stop()
 

@@ -465,7 +465,7 @@ def _claims_to_be(version: str, monkeypatch) -> None:
     """The server (Triton 2.51 here) says it is *version*: a stand-in for an older release."""
     from tritonshm.client._client import BlockingDriver
 
-    monkeypatch.setattr(BlockingDriver, "_fetch_server_version", lambda self, step: version)
+    monkeypatch.setattr(BlockingDriver, "_fetch_server_version", lambda self, step, bound=None: version)
 
 
 @pytest.mark.server

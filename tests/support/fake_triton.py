@@ -101,7 +101,7 @@ from tritonshm import _transport
 from tritonshm import _tritonclient_compat as compat
 from tritonshm.errors import InvalidOption
 
-from support.insides import meter_slot_memory, watch_byte_budgets
+from support.insides import forget_left_registrations, meter_slot_memory, watch_byte_budgets
 
 __all__ = ["FAKE_URL", "FakeTriton", "FakeModel", "MODELS", "fake_triton"]
 
@@ -290,6 +290,7 @@ class FakeTriton:
         self._refuse_registration = False
         self._refuse_unregister = 0
         self._failures: list[tuple[frozenset, BaseException]] = []
+        self._cut_off = 0  # registrations to carry out and answer as cut off (cut_off_registrations)
         self._gate = threading.Event()   # set: requests go through; clear: they stall
         self._gate.set()
         self._stalled = 0
@@ -354,6 +355,12 @@ class FakeTriton:
             for _ in range(times):
                 failure = error or _refused("injected failure of the fake Triton", grpc.StatusCode.INTERNAL)
                 self._failures.append((frozenset(ops), failure))
+
+    def cut_off_registrations(self, times: int = 1) -> None:
+        """Carry out the next *times* registrations, then answer each with DEADLINE_EXCEEDED: a
+        call whose answer did not come in time, though the server did what it asked."""
+        with self._lock:
+            self._cut_off += times
 
     def die(self) -> None:
         """Become unreachable (UNAVAILABLE for every call); every registration is forgotten."""
@@ -630,6 +637,9 @@ class FakeTriton:
             self._regions[name] = Registration(name, memory, nbytes, "system", mapping, offset, key)
             self.registrations += 1
             self._bytes_changed(+nbytes)
+            if self._cut_off:
+                self._cut_off -= 1
+                raise _refused("Deadline Exceeded", grpc.StatusCode.DEADLINE_EXCEEDED)
         return service_pb2.SystemSharedMemoryRegisterResponse()
 
     def _register_cuda(self, request: Any) -> Any:
@@ -799,3 +809,4 @@ def fake_triton(monkeypatch: pytest.MonkeyPatch):
         fake.check()
     finally:
         fake.shutdown()  # its own mappings of regions still registered go
+        forget_left_registrations()  # (asked about after a close: this fake is gone, the next is not it)

@@ -21,9 +21,9 @@ import pytest
 from tritonshm.client import _pool, _slots
 from tritonshm.client._slots import SYSTEM, SlotKind
 
-__all__ = ["SlotMemoryMeter", "budget_used", "count_stream_sends", "facade_slots", "free_slots", "lent_allocations",
-           "live_pool", "live_pools", "meter_slot_memory", "parked", "record_plans", "release_held_for_the_server",
-           "run_finalizer", "tritonclient_url_and_verbose", "watch_byte_budgets", "wrap_step"]
+__all__ = ["SlotMemoryMeter", "budget_used", "count_stream_sends", "facade_slots", "forget_left_registrations",
+           "free_slots", "lent_allocations", "live_pool", "live_pools", "meter_slot_memory", "parked", "record_plans",
+           "release_held_for_the_server", "run_finalizer", "tritonclient_url_and_verbose", "watch_byte_budgets", "wrap_step"]
 
 
 def live_pools(client: Any) -> dict[tuple[str, str, SlotKind], Any]:
@@ -111,6 +111,18 @@ def release_held_for_the_server(tritonclient: Any) -> None:
         if extent.name is not None:
             triton.unregister(tritonclient, extent.name)
         extent.release_memory()
+
+
+def forget_left_registrations() -> None:
+    """Stop asking about the host registrations closed clients left with their servers (their
+    memory is closed already): a test's clean-up once its server is gone, so that the asking
+    thread's next question does not reach the next test's server at the same address."""
+    from tritonshm.client import _disposal
+
+    with _disposal._held_lock:
+        for entry in _disposal.left_registered:
+            _disposal._after_close.pop(entry, None)
+        _disposal.left_registered.clear()
 
 
 def count_stream_sends(client_class: type, count: Callable[[str], None]) -> None:

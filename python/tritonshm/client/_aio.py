@@ -22,15 +22,16 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapp
 from .. import _http1, _transport, triton
 from ..errors import ClientClosed, ServerError, ServerTimeout, translate_error
 from . import _devices, _messages
-from ._client import SETTLE_SECONDS, BlockingDriver, release_everything, unregisterer
+from ._client import (AFTER_CLOSE, SETTLE_SECONDS, BlockingDriver, answer_bound, closing_bound,
+                      release_everything, unregisterer)
 from ._engine import Engine
 from ._face import ClientFace
 from ._run import PLAN_REFUSALS, Runner
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._request import RequestFace, SlotRequest
-from ._steps import (Done, Emit, FetchModel, FetchModelNames, FetchServerVersion, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
-                     WaitForDevice, WaitForSlot, advance)
+from ._steps import (AnswerBound, Done, Emit, FetchModel, FetchModelNames, FetchServerVersion, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
+                     WaitForDevice, WaitForSlot, advance, answer_within)
 from ._stream import AsyncStream, send_on_stream
 from ._threads import Connector
 
@@ -80,15 +81,16 @@ class AsyncDriver:
             FetchModelNames: self._fetch_model_names,
             FetchServerVersion: self._fetch_server_version,
             Register: self._register,
-            Unregister: lambda step: triton.unregister(self.aio_client, step.name, patience=0.0,
-                                                       headers=self._headers()),
+            Unregister: self._unregister,
             WaitForSlot: self._wait_for_slot,
             WaitForDevice: self._wait_for_device,
             Pause: lambda step: asyncio.sleep(step.seconds),
         }
 
-    async def drive(self, steps: Steps) -> Any:
-        """Carry out *steps* on the event loop; their result."""
+    async def drive(self, steps: Steps, bound: AnswerBound | None = None) -> Any:
+        """Carry out *steps* on the event loop; their result.  The calls the client makes on its
+        own for them wait for answers as *bound* allows (see :meth:`BlockingDriver.drive`)."""
+        handlers = self.handlers if bound is None else self._bounded(bound)
         outcome: Any = None
         failure: BaseException | None = None
         while True:
@@ -99,7 +101,14 @@ class AsyncDriver:
             except BaseException:
                 failure = None  # see _steps.advance: no cycle through this frame to the failure
                 raise
-            outcome, failure = await self._carry_out(steps, step)
+            outcome, failure = await self._carry_out(steps, step, handlers)
+
+    def _bounded(self, bound: AnswerBound) -> dict[type, Callable[[Any], Any]]:
+        """:attr:`handlers`, the client's own calls bounded by *bound*."""
+        return {**self.handlers, **{kind: functools.partial(handle, bound=bound) for kind, handle in (
+            (FetchModel, self._fetch_model), (FetchModelNames, self._fetch_model_names),
+            (FetchServerVersion, self._fetch_server_version), (Register, self._register),
+            (Unregister, self._unregister))}}
 
     async def iterate(self, steps: Steps) -> AsyncGenerator[Any, None]:
         """Carry out *steps*, yielding the values they :class:`Emit`; closing the iterator (or
@@ -125,10 +134,11 @@ class AsyncDriver:
             if not handed_on:
                 steps.close()
 
-    async def _carry_out(self, steps: Steps, step: Any) -> tuple[Any, BaseException | None]:
+    async def _carry_out(self, steps: Steps, step: Any,
+                         handlers: dict[type, Callable[[Any], Any]] | None = None) -> tuple[Any, BaseException | None]:
         """One step's outcome, or its failure.  Shielded: a cancelled caller leaves the
         step's I/O to finish, and the steps to end after it (see :meth:`_abandon`)."""
-        task = asyncio.ensure_future(self._handle(step))
+        task = asyncio.ensure_future(self._handle(step, self.handlers if handlers is None else handlers))
         try:
             return await asyncio.shield(task), None
         except asyncio.CancelledError:
@@ -137,7 +147,7 @@ class AsyncDriver:
         except Exception as exc:
             return None, exc
 
-    async def _handle(self, step: Any) -> Any:
+    async def _handle(self, step: Any, handlers: dict[type, Callable[[Any], Any]]) -> Any:
         """Carry out *step* (in its own task: see :meth:`_carry_out`); I/O cancelled under it by
         :meth:`Client.close` fails with :class:`ClientClosed`.
 
@@ -148,7 +158,7 @@ class AsyncDriver:
         this task (shielded), so it still raises ``CancelledError``.
         """
         try:
-            return await self.handlers[type(step)](step)
+            return await handlers[type(step)](step)
         except asyncio.CancelledError:
             if not self._engine.closed:
                 raise  # (the loop shutting down)
@@ -224,29 +234,30 @@ class AsyncDriver:
             self.aio_client, doing, "infer", step.model, step.inputs, model_version=step.version,
             outputs=step.outputs, **options)
 
-    async def _fetch_server_version(self, step: FetchServerVersion) -> str:
+    async def _fetch_server_version(self, step: FetchServerVersion, bound: AnswerBound | None = None) -> str:
         metadata = await triton.call_translated(self.aio_client, "reading the server's metadata",
-                                                "get_server_metadata", **self._control())
+                                                "get_server_metadata", answer_within=answer_within(bound), **self._control())
         return str(metadata.get("version", "")) if isinstance(metadata, dict) else ""
 
-    async def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
+    async def _fetch_model(self, step: FetchModel, bound: AnswerBound | None = None) -> tuple[Any, Any]:
         wire, tc = self._wire, self.aio_client
         doing = f"reading metadata of model {step.model!r}"
         metadata = await triton.call_translated(tc, doing, "get_model_metadata", step.model, step.version,
-                                                **self._control())
+                                                answer_within=answer_within(bound), **self._control())
         config = await triton.call_translated(tc, doing, "get_model_config", step.model, step.version,
-                                              **self._control())
+                                              answer_within=answer_within(bound), **self._control())
         return metadata, wire.model_config(config)
 
-    async def _fetch_model_names(self, step: FetchModelNames) -> list[str]:
+    async def _fetch_model_names(self, step: FetchModelNames, bound: AnswerBound | None = None) -> list[str]:
         reply = await triton.call_translated(self.aio_client, "reading the server's model repository index",
-                                             "get_model_repository_index", **self._control())
+                                             "get_model_repository_index", answer_within=answer_within(bound),
+                                             **self._control())
         return self._wire.model_names(reply)
 
-    async def _register(self, step: Register) -> str:
+    async def _register(self, step: Register, bound: AnswerBound | None = None) -> str:
         if step.name is None:
-            return await step.memory.register(self.aio_client, self._headers())
-        return await step.memory.reregister(self.aio_client, step.name, self._headers())
+            return await step.memory.register(self.aio_client, self._headers(), answer_within(bound))
+        return await step.memory.reregister(self.aio_client, step.name, self._headers(), answer_within(bound))
 
     @staticmethod
     async def _wait_for_device(step: WaitForDevice) -> None:
@@ -256,6 +267,11 @@ class AsyncDriver:
             await asyncio.sleep(delay)
             delay = min(0.001, delay * 2 or 0.00002)  # a copy lands in microseconds; back off to 1 ms
         _devices.waited(step.event)
+
+    async def _unregister(self, step: Unregister, bound: AnswerBound | None = None) -> None:
+        # No patience here: memory the server still uses is parked and tried again later.
+        await triton.unregister(self.aio_client, step.name, patience=0.0, headers=self._headers(),
+                                timeout=answer_within(bound))
 
     @staticmethod
     async def _wait_for_slot(step: WaitForSlot) -> bool:
@@ -338,19 +354,25 @@ class Client(ClientFace):
         engine = self._engine
         planner = engine.planner
         checked = planner.request_options(options) if options else planner.default_options
+        bound = answer_bound(checked)
         if out is None:
             quick = self._runner.quick_steps_for(model, version, inputs, outputs, copy, output_device,
                                                  slot_timeout, checked)
             if quick is not None:  # seen before
-                return self._driver.drive(quick)
+                return self._driver.drive(quick, bound)
         inputs, captured_out = _devices.capture_call(inputs, out)  # (now, on the caller's thread)
-        return self._infer(model, inputs, outputs, version, copy, slot_timeout, output_device, checked, captured_out)
+        return self._infer(model, inputs, outputs, version, copy, slot_timeout, output_device, checked, captured_out,
+                           bound)
 
     async def _infer(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
                      copy: bool, slot_timeout: float | None, output_device: str | int,
-                     options: RequestOptions | None, out: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        drive, runner = self._driver.drive, self._runner
-        info = await self.model_info(model, version)
+                     options: RequestOptions | None, out: Mapping[str, Any] | None = None,
+                     bound: AnswerBound | None = None) -> dict[str, Any]:
+        engine, runner = self._engine, self._runner
+        drive = self._driver.drive if bound is None else functools.partial(self._driver.drive, bound=bound)
+        if engine.closed:
+            engine.check_open()
+        info = engine.cached_model(model, version) or await drive(engine.model_steps(model, version))  # (model_info)
         try:
             run = runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, options, out)
         except PLAN_REFUSALS as refusal:  # against what the client knew: the model may have changed
@@ -419,10 +441,10 @@ class Client(ClientFace):
             await self._until_idle(engine.slot_timeout)  # in-flight requests finish on the memory they use
             await self._driver.close_wire()  # streams still open end with ClientClosed; their slots come back
             settle = SETTLE_SECONDS if engine.slot_timeout is None else min(engine.slot_timeout, SETTLE_SECONDS)
-            await self._driver.drive(engine.release_steps(settle))
+            await self._driver.drive(engine.release_steps(settle), closing_bound(settle))
             # Device memory the server still refuses: never freed under it; asked about again, on
             # a thread of its own, through a blocking connection (short-lived clients once closed).
-            engine.hold_refused(unregisterer(self._blocking_connector, engine.control_headers()))
+            engine.hold_refused(unregisterer(self._blocking_connector, engine.control_headers(), AFTER_CLOSE))
         finally:
             self._blocking_connector.close()
             await self._driver.aio_client.close()

@@ -20,8 +20,8 @@ from ._run import PLAN_REFUSALS, Runner
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._request import RequestFace, SlotRequest
-from ._steps import (Done, Emit, FetchModel, FetchModelNames, FetchServerVersion, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
-                     WaitForDevice, WaitForSlot, advance)
+from ._steps import (AnswerBound, Done, Emit, FetchModel, FetchModelNames, FetchServerVersion, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
+                     WaitForDevice, WaitForSlot, advance, answer_within)
 from ._stream import BlockingStream, send_on_stream
 from ._threads import Connector, Workers
 
@@ -30,6 +30,10 @@ __all__ = ["BlockingDriver", "Client", "Request"]
 # How long close() keeps asking a server that refuses to unregister what we parked.
 SETTLE_SECONDS = 5.0
 _SETTLE_AT_EXIT = 1.0   # a client collected or left open at exit: "in use" lasts milliseconds
+LAST_CALL = 0.5        # close()'s last unregister, begun as the settling ends, may take this long
+#: How long one question about memory held after close() may wait for the server's answer
+#: (a server that hangs then is asked again later, as one that refuses).
+AFTER_CLOSE = AnswerBound(each=5.0)
 
 
 def _wait_for_device(step: WaitForDevice) -> None:
@@ -99,9 +103,10 @@ class BlockingDriver:
             Pause: lambda step: time.sleep(step.seconds),
         }
 
-    def drive(self, steps: Steps) -> Any:
-        """Carry out *steps*, blocking; their result."""
-        handlers = self.handlers
+    def drive(self, steps: Steps, bound: AnswerBound | None = None) -> Any:
+        """Carry out *steps*, blocking; their result.  The calls the client makes on its own for
+        them (model reads, registrations, unregisters) wait for answers as *bound* allows."""
+        handlers = self.handlers if bound is None else self._bounded(bound)
         outcome: Any = None
         failure: BaseException | None = None
         while True:
@@ -116,6 +121,13 @@ class BlockingDriver:
                 outcome, failure = handlers[type(step)](step), None
             except Exception as exc:
                 outcome, failure = None, exc
+
+    def _bounded(self, bound: AnswerBound) -> dict[type, Callable[[Any], Any]]:
+        """:attr:`handlers`, the client's own calls bounded by *bound*."""
+        return {**self.handlers, **{kind: functools.partial(handle, bound=bound) for kind, handle in (
+            (FetchModel, self._fetch_model), (FetchModelNames, self._fetch_model_names),
+            (FetchServerVersion, self._fetch_server_version), (Register, self._register),
+            (Unregister, self._unregister))}}
 
     def iterate(self, steps: Steps) -> Iterator[Any]:
         """Carry out *steps* up to their first :class:`NextResponse` now (the request is
@@ -184,44 +196,55 @@ class BlockingDriver:
             tc, doing, "infer", step.model, step.inputs, model_version=step.version, outputs=step.outputs,
             **options))
 
-    def _fetch_server_version(self, step: FetchServerVersion) -> str:
+    def _fetch_server_version(self, step: FetchServerVersion, bound: AnswerBound | None = None) -> str:
+        timeout = answer_within(bound)
         metadata = self.connector.call(lambda tc: triton.call_translated(
-            tc, "reading the server's metadata", "get_server_metadata", address=self._url, **self._control()))
+            tc, "reading the server's metadata", "get_server_metadata", address=self._url, answer_within=timeout,
+            **self._control()), timeout)
         return str(metadata.get("version", "")) if isinstance(metadata, dict) else ""
 
-    def _fetch_model(self, step: FetchModel) -> tuple[Any, Any]:
+    def _fetch_model(self, step: FetchModel, bound: AnswerBound | None = None) -> tuple[Any, Any]:
         # (the first call a client makes: where it looked is named if nothing answers there)
         wire, doing, url = self._wire, f"reading metadata of model {step.model!r}", self._url
 
         def fetch(tc: Any) -> tuple[Any, Any]:
             metadata = triton.call_translated(tc, doing, "get_model_metadata", step.model, step.version,
-                                              address=url, **self._control())
+                                              address=url, answer_within=answer_within(bound), **self._control())
             config = triton.call_translated(tc, doing, "get_model_config", step.model, step.version,
-                                            address=url, **self._control())
+                                            address=url, answer_within=answer_within(bound), **self._control())
             return metadata, wire.model_config(config)
 
-        return self.connector.call(fetch)
+        return self.connector.call(fetch, answer_within(bound))
 
-    def _fetch_model_names(self, step: FetchModelNames) -> list[str]:
-        wire = self._wire
+    def _fetch_model_names(self, step: FetchModelNames, bound: AnswerBound | None = None) -> list[str]:
+        wire, timeout = self._wire, answer_within(bound)
         return self.connector.call(lambda tc: wire.model_names(triton.call_translated(
             tc, "reading the server's model repository index", "get_model_repository_index", address=self._url,
-            **self._control())))
+            answer_within=timeout, **self._control())), timeout)
 
-    def _register(self, step: Register) -> str:
-        headers = self._headers()
+    def _register(self, step: Register, bound: AnswerBound | None = None) -> str:
+        headers, timeout = self._headers(), answer_within(bound)
         if step.name is None:
-            return self.connector.call(lambda tc: step.memory.register(tc, headers))
-        return self.connector.call(lambda tc: step.memory.reregister(tc, step.name, headers))
+            return self.connector.call(lambda tc: step.memory.register(tc, headers, timeout), timeout)
+        return self.connector.call(lambda tc: step.memory.reregister(tc, step.name, headers, timeout), timeout)
 
-    def _unregister(self, step: Unregister) -> None:
+    def _unregister(self, step: Unregister, bound: AnswerBound | None = None) -> None:
         # No patience here: memory the server still uses is parked and tried again later.
-        self.connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0, headers=self._headers()))
+        timeout = answer_within(bound)
+        self.connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0, headers=self._headers(),
+                                                         timeout=timeout), timeout)
 
 
-def _unregister_now(tc: Any, name: str, headers: Mapping[str, str] | None = None) -> Any:
+def answer_bound(options: RequestOptions | None) -> AnswerBound | None:
+    """What bounds the client's own calls for a request with *options*: its ``client_timeout``,
+    each (None without one)."""
+    return None if options is None or options.client_timeout is None else AnswerBound(each=options.client_timeout)
+
+
+def _unregister_now(tc: Any, name: str, headers: Mapping[str, str] | None = None,
+                    timeout: float | None = None) -> Any:
     """Unregister *name* on tritonclient *tc* at once: the steps themselves decide when to ask again."""
-    return triton.unregister(tc, name, patience=0.0, headers=headers)
+    return triton.unregister(tc, name, patience=0.0, headers=headers, timeout=timeout)
 
 
 def release_everything(driver: BlockingDriver, engine: Engine, workers: dict[str, Workers], wait: bool,
@@ -240,16 +263,32 @@ def release_everything(driver: BlockingDriver, engine: Engine, workers: dict[str
         group.shutdown(wait)
     workers.clear()
     driver.close_wire()  # its requests' slots come back, to be released below
-    unregister = unregisterer(driver.connector, engine.control_headers())
-    _carry_out_unregisters(unregister, engine.release_steps(settle))
-    engine.hold_refused(unregister)  # (asked about after the close, through the same connection)
-    driver.connector.close(wait)
+    # The unregisters end with the settling: a server that hangs does not hold close() past it
+    # (what it did not answer is held for it, or closed, as what it refused).
+    closing = closing_bound(settle)
+    headers = engine.control_headers()
+    _carry_out_unregisters(unregisterer(driver.connector, headers, closing), engine.release_steps(settle))
+    engine.hold_refused(unregisterer(driver.connector, headers, AFTER_CLOSE))  # (asked about after the close)
+    driver.connector.close(wait, max(0.0, closing.seconds() or 0.0))
 
 
-def unregisterer(connector: Connector, headers: Mapping[str, str] | None) -> Unregisterer:
+def closing_bound(settle: float) -> AnswerBound:
+    """A closing client's unregisters end with its settling (*settle* seconds from now, and the
+    last one's grace): a server that hangs does not hold ``close()`` past it; what it did not
+    answer is held for it, or closed, as what it refused."""
+    return AnswerBound(deadline=time.monotonic() + settle + LAST_CALL)
+
+
+def unregisterer(connector: Connector, headers: Mapping[str, str] | None, bound: AnswerBound) -> Unregisterer:
     """Unregisters a name, with *headers*, through *connector* -- once it is closed, on a
-    short-lived client of the calling thread's own (see :meth:`Connector.call`)."""
-    return lambda name: connector.call(functools.partial(_unregister_now, name=name, headers=headers))
+    short-lived client of the calling thread's own (see :meth:`Connector.call`) -- each call
+    waiting for the answer as *bound* allows."""
+    def unregister(name: str) -> Any:
+        timeout = bound.seconds()
+        return connector.call(functools.partial(_unregister_now, name=name, headers=headers, timeout=timeout),
+                              timeout)
+
+    return unregister
 
 
 def _carry_out_unregisters(unregister: Unregisterer, steps: Steps) -> None:
@@ -408,15 +447,20 @@ class Client(ClientFace):
         :class:`~tritonshm.RequestOptions`.  They are
         checked before anything is sent; the client's *headers* come first.
         """
-        drive, engine = self._driver.drive, self._engine
+        engine = self._engine
         planner = engine.planner
         checked = planner.request_options(options) if options else planner.default_options
+        bound = answer_bound(checked)
+        drive = self._driver.drive if bound is None else functools.partial(self._driver.drive, bound=bound)
         if out is None:
             quick = self._runner.quick_steps_for(model, version, inputs, outputs, copy, output_device,
                                                  slot_timeout, checked)
             if quick is not None:  # seen before
                 return drive(quick)
-        info, runner = self.model_info(model, version), self._runner
+        runner = self._runner
+        if engine.closed:
+            engine.check_open()
+        info = engine.cached_model(model, version) or drive(engine.model_steps(model, version))  # (model_info)
         try:
             run = runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, checked, out)
         except PLAN_REFUSALS as refusal:  # against what the client knew: the model may have changed

@@ -48,7 +48,7 @@ from ..errors import Outcome, RegistrationError, ServerError, outcome_of
 from ._pool import Extent, SlotPool
 from ._steps import Pause, Register, Steps, Unregister
 
-__all__ = ["Disposals", "Unregisterer", "held_for_the_server"]
+__all__ = ["Disposals", "LeftRegistration", "Unregisterer", "held_for_the_server", "left_registered"]
 
 _SETTLE_INTERVAL = 0.02  # how often a closing client asks again to unregister what is parked
 _RETRY_INTERVAL = 0.05   # at most this often, requests ask again to unregister what is parked
@@ -63,6 +63,8 @@ PROVING_SERVER = (2, 50)
 #: thread of the process's (:func:`_ask_until_let_go`) through the closed client's connection, until
 #: the server lets go of it (or is gone): freed then.  Memory with no one to ask (a forked child's
 #: names are its parent's) is held for the life of the process; the driver frees it at exit.
+#: Host memory refused likewise is closed at once (unlinking is safe: the server's mapping stays
+#: valid) and listed here only until the server lets go of its registration.
 held_for_the_server: list[Extent] = []
 _held_lock = threading.Lock()
 _asking: threading.Thread | None = None  # the thread asking about held_for_the_server, while it has any
@@ -346,10 +348,19 @@ class Disposals:
 
     def _give_up_on(self, extents: list[Extent]) -> None:
         for extent in extents:
-            if extent.memory.kind == "cuda" and not extent.unreachable:
+            if extent.unreachable:  # (the server is gone: it holds nothing)
+                extent.release_memory()
+            elif extent.memory.kind == "cuda":
                 self.hold_for_the_server(extent)  # its bytes stay taken: the memory is still ours
             else:
+                # Host memory is closed at once (the server's mapping stays valid), but its name
+                # is still asked to be unregistered after the close: else the server keeps the
+                # registration, and its mapping of the unlinked pages, until it restarts.
                 extent.release_memory()
+                with self._lock:
+                    unregister = self._unregister_after_close
+                if unregister is not None and extent.name is not None:
+                    _ask_about(LeftRegistration(extent.name), unregister)
 
     def hold_for_the_server(self, extent: Extent) -> None:
         """Hold *extent*, device memory the server may still use after the client closed (or
@@ -364,22 +375,53 @@ def _hold_for_the_server(extent: Extent, unregister: Unregisterer | None) -> Non
     """Hold *extent* (device memory of a closed client's, which the server still uses) until
     *unregister* of its name succeeds -- asked on a backoff by one thread -- or for the life of
     the process, with no one to ask."""
-    global _asking
-    extent.retry_at = time.monotonic() + _AFTER_CLOSE_FIRST
-    extent.backoff = _AFTER_CLOSE_FIRST
     name = extent.name
     with _held_lock:
         held_for_the_server.append(extent)
-        if unregister is None or name is None:
-            return
-        _after_close[extent] = (unregister, name)
+    if unregister is not None and name is not None:
+        _ask_about(extent, unregister)
+
+
+class LeftRegistration:
+    """The name of a closed client's host memory the server still had registered when the client
+    closed: the memory is closed (unlinking is safe: the server's mapping stays valid), nothing
+    is held; the name is asked to be unregistered after the close, as held device memory is."""
+
+    __slots__ = ("name", "retry_at", "backoff", "__weakref__")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.retry_at = 0.0
+        self.backoff = 0.0
+
+    def release_memory(self) -> None:
+        """Nothing to let go of: the memory was closed already."""
+
+
+#: The host registrations the asking thread unregisters after their clients closed.
+left_registered: list[LeftRegistration] = []
+
+
+def _ask_about(entry: "Extent | LeftRegistration", unregister: Unregisterer) -> None:
+    """Have the asking thread unregister *entry*'s name through *unregister*, on a backoff,
+    until the server lets go of it (then it leaves its list and lets go of its memory)."""
+    global _asking
+    entry.retry_at = time.monotonic() + _AFTER_CLOSE_FIRST
+    entry.backoff = _AFTER_CLOSE_FIRST
+    assert entry.name is not None
+    with _held_lock:
+        if isinstance(entry, LeftRegistration):
+            left_registered.append(entry)
+        _after_close[entry] = (unregister, entry.name)
         if _asking is None and not _exiting:
             _asking = threading.Thread(target=_ask_until_let_go, name="tritonshm-held-for-the-server", daemon=True)
             _asking.start()
 
 
-#: What each extent held after its client closed is asked about through, and its name.
-_after_close: "weakref.WeakKeyDictionary[Extent, tuple[Unregisterer, str]]" = weakref.WeakKeyDictionary()
+#: What each extent held after its client closed (and each left registration) is asked about
+#: through, and its name.
+_after_close: "weakref.WeakKeyDictionary[Extent | LeftRegistration, tuple[Unregisterer, str]]" = \
+    weakref.WeakKeyDictionary()
 
 
 def _ask_until_let_go() -> None:
@@ -397,38 +439,46 @@ def _ask_until_let_go() -> None:
         release_gevent_hub()  # (a closed HTTP client's connection asks on clients made here)
 
 
+def _asked_about() -> "list[Extent | LeftRegistration]":
+    """Everything the asking thread has to ask about (under the lock)."""
+    return [*held_for_the_server, *left_registered]
+
+
 def _ask_while_held() -> None:
     # (_ask_until_let_go's loop: returns when nothing held is left to ask about, or at exit)
     global _asking
     while not _exiting:
         now = time.monotonic()
         with _held_lock:
-            asked = [(extent, *_after_close[extent]) for extent in held_for_the_server if extent in _after_close]
+            asked = [(entry, *_after_close[entry]) for entry in _asked_about() if entry in _after_close]
             if not asked:
-                _asking = None  # (under the lock that holds: the next extent held starts another)
+                _asking = None  # (under the lock that holds: the next entry held starts another)
                 return
-        for extent, unregister, name in asked:
-            if extent.retry_at > now or _exiting:
+        for entry, unregister, name in asked:
+            if entry.retry_at > now or _exiting:
                 continue
             try:
                 unregister(name)
             except ServerError as exc:
                 if outcome_of(exc) is not Outcome.NOT_SENT:  # in use, or no answer: ask again later
-                    extent.retry_at = time.monotonic() + extent.backoff
-                    extent.backoff = min(2 * extent.backoff, _AFTER_CLOSE_MAX)
+                    entry.retry_at = time.monotonic() + entry.backoff
+                    entry.backoff = min(2 * entry.backoff, _AFTER_CLOSE_MAX)
                     continue
             except Exception:  # noqa: BLE001 (a daemon thread: nobody would see it; ask again later)
-                extent.retry_at = time.monotonic() + _AFTER_CLOSE_MAX
+                entry.retry_at = time.monotonic() + _AFTER_CLOSE_MAX
                 continue
             with _held_lock:
-                _after_close.pop(extent, None)
+                _after_close.pop(entry, None)
                 try:
-                    held_for_the_server.remove(extent)
+                    if isinstance(entry, LeftRegistration):
+                        left_registered.remove(entry)
+                    else:
+                        held_for_the_server.remove(entry)
                 except ValueError:
                     continue  # (let go of meanwhile by whoever else holds the list)
-            extent.release_memory()
+            entry.release_memory()
         with _held_lock:
-            due = min((e.retry_at for e in held_for_the_server if e in _after_close), default=now)
+            due = min((e.retry_at for e in _asked_about() if e in _after_close), default=now)
         time.sleep(min(max(due - time.monotonic(), 0.005), 0.5))
 
 
@@ -449,6 +499,7 @@ def _after_fork_in_child() -> None:
     global _held_lock, _asking
     _held_lock, _asking = threading.Lock(), None
     _after_close.clear()
+    left_registered.clear()  # (the parent's names)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -451,11 +451,11 @@ class LentAllocations:
 
     def _forget_failed(self, key: tuple[int, int], entry: _Entry, exc: BaseException) -> bool:
         """A registration that failed with *exc*: out of the table (or of the doomed), its
-        borrowed region closed -- except where the client closed while it was on its way and
-        the call was cut rather than answered (:func:`_cut`: a closed client's channel cancels
-        it): the server may have registered it all the same, so the memory is held for the
-        server (:meth:`~._disposal.Disposals.hold_for_the_server`).  Returns whether the client
-        closed."""
+        borrowed region closed -- except where the call was cut rather than answered (a
+        deadline, a lost connection, a closed client's channel): the server may have registered
+        it all the same, so its name is unregistered before the memory goes (held for the server,
+        :meth:`~._disposal.Disposals.hold_for_the_server`, once the client closed).  Returns
+        whether the client closed."""
         with self._lock:
             if self._entries.get(key) is entry:
                 self._entries.pop(key)
@@ -464,11 +464,19 @@ class LentAllocations:
                 self._doomed.remove(entry)
             closed = self._closed
         # A registration of unknown outcome (cut short: a channel closed under it, a deadline, a
-        # lost connection) may have been carried out all the same (errors.OUTCOMES).
-        if closed and outcome_of(exc) is Outcome.UNKNOWN:
+        # lost connection) may have been carried out all the same (errors.OUTCOMES): its memory is
+        # let go of only once its name is unregistered -- held for the server if the client
+        # closed, else dropped as the table drops an allocation (parked while the server refuses).
+        if outcome_of(exc) is not Outcome.UNKNOWN:
+            entry.extent.release_memory()
+            return closed
+        entry.extent.name = entry.extent.memory.registration_name
+        if closed:
             self._letting_go.hold_for_the_server(entry.extent)
         else:
-            entry.extent.release_memory()
+            with self._lock:
+                self._disposals.append(entry.extent)
+            self._letting_go.notice()
         return closed
 
     def _unregister_late_steps(self, extent: Extent, name: str) -> Steps:

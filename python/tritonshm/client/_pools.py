@@ -24,7 +24,8 @@ from typing import Callable, Mapping, TypeGuard
 
 from .. import _segments
 from .._units import in_units, nbytes_text
-from ..errors import InvalidOption, PoolExhausted, SharedMemoryOSError, SharedMemoryRefused, os_error
+from ..errors import (InvalidOption, Outcome, PoolExhausted, ServerError, SharedMemoryOSError, SharedMemoryRefused,
+                      os_error, outcome_of)
 from . import _devices, _intake
 from ._devices import DeviceTensor
 from ._disposal import Disposals
@@ -326,6 +327,15 @@ class PoolTable:
             return None
         try:
             extent.name = yield Register(extent.memory)
+        except ServerError as exc:
+            if outcome_of(exc) is not Outcome.UNKNOWN:
+                extent.release_memory()
+                raise
+            # Cut off (a deadline, a lost connection): the server may have registered it all the
+            # same -- unregistered before its memory goes, as any extent is let go of.
+            extent.name = extent.memory.registration_name
+            yield from self._disposals.drop_steps(extent)
+            raise exc
         except BaseException:
             extent.release_memory()
             raise

@@ -113,14 +113,22 @@ class RegisteredMemory:
     #: The CUDA device the memory is on; None for host memory.
     device: int | None = None
 
-    def register(self, client: Any, headers: Mapping[str, str] | None = None) -> Any:
-        """Register with the server behind *client* (*headers* with the call): the name (an
-        awaitable for aio clients)."""
-        return triton.register(client, self.region, headers=headers)
+    def register(self, client: Any, headers: Mapping[str, str] | None = None, timeout: float | None = None) -> Any:
+        """Register with the server behind *client* (*headers* with the call; its answer awaited
+        *timeout* seconds at most) under :attr:`registration_name`: the name (an awaitable for
+        aio clients)."""
+        return triton.register(client, self.region, headers=headers, timeout=timeout)
 
-    def reregister(self, client: Any, name: str, headers: Mapping[str, str] | None = None) -> Any:
+    def reregister(self, client: Any, name: str, headers: Mapping[str, str] | None = None,
+                   timeout: float | None = None) -> Any:
         """Register again under *name* after the server forgot it."""
-        return triton.register(client, self.region, name, headers=headers)
+        return triton.register(client, self.region, name, headers=headers, timeout=timeout)
+
+    @property
+    def registration_name(self) -> str:
+        """The name :meth:`register` registers under (what to unregister when whether it was
+        registered is unknown: a call cut off)."""
+        return triton.default_name(self.region)
 
     def bind_input(self, infer_input: Any, name: str, offset: int, nbytes: int) -> None:
         """Make *infer_input* read ``nbytes`` at *offset* (absolute) of this memory."""

@@ -11,9 +11,11 @@ import concurrent.futures
 import os
 import queue
 import threading
+import time
 from typing import Any, Callable
 
 from .._transport import release_gevent_hub
+from ..errors import ServerTimeout
 
 __all__ = ["Workers", "Connector"]
 
@@ -61,19 +63,23 @@ class Workers:
             if self._on_exit is not None:
                 self._on_exit()
 
-    def shutdown(self, wait: bool = True) -> None:
-        """Finish queued work, then stop every worker; with *wait*, wait for them.
+    def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Finish queued work, then stop every worker; with *wait*, wait for them -- for up to
+        *timeout* seconds in all (None: for as long as they take).
 
         A garbage-collected client calls this with ``wait=False``: it may
         run on one of these very threads, or at a time nothing may block.
+        A worker still blocked at *timeout* (on a server that hangs) is left
+        to end by itself: the threads are daemons.
         """
         for _ in self._threads:
             self._queue.put(None)
         if not wait:
             return
+        ends = None if timeout is None else time.monotonic() + timeout
         for thread in self._threads:
             if thread is not threading.current_thread():
-                thread.join()
+                thread.join(None if ends is None else max(0.0, ends - time.monotonic()))
 
 
 class Connector:
@@ -109,10 +115,14 @@ class Connector:
                     self._shared = self.new()
         return self._shared
 
-    def call(self, fn: Callable[[Any], Any]) -> Any:
+    def call(self, fn: Callable[[Any], Any], timeout: float | None = None) -> Any:
         """``fn(client)`` with a tritonclient client that is safe in this thread -- after
         :meth:`close`, a short-lived one of its own (a call that must still reach the server:
-        unregistering memory whose registration's reply came after the client closed)."""
+        unregistering memory whose registration's reply came after the client closed).
+
+        *timeout* bounds the wait for an HTTP call carried out on an I/O thread (past it,
+        :class:`~tritonshm.ServerTimeout`; the thread ends the call by its ``network_timeout``);
+        *fn* bounds its own calls otherwise (gRPC's ``client_timeout``)."""
         if not self.http and not self._closed:
             return fn(self._shared or self.shared)
         io = None if not self.http else self._io_workers()
@@ -125,7 +135,10 @@ class Connector:
                 client.close()
         if io.owns_current_thread():
             return fn(self._thread_client())
-        return io.submit(lambda: fn(self._thread_client())).result()
+        try:
+            return io.submit(lambda: fn(self._thread_client())).result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise ServerTimeout(f"the server did not answer within {timeout:g} s") from None
 
     def _io_workers(self) -> Workers | None:
         with self._lock:
@@ -147,8 +160,9 @@ class Connector:
         client.close()
         release_gevent_hub()
 
-    def close(self, wait: bool = True) -> None:
-        """Stop the I/O threads and close the shared client; idempotent.
+    def close(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Stop the I/O threads -- waiting for them with *wait*, for up to *timeout* seconds --
+        and close the shared client; idempotent.
 
         In a forked child this does nothing: the connections (and the
         threads behind them) belong to the parent, and gRPC's must not be
@@ -159,7 +173,7 @@ class Connector:
         with self._lock:
             io, self._io, self._closed = self._io, None, True
         if io is not None:
-            io.shutdown(wait)
+            io.shutdown(wait, timeout)
         if self._shared is not None:
             try:
                 self._shared.close()
