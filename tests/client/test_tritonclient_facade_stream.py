@@ -117,6 +117,51 @@ def test_responses_of_one_request_arrive_in_order_with_its_id_and_none(server):
     assert_through_slots(pools)
 
 
+def test_the_model_sees_a_streamed_requests_own_id(server):
+    """The server (and the model: echo_request echoes it) sees the caller's request_id, as with
+    tritonclient; two requests in flight with one id are still told apart (the second goes under
+    an id of the facade's own), each answered under the caller's id."""
+    import json
+
+    def seen(module):
+        def requests(module):
+            x = module.InferInput("INPUT0", [1, 3], "FP32")
+            x.set_data_from_numpy(np.ones((1, 3), np.float32))
+            return [(("echo_request", [x]), {"request_id": "my-request-7"})] * 2
+
+        answers, _ = run_stream(module, server, requests)
+        responses = [tritonclient.grpc.service_pb2.ModelInferResponse.FromString(rest[0]) for _, *rest in answers]
+        model_saw = [json.loads(tritonclient.grpc.InferResult(r).as_numpy("OUTPUT0")[0, 0])["request_id"]
+                     for r in responses]
+        return model_saw[0], [r.id for r in responses]
+
+    expected = seen(tritonclient.grpc)
+    assert expected == ("my-request-7", ["my-request-7", "my-request-7"])
+    assert seen(tritonshm.grpc) == expected
+
+
+def test_the_model_sees_an_aio_streamed_requests_own_id(server):
+    import json
+
+    async def seen(module):
+        client = module.InferenceServerClient(server.grpc_url)
+        x = module.InferInput("INPUT0", [1, 3], "FP32")
+        x.set_data_from_numpy(np.ones((1, 3), np.float32))
+        try:
+            async def requests():
+                yield {"model_name": "echo_request", "inputs": [x], "request_id": "my-request-8"}
+
+            async for result, error in client.stream_infer(requests()):
+                assert error is None, error
+                return json.loads(result.as_numpy("OUTPUT0")[0, 0])["request_id"], result.get_response().id
+        finally:
+            await client.close()
+
+    expected = asyncio.run(seen(tritonclient.grpc.aio))
+    assert expected == ("my-request-8", "my-request-8")
+    assert asyncio.run(seen(tritonshm.grpc.aio)) == expected
+
+
 def test_errors_on_the_stream_are_tritonclients(server):
     """A model's error response, a missing input: the server's errors, as tritonclient's callback
     hears them, and the stream goes on."""

@@ -97,12 +97,16 @@ class StreamTable:
         self._open: dict[str, Streamed] = {}
         self.broken: BaseException | None = None
 
-    def open(self, inbox: Any, deliver: Callable[[StreamResponse], None]) -> Streamed:
-        """A new request on the stream, its responses handed to *deliver*."""
+    def open(self, inbox: Any, deliver: Callable[[StreamResponse], None], request_id: str = "") -> Streamed:
+        """A new request on the stream, its responses handed to *deliver*; under *request_id*
+        where one is given and no open request of the stream has it (the server, and the model,
+        see the caller's id), else under an id of ours."""
         with _table_lock:
             if self.broken is not None:
                 raise copy_for_another_caller(self.broken)
-            entry = Streamed(f"tshm-{self._prefix}-{next(self._ids)}", inbox, deliver)
+            if not request_id or request_id in self._open:
+                request_id = f"tshm-{self._prefix}-{next(self._ids)}"
+            entry = Streamed(request_id, inbox, deliver)
             self._open[entry.id] = entry
         return entry
 

@@ -37,8 +37,9 @@ _EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
 class _Asked(NamedTuple):
-    """What the caller asked of one request that the server is not told: its own id, and
-    whether it wants the empty final response."""
+    """What the caller asked of one request: its own id (the server's too, where no request in
+    flight on the stream has it: see :meth:`StreamSender.send`), and whether it wants the empty
+    final response (the server is always asked for it)."""
 
     request_id: str
     empty_final: bool
@@ -104,15 +105,17 @@ class _StreamCore:
         self.send(message, asked)
 
     def send(self, message: Any, asked: _Asked, keep: bool = False, again: bool = False) -> Streamed:
-        """Put *message* on the stream under an id of ours, asking for the server's empty
-        final response (so the table knows when the server is done with it); its entry.
+        """Put *message* on the stream under the caller's request id where no request of the
+        stream in flight has it (else under an id of ours: responses are told apart by id),
+        asking for the server's empty final response (so the table knows when the server is
+        done with it); its entry.
         With *keep*, the message is kept until its first response (see :class:`_Sent`).  A
         request sent *again* (:meth:`resent`) is not printed again."""
         self._check_open()
         if self._verbose and not again:
             self._print_request(message, asked)
         message.parameters[_EMPTY_FINAL].bool_param = True
-        entry = self._table.open(None, _undelivered)
+        entry = self._table.open(None, _undelivered, asked.request_id)
         with self._lock:
             self._sent[entry.id] = _Sent(asked, message if keep else None)
         message.id = entry.id
