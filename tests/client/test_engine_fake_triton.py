@@ -678,6 +678,30 @@ def test_a_registration_cut_off_though_carried_out_is_unregistered_before_its_me
     assert_nothing_registered(fake)  # (and no memory freed while registered: the fixture's check)
 
 
+def test_an_aio_call_cancelled_while_its_registration_is_cut_off_unregisters_it_before_its_memory_goes(
+        fake_triton):
+    """The caller is cancelled while a new slot region's registration is out, and that call is
+    then cut off though the server carried it out: its failure still reaches the steps (not
+    only a success does), which unregister the name before the memory goes."""
+    fake = fake_triton
+    fake.delays["register"] = 0.2
+    fake.cut_off_registrations()
+
+    async def main() -> None:
+        c = await fake.aio_client()
+        call = asyncio.ensure_future(c.infer("identity_fp32", {"INPUT0": data(0)}))
+        while not fake.begun["register"]:
+            await asyncio.sleep(0.005)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await asyncio.sleep(0.4)  # (the registration's outcome came, and was handed to the steps)
+        await c.close()
+
+    asyncio.run(main())
+    assert_nothing_registered(fake)  # (and no memory freed while registered: the fixture's check)
+
+
 def test_close_against_a_dead_server_is_quick_and_frees_the_memory(fake_triton):
     fake = fake_triton
     c = fake.client()

@@ -189,22 +189,23 @@ class AsyncDriver:
 
         Closing the steps returns their slot; while the server may still be
         writing outputs into it (or registering memory), that must wait.  A
-        registration that went through is handed to the steps first, so its
-        memory joins its pool (and is unregistered with it) rather than
-        being freed while the server has it open.
+        registration's outcome is handed to the steps first, so its memory
+        joins its pool (and is unregistered with it) -- or, cut off, is
+        unregistered before it goes -- rather than being freed while the
+        server has it open.
         """
         def finish(done: asyncio.Future) -> None:
-            # A registration that went through, and a request's answer (or failure), are handed
-            # to the steps: the memory joins its pool, and the request's claim learns that the
-            # server is done with it (else it would hold the slot and lent tensors for the server).
+            # A registration's outcome, and a request's answer (or failure), are handed to the
+            # steps: the memory joins its pool (or, a registration cut off, is unregistered before
+            # it goes), and the request's claim learns that the server is done with it (else it
+            # would hold the slot and lent tensors for the server).
             if not done.cancelled() and isinstance(step, (Register, Send)):
                 failure = done.exception()
-                if failure is None or isinstance(step, Send):
-                    try:
-                        advance(steps, None if failure is not None else done.result(), failure)
-                    except Exception:
-                        pass  # what came next failed: closing below still runs the steps' clean-up
-                    failure = None  # (see _steps.advance)
+                try:
+                    advance(steps, None if failure is not None else done.result(), failure)
+                except Exception:
+                    pass  # what came next failed: closing below still runs the steps' clean-up
+                failure = None  # (see _steps.advance)
             steps.close()
 
         if task.done():
