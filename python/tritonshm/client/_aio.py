@@ -22,16 +22,16 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapp
 from .. import _http1, _transport, triton
 from ..errors import ClientClosed, ServerError, ServerTimeout, translate_error
 from . import _devices, _messages
-from ._client import (AFTER_CLOSE, SETTLE_SECONDS, BlockingDriver, answer_bound, closing_bound,
-                      release_everything, unregisterer)
+from ._client import (AFTER_CLOSE, SETTLE_SECONDS, AnswerBound, BlockingDriver, answer_bound, answer_within,
+                      closing_bound, release_everything, unregisterer)
 from ._engine import Engine
 from ._face import ClientFace
 from ._run import PLAN_REFUSALS, Runner
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._request import RequestFace, SlotRequest
-from ._steps import (AnswerBound, Done, Emit, FetchModel, FetchModelNames, FetchServerVersion, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
-                     WaitForDevice, WaitForSlot, advance, answer_within)
+from ._steps import (Done, Emit, FetchModel, FetchModelNames, FetchServerVersion, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
+                     WaitForDevice, WaitForSlot, advance)
 from ._stream import AsyncStream, send_on_stream
 from ._threads import Connector
 

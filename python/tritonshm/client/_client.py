@@ -7,7 +7,7 @@ import functools
 import queue
 import time
 import weakref
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 
 from .. import _http1, triton
@@ -20,12 +20,36 @@ from ._run import PLAN_REFUSALS, Runner
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._request import RequestFace, SlotRequest
-from ._steps import (AnswerBound, Done, Emit, FetchModel, FetchModelNames, FetchServerVersion, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
-                     WaitForDevice, WaitForSlot, advance, answer_within)
+from ._steps import (Done, Emit, FetchModel, FetchModelNames, FetchServerVersion, NextResponse, Pause, Register, Send, Steps, StreamSend, Unregister,
+                     WaitForDevice, WaitForSlot, advance)
 from ._stream import BlockingStream, send_on_stream
 from ._threads import Connector, Workers
 
-__all__ = ["BlockingDriver", "Client", "Request"]
+__all__ = ["AnswerBound", "BlockingDriver", "Client", "Request", "answer_within"]
+
+
+class AnswerBound(NamedTuple):
+    """How long the calls a driver makes on the client's own for some steps -- model reads,
+    registrations, unregisters -- may wait for the server's answer: *each* seconds a call (a
+    request's ``client_timeout``; its waits for a slot stay ``slot_timeout``'s), and none past
+    *deadline* (a ``time.monotonic()`` instant: a closing client's settling).  None: no bound of
+    that kind.  A call cut off by it is :class:`~tritonshm.ServerTimeout`, of unknown outcome."""
+
+    each: float | None = None
+    deadline: float | None = None
+
+    def seconds(self) -> float | None:
+        """How long the next call may wait (past the deadline, 0 or less: it is not made)."""
+        if self.deadline is None:
+            return self.each
+        left = self.deadline - time.monotonic()
+        return left if self.each is None else min(self.each, left)
+
+
+def answer_within(bound: AnswerBound | None) -> float | None:
+    """How long a call may wait for its answer under *bound* (None: for as long as it takes)."""
+    return None if bound is None else bound.seconds()
+
 
 # How long close() keeps asking a server that refuses to unregister what we parked.
 SETTLE_SECONDS = 5.0

@@ -14,34 +14,10 @@ cheapest immutable record Python has.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Generator, NamedTuple
 
-__all__ = ["AnswerBound", "answer_within", "FetchModel", "FetchModelNames", "FetchServerVersion", "Register", "Unregister", "WaitForSlot", "WaitForDevice", "Pause", "Send", "StreamSend",
+__all__ = ["FetchModel", "FetchModelNames", "FetchServerVersion", "Register", "Unregister", "WaitForSlot", "WaitForDevice", "Pause", "Send", "StreamSend",
            "NextResponse", "Emit", "Done", "advance", "Steps"]
-
-
-class AnswerBound(NamedTuple):
-    """How long the calls a driver makes on the client's own for some steps -- model reads,
-    registrations, unregisters -- may wait for the server's answer: *each* seconds a call (a
-    request's ``client_timeout``; its waits for a slot stay ``slot_timeout``'s), and none past
-    *deadline* (a ``time.monotonic()`` instant: a closing client's settling).  None: no bound of
-    that kind.  A call cut off by it is :class:`~tritonshm.ServerTimeout`, of unknown outcome."""
-
-    each: float | None = None
-    deadline: float | None = None
-
-    def seconds(self) -> float | None:
-        """How long the next call may wait (past the deadline, 0 or less: it is not made)."""
-        if self.deadline is None:
-            return self.each
-        left = self.deadline - time.monotonic()
-        return left if self.each is None else min(self.each, left)
-
-
-def answer_within(bound: AnswerBound | None) -> float | None:
-    """How long a call may wait for its answer under *bound* (None: for as long as it takes)."""
-    return None if bound is None else bound.seconds()
 
 
 class FetchModel(NamedTuple):
