@@ -23,7 +23,7 @@ from .. import _http1, _transport, triton
 from ..errors import ClientClosed, ServerError, ServerTimeout, translate_error
 from . import _devices, _messages
 from ._client import (AFTER_CLOSE, SETTLE_SECONDS, AnswerBound, BlockingDriver, answer_bound, answer_within,
-                      closing_bound, release_everything, unregisterer)
+                      bounded_handlers, closing_bound, release_everything, unregisterer)
 from ._engine import Engine
 from ._face import ClientFace
 from ._run import PLAN_REFUSALS, Runner
@@ -86,6 +86,7 @@ class AsyncDriver:
             WaitForDevice: self._wait_for_device,
             Pause: lambda step: asyncio.sleep(step.seconds),
         }
+        self.bounded_tables: dict[AnswerBound, dict[type, Callable[[Any], Any]]] = {}  # (bounded_handlers)
 
     async def drive(self, steps: Steps, bound: AnswerBound | None = None) -> Any:
         """Carry out *steps* on the event loop; their result.  The calls the client makes on its
@@ -104,11 +105,7 @@ class AsyncDriver:
             outcome, failure = await self._carry_out(steps, step, handlers)
 
     def _bounded(self, bound: AnswerBound) -> dict[type, Callable[[Any], Any]]:
-        """:attr:`handlers`, the client's own calls bounded by *bound*."""
-        return {**self.handlers, **{kind: functools.partial(handle, bound=bound) for kind, handle in (
-            (FetchModel, self._fetch_model), (FetchModelNames, self._fetch_model_names),
-            (FetchServerVersion, self._fetch_server_version), (Register, self._register),
-            (Unregister, self._unregister))}}
+        return bounded_handlers(self, bound)
 
     async def iterate(self, steps: Steps) -> AsyncGenerator[Any, None]:
         """Carry out *steps*, yielding the values they :class:`Emit`; closing the iterator (or

@@ -25,7 +25,7 @@ from ._steps import (Done, Emit, FetchModel, FetchModelNames, FetchServerVersion
 from ._stream import BlockingStream, send_on_stream
 from ._threads import Connector, Workers
 
-__all__ = ["AnswerBound", "BlockingDriver", "Client", "Request", "answer_within"]
+__all__ = ["AnswerBound", "BlockingDriver", "Client", "Request", "answer_within", "bounded_handlers"]
 
 
 class AnswerBound(NamedTuple):
@@ -49,6 +49,25 @@ class AnswerBound(NamedTuple):
 def answer_within(bound: AnswerBound | None) -> float | None:
     """How long a call may wait for its answer under *bound* (None: for as long as it takes)."""
     return None if bound is None else bound.seconds()
+
+
+def bounded_handlers(driver: Any, bound: AnswerBound) -> dict[type, Callable[[Any], Any]]:
+    """*driver*'s ``handlers`` (either driver's), the calls the client makes on its own -- model
+    reads, registrations, unregisters -- bounded by *bound*.  A request's bound (its
+    ``client_timeout``, the same again and again) is made once: a table per call would cost
+    microseconds on every warm request."""
+    cache: dict[AnswerBound, dict[type, Callable[[Any], Any]]] = driver.bounded_tables
+    handlers = cache.get(bound)
+    if handlers is None:
+        handlers = {**driver.handlers, **{kind: functools.partial(handle, bound=bound) for kind, handle in (
+            (FetchModel, driver._fetch_model), (FetchModelNames, driver._fetch_model_names),
+            (FetchServerVersion, driver._fetch_server_version), (Register, driver._register),
+            (Unregister, driver._unregister))}}
+        if bound.deadline is None:  # (a closing client's deadline is used once)
+            if len(cache) >= 8:  # (a caller varying client_timeout: bounded all the same)
+                cache.clear()
+            cache[bound] = handlers
+    return handlers
 
 
 # How long close() keeps asking a server that refuses to unregister what we parked.
@@ -126,6 +145,7 @@ class BlockingDriver:
             WaitForDevice: _wait_for_device,
             Pause: lambda step: time.sleep(step.seconds),
         }
+        self.bounded_tables: dict[AnswerBound, dict[type, Callable[[Any], Any]]] = {}  # (bounded_handlers)
 
     def drive(self, steps: Steps, bound: AnswerBound | None = None) -> Any:
         """Carry out *steps*, blocking; their result.  The calls the client makes on its own for
@@ -147,11 +167,7 @@ class BlockingDriver:
                 outcome, failure = None, exc
 
     def _bounded(self, bound: AnswerBound) -> dict[type, Callable[[Any], Any]]:
-        """:attr:`handlers`, the client's own calls bounded by *bound*."""
-        return {**self.handlers, **{kind: functools.partial(handle, bound=bound) for kind, handle in (
-            (FetchModel, self._fetch_model), (FetchModelNames, self._fetch_model_names),
-            (FetchServerVersion, self._fetch_server_version), (Register, self._register),
-            (Unregister, self._unregister))}}
+        return bounded_handlers(self, bound)
 
     def iterate(self, steps: Steps) -> Iterator[Any]:
         """Carry out *steps* up to their first :class:`NextResponse` now (the request is
