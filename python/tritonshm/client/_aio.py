@@ -23,7 +23,7 @@ from .. import _http1, _transport, triton
 from ..errors import ClientClosed, ServerError, ServerTimeout, translate_error
 from . import _devices, _messages
 from ._client import (AFTER_CLOSE, SETTLE_SECONDS, AnswerBound, BlockingDriver, answer_bound, answer_within,
-                      bounded_handlers, closing_bound, release_everything, unregisterer)
+                      bounded_handlers, closing_bound, release_everything, unregister_now, unregisterer)
 from ._engine import Engine
 from ._face import ClientFace
 from ._run import PLAN_REFUSALS, Runner
@@ -91,7 +91,7 @@ class AsyncDriver:
     async def drive(self, steps: Steps, bound: AnswerBound | None = None) -> Any:
         """Carry out *steps* on the event loop; their result.  The calls the client makes on its
         own for them wait for answers as *bound* allows (see :meth:`BlockingDriver.drive`)."""
-        handlers = self.handlers if bound is None else self._bounded(bound)
+        handlers = self.handlers if bound is None else bounded_handlers(self, bound)
         outcome: Any = None
         failure: BaseException | None = None
         while True:
@@ -103,9 +103,6 @@ class AsyncDriver:
                 failure = None  # see _steps.advance: no cycle through this frame to the failure
                 raise
             outcome, failure = await self._carry_out(steps, step, handlers)
-
-    def _bounded(self, bound: AnswerBound) -> dict[type, Callable[[Any], Any]]:
-        return bounded_handlers(self, bound)
 
     async def iterate(self, steps: Steps) -> AsyncGenerator[Any, None]:
         """Carry out *steps*, yielding the values they :class:`Emit`; closing the iterator (or
@@ -268,8 +265,7 @@ class AsyncDriver:
 
     async def _unregister(self, step: Unregister, bound: AnswerBound | None = None) -> None:
         # No patience here: memory the server still uses is parked and tried again later.
-        await triton.unregister(self.aio_client, step.name, patience=0.0, headers=self._headers(),
-                                timeout=answer_within(bound))
+        await unregister_now(self.aio_client, step.name, self._headers(), answer_within(bound))
 
     @staticmethod
     async def _wait_for_slot(step: WaitForSlot) -> bool:
@@ -334,10 +330,15 @@ class Client(ClientFace):
 
     async def model_info(self, model: str, version: str = "") -> ModelInfo:
         """What the server says about *model* (cached per model and version)."""
+        return await self._model_info(model, version)
+
+    async def _model_info(self, model: str, version: str, bound: AnswerBound | None = None) -> ModelInfo:
+        # (model_info, its reads bounded by a request's *bound*)
         engine = self._engine
         if engine.closed:
             engine.check_open()
-        return engine.cached_model(model, version) or await self._driver.drive(engine.model_steps(model, version))
+        return engine.cached_model(model, version) or \
+            await self._driver.drive(engine.model_steps(model, version), bound)
 
     def infer(self, model: str, inputs: Mapping[str, Any], *, outputs: Sequence[str] | None = None,
               version: str = "", copy: bool = True, slot_timeout: float | None = None,
@@ -366,11 +367,9 @@ class Client(ClientFace):
                      copy: bool, slot_timeout: float | None, output_device: str | int,
                      options: RequestOptions | None, out: Mapping[str, Any] | None = None,
                      bound: AnswerBound | None = None) -> dict[str, Any]:
-        engine, runner = self._engine, self._runner
+        runner = self._runner
         drive = self._driver.drive if bound is None else functools.partial(self._driver.drive, bound=bound)
-        if engine.closed:
-            engine.check_open()
-        info = engine.cached_model(model, version) or await drive(engine.model_steps(model, version))  # (model_info)
+        info = await self._model_info(model, version, bound)
         try:
             run = runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, options, out)
         except PLAN_REFUSALS as refusal:  # against what the client knew: the model may have changed

@@ -25,7 +25,8 @@ from ._steps import (Done, Emit, FetchModel, FetchModelNames, FetchServerVersion
 from ._stream import BlockingStream, send_on_stream
 from ._threads import Connector, Workers
 
-__all__ = ["AnswerBound", "BlockingDriver", "Client", "Request", "answer_within", "bounded_handlers"]
+__all__ = ["AnswerBound", "BlockingDriver", "Client", "Request", "answer_within", "bounded_handlers",
+           "unregister_now"]
 
 
 class AnswerBound(NamedTuple):
@@ -150,7 +151,7 @@ class BlockingDriver:
     def drive(self, steps: Steps, bound: AnswerBound | None = None) -> Any:
         """Carry out *steps*, blocking; their result.  The calls the client makes on its own for
         them (model reads, registrations, unregisters) wait for answers as *bound* allows."""
-        handlers = self.handlers if bound is None else self._bounded(bound)
+        handlers = self.handlers if bound is None else bounded_handlers(self, bound)
         outcome: Any = None
         failure: BaseException | None = None
         while True:
@@ -165,9 +166,6 @@ class BlockingDriver:
                 outcome, failure = handlers[type(step)](step), None
             except Exception as exc:
                 outcome, failure = None, exc
-
-    def _bounded(self, bound: AnswerBound) -> dict[type, Callable[[Any], Any]]:
-        return bounded_handlers(self, bound)
 
     def iterate(self, steps: Steps) -> Iterator[Any]:
         """Carry out *steps* up to their first :class:`NextResponse` now (the request is
@@ -271,8 +269,8 @@ class BlockingDriver:
     def _unregister(self, step: Unregister, bound: AnswerBound | None = None) -> None:
         # No patience here: memory the server still uses is parked and tried again later.
         timeout = answer_within(bound)
-        self.connector.call(lambda tc: triton.unregister(tc, step.name, patience=0.0, headers=self._headers(),
-                                                         timeout=timeout), timeout)
+        self.connector.call(functools.partial(unregister_now, name=step.name, headers=self._headers(),
+                                              timeout=timeout), timeout)
 
 
 def answer_bound(options: RequestOptions | None) -> AnswerBound | None:
@@ -281,7 +279,7 @@ def answer_bound(options: RequestOptions | None) -> AnswerBound | None:
     return None if options is None or options.client_timeout is None else AnswerBound(each=options.client_timeout)
 
 
-def _unregister_now(tc: Any, name: str, headers: Mapping[str, str] | None = None,
+def unregister_now(tc: Any, name: str, headers: Mapping[str, str] | None = None,
                     timeout: float | None = None) -> Any:
     """Unregister *name* on tritonclient *tc* at once: the steps themselves decide when to ask again."""
     return triton.unregister(tc, name, patience=0.0, headers=headers, timeout=timeout)
@@ -325,7 +323,7 @@ def unregisterer(connector: Connector, headers: Mapping[str, str] | None, bound:
     waiting for the answer as *bound* allows."""
     def unregister(name: str) -> Any:
         timeout = bound.seconds()
-        return connector.call(functools.partial(_unregister_now, name=name, headers=headers, timeout=timeout),
+        return connector.call(functools.partial(unregister_now, name=name, headers=headers, timeout=timeout),
                               timeout)
 
     return unregister
@@ -428,10 +426,14 @@ class Client(ClientFace):
 
     def model_info(self, model: str, version: str = "") -> ModelInfo:
         """What the server says about *model* (cached per model and version)."""
+        return self._model_info(model, version)
+
+    def _model_info(self, model: str, version: str, bound: AnswerBound | None = None) -> ModelInfo:
+        # (model_info, its reads bounded by a request's *bound*)
         engine = self._engine
         if engine.closed:
             engine.check_open()
-        return engine.cached_model(model, version) or self._driver.drive(engine.model_steps(model, version))
+        return engine.cached_model(model, version) or self._driver.drive(engine.model_steps(model, version), bound)
 
     # -- inference --------------------------------------------------------
 
@@ -497,10 +499,7 @@ class Client(ClientFace):
                                                  slot_timeout, checked)
             if quick is not None:  # seen before
                 return drive(quick)
-        runner = self._runner
-        if engine.closed:
-            engine.check_open()
-        info = engine.cached_model(model, version) or drive(engine.model_steps(model, version))  # (model_info)
+        info, runner = self._model_info(model, version, bound), self._runner
         try:
             run = runner.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, checked, out)
         except PLAN_REFUSALS as refusal:  # against what the client knew: the model may have changed
