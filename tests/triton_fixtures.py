@@ -165,6 +165,17 @@ def wait_until(predicate, seconds: float = 5.0) -> None:
         time.sleep(0.02)
 
 
+def registered_regions(srv, kind: str = "system") -> set[str]:
+    """The names of the shared-memory regions of *kind* ("system" or "cuda") *srv* has now."""
+    import tritonshm
+
+    _, tc = make_client(srv, "grpc")
+    try:
+        return set(tritonshm.status(tc, kind=kind))
+    finally:
+        tc.close()
+
+
 def client_url(srv, protocol):
     """The url tritonshm.Client takes for *srv* over *protocol*."""
     return srv.grpc_url if protocol == "grpc" else "http://" + srv.http_url

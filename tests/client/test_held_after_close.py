@@ -24,7 +24,7 @@ import tritonshm
 from tritonshm.client import _disposal
 
 from support.deferring_triton import DeferringUnregisters
-from triton_fixtures import client_url, make_client, wait_until
+from triton_fixtures import client_url, registered_regions, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -61,15 +61,6 @@ def test_memory_held_when_the_client_closed_comes_back_once_the_server_let_go(
         deferring.stop()
 
 
-def _registered(server) -> set[str]:
-    """The system shared-memory regions *server* has registered now."""
-    _, tc = make_client(server, "grpc")
-    try:
-        return set(tritonshm.status(tc))
-    finally:
-        tc.close()
-
-
 @pytest.mark.parametrize("protocol, server_release", [("grpc", "2.51"), ("http", "2.51"), ("grpc", "2.53")])
 def test_a_host_region_the_closing_client_stopped_waiting_for_is_unregistered_once_the_server_let_go(
         server, monkeypatch, protocol, server_release):
@@ -84,9 +75,9 @@ def test_a_host_region_the_closing_client_stopped_waiting_for_is_unregistered_on
         time.sleep(0.2)  # (on the server now: it answers at 0.5 s)
         names = {name for pool_ in c.pools() for name in pool_.regions}
         c.close()  # stops waiting for it after 0.1 s, asks the server for 0.1 s more
-        assert names & _registered(server), "the request should still hold its region"
+        assert names & registered_regions(server), "the request should still hold its region"
         concurrent.futures.wait([running])
-    wait_until(lambda: not names & _registered(server), 10)
+    wait_until(lambda: not names & registered_regions(server), 10)
     if deferring is not None:
         deferring.stop()
 

@@ -28,7 +28,7 @@ import tritonshm
 import tritonshm.aio
 from tritonshm.server import LocalServer
 
-from triton_fixtures import client_url, make_client, start_or_skip, wait_until
+from triton_fixtures import client_url, registered_regions, start_or_skip, wait_until
 
 pytestmark = pytest.mark.server
 
@@ -57,14 +57,6 @@ def hung(srv: LocalServer) -> Iterator[None]:
         os.killpg(srv.pid, signal.SIGCONT)
 
 
-def _registered(srv: LocalServer) -> set[str]:
-    _, tc = make_client(srv, "grpc")
-    try:
-        return set(tritonshm.status(tc))
-    finally:
-        tc.close()
-
-
 def _http_io_threads() -> int:
     return sum(thread.name.startswith("tritonshm-http") for thread in threading.enumerate())
 
@@ -83,7 +75,7 @@ def test_close_returns_while_the_server_hangs_and_its_regions_go_once_it_answers
     assert returned, f"close() (slot_timeout={SLOT_TIMEOUT}) was still waiting for a server that hangs " \
                      f"after {RETURNS_WITHIN} s"
     # What it did not answer was asked about again after the close: gone once it answers.
-    wait_until(lambda: not names & _registered(hanging_server), 15)
+    wait_until(lambda: not names & registered_regions(hanging_server), 15)
     wait_until(lambda: _http_io_threads() == 0, 70)  # (an I/O thread's hung call ends when answered)
 
 
@@ -101,7 +93,7 @@ def test_an_aio_close_returns_while_the_server_hangs(hanging_server):
     returned, names = asyncio.run(main())
     assert returned, f"aio close() (slot_timeout={SLOT_TIMEOUT}) was still waiting for a server that hangs " \
                      f"after {RETURNS_WITHIN} s"
-    wait_until(lambda: not names & _registered(hanging_server), 15)
+    wait_until(lambda: not names & registered_regions(hanging_server), 15)
 
 
 @pytest.mark.parametrize("client", ["sync", "aio"])
@@ -112,7 +104,7 @@ def test_client_timeout_bounds_the_clients_own_calls_while_the_server_hangs(hang
     ServerTimeout, never a wait for ever.  A registration cut off may have been carried out: its
     name is unregistered before its memory goes, and nothing of the client's is left on the
     server once it answers again and the client closed."""
-    before = _registered(hanging_server)
+    before = registered_regions(hanging_server)
     url = client_url(hanging_server, "grpc")
 
     def calls(infer) -> list[str]:  # what each of three calls ended with while the server hangs
@@ -164,7 +156,7 @@ def test_client_timeout_bounds_the_clients_own_calls_while_the_server_hangs(hang
     assert isinstance(cold, tritonshm.ServerTimeout), cold
     assert box and set(box[0]) <= {"ServerTimeout", "PoolExhausted"}, \
         f"warm calls while the server hangs: {box or 'still waiting after %s s' % RETURNS_WITHIN}"
-    wait_until(lambda: _registered(hanging_server) == before, 15)
+    wait_until(lambda: registered_regions(hanging_server) == before, 15)
 
 
 @pytest.mark.parametrize("flavour", ["grpc", "grpc.aio", "http.aio"])
@@ -222,23 +214,16 @@ def test_a_lent_registration_cut_off_though_carried_out_is_unregistered_before_i
         monkeypatch.undo()  # (once)
         raise InferenceServerException("Deadline Exceeded", status="StatusCode.DEADLINE_EXCEEDED")
 
-    def cuda_regions() -> set[str]:
-        _, tc = make_client(fake_cuda_server, "grpc")
-        try:
-            return set(tritonshm.status(tc, kind="cuda"))
-        finally:
-            tc.close()
-
-    before = cuda_regions()
+    before = registered_regions(fake_cuda_server, "cuda")
     c = tritonshm.Client(client_url(fake_cuda_server, "grpc"), slot_timeout=SLOT_TIMEOUT)
     x = torch_caching.from_numpy(np.full(16, 3, np.float32))
     monkeypatch.setattr(tritonclient.grpc.InferenceServerClient, "register_cuda_shared_memory",
                         carried_out_then_cut_off)
     with pytest.raises(tritonshm.ServerTimeout):
         c.infer("identity_fp32", {"INPUT0": x}, client_timeout=5.0)
-    assert cuda_regions() != before  # (the server has it)
+    assert registered_regions(fake_cuda_server, "cuda") != before  # (the server has it)
     del x
     torch_caching.empty_cache()  # (the allocation stays: held until its name is unregistered)
     c.close()
-    wait_until(lambda: cuda_regions() == before, 15)
+    wait_until(lambda: registered_regions(fake_cuda_server, "cuda") == before, 15)
     torch_caching.empty_cache()
