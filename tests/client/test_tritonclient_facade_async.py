@@ -15,6 +15,7 @@ import concurrent.futures
 import importlib
 import inspect
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -205,6 +206,38 @@ def test_a_cancelled_grpc_call_tells_the_callback_as_tritonclient():
     assert error.message() == "Locally cancelled by application!"
 
 
+def pending_slow_requests(module, client, count=3):
+    """*count* requests to slow_fp32 (0.5 s each, one at a time) sent with async_infer, the first on
+    the server: their answers (result or error), as each callback hears it."""
+    answers, heard = [], threading.Semaphore(0)
+
+    def callback(result, error):
+        answers.append(error if error is not None else result)
+        heard.release()
+
+    for inputs, _ in [request_of(module, {"INPUT0": np.ones(4096, np.float32)}, ["FP32"], None)] * count:
+        client.async_infer("slow_fp32", inputs, callback)
+    time.sleep(0.2)  # (the first on the server now: answered at 0.5 s)
+    return answers, heard
+
+
+@pytest.mark.server
+def test_grpc_close_cancels_the_requests_still_pending_as_tritonclients(server):
+    """tritonclient's close() closes its channel under the requests: each callback hears
+    CANCELLED at once.  The facade's does the same; what the server still runs keeps its slot
+    until the server is done (tests/client/test_close_cancelling.py)."""
+    ends = []
+    for module in modules("grpc"):
+        client = connect(module, server, "grpc")
+        answers, heard = pending_slow_requests(module, client)
+        client.close()
+        for _ in range(3):
+            assert heard.acquire(timeout=30), "a callback was never called"
+        assert all(isinstance(a, InferenceServerException) for a in answers), answers  # none answered
+        ends.append(sorted(a.status() for a in answers))
+    assert ends[0] == ends[1] == ["StatusCode.CANCELLED"] * 3
+
+
 # -- aio -----------------------------------------------------------------------------
 
 
@@ -259,6 +292,22 @@ def test_aio_close_releases_the_slots(server, protocol):
     plain_module, _ = modules(protocol)
     with connect(plain_module, server, protocol) as other:
         assert not names & set(tritonshm.status(other))
+
+
+@pytest.mark.server
+def test_grpc_aio_close_cancels_the_requests_still_pending_as_tritonclients(server):
+    """grpc.aio ends the calls of a channel closed under them with a cancellation: so do the
+    facade's."""
+    async def scenario(module):
+        client = connect(module, server, "grpc")
+        inputs, _ = request_of(module, {"INPUT0": np.ones(4096, np.float32)}, ["FP32"], None)
+        pending = [asyncio.ensure_future(client.infer("slow_fp32", inputs)) for _ in range(3)]
+        await asyncio.sleep(0.2)  # (the first on the server now: answered at 0.5 s)
+        await client.close()
+        return [type(end) for end in await asyncio.gather(*pending, return_exceptions=True)]
+
+    ends = [asyncio.run(scenario(module)) for module in modules("grpc", aio=True)]
+    assert ends[0] == ends[1] == [asyncio.CancelledError] * 3
 
 
 # -- the modules -------------------------------------------------------------------------

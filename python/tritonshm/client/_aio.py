@@ -22,8 +22,8 @@ from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapp
 from .. import _http1, _transport, triton
 from ..errors import ClientClosed, ServerError, ServerTimeout, translate_error
 from . import _devices, _messages
-from ._client import (AFTER_CLOSE, SETTLE_SECONDS, AnswerBound, BlockingDriver, answer_bound, answer_within,
-                      bounded_handlers, closing_bound, release_everything, unregister_now, unregisterer)
+from ._client import (AFTER_CLOSE, LAST_CALL, AnswerBound, BlockingDriver, answer_bound, answer_within,
+                      bounded_handlers, closing_bound, release_everything, settling, unregister_now, unregisterer)
 from ._engine import Engine
 from ._face import ClientFace
 from ._run import PLAN_REFUSALS, Runner
@@ -166,6 +166,15 @@ class AsyncDriver:
             await stream.close()
         if self._http1 is not None:
             self._http1.close()
+
+    async def cut_off(self) -> None:
+        """End the calls in flight now, as tritonclient's ``close()`` ends them (see
+        :meth:`BlockingDriver.cut_off`): the connection they use is closed under them, and
+        what the client asks the server after this goes on a new one."""
+        cut, self.aio_client = self.aio_client, self._engine.connect()
+        self._grpc_send = None
+        await self.close_wire()
+        await cut.close()
 
     async def _stream_send(self, step: StreamSend) -> Any:
         return send_on_stream(self._streams, step, functools.partial(AsyncStream, self.aio_client))
@@ -424,20 +433,25 @@ class Client(ClientFace):
             await self._driver.drive(self._runner.request_steps(info, full, engine.planner.slot_wait(slot_timeout), kind))
         return Request(SlotRequest(self._runner, info, lease, full), self._driver)
 
-    async def close(self) -> None:
+    async def close(self, *, cancel_requests: bool = False) -> None:
         """Unregister and unlink this client's regions, close its connections; idempotent.
 
-        Requests in flight are waited for (up to the client's *slot_timeout*), as
-        with :meth:`tritonshm.Client.close`.
+        Requests in flight are waited for (up to the client's *slot_timeout*), or with
+        *cancel_requests* cut off, as with :meth:`tritonshm.Client.close`.
         """
         engine = self._engine
         if not engine.stop_accepting():
             return
         self._finalizer.detach()
         try:
-            await self._until_idle(engine.slot_timeout)  # in-flight requests finish on the memory they use
+            if cancel_requests:
+                await self._driver.cut_off()
+                engine.pool_table.stop_leasing()  # the requests waiting for a slot find the client closed
+                await self._until_idle(LAST_CALL)  # (cut off, they end at once: their memory held for the server)
+            else:
+                await self._until_idle(engine.slot_timeout)  # in-flight requests finish on the memory they use
             await self._driver.close_wire()  # streams still open end with ClientClosed; their slots come back
-            settle = SETTLE_SECONDS if engine.slot_timeout is None else min(engine.slot_timeout, SETTLE_SECONDS)
+            settle = settling(engine.slot_timeout, cancel_requests)
             await self._driver.drive(engine.release_steps(settle), closing_bound(settle))
             # Device memory the server still refuses: never freed under it; asked about again, on
             # a thread of its own, through a blocking connection (short-lived clients once closed).

@@ -202,6 +202,14 @@ class BlockingDriver:
         if self._http1 is not None:
             self._http1.close()
 
+    def cut_off(self) -> None:
+        """End the requests in flight now, as tritonclient's ``close()`` ends them: the wire
+        closed under them (gRPC: ``CANCELLED``; HTTP/1.1: the connection shut), the streams
+        ended.  What the client asks the server after this goes on a new connection."""
+        self._grpc_send = None
+        self.close_wire()
+        self.connector.cut_off()
+
     def _stream_send(self, step: StreamSend) -> Any:
         return send_on_stream(self._streams, step, functools.partial(BlockingStream, self._connect))
 
@@ -308,6 +316,16 @@ def release_everything(driver: BlockingDriver, engine: Engine, workers: dict[str
     _carry_out_unregisters(unregisterer(driver.connector, headers, closing), engine.release_steps(settle))
     engine.hold_refused(unregisterer(driver.connector, headers, AFTER_CLOSE))  # (asked about after the close)
     driver.connector.close(wait, max(0.0, closing.seconds() or 0.0))
+
+
+def settling(slot_timeout: float | None, cancel_requests: bool) -> float:
+    """How long a closing client asks the server again to unregister what it refuses (it
+    answers a request before it lets go of the request's regions): within *slot_timeout*; not
+    at all for a client that cancels its requests, which does not wait for the server -- what
+    it refuses is asked about after the close (:meth:`~._engine.Engine.hold_refused`)."""
+    if cancel_requests:
+        return 0.0
+    return SETTLE_SECONDS if slot_timeout is None else min(slot_timeout, SETTLE_SECONDS)
 
 
 def closing_bound(settle: float) -> AnswerBound:
@@ -590,12 +608,18 @@ class Client(ClientFace):
 
     # -- lifetime ---------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, *, cancel_requests: bool = False) -> None:
         """Unregister and unlink this client's regions and close its connections; idempotent.
 
         New requests are refused at once; requests already in flight (on any
-        thread) are waited for -- up to the client's *slot_timeout* -- before the
-        memory they use is unregistered.  Device memory the server refuses
+        thread, and those :meth:`infer_async` queued) are waited for -- up to the
+        client's *slot_timeout* -- before the memory they use is unregistered.
+        With *cancel_requests* (tritonclient's ``close()``, and its
+        ``stop_stream(cancel_requests=True)``) none is waited for: those queued end
+        cancelled, those waiting for a slot with :class:`~tritonshm.ClientClosed`,
+        and those on the wire are cut off (gRPC: ``StatusCode.CANCELLED``) --
+        the memory of each is held until the server is done with it, as for
+        any request given up on.  Device memory the server refuses
         to unregister (it may still be reading it) is never freed under it:
         it is asked about again after this returns, on a backoff, and freed
         once the server lets go.  Result views handed out earlier stay valid:
@@ -604,16 +628,22 @@ class Client(ClientFace):
         engine = self._engine
         if not engine.stop_accepting():
             return
-        for group in list(self._workers.values()):
-            group.shutdown()  # finish what was submitted, while the pools still exist
-        engine.in_flight.wait_idle(engine.slot_timeout)
+        if cancel_requests:
+            for group in list(self._workers.values()):
+                group.cancel_queued()
+            self._driver.cut_off()
+            engine.pool_table.stop_leasing()  # the requests waiting for a slot find the client closed
+            engine.in_flight.wait_idle(LAST_CALL)  # (cut off, they end at once: their memory held for the server)
+        else:
+            for group in list(self._workers.values()):
+                group.shutdown()  # finish what was submitted, while the pools still exist
+            engine.in_flight.wait_idle(engine.slot_timeout)
         self._driver.close_wire()  # streams still open end with ClientClosed; their slots come back
         detached = self._finalizer.detach()
         if detached is not None:
             release: Callable[..., None] = detached[1]  # release_everything(driver, engine, workers, wait)
             driver, _, workers, _ = detached[2]  # the finalizer's wait=False is for a collected client
-            release(driver, engine, workers, True, settle=SETTLE_SECONDS if engine.slot_timeout is None
-                    else min(engine.slot_timeout, SETTLE_SECONDS))
+            release(driver, engine, workers, True, settle=settling(engine.slot_timeout, cancel_requests))
 
     def __enter__(self) -> "Client":
         return self

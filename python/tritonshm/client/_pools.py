@@ -310,6 +310,15 @@ class PoolTable:
                     self._retire(pool)
             self._needs_by_shapes = {key: needs for key, needs in self._needs_by_shapes.items() if key[0] != model}
 
+    def stop_leasing(self) -> None:
+        """Every pool out of service now (a client closing without waiting for its requests):
+        the requests waiting for a slot wake, and find the client closed; what the pools hold
+        is let go of as :meth:`close_steps` says."""
+        with self._lock:
+            for pool in self._pools.values():
+                self._retire(pool)
+            self._pools.clear()
+
     def _take_out_of_service(self, key: tuple[str, str, SlotKind], pool: SlotPool) -> None:
         """A pool whose first extent could not be made: out of the pools, its waiters woken."""
         with self._lock:

@@ -63,6 +63,22 @@ class Workers:
             if self._on_exit is not None:
                 self._on_exit()
 
+    def cancel_queued(self) -> None:
+        """Cancel the work queued and not yet started: its Futures end cancelled (a client that
+        closes without waiting for its requests)."""
+        stops = 0
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                stops += 1  # a shutdown's: put back below
+            else:
+                item[0].cancel()
+        for _ in range(stops):
+            self._queue.put(None)
+
     def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
         """Finish queued work, then stop every worker; with *wait*, wait for them -- for up to
         *timeout* seconds in all (None: for as long as they take).
@@ -139,6 +155,17 @@ class Connector:
             return io.submit(lambda: fn(self._thread_client())).result(timeout)
         except concurrent.futures.TimeoutError:
             raise ServerTimeout(f"the server did not answer within {timeout:g} s") from None
+
+    def cut_off(self) -> None:
+        """Close the shared gRPC client under the calls in flight on it -- they end CANCELLED, as
+        under tritonclient's ``close()`` -- and make a new one for the calls after them.  (HTTP
+        calls run on the I/O threads' own clients, each call bounded by its timeout: left be.)"""
+        if self.http:
+            return
+        with self._lock:
+            cut, self._shared = self._shared, None
+        if cut is not None:
+            cut.close()
 
     def _io_workers(self) -> Workers | None:
         with self._lock:

@@ -17,6 +17,7 @@ copied into a slot once.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextvars
 import functools
@@ -31,7 +32,7 @@ import numpy as np
 
 from .. import _tritonclient_compat as compat
 from ..client import RequestOptions
-from ..errors import InferenceServerException, ServerError, ServerTimeout
+from ..errors import ClientClosed, InferenceServerException, ServerError, ServerTimeout
 
 __all__ = ["AioHeldSlots", "HeldSlots", "SlotRoute", "SlotResult", "SlotCallContext", "SlotAsyncRequest",
            "SHM_URL_SCHEMES", "InTritonclientsWords", "in_tritonclients_words"]
@@ -109,18 +110,20 @@ class SlotRoute:
 
     def close(self) -> None:
         """Unregister and unlink the slots (the server's other regions are left be); idempotent.
-        Later calls go to tritonclient's own ``infer``."""
+        Later calls go to tritonclient's own ``infer``.  Requests still pending end as
+        tritonclient's ``close()`` ends them: over gRPC cancelled (its channel closes under
+        them), over HTTP waited for (it joins its pool)."""
         with self._lock:
             self._closed, client, self._client = True, self._client, None
         if client is not None:
-            client.close()
+            client.close(cancel_requests=not self.http)
 
     async def aclose(self) -> None:
         """:meth:`close` of a route whose slots are a :class:`tritonshm.aio.Client`."""
         with self._lock:
             self._closed, client, self._client = True, self._client, None
         if client is not None:
-            await client.close()
+            await client.close(cancel_requests=not self.http)
 
     # -- a call ---------------------------------------------------------------
     #
@@ -198,6 +201,10 @@ class SlotRoute:
         try:
             made = await planned.client.infer(model_name, planned.arrays, outputs=planned.wanted,
                                               version=model_version, options=planned.options)
+        except ClientClosed:
+            if self._closed and not self.http:  # close() cut it off: grpc.aio's call raises a cancellation
+                raise asyncio.CancelledError() from None
+            raise
         except ServerError as error:
             reworded = in_tritonclients_words(error, self.http, aio=True)
             if reworded is error:
