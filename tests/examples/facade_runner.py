@@ -72,14 +72,14 @@ def _wrap(cls) -> None:
 
     if cls is tritonshm.aio.Client:
         @functools.wraps(close)
-        async def looked_close(self):
+        async def looked_close(self, **options):
             _look(self)
-            await close(self)
+            await close(self, **options)
     else:
         @functools.wraps(close)
-        def looked_close(self):
+        def looked_close(self, **options):
             _look(self)
-            close(self)
+            close(self, **options)
 
     cls.__init__, cls.infer, cls.stream, cls.close = __init__, counted(cls.infer), counted(cls.stream), looked_close
     count_stream_sends(cls, lambda model: calls.update([model]))
