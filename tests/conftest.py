@@ -41,7 +41,7 @@ pytest_plugins = ["support.fake_triton"]
 
 # The CUDA fixtures (the fake runtime for CI, the real GPU) live in cuda_fixtures.py.
 from cuda_fixtures import (  # noqa: E402,F401
-    cupy, cupy_async_pool, cupy_like, fake_cuda, fake_cuda_server, fake_cudart_path, gpu, never_freed_under_the_server,
+    cupy, cupy_async_pool, cupy_like, fake_cuda, fake_cuda_server, fake_cudart_path, gpu,
     torch, torch_caching, torch_expandable, torch_like,
 )
 

@@ -38,7 +38,7 @@ def fake_cudart_path(tmp_path_factory):
 
 
 @pytest.fixture
-def fake_cuda(fake_cudart_path, monkeypatch):
+def fake_cuda(fake_cudart_path, monkeypatch, request):
     """The FAKE CUDA runtime as tritonshm's current one; yields its ctypes driver.
 
     ``TRITONSHM_CUDART`` points at it too, so child processes (attach,
@@ -47,8 +47,9 @@ def fake_cuda(fake_cudart_path, monkeypatch):
     left on the thread's CUDA last error (torch's next kernel launch would
     raise it; the test starts with none), the thread goes back to device 0,
     and the test fails if it leaked allocations, IPC opens or host
-    registrations, or if queued work found its memory unmapped
-    (``lost_ops``).
+    registrations, if queued work found its memory unmapped (``lost_ops``),
+    or if memory another process (the server) had open was freed
+    (``freed_while_open``) -- unless the test is marked ``freed_on_purpose``.
     """
     from tritonshm._memory import _runtime
 
@@ -88,6 +89,9 @@ def fake_cuda(fake_cudart_path, monkeypatch):
         pytest.fail(f"fake CUDA: {after.lost_ops - before.lost_ops} queued copies found their memory "
                     f"unmapped when they landed (memory freed while the GPU still had work on it)",
                     pytrace=False)
+    if after.freed_while_open != before.freed_while_open and "freed_on_purpose" not in request.keywords:
+        pytest.fail(f"fake CUDA: {after.freed_while_open - before.freed_while_open} allocations were freed "
+                    f"while another process (the server) had them open", pytrace=False)
 
 
 @contextlib.contextmanager
@@ -151,13 +155,6 @@ def torch_like(fake_cuda):
     yield from _producer_double(TorchLike, fake_cuda)
 
 
-@pytest.fixture
-def never_freed_under_the_server(fake_cuda):
-    """Asked for by name (``pytest.mark.usefixtures``): the test freed no memory the server had
-    open -- the fake counts a ``cudaFree`` under a live IPC mapping (``freed_while_open``)."""
-    before = fake_cuda.stats().freed_while_open
-    yield
-    assert fake_cuda.stats().freed_while_open == before, "memory the server had open was freed"
 
 
 @pytest.fixture

@@ -175,7 +175,6 @@ def _mixes(url: str, torch_like: Any, ops: str, seed: int, close: bool = False) 
         copier.close()
 
 
-@pytest.mark.usefixtures("never_freed_under_the_server")
 @pytest.mark.parametrize("protocol, server_release", [("grpc", "2.51"), ("http", "2.51"), ("grpc", "2.53")])
 def test_threads_mixing_every_way_of_sending_gpu_tensors_each_get_their_own_answers(
         fake_cuda_server, torch_like, monkeypatch, protocol, server_release):
@@ -192,7 +191,6 @@ def test_threads_mixing_every_way_of_sending_gpu_tensors_each_get_their_own_answ
         assert deferring.deferred  # (the server did defer unregisters)
 
 
-@pytest.mark.usefixtures("never_freed_under_the_server")
 def test_close_in_the_middle_of_it_all_leaves_every_answer_and_result_intact(fake_cuda_server, torch_like):
     """close() from another thread while the mixes run (no request given up on: what close()
     leaves is then all let go of before the test ends): every call either answers its own value

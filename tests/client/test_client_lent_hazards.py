@@ -36,9 +36,6 @@ from triton_fixtures import client_url, start_or_skip, wait_until
 N = 16384  # floats: 64 KiB, a block of a 2 MiB segment of the caching double
 SLOW = 0.5  # slow_fp32's delay
 
-# Every test here: nothing the server had open is freed (tests/cuda_fixtures.py).
-pytestmark = pytest.mark.usefixtures("never_freed_under_the_server")
-
 
 def grpc_url(server):
     return client_url(server, "grpc")

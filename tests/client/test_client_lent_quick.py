@@ -26,9 +26,6 @@ from triton_fixtures import client_url
 
 N = 16384  # floats: 64 KiB, a block of a 2 MiB segment of the caching double
 
-# Every test here: nothing the server had open is freed (tests/cuda_fixtures.py).
-pytestmark = pytest.mark.usefixtures("never_freed_under_the_server")
-
 
 @pytest.fixture
 def url(fake_cuda_server, protocol, fake_cuda):

@@ -28,9 +28,6 @@ from triton_fixtures import client_url
 N = 16384  # floats: 64 KiB, a block of a 2 MiB segment of the caching double
 MiB = 1 << 20
 
-# Every test here: nothing the server had open is freed (tests/cuda_fixtures.py).
-pytestmark = pytest.mark.usefixtures("never_freed_under_the_server")
-
 
 def lent_names(probe):
     """The server's CUDA regions that clients' lending registered."""

@@ -97,7 +97,6 @@ def test_an_aio_cancelling_close_ends_every_request_and_the_server_keeps_its_slo
     wait_until(lambda: not names & registered_regions(server), 10)
 
 
-@pytest.mark.usefixtures("never_freed_under_the_server")
 @pytest.mark.parametrize("aio", [False, True], ids=["sync", "aio"])
 @pytest.mark.parametrize("by_reference", [True, False], ids=["lent", "slot"])
 def test_gpu_memory_of_a_request_cut_off_by_close_is_held_until_the_server_let_go(fake_cuda_server, torch_caching,

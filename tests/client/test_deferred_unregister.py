@@ -122,7 +122,6 @@ def test_an_aio_unregister_the_server_defers_is_refused_until_the_server_let_go(
         region.close()
 
 
-@pytest.mark.usefixtures("never_freed_under_the_server")
 def test_close_never_frees_a_slot_whose_unregister_the_server_deferred(fake_cuda_server, deferring, torch_like):
     """A request given up on (client_timeout) still runs when the client closes: the unregister
     of its CUDA slot succeeds at once on 2.53, and the slot's memory must stay until the server
@@ -139,7 +138,6 @@ def test_close_never_frees_a_slot_whose_unregister_the_server_deferred(fake_cuda
     del x
 
 
-@pytest.mark.usefixtures("never_freed_under_the_server")
 def test_a_lent_allocation_whose_unregister_the_server_deferred_keeps_its_blocks(fake_cuda_server, fake_cuda,
                                                                                 deferring, torch_caching):
     """A request given up on still writes its out= tensor; the next request lets go of the lent

@@ -196,7 +196,6 @@ def test_unregister_with_a_timeout_gives_up_on_a_server_that_hangs(hanging_serve
             tc.close()
 
 
-@pytest.mark.usefixtures("never_freed_under_the_server")
 def test_a_lent_registration_cut_off_though_carried_out_is_unregistered_before_its_memory_goes(
         fake_cuda_server, torch_caching, monkeypatch):
     """A GPU tensor lent for the first time: the server registers its allocation, and the answer

@@ -32,3 +32,27 @@ def test_what_the_threads_cannot_split_is_copied_as_numpy_would(split_always):
         _slots.parallel_copy(np.zeros(1 << 16, np.float64), src)
     with pytest.raises(ValueError):                         # shapes that do not broadcast
         _slots.parallel_copy(np.zeros(1 << 15, np.float32), src)
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_a_host_input_written_to_a_cuda_slot_is_read_whole_when_its_copy_lands(fake_cuda, contiguous):
+    """CUDA may read pageable host memory when an asynchronous copy lands, not at the call (it
+    "might be synchronous"; the fake reads it then): the bytes that land are the input's, never
+    those of a temporary freed meanwhile (a non-contiguous input's contiguous copy)."""
+    import gc
+
+    from tritonshm._memory._stream import copy_stream
+
+    base = np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024)
+    given = np.ascontiguousarray(base[:, ::2]) if contiguous else base[:, ::2]  # 1 MiB either way
+    memory = _slots.CudaSlotMemory(given.nbytes, 0)
+    try:
+        stream = copy_stream(0)
+        memory.write(0, given, stream)  # queued on the request's stream, waited for before sending
+        gc.collect()
+        junk = [np.full(given.nbytes, 0xEE, np.uint8) for _ in range(4)]  # freed heap, handed out again
+        stream.synchronize()
+        del junk
+        np.testing.assert_array_equal(memory.copy_out(0, np.dtype(np.float32), given.shape), given)
+    finally:
+        memory.close()

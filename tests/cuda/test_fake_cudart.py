@@ -784,13 +784,16 @@ def test_device_to_pageable_host_lands_at_sync(fake, dev_buffers, streams):
     assert host.raw == b"on the device"
 
 
-def test_pageable_source_is_staged_pinned_source_is_read_when_it_lands(fake, dev_buffers, streams):
+def test_an_async_copy_reads_its_source_when_it_lands_pageable_or_pinned(fake, dev_buffers, streams):
+    """CUDA only says that an async copy from pageable memory "might be synchronous" (the driver
+    may stage it at the call, or read it later): reusing the source before the copy is known
+    complete is caught, pageable or pinned."""
     a, b = dev_buffers
     s = streams()
     before = fake.stats()
     pageable = ctypes.create_string_buffer(b"first", 5)
     fake.memcpy_async(a, ctypes.addressof(pageable), 5, s, 1)
-    ctypes.memmove(pageable, b"later", 5)  # reusing a pageable buffer at once is fine: CUDA staged it
+    ctypes.memmove(pageable, b"later", 5)  # reusing a pageable buffer before the sync: caught
     pinned = fake.host_alloc(4096)
     try:
         assert fake.pointer_kind(pinned) == fake_cuda.KIND_HOST_ALLOC
@@ -798,11 +801,11 @@ def test_pageable_source_is_staged_pinned_source_is_read_when_it_lands(fake, dev
         fake.memcpy_async(b, pinned, 5, s, 1)
         fake.write(pinned, b"later")  # reusing a pinned staging buffer before the sync: caught
         fake.stream_synchronize(s)
-        assert fake.read(a, 5) == b"first"
+        assert fake.read(a, 5) == b"later"
         assert fake.read(b, 5) == b"later"
     finally:
         fake.free_host(pinned)
-    assert (fake.stats() - before).pageable_async_copies == 1  # the staged one
+    assert (fake.stats() - before).pageable_async_copies == 1  # the pageable one
     # cudaHostRegister'ed memory is pinned too
     addr = anon_map(1)
     try:

@@ -35,11 +35,12 @@
  *     work), or a later op that depends on it being landed.  Until then
  *     every reader -- this process's host code, the server process -- sees
  *     the OLD bytes.
- *       cudaMemcpyAsync: a pageable host source is copied at call time
- *     (CUDA stages it); a device or pinned (cudaHostAlloc'ed, registered)
- *     source is read when the copy lands, so reusing a pinned staging buffer
- *     before the copy is known complete is caught.  The destination is
- *     written when it lands, pageable host memory included.
+ *       cudaMemcpyAsync: every source -- pageable host memory too -- is
+ *     read when the copy lands, so reusing (or freeing) a source before the
+ *     copy is known complete is caught.  CUDA only says that a copy from
+ *     pageable memory "might be synchronous" (the driver may stage it): the
+ *     caller must keep it until the copy lands, as for pinned memory.  The
+ *     destination is written when it lands, pageable host memory included.
  *       cudaMemcpy (legacy default stream), per CUDA's "API synchronization
  *     behavior": device->host, host->host and pinned host->device are
  *     complete on return (after what they depend on); pageable host->device
@@ -1291,8 +1292,8 @@ API int cudaMemcpy(void *dst, const void *src, size_t nbytes, int kind)
     return fail(rc);
 }
 
-/* Queued on `stream`; a pageable source is staged now, anything else is
- * read (and the destination written) when the copy lands. */
+/* Queued on `stream`; the source is read (and the destination written) when
+ * the copy lands, a pageable source too (CUDA may stage it now, or not). */
 API int cudaMemcpyAsync(void *dst, const void *src, size_t nbytes, int kind, void *stream)
 {
     ENTER_CTX("cudaMemcpyAsync");
@@ -1307,10 +1308,7 @@ API int cudaMemcpyAsync(void *dst, const void *src, size_t nbytes, int kind, voi
             rc = INVALID_VALUE;
         if (rc == OK)
             rc = check_copy(dst, src, nbytes, kind, &dst_at, &src_at);
-        uint8_t *snapshot = NULL;
-        if (rc == OK && src_at == AT_PAGEABLE && (snapshot = snapshot_of(src, nbytes)) == NULL)
-            rc = MEMORY_ALLOCATION;
-        if (rc == OK && enqueue(s, dst, src, snapshot, nbytes, NULL) == 0)
+        if (rc == OK && enqueue(s, dst, src, NULL, nbytes, NULL) == 0)
             rc = MEMORY_ALLOCATION;
         if (rc == OK) {
             stats[ST_ASYNC_COPIES]++;

@@ -311,8 +311,10 @@ class CudaSlotMemory(SlotMemory):
     def write(self, offset: int, array: np.ndarray | DeviceTensor, stream: Any = None) -> None:
         if isinstance(array, DeviceTensor):  # device to device, after the capture's event
             copy_bytes(self.region, array.source, array.nbytes, offset, array.offset, stream)
-        else:  # pageable host memory: the runtime stages it before the call returns
-            copy_bytes(self.region, np.ascontiguousarray(array), array.nbytes, offset, 0, stream)
+        elif array.flags.c_contiguous:  # read where it lands: the caller's array outlives the request's wait
+            copy_bytes(self.region, array, array.nbytes, offset, 0, stream)
+        else:  # CUDA may read pageable memory as the copy lands: a temporary made here is copied now
+            copy_bytes(self.region, np.ascontiguousarray(array), array.nbytes, offset, 0)
 
     def view(self, handle: Any, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
         return handle.view(dtype, shape, offset)
