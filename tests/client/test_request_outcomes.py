@@ -140,6 +140,55 @@ def test_one_slot_survives_requests_given_up_on(server, protocol, aio):
     assert shm_segments() == before
 
 
+@pytest.mark.server
+@pytest.mark.parametrize("aio", [False, True], ids=["sync", "aio"])
+def test_a_lease_already_waiting_for_the_slot_gets_it_once_the_server_let_go(server, protocol, aio):
+    """A lease waits for the one slot while the request on it is given up on: holding the slot for
+    the server wakes the lease, which asks the server, and has the slot once it let go.  (Before,
+    nothing woke it -- it had gone to sleep for its whole slot_timeout, while nothing was held --
+    and asked only then; a request in its place raised PoolExhausted, "0 running, 0 held, 1
+    awaiting the server".)"""
+    settings, call = give_up_options(protocol, aio)
+    shapes = {"INPUT0": [4]}
+
+    async def main() -> None:
+        c = one_slot_client(client_url(server, protocol), aio=aio, **settings)
+        try:
+            if aio:
+                await c.model_info(SLOW)
+                given_up = asyncio.ensure_future(c.infer(SLOW, {"INPUT0": x_of(1)}, **call))
+                await asyncio.sleep(0.05)  # (it has the slot: the lease below waits for it)
+                began = time.monotonic()
+                leasing = asyncio.ensure_future(c.request(SLOW, shapes=shapes, slot_timeout=30))
+                with pytest.raises(ServerTimeout):
+                    await given_up
+                with await leasing:
+                    waited = time.monotonic() - began
+            else:
+                c.model_info(SLOW)
+                failures: list[BaseException] = []
+
+                def give_up() -> None:
+                    try:
+                        c.infer(SLOW, {"INPUT0": x_of(1)}, **call)
+                    except BaseException as exc:
+                        failures.append(exc)
+
+                thread = threading.Thread(target=give_up)
+                thread.start()
+                time.sleep(0.05)
+                began = time.monotonic()
+                with c.request(SLOW, shapes=shapes, slot_timeout=30):
+                    waited = time.monotonic() - began
+                thread.join()
+                assert len(failures) == 1 and isinstance(failures[0], ServerTimeout)
+            assert waited < 15  # (about the 0.5 s the server takes; its whole slot_timeout, before)
+        finally:
+            await c.close() if aio else c.close()
+
+    asyncio.run(main())
+
+
 # -- refused while the server is down, then served after a restart ---------------------------
 
 

@@ -537,10 +537,11 @@ class SlotPool:
 
     def ready(self) -> bool:
         """Whether a request waiting for a slot should look again now: one is free, the pool was
-        retired, or it should grow."""
+        retired, it should grow, or an extent held for the server is to be asked about (the
+        waiter asks: :meth:`~._pools.PoolTable.lease_steps`)."""
         with self._lock:
             self._look_at_watched()  # before looking for a free slot: it may make one
-            return bool(self._free) or self.retired or self.should_grow()
+            return bool(self._free) or self.retired or bool(self._to_prove) or self.should_grow()
 
     def add_waiter(self, wake: Callable[[], None]) -> None:
         """Call *wake* (from any thread) when a slot comes back or the pool is retired."""
@@ -621,6 +622,7 @@ class SlotPool:
             self._end_running(lease)
             lease.for_server = True
             lease.keep = None  # (the extent keeps its memory: it is closed only after the proof)
+            self._wake()  # waiters grow the pool around it, or ask the server (see ready())
 
     def keep_for_server(self, extent: Extent, kept: list[Any]) -> None:
         """A request of unknown outcome read *kept*, views of *extent*'s slots (results passed on
@@ -630,6 +632,7 @@ class SlotPool:
             self._suspend(extent)
             if extent.running == 0:
                 self._provable(extent)
+            self._wake()  # (as hold_for_server)
 
     def _suspend(self, extent: Extent) -> None:
         # Under the lock: *extent* out of leasing (its free slots wait with it).
@@ -642,10 +645,12 @@ class SlotPool:
             self._free = collections.deque(item for item in self._free if item[0] is not extent)
 
     def _provable(self, extent: Extent) -> None:
-        # Under the lock: nothing of ours runs on *extent* any more; the server may be asked.
+        # Under the lock: nothing of ours runs on *extent* any more; the server may be asked --
+        # by a waiter, woken for it (else it would sleep out its slot_timeout: nobody else asks).
         if extent not in self._to_prove and not extent.closed:
             self._to_prove.append(extent)
             self._notice_surplus()
+            self._wake()
 
     @property
     def has_provable(self) -> bool:
