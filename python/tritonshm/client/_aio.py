@@ -296,6 +296,13 @@ class AsyncDriver:
             step.pool.remove_waiter(wake)
 
 
+def _retrieved(task: asyncio.Future) -> None:
+    """Take a finished task's failure, so that asyncio does not report it as never retrieved
+    (a close() whose caller was cancelled: nobody awaits its task)."""
+    if not task.cancelled():
+        task.exception()
+
+
 class Client(ClientFace):
     """An asyncio Triton client that moves tensors through pooled shared memory.
 
@@ -324,6 +331,7 @@ class Client(ClientFace):
         self._blocking_connector = Connector(connect, blocking.http, io_threads=1)
         self._finalizer = weakref.finalize(
             self, release_everything, BlockingDriver(engine, self._blocking_connector), engine, {}, False)
+        self._closing: asyncio.Future | None = None  # close()'s work, once begun (see close())
 
     @property
     def tritonclient(self) -> Any:
@@ -437,12 +445,23 @@ class Client(ClientFace):
         """Unregister and unlink this client's regions, close its connections; idempotent.
 
         Requests in flight are waited for (up to the client's *slot_timeout*), or with
-        *cancel_requests* cut off, as with :meth:`tritonshm.Client.close`.
+        *cancel_requests* cut off, as with :meth:`tritonshm.Client.close`.  A caller
+        cancelled meanwhile (``asyncio.wait_for``, a TaskGroup) leaves the close to
+        finish on the loop; a second call waits for it.
         """
+        if self._engine.stop_accepting():
+            # Its own task, shielded: a caller cancelled meanwhile (asyncio.wait_for, a TaskGroup,
+            # Ctrl-C) leaves it to finish, and a second close() waits for the same.
+            self._closing = asyncio.ensure_future(self._close(cancel_requests))
+            self._closing.add_done_callback(_retrieved)
+        closing = self._closing
+        if closing is not None and not closing.done():
+            await asyncio.shield(closing)
+
+    async def _close(self, cancel_requests: bool) -> None:
+        # (close()'s work.)  The finalizer stays until everything is let go of: a close cut short
+        # (its loop ending) leaves the rest to it, at garbage collection or exit.
         engine = self._engine
-        if not engine.stop_accepting():
-            return
-        self._finalizer.detach()
         try:
             if cancel_requests:
                 await self._driver.cut_off()
@@ -456,6 +475,7 @@ class Client(ClientFace):
             # Device memory the server still refuses: never freed under it; asked about again, on
             # a thread of its own, through a blocking connection (short-lived clients once closed).
             engine.hold_refused(unregisterer(self._blocking_connector, engine.control_headers(), AFTER_CLOSE))
+            self._finalizer.detach()
         finally:
             self._blocking_connector.close()
             await self._driver.aio_client.close()
