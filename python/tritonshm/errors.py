@@ -217,8 +217,10 @@ def unknown_model(exc: ServerError, model: str, names: list[str], shown: int = 1
                                                           else "")
     hint = (f"the server has no model {model!r}; it has {listed}" if names
             else f"the server has no model {model!r}, nor any other: its repository is empty or unread")
-    return UnknownModel(f"{doing}: {hint}. Server said: {said}", status=exc.status(),
-                        debug_details=exc.debug_details())
+    error = UnknownModel(f"{doing}: {hint}. Server said: {said}", status=exc.status(),
+                         debug_details=exc.debug_details())
+    error.said = exc.said  # (tritonshm.grpc / .http raise the server's own words)
+    return error
 
 
 #: The server's words for a model it does not have (metadata, config, inference).

@@ -211,3 +211,31 @@ def test_the_facade_reports_the_version_that_ran_and_its_outputs_as_they_are_now
         assert result.as_numpy("OUTPUT0").dtype == np.float32
     finally:
         client.close()
+
+
+@pytest.mark.server
+def test_the_facade_raises_the_servers_words_for_a_model_unloaded_under_it(explicit_server, load, protocol):
+    """tritonshm.grpc / .http: a model unloaded after the client used it raises what tritonclient's
+    call raises, the server's own "unknown model" (it raised tritonshm's UnknownModel text, listing
+    the models -- the unloaded one among them)."""
+    import importlib
+
+    url = explicit_server.grpc_url if protocol == "grpc" else explicit_server.http_url
+    x = np.arange(3, dtype=np.int32)
+    seen = []
+    for module in (importlib.import_module(f"tritonclient.{protocol}"), importlib.import_module(f"tritonshm.{protocol}")):
+        load()
+        client = module.InferenceServerClient(url)
+        try:
+            given = module.InferInput("INPUT0", [3], "INT32")
+            given.set_data_from_numpy(x)
+            client.infer(MODEL, [given])
+            client.unload_model(MODEL)
+            with pytest.raises(module.InferenceServerException) as raised:
+                client.infer(MODEL, [given])
+            seen.append((raised.value.status(), raised.value.message(),
+                         str(raised.value), isinstance(raised.value, LookupError)))
+        finally:
+            client.close()
+    assert seen[0][1] == f"Request for unknown model: '{MODEL}' has no available versions"
+    assert seen[1] == seen[0]

@@ -22,6 +22,7 @@ import pytest
 
 from tritonshm.errors import InferenceServerException
 from tritonshm.facade import _route
+from triton_fixtures import registered_regions, wait_until
 
 N = 8  # requests in flight at once
 
@@ -206,6 +207,12 @@ def test_a_cancelled_grpc_call_tells_the_callback_as_tritonclient():
     assert error.message() == "Locally cancelled by application!"
 
 
+def slot_names(client) -> set[str]:
+    """The names of a facade's slot regions (none for tritonclient's own client)."""
+    held = getattr(client, "tritonshm", None)
+    return set() if held is None else {name for pool in held.pools() for name in pool.regions}
+
+
 def pending_slow_requests(module, client, count=3):
     """*count* requests to slow_fp32 (0.5 s each, one at a time) sent with async_infer, the first on
     the server: their answers (result or error), as each callback hears it."""
@@ -221,6 +228,41 @@ def pending_slow_requests(module, client, count=3):
     return answers, heard
 
 
+def http_sequences_by_async_infer(module, server, first_id, sequences=6, steps=4):
+    """*sequences* sequences of *steps* steps on accumulate_fp32 (a running sum per sequence id),
+    every step sent with async_infer before any answer is read: the sums, or the errors."""
+    client = connect(module, server, "http")
+    try:
+        pending = []
+        for sequence in range(sequences):
+            for step in range(steps):
+                inputs, _ = request_of(module, {"INPUT0": np.full((1, 3), 1.0 + step, np.float32)}, ["FP32"], None)
+                pending.append(client.async_infer("accumulate_fp32", inputs, sequence_id=first_id + sequence,
+                                                  sequence_start=step == 0, sequence_end=step == steps - 1))
+        answers = []
+        for request in pending:
+            try:
+                answers.append(float(request.get_result(timeout=60).as_numpy("OUTPUT0")[0, 0]))
+            except InferenceServerException as error:
+                answers.append(f"[{error.status()}] {error.message()}")
+        if module.__name__.startswith("tritonshm"):
+            assert client.tritonshm.pools(), "the facade sent its tensors over the wire"
+        return answers
+    finally:
+        client.close()
+
+
+@pytest.mark.server
+def test_http_async_infer_sends_a_sequences_steps_in_order_as_tritonclient(server):
+    """tritonclient.http's async_infer runs ``concurrency`` requests at a time (one by default), in
+    the order made: every running sum is right.  (The facade ran them on as many threads as its
+    slots: steps reached the server out of order -- "must specify the START flag", wrong sums.)"""
+    plain_module, facade_module = modules("http")
+    expected = http_sequences_by_async_infer(plain_module, server, 1 << 20)
+    assert expected == [float(sum(1.0 + j for j in range(step + 1))) for _ in range(6) for step in range(4)]
+    assert http_sequences_by_async_infer(facade_module, server, 1 << 21) == expected
+
+
 @pytest.mark.server
 def test_grpc_close_cancels_the_requests_still_pending_as_tritonclients(server):
     """tritonclient's close() closes its channel under the requests: each callback hears
@@ -230,11 +272,13 @@ def test_grpc_close_cancels_the_requests_still_pending_as_tritonclients(server):
     for module in modules("grpc"):
         client = connect(module, server, "grpc")
         answers, heard = pending_slow_requests(module, client)
+        names = slot_names(client)
         client.close()
         for _ in range(3):
             assert heard.acquire(timeout=30), "a callback was never called"
         assert all(isinstance(a, InferenceServerException) for a in answers), answers  # none answered
         ends.append(sorted(a.status() for a in answers))
+        wait_until(lambda: not names & registered_regions(server), 15)  # once the server let go
     assert ends[0] == ends[1] == ["StatusCode.CANCELLED"] * 3
 
 
@@ -295,19 +339,31 @@ def test_aio_close_releases_the_slots(server, protocol):
 
 
 @pytest.mark.server
-def test_grpc_aio_close_cancels_the_requests_still_pending_as_tritonclients(server):
-    """grpc.aio ends the calls of a channel closed under them with a cancellation: so do the
-    facade's."""
+def test_aio_close_ends_the_requests_still_pending_as_tritonclients(server, protocol):
+    """grpc.aio ends the calls of a channel closed under them with a cancellation, aiohttp those of
+    a session closed under them with ServerDisconnectedError: so do the facades' (they waited)."""
     async def scenario(module):
-        client = connect(module, server, "grpc")
+        client = connect(module, server, protocol)
         inputs, _ = request_of(module, {"INPUT0": np.ones(4096, np.float32)}, ["FP32"], None)
         pending = [asyncio.ensure_future(client.infer("slow_fp32", inputs)) for _ in range(3)]
         await asyncio.sleep(0.2)  # (the first on the server now: answered at 0.5 s)
+        names = slot_names(client)
         await client.close()
-        return [type(end) for end in await asyncio.gather(*pending, return_exceptions=True)]
+        ends = [type(end) for end in await asyncio.gather(*pending, return_exceptions=True)]
+        return ends, names
 
-    ends = [asyncio.run(scenario(module)) for module in modules("grpc", aio=True)]
-    assert ends[0] == ends[1] == [asyncio.CancelledError] * 3
+    ends = []
+    for module in modules(protocol, aio=True):
+        got, names = asyncio.run(scenario(module))
+        ends.append(got)
+        wait_until(lambda: not names & registered_regions(server), 15)  # once the server let go
+    if protocol == "grpc":
+        assert ends[0] == [asyncio.CancelledError] * 3
+    else:
+        import aiohttp
+
+        assert ends[0] == [aiohttp.ServerDisconnectedError] * 3
+    assert ends[1] == ends[0]
 
 
 # -- the modules -------------------------------------------------------------------------

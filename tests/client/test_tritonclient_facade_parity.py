@@ -510,3 +510,58 @@ def test_a_plugins_headers_go_with_the_calls_the_slots_carry(server, protocol, c
     assert seen[0] == (2, 2, True)  # tritonclient's
     calls, sent, carried = seen[1]
     assert (sent, carried) == (2, True) and calls > 2  # (the slots' own first calls asked it too)
+
+
+# -- 6. what `except` sees of an error, and JSON data the server refuses ---------------------------
+
+
+def described(error):
+    """What ``except`` clauses see of *error* (its text, and the builtin bases it has)."""
+    return str(error), isinstance(error, TimeoutError), isinstance(error, OSError), isinstance(error, LookupError)
+
+
+@pytest.mark.parametrize("way", ["infer", "async_infer"])
+def test_a_grpc_deadline_is_no_builtin_timeout_as_tritonclients(server, way):
+    """tritonclient's DEADLINE_EXCEEDED is an InferenceServerException and nothing else: ``except
+    TimeoutError`` placed before ``except InferenceServerException`` (a retry on ``(ConnectionError,
+    TimeoutError)``) does not take it.  The facade's was also tritonshm's ServerTimeout, a TimeoutError."""
+    seen = []
+    for module in modules("grpc"):
+        client = connect(module, server, "grpc")
+        try:
+            given = inputs_of(module, np.ones(4, np.float32))
+            if way == "infer":
+                with pytest.raises(InferenceServerException) as raised:
+                    client.infer("slow_fp32", given, client_timeout=0.1)
+                seen.append(described(raised.value))
+            else:
+                heard, done = [], threading.Event()
+                client.async_infer("slow_fp32", given, lambda result, error: (heard.append(described(error)),
+                                                                              done.set()), client_timeout=0.1)
+                assert done.wait(30)
+                seen.extend(heard)
+            if module.__name__.startswith("tritonshm"):
+                assert client.tritonshm.pools(), "the facade sent its tensors over the wire"
+        finally:
+            threading.Event().wait(0.6)  # (slow_fp32 done with it before the next client's request)
+            client.close()
+    assert seen[0] == ("[StatusCode.DEADLINE_EXCEEDED] Deadline Exceeded", False, False, False)
+    assert seen[1] == seen[0]
+
+
+def test_fp16_data_given_as_json_is_refused_by_the_server_as_with_tritonclient(server):
+    """HTTP ``set_data_from_numpy(x, binary_data=False)`` of FP16: the server refuses JSON FP16 data
+    (``[400] receiving FP16 data via JSON is not supported``); the facade's slots took it."""
+    seen = []
+    for module in modules("http"):
+        client = connect(module, server, "http")
+        try:
+            given = module.InferInput("INPUT0", [2], "FP16")
+            given.set_data_from_numpy(np.array([1.5, 2.0], np.float16), binary_data=False)
+            with pytest.raises(InferenceServerException) as raised:
+                client.infer("identity_fp16", [given])
+            seen.append(str(raised.value))
+        finally:
+            client.close()
+    assert "FP16 data via JSON is not supported" in seen[0]
+    assert seen[1] == seen[0]

@@ -409,7 +409,8 @@ class Client(ClientFace):
         connector = Connector(engine.connect, engine.wire.http, io_threads=slots)
         self._driver = BlockingDriver(engine, connector)
         self._runner = Runner(engine)  # every request's steps, over the engine's state
-        self._workers: dict[str, Workers] = {}   # "async" (infer_async), "chunk" (large batches)
+        # "async" (infer_async), "chunk" (large batches), "facade" (tritonshm.http's async_infer)
+        self._workers: dict[str, Workers] = {}
         # Runs close()'s work if the user forgets: at garbage collection or exit.
         self._finalizer = weakref.finalize(self, release_everything, self._driver, engine, self._workers, False)
 
@@ -431,13 +432,14 @@ class Client(ClientFace):
         self._engine.check_open()
         self._driver.drive(self._engine.forget_steps())
 
-    def _workers_for(self, purpose: str) -> Workers:
+    def _workers_for(self, purpose: str, count: int | None = None) -> Workers:
+        # The worker threads for *purpose*: *count* of them (made on first use; None: as many as slots).
         engine = self._engine
         with engine.lock:
             engine.check_open()
             workers = self._workers.get(purpose)
             if workers is None:
-                workers = self._workers[purpose] = Workers(engine.slots, f"tritonshm-{purpose}")
+                workers = self._workers[purpose] = Workers(count or engine.slots, f"tritonshm-{purpose}")
             return workers
 
     # -- discovery --------------------------------------------------------

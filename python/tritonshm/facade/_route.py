@@ -63,8 +63,11 @@ class SlotRoute:
 
     def __init__(self, protocol: str, url: str, ssl: bool, connect_options: Mapping[str, Any],
                  module: Any, kept_input: type, result_type: type, aio: bool = False, verbose: bool = False,
-                 facade: Any = None):
+                 facade: Any = None, concurrency: int | None = None):
         self.http = protocol == "http"
+        # tritonclient.http's async_infer runs *concurrency* requests at a time, in the order
+        # made (one, by default: a sequence's steps arrive in order); None: the held client's own.
+        self._concurrency = concurrency
         # The facade (weakly: it holds this), whose plugin's headers go with the held client's own
         # calls too -- registrations, unregisters, model reads -- as tritonclient's calls carry them.
         self._facade = None if facade is None else weakref.ref(facade)
@@ -119,11 +122,13 @@ class SlotRoute:
             client.close(cancel_requests=not self.http)
 
     async def aclose(self) -> None:
-        """:meth:`close` of a route whose slots are a :class:`tritonshm.aio.Client`."""
+        """:meth:`close` of a route whose slots are a :class:`tritonshm.aio.Client`: requests still
+        pending are cut off over either protocol, as tritonclient's aio clients' ``close()`` ends
+        them (gRPC: ``asyncio.CancelledError``; HTTP: aiohttp's ``ServerDisconnectedError``)."""
         with self._lock:
             self._closed, client, self._client = True, self._client, None
         if client is not None:
-            await client.close(cancel_requests=not self.http)
+            await client.close(cancel_requests=True)
 
     # -- a call ---------------------------------------------------------------
     #
@@ -174,13 +179,15 @@ class SlotRoute:
         kept = {given.name() for given in inputs if type(given) is self._kept_input and given.kept_array() is not None}
         arrays = {name: array.copy() if name in kept else array for name, array in planned.arrays.items()}
         told = self._told("async_infer", facade, planned)
-        if told is None:
+        if told is None and self._concurrency is None:
             pending = planned.client.infer_async(model_name, arrays, outputs=planned.wanted,
                                                  version=model_version, options=planned.options)
-        else:  # the held client's infer_async, on its workers, told what to print (numpy only: nothing to capture)
-            pending = planned.client._workers_for("async").submit(
-                _telling, told, planned.client.infer, model_name, arrays, outputs=planned.wanted,
-                version=model_version, options=planned.options)
+        else:  # the held client's infer_async on workers of tritonclient's concurrency, told what to print
+            # (numpy only: nothing to capture)
+            workers = planned.client._workers_for("async" if self._concurrency is None else "facade",
+                                                  self._concurrency)
+            pending = workers.submit(_telling, told, planned.client.infer, model_name, arrays,
+                                     outputs=planned.wanted, version=model_version, options=planned.options)
         # The request keeps the facade alive until it ends, as tritonclient's callback (which
         # names its client) does: a facade dropped meanwhile is closed -- its slots with it --
         # only once its requests are answered, not under them.
@@ -202,9 +209,14 @@ class SlotRoute:
             made = await planned.client.infer(model_name, planned.arrays, outputs=planned.wanted,
                                               version=model_version, options=planned.options)
         except ClientClosed:
-            if self._closed and not self.http:  # close() cut it off: grpc.aio's call raises a cancellation
-                raise asyncio.CancelledError() from None
-            raise
+            if not self._closed:
+                raise
+            # close() cut it off: tritonclient's call raises what its connection's closing raises
+            if self.http:  # (aiohttp: tritonclient.http.aio's own dependency)
+                from aiohttp import ServerDisconnectedError
+
+                raise ServerDisconnectedError() from None
+            raise asyncio.CancelledError() from None  # grpc.aio's
         except ServerError as error:
             reworded = in_tritonclients_words(error, self.http, aio=True)
             if reworded is error:
@@ -375,8 +387,8 @@ class SlotRoute:
         if content is None:
             if data is None:
                 return None  # no data: tritonclient sends it so, and the server says what is wrong
-            if datatype == "BF16":
-                return None
+            if datatype in ("FP16", "BF16"):
+                return None  # JSON data of these: the server refuses it, in its words
             array = np.array(data, dtype=np.object_ if datatype == "BYTES" else triton_to_np_dtype(datatype))
         elif datatype == "BYTES":
             array = deserialize_bytes_tensor(content) if content else np.empty(0, np.object_)
@@ -665,9 +677,12 @@ class InTritonclientsWords:
     """The mixin of an error tritonshm.grpc / .http raise for a server's error the held client
     raised (see :func:`in_tritonclients_words`): ``message()`` is the server's message alone and
     ``str()`` tritonclient's ``"[status] message"``, as tritonclient's own call would have raised
-    it.  The error is still of the held client's class (``except tritonshm.ServerTimeout``
-    works), with its ``status()``, ``outcome`` and the rest; its ``debug_details()`` is the
-    server's where it sent one, else the held client's whole message (what it was doing)."""
+    it.  The error is a :class:`~tritonshm.ServerError` (of the held client's class where that
+    has no base of Python's own: ``ModelChanged``), with its ``status()``, ``outcome`` and the
+    rest -- but never a ``TimeoutError``, ``ConnectionError`` or ``LookupError``, which
+    tritonclient's never is: ``except TimeoutError`` takes the branch it takes with tritonclient.
+    Its ``debug_details()`` is the server's where it sent one, else the held client's whole
+    message (what it was doing)."""
 
     def __str__(self) -> str:
         return InferenceServerException.__str__(self)  # type: ignore[arg-type]
@@ -676,6 +691,17 @@ class InTritonclientsWords:
         # (its class is made here, with no name pickle can import: made again from its base)
         base = type(self).__mro__[2]
         return _reworded, (base, getattr(self, "args", ()), dict(self.__dict__))
+
+
+def _tritonclients_kind(cls: type) -> type:
+    """The nearest of *cls*'s classes (itself first) that is a ServerError with no base of
+    Python's own (``ServerTimeout`` is also a ``TimeoutError``: ``ServerError``)."""
+    for klass in cls.__mro__:
+        if issubclass(klass, ServerError) and not any(
+                base.__module__ == "builtins" and base not in (Exception, BaseException, object)
+                for base in klass.__mro__):
+            return klass
+    return ServerError
 
 
 @functools.cache
@@ -710,7 +736,7 @@ def in_tritonclients_words(error: BaseException, http: bool, aio: bool = False) 
         return TimeoutError(*(() if aio else ("timed out",)))
     else:
         return error
-    reworded = _reworded(type(error), args, dict(error.__dict__))
+    reworded = _reworded(_tritonclients_kind(type(error)), args, dict(error.__dict__))
     if reworded.debug_details() is None:  # (tritonclient's had none: what the held client was doing)
         reworded._debug_details = error.message()
     return reworded
@@ -963,10 +989,11 @@ class _SlotsHeld:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         constructor = inspect.signature(self._tritonshm_module.InferenceServerClient.__init__)
-        url, ssl, verbose, options = constructor_arguments(constructor, args, kwargs)
-        self._tritonshm_slots = SlotRoute(self._tritonshm_protocol, url, ssl, options, self._tritonshm_module,
-                                          self._tritonshm_input, self._tritonshm_result, aio=self._tritonshm_aio,
-                                          verbose=verbose, facade=self)
+        given = constructor_arguments(constructor, args, kwargs)
+        self._tritonshm_slots = SlotRoute(self._tritonshm_protocol, given.url, given.ssl, given.options,
+                                          self._tritonshm_module, self._tritonshm_input, self._tritonshm_result,
+                                          aio=self._tritonshm_aio, verbose=given.verbose, facade=self,
+                                          concurrency=None if self._tritonshm_aio else given.concurrency)
 
     @property
     def tritonshm(self) -> Any:
@@ -1007,18 +1034,30 @@ def changed(defaults: Mapping[str, Any], **given: Any) -> dict[str, Any]:
     return {name: value for name, value in given.items() if value is not defaults[name]}
 
 
-def constructor_arguments(signature: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, bool, bool,
-                                                                                                 dict]:
-    """``(url, ssl, verbose, connect options)`` of a call of tritonclient's constructor with
-    *signature* (``self`` first): the options are the arguments other than ``url``, ``verbose``
-    and ``ssl`` given at a value other than their default, for the slots' own tritonclient
-    client (never verbose: the facade prints what tritonclient's call would, see :class:`Told`)."""
+class ConstructorArguments(NamedTuple):
+    """What a facade takes from a call of tritonclient's constructor (:func:`constructor_arguments`)."""
+
+    url: str
+    ssl: bool
+    verbose: bool
+    options: dict  # the others given at a value other than their default, for the slots' own client
+    concurrency: int | None  # tritonclient.http's: how many async_infer requests run at once (None: gRPC)
+
+
+def constructor_arguments(signature: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> ConstructorArguments:
+    """What a call of tritonclient's constructor with *signature* (``self`` first) gave: the
+    options are the arguments other than ``url``, ``verbose`` and ``ssl`` given at a value
+    other than their default, for the slots' own tritonclient client (never verbose: the
+    facade prints what tritonclient's call would, see :class:`Told`)."""
     bound = signature.bind(None, *args, **kwargs)
     given = dict(bound.arguments)
     given.pop("self", None)
     options = {name: value for name, value in given.items() if name not in ("url", "verbose", "ssl")
                and value is not signature.parameters[name].default}
-    return str(given["url"]), bool(given.get("ssl", False)), bool(given.get("verbose", False)), options
+    concurrency = given.get("concurrency", signature.parameters["concurrency"].default) \
+        if "concurrency" in signature.parameters else None
+    return ConstructorArguments(str(given["url"]), bool(given.get("ssl", False)), bool(given.get("verbose", False)),
+                                options, None if concurrency is None else max(1, int(concurrency)))
 
 
 def reexport(module: Any, namespace: dict[str, Any], own: Sequence[str] = ()) -> list[str]:

@@ -114,8 +114,9 @@ class InferenceServerClient(_route.HeldSlots, _tritonclient_http.InferenceServer
         *timeout* seconds, or at once without *block* -- "failed to obtain inference response".
         The slots take the calls :meth:`infer`'s take, decided and their inputs read now, on the
         calling thread; the rest is tritonclient's own ``async_infer`` (tensors on the wire).
-        Requests the slots take run on the held client's worker threads, as many at once as it
-        has slots (tritonclient's run ``concurrency`` at a time).
+        Requests the slots take run on the held client's worker threads, ``concurrency`` (the
+        constructor's) at a time in the order made, as tritonclient's: by default one at a time,
+        so a sequence's steps reach the server in order.
         """
         options = _route.changed(_DEFAULTS, sequence_id=sequence_id, sequence_start=sequence_start,
                                  sequence_end=sequence_end, priority=priority, timeout=timeout, headers=headers,
