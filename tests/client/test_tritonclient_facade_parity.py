@@ -185,6 +185,73 @@ def test_a_stream_goes_on_after_unregister_everything_as_tritonclients(server):
         "the facade sent the stream's inputs over the wire, or kept a slot"
 
 
+def unregister_everything_while_a_request_runs(module, server, protocol):
+    """A region of the caller's own registered, a request to slow_fp32 on its way (async_infer),
+    then unregister_system_shared_memory() with no name: what it raised (None), the regions left
+    but the facade's slots, and the request's answer."""
+    import tritonshm
+
+    client = connect(module, server, protocol)
+    region = tritonshm.SystemRegion.create(4096)
+    try:
+        client.register_system_shared_memory("callers_own", region.key, 4096)
+        pending = client.async_infer("slow_fp32", inputs_of(module, np.full(4, 3.0, np.float32)),
+                                     **({"callback": lambda result, error: None} if protocol == "grpc" else {}))
+        threading.Event().wait(0.2)  # (on the server now: its slot in use until it answers at 0.5 s)
+        slots = {name for pool in client.tritonshm.pools() for name in pool.regions} \
+            if module.__name__.startswith("tritonshm") else set()
+        try:
+            client.unregister_system_shared_memory()
+            raised = None
+        except InferenceServerException as error:
+            raised = str(error)
+        left = set(tritonshm.status(client)) - slots
+        answer = float(pending.get_result().as_numpy("OUTPUT0")[0]) if protocol == "http" else None
+        threading.Event().wait(0.5)  # (grpc: the callback's request answered)
+        return raised, left, answer
+    finally:
+        client.close()
+        region.close()
+
+
+def test_unregister_everything_while_a_request_runs_as_tritonclients(server, protocol):
+    """tritonclient's unregisters every region at once; the server refused the facade's for its
+    slot a running request uses (it unregistered the rest), and the facade raised that."""
+    plain_module, facade_module = modules(protocol)
+    expected = unregister_everything_while_a_request_runs(plain_module, server, protocol)
+    assert expected[:2] == (None, set())
+    assert unregister_everything_while_a_request_runs(facade_module, server, protocol) == expected
+
+
+def test_an_aio_unregister_everything_while_a_request_runs_as_tritonclients(server, protocol):
+    import asyncio
+
+    import tritonshm
+
+    async def run(module):
+        client = module.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.http_url)
+        client.tritonshm_inline_bytes = 0
+        region = tritonshm.SystemRegion.create(4096)
+        try:
+            await client.register_system_shared_memory("callers_own", region.key, 4096)
+            pending = asyncio.ensure_future(client.infer("slow_fp32", inputs_of(module, np.full(4, 3.0, np.float32))))
+            await asyncio.sleep(0.2)  # (on the server now: its slot in use until it answers at 0.5 s)
+            slots = {name for pool in client.tritonshm.pools() for name in pool.regions}
+            try:
+                await client.unregister_system_shared_memory()
+                raised = None
+            except InferenceServerException as error:
+                raised = str(error)
+            left = set(await tritonshm.status(client)) - slots
+            return raised, left, float((await pending).as_numpy("OUTPUT0")[0])
+        finally:
+            await client.close()
+            region.close()
+
+    facade_module = importlib.import_module(f"tritonshm.{protocol}.aio")
+    assert asyncio.run(run(facade_module)) == (None, set(), 3.0)
+
+
 def test_an_aio_stream_goes_on_after_unregister_everything_as_tritonclients(server):
     import asyncio
 

@@ -253,6 +253,14 @@ class SlotRoute:
                                                None if outputs is None else list(outputs), model_version,
                                                planned.options)
 
+    def only_slots_left(self, registered: Collection[str]) -> bool:
+        """Whether the server's system regions *registered* (left after an "unregister
+        everything" it refused) are all the held client's slots: the refusal was for them alone
+        -- a request of ours running on them -- and every other region is gone."""
+        client = self._client
+        ours = set() if client is None else {name for pool in client.pools() for name in pool.regions}
+        return bool(registered) and set(registered) <= ours
+
     def heal(self, regions: Collection[str]) -> None:
         """Register again, under their names, the held client's slot pools that hold any of
         *regions*, which the server no longer knows (``unregister_system_shared_memory()`` of

@@ -16,6 +16,8 @@ from typing import Any
 
 import tritonclient.grpc.aio as _tritonclient_grpc_aio
 
+from .. import triton
+from ..errors import InferenceServerException
 from ..facade import _route, _stream
 from . import _INLINE_BYTES, InferInput as _KeptInput, _SlotResult
 
@@ -76,6 +78,18 @@ class InferenceServerClient(_route.AioHeldSlots, _tritonclient_grpc_aio.Inferenc
         return _stream.AioFacadeStream(self, self._tritonshm_slots, inputs_iterator, stream_timeout, headers,
                                        compression_algorithm)
 
+
+    async def unregister_system_shared_memory(self, name: str = "", headers: Any = None,
+                                              client_timeout: Any = None) -> None:
+        """tritonclient.grpc.aio's ``unregister_system_shared_memory``.  With no *name* (every region), a refusal for nothing but the slots of this client's
+        requests still running is no failure: every other region is gone, as with tritonclient,
+        whose client has no slots (the server refuses to let go of a region a request uses;
+        the slots it let go of are registered again when a request next needs them)."""
+        try:
+            await super().unregister_system_shared_memory(name, headers, client_timeout)
+        except InferenceServerException:
+            if name or not self._tritonshm_slots.only_slots_left(await triton.status(self, headers=headers)):
+                raise
 
 _DEFAULTS = {name: parameter.default
              for name, parameter in inspect.signature(_tritonclient_grpc_aio.InferenceServerClient.infer).parameters.items()}
