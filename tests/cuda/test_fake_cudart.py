@@ -234,6 +234,11 @@ def test_memcpy(fake):
         # HostToDevice into host memory is refused
         assert fake.lib.cudaMemcpy(ctypes.addressof(dst), ctypes.addressof(src), 8, 1) == fake_cuda.ERROR_INVALID_VALUE
         assert fake.lib.cudaMemcpy(ctypes.addressof(dst), ctypes.addressof(src), 8, 0) == 0  # HostToHost
+        # pointers that do not match the kind (undefined behaviour in CUDA) are refused, either end
+        for d, s_, kind in ((ctypes.addressof(dst), dev, 0), (dev, ctypes.addressof(src), 0),
+                            (dev, other, 1), (other, ctypes.addressof(src), 2), (dev, ctypes.addressof(src), 3),
+                            (ctypes.addressof(dst), dev, 3), (ctypes.addressof(dst), dev, 1)):
+            assert fake.lib.cudaMemcpy(d, s_, 8, kind) == fake_cuda.ERROR_INVALID_VALUE, kind
         assert fake.lib.cudaStreamSynchronize(None) == 0
         assert fake.lib.cudaStreamSynchronize(fake_cuda.LEGACY_STREAM) == 0
         assert fake.lib.cudaStreamSynchronize(fake_cuda.PER_THREAD_STREAM) == 0
@@ -1449,3 +1454,12 @@ def test_real_triton_server_opens_fake_handles(fake, tmp_path):
     assert calls.count("cuMemGetAddressRange") == 6
     assert calls.count("cudaIpcCloseMemHandle") == 4
     assert "cudaMemcpyAsync" in calls
+
+
+def test_an_interprocess_event_needs_disable_timing(fake):
+    """CUDA takes cudaEventInterprocess only with cudaEventDisableTiming."""
+    event = ctypes.c_void_p()
+    assert fake.lib.cudaEventCreateWithFlags(ctypes.byref(event), 4) == fake_cuda.ERROR_INVALID_VALUE
+    assert fake.lib.cudaEventCreateWithFlags(ctypes.byref(event), 4 | 1) == fake_cuda.ERROR_INVALID_VALUE
+    fake.get_last_error()  # (the refusals' error is no later call's)
+    fake.event_destroy(fake.event_create(4 | 2))

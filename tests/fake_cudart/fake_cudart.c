@@ -1243,14 +1243,17 @@ static int locate(const void *p, size_t n, int *at)
 static int check_copy(void *dst, const void *src, size_t nbytes, int kind, int *dst_at, int *src_at)
 {
     /* cudaMemcpyKind: 0 HostToHost, 1 HostToDevice, 2 DeviceToHost,
-     * 3 DeviceToDevice, 4 Default (inferred; the fake can always do it). */
+     * 3 DeviceToDevice, 4 Default (inferred; the fake can always do it).
+     * Pointers that do not match the kind are undefined behaviour in CUDA:
+     * refused here, each end checked against its side of the kind. */
     int rc = locate(dst, nbytes, dst_at);
     if (rc == OK)
         rc = locate(src, nbytes, src_at);
-    if (rc == OK && (kind == 1 || kind == 3) && *dst_at != AT_DEVICE)
-        rc = INVALID_VALUE;
-    if (rc == OK && (kind == 2 || kind == 3) && *src_at != AT_DEVICE)
-        rc = INVALID_VALUE;
+    if (rc == OK && kind != 4) {
+        int dst_device = kind == 1 || kind == 3, src_device = kind == 2 || kind == 3;
+        if ((*dst_at == AT_DEVICE) != dst_device || (*src_at == AT_DEVICE) != src_device)
+            rc = INVALID_VALUE;
+    }
     return rc;
 }
 
@@ -1416,8 +1419,9 @@ API int cudaStreamWaitEvent(void *stream, void *event, unsigned flags)
 API int cudaEventCreateWithFlags(void **event, unsigned flags)
 {
     ENTER_CTX("cudaEventCreateWithFlags");
-    /* Default 0, BlockingSync 1, DisableTiming 2, Interprocess 4 */
-    if (event == NULL || flags > 7)
+    /* Default 0, BlockingSync 1, DisableTiming 2, Interprocess 4 (which CUDA
+     * takes only with DisableTiming) */
+    if (event == NULL || flags > 7 || ((flags & 4) && !(flags & 2)))
         return fail(INVALID_VALUE);
     fake_event *e = calloc(1, sizeof *e);
     if (e == NULL)
