@@ -159,6 +159,53 @@ def test_client_timeout_bounds_the_clients_own_calls_while_the_server_hangs(hang
     wait_until(lambda: registered_regions(hanging_server) == before, 15)
 
 
+@pytest.mark.parametrize("client", ["sync", "aio"])
+def test_client_timeout_bounds_a_cold_streams_own_calls_while_the_server_hangs(hanging_server, client):
+    """``stream()``'s ``client_timeout`` bounds the calls the client makes on its own for the
+    request too (a cold client's model reads): ServerTimeout, never a wait for ever."""
+    url = client_url(hanging_server, "grpc")
+
+    if client == "sync":
+        c = tritonshm.Client(url, slots=1, slot_timeout=SLOT_TIMEOUT)
+
+        def first_response() -> Any:
+            try:
+                return next(iter(c.stream("identity_fp32", X, client_timeout=0.5)))
+            except tritonshm.Error as exc:
+                return exc
+
+        box: list = []
+        ended = threading.Thread(target=lambda: box.append(first_response()), daemon=True)
+        with hung(hanging_server):
+            ended.start()
+            ended.join(RETURNS_WITHIN)
+            in_time = not ended.is_alive()
+        ended.join()
+        c.close()
+        cold = box[0] if in_time else f"still waiting after {RETURNS_WITHIN} s"
+    else:
+        async def main() -> Any:
+            c = tritonshm.aio.Client(url, slots=1, slot_timeout=SLOT_TIMEOUT)
+
+            async def first_response() -> Any:
+                try:
+                    async for outputs in c.stream("identity_fp32", X, client_timeout=0.5):
+                        return outputs
+                except tritonshm.Error as exc:
+                    return exc
+
+            try:
+                with hung(hanging_server):
+                    return await asyncio.wait_for(first_response(), RETURNS_WITHIN)
+            except asyncio.TimeoutError:
+                return f"still waiting after {RETURNS_WITHIN} s"
+            finally:
+                await c.close()
+
+        cold = asyncio.run(main())
+    assert isinstance(cold, tritonshm.ServerTimeout), cold
+
+
 @pytest.mark.parametrize("flavour", ["grpc", "grpc.aio", "http.aio"])
 def test_unregister_with_a_timeout_gives_up_on_a_server_that_hangs(hanging_server, flavour):
     """The registration layer's own bound: ``unregister(timeout=)`` is ServerTimeout once it

@@ -104,9 +104,11 @@ class AsyncDriver:
                 raise
             outcome, failure = await self._carry_out(steps, step, handlers)
 
-    async def iterate(self, steps: Steps) -> AsyncGenerator[Any, None]:
+    async def iterate(self, steps: Steps, bound: AnswerBound | None = None) -> AsyncGenerator[Any, None]:
         """Carry out *steps*, yielding the values they :class:`Emit`; closing the iterator (or
-        cancelling the task that awaits it) closes the steps."""
+        cancelling the task that awaits it) closes the steps.  The calls the client makes on its
+        own for them wait as *bound* allows (see :meth:`drive`)."""
+        handlers = self.handlers if bound is None else bounded_handlers(self, bound)
         step = advance(steps)
         handed_on = False
         try:
@@ -116,7 +118,7 @@ class AsyncDriver:
                     step = advance(steps)
                     continue
                 try:
-                    result, failure = await self._carry_out(steps, step)
+                    result, failure = await self._carry_out(steps, step, handlers)
                 except asyncio.CancelledError:
                     handed_on = True  # _abandon ends the steps once the step's I/O is over
                     raise
@@ -412,10 +414,10 @@ class Client(ClientFace):
     async def _stream(self, model: str, inputs: Any, outputs: Sequence[str] | None, version: str,
                       slot_timeout: float | None, output_device: str | int,
                       options: RequestOptions | None) -> AsyncIterator[dict[str, Any]]:
-        engine = self._engine
-        info = await self.model_info(model, version)
-        plan = engine.planner.stream_plan(info, inputs, outputs, output_device, slot_timeout, options)
-        async with contextlib.aclosing(self._driver.iterate(self._runner.stream_steps(plan))) as responses:
+        bound = answer_bound(options)  # (its client_timeout bounds the client's own calls too)
+        info = await self._model_info(model, version, bound)
+        plan = self._engine.planner.stream_plan(info, inputs, outputs, output_device, slot_timeout, options)
+        async with contextlib.aclosing(self._driver.iterate(self._runner.stream_steps(plan), bound)) as responses:
             async for outputs_of_one in responses:
                 yield outputs_of_one
 

@@ -167,29 +167,32 @@ class BlockingDriver:
             except Exception as exc:
                 outcome, failure = None, exc
 
-    def iterate(self, steps: Steps) -> Iterator[Any]:
+    def iterate(self, steps: Steps, bound: AnswerBound | None = None) -> Iterator[Any]:
         """Carry out *steps* up to their first :class:`NextResponse` now (the request is
         sent when this returns), then an iterator of the values they :class:`Emit`,
-        carrying out the rest as the caller asks; closing it closes the steps."""
+        carrying out the rest as the caller asks; closing it closes the steps.  The calls
+        the client makes on its own for them wait as *bound* allows (see :meth:`drive`)."""
+        handlers = self.handlers if bound is None else bounded_handlers(self, bound)
         step = advance(steps)
         while not isinstance(step, (Done, NextResponse)):
-            step = advance(steps, *self._carry_out(step))
-        return self._emitted(steps, step)
+            step = advance(steps, *self._carry_out(step, handlers))
+        return self._emitted(steps, step, handlers)
 
-    def _emitted(self, steps: Steps, step: Any) -> Iterator[Any]:
+    def _emitted(self, steps: Steps, step: Any, handlers: dict[type, Callable[[Any], Any]]) -> Iterator[Any]:
         try:
             while not isinstance(step, Done):
                 if isinstance(step, Emit):
                     yield step.value
                     step = advance(steps)
                 else:
-                    step = advance(steps, *self._carry_out(step))
+                    step = advance(steps, *self._carry_out(step, handlers))
         finally:
             steps.close()
 
-    def _carry_out(self, step: Any) -> tuple[Any, BaseException | None]:
+    @staticmethod
+    def _carry_out(step: Any, handlers: dict[type, Callable[[Any], Any]]) -> tuple[Any, BaseException | None]:
         try:
-            return self.handlers[type(step)](step), None
+            return handlers[type(step)](step), None
         except Exception as exc:
             return None, exc
 
@@ -551,12 +554,12 @@ class Client(ClientFace):
         (:class:`~tritonshm.ServerTimeout`), and requests with other
         ``headers`` or compression go on a stream of their own.
         """
-        engine = self._engine
-        info = self.model_info(model, version)
-        planner = engine.planner
-        plan = planner.stream_plan(info, inputs, outputs, output_device, slot_timeout,
-                                   planner.request_options(options))
-        return self._driver.iterate(self._runner.stream_steps(plan))
+        planner = self._engine.planner
+        checked = planner.request_options(options)
+        bound = answer_bound(checked)  # (its client_timeout bounds the client's own calls too)
+        info = self._model_info(model, version, bound)
+        plan = planner.stream_plan(info, inputs, outputs, output_device, slot_timeout, checked)
+        return self._driver.iterate(self._runner.stream_steps(plan), bound)
 
     def _stream_to(self, stream: Any, model: str, inputs: Mapping[str, Any], requested: list | None,
                    version: str, options: RequestOptions | None) -> Any:
