@@ -526,6 +526,41 @@ def test_a_forked_child_never_unregisters_the_parents_pool(server):
         assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)
 
 
+_FORKED_CHILD_USES_THE_CLIENT = """
+import gc, os, sys
+import numpy as np, tritonshm
+c = tritonshm.Client(sys.argv[1])
+held = c.infer("batched_fp32", {"INPUT0": np.ones((2, 4), np.float32)}, copy=False)["OUTPUT0"]
+pid = os.fork()
+if pid == 0:
+    try:
+        del held  # (the child has no use for the parent's result)
+        gc.collect()
+        for i in range(4):
+            c.infer("batched_fp32", {"INPUT0": np.full((2, 4), 100 + i, np.float32)}, copy=False)
+        os._exit(4)  # served: from slots the parent's requests and results use
+    except tritonshm.ClientClosed as exc:
+        os._exit(3 if "fork()" in str(exc) else 5)
+    except BaseException:
+        os._exit(6)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), float(held[0, 0]))
+c.close()
+"""
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_forked_child_is_refused_the_parents_client(server, protocol):
+    """The parent's slots are shared memory the child maps too, their bookkeeping a copy: a child
+    that leased from it wrote the slot a result the parent kept is a view of (its 2.0 became the
+    child's 103.0).  The child's copy is closed at the fork, saying so."""
+    done = subprocess.run([sys.executable, "-c", _FORKED_CHILD_USES_THE_CLIENT, client_url(server, protocol)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    child, held = done.stdout.split()
+    assert (int(child), float(held)) == (3, 2.0)
+
+
 def test_close_asks_again_while_the_server_still_uses_host_memory(server, monkeypatch):
     """Triton answers before it releases a request's regions ("currently in use" for a moment):
     close() asks again instead of leaving our name registered on the server."""

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import os
 import threading
+import weakref
 from typing import Any, Callable, Mapping
 
 from .. import _http1, _transport
@@ -31,6 +32,21 @@ from ._pools import PoolTable, host_memory
 from ._steps import FetchModel, FetchModelNames, FetchServerVersion, Steps
 
 __all__ = ["Engine", "InFlight", "TRANSPORTS", "engine_setting"]
+
+#: Every engine alive in this process (see :func:`_closed_in_forked_child`).
+_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+def _closed_in_forked_child() -> None:
+    """A forked child's copies of the parent's clients are closed at once: their slots are the
+    parent's shared memory, their bookkeeping a copy -- a child that leased from it would write
+    slots the parent's requests and results are using.  (A child closing them, or collecting
+    them, unregisters nothing of the parent's either: see :class:`~._disposal.Disposals`.)"""
+    for engine in list(_engines):
+        engine.closed = True
+
+
+os.register_at_fork(after_in_child=_closed_in_forked_child)
 
 TRANSPORTS = ("auto", "shm", "wire", "cuda")
 
@@ -152,6 +168,7 @@ class Engine:
         #: Whether the client stopped taking requests (see :meth:`stop_accepting`): a plain
         #: attribute, read on every request.
         self.closed = False
+        _engines.add(self)
 
     @property
     def connect(self) -> Callable[[], Any]:
@@ -197,8 +214,13 @@ class Engine:
         return was_open
 
     def check_open(self) -> None:
-        """Raise :class:`ClientClosed` once the client stopped taking requests."""
+        """Raise :class:`ClientClosed` once the client stopped taking requests -- in a process
+        forked from the one that made it, at once (:func:`_closed_in_forked_child`)."""
         if self.closed:
+            made_in = self.disposals.creator_pid
+            if made_in != os.getpid():
+                raise ClientClosed(f"{self.describe()} was made in process {made_in}, before a fork(): "
+                                   f"make a new client in this process")
             raise ClientClosed(f"{self.describe()} is closed")
 
     def describe(self) -> str:
