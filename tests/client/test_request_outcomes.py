@@ -267,6 +267,44 @@ def no_collector():
 
 
 @pytest.mark.server
+def test_two_runs_of_a_request_given_up_on_count_its_slot_running_once(server):
+    """Two threads run one request after a run given up on: both wait for the server to let go
+    of the slot, then run; the slot counts as running once.  (Both counted it: the pool said
+    running=1, held=-1 for ever, and the next request given up on lost the client's one slot
+    for good -- PoolExhausted with the server idle.)"""
+    c = one_slot_client(server.grpc_url)
+    try:
+        request = c.request(SLOW, shapes={"INPUT0": (4,)})
+        request.inputs["INPUT0"][:] = 1
+        with pytest.raises(ServerTimeout):
+            request.run(client_timeout=GIVE_UP)
+        ends: list = []
+
+        def run() -> None:
+            try:
+                ends.append(request.run()["OUTPUT0"].copy())
+            except tritonshm.Error as exc:
+                ends.append(exc)
+
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [type(end).__name__ for end in ends] == ["ndarray", "ndarray"], ends
+        request.close()
+        del request, ends
+        gc.collect()
+        (pool,) = c.pools()
+        assert (pool.running, pool.held) == (0, 0)
+        with pytest.raises(ServerTimeout):  # its slot held for the server once more ...
+            c.infer(SLOW, {"INPUT0": x_of(2)}, client_timeout=GIVE_UP)
+        np.testing.assert_array_equal(c.infer(SLOW, {"INPUT0": x_of(3)})["OUTPUT0"], x_of(3))  # ... and back
+    finally:
+        c.close()
+
+
+@pytest.mark.server
 def test_a_zero_copy_request_given_up_on_and_closed_leaves_nothing_holding_its_slot(server, no_collector):
     """The failure's traceback held the driver's frame, and the frame the failure: a cycle that
     kept the request's lease, and the client's one slot, until a garbage collection (the next

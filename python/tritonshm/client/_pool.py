@@ -587,8 +587,12 @@ class SlotPool:
             self._wake()  # a held slot may now make growing worthwhile
 
     def resume(self, lease: Lease) -> None:
-        """A zero-copy request's lease runs again (:meth:`finished` ends it)."""
+        """A zero-copy request's lease, held for the server since a run of unknown outcome,
+        runs again (:meth:`finished` ends it); once: two runs of the request that waited for the
+        server together resume it one time (counted twice, it ran for ever)."""
         with self._lock:
+            if not lease.for_server:
+                return
             self._running += 1
             lease.extent.running += 1
             lease.for_server = False
