@@ -247,8 +247,10 @@ def test_timeout():
 def test_client_timeout():
     assert R(client_timeout=2).client_timeout == 2.0 and type(R(client_timeout=2).client_timeout) is float
     assert R(client_timeout=0.001).client_timeout == 0.001
-    for bad in (0, -1, 0.0, math.nan, math.inf):
-        refused(tritonshm.InvalidOption, "client_timeout must be a finite number of seconds > 0", client_timeout=bad)
+    assert R(client_timeout=2 ** 31).client_timeout == 2.0 ** 31  # (about 68 years)
+    for bad in (0, -1, 0.0, math.nan, math.inf, 1e10):  # (past 2**31 s a gRPC deadline overflows: at once, timed out)
+        refused(tritonshm.InvalidOption, "client_timeout must be None .for ever. or a number of seconds above 0, "
+                "at most 2..31", client_timeout=bad)
     for bad in (True, "1", Decimal(1)):
         refused(tritonshm.InvalidOptionType, "client_timeout must be None or a number of seconds > 0",
                 client_timeout=bad)

@@ -47,15 +47,19 @@ def test_server_timeout_is_gone_and_request_takes_no_request_options(fake_triton
 
 
 def test_slot_timeout_is_checked_on_the_client_and_on_each_call(fake_triton):
-    for bad, error in ((-1, InvalidOption), (float("inf"), InvalidOption), ("5", InvalidOptionType)):
+    for bad, error in ((-1, InvalidOption), (float("inf"), InvalidOption), (1e10, InvalidOption),
+                       ("5", InvalidOptionType)):
         with pytest.raises(error, match="slot_timeout"):
             tritonshm.Client("localhost:8001", slot_timeout=bad)
     with fake_triton.client(slot_timeout=2) as c:
         assert c.slot_timeout == 2.0
-        with pytest.raises(InvalidOption, match="slot_timeout must be None or a finite number of seconds"):
+        with pytest.raises(InvalidOption, match=r"slot_timeout must be None \(for ever\) or a number of seconds"):
             c.infer("identity_fp32", X, slot_timeout=-0.5)
         out = c.infer("identity_fp32", X, slot_timeout=0.5, timeout=1_000_000)  # both meanings, each its own name
         np.testing.assert_array_equal(out["OUTPUT0"], X["INPUT0"])
+        for bad, error in ((-1, InvalidOption), (float("nan"), InvalidOption), ("1", InvalidOptionType)):
+            with pytest.raises(error, match="slot_timeout"):  # (a slot free: refused all the same, not only
+                c.request("identity_fp32", shapes={"INPUT0": [4]}, slot_timeout=bad)  # once it must wait)
         with c.request("identity_fp32", shapes={"INPUT0": [4]}, slot_timeout=0.5) as req:
             req.inputs["INPUT0"][:] = 2
             np.testing.assert_array_equal(req.run(timeout=1_000_000)["OUTPUT0"], 2)

@@ -439,8 +439,9 @@ class Client(ClientFace):
         info = await self.model_info(model, version)
         full = engine.planner.request_shapes(info, batch_size, shapes)
         kind = engine.routing.request_memory(info, device)
+        wait = engine.planner.slot_wait(slot_timeout)  # (checked though a slot is free now)
         lease = self._runner.lease_now(info, full, kind) or \
-            await self._driver.drive(self._runner.request_steps(info, full, engine.planner.slot_wait(slot_timeout), kind))
+            await self._driver.drive(self._runner.request_steps(info, full, wait, kind))
         return Request(SlotRequest(self._runner, info, lease, full), self._driver)
 
     async def close(self, *, cancel_requests: bool = False) -> None:

@@ -607,8 +607,9 @@ class Client(ClientFace):
         info = self.model_info(model, version)
         full = engine.planner.request_shapes(info, batch_size, shapes)
         kind = engine.routing.request_memory(info, device)
+        wait = engine.planner.slot_wait(slot_timeout)  # (checked though a slot is free now)
         lease = self._runner.lease_now(info, full, kind) or \
-            self._driver.drive(self._runner.request_steps(info, full, engine.planner.slot_wait(slot_timeout), kind))
+            self._driver.drive(self._runner.request_steps(info, full, wait, kind))
         return Request(SlotRequest(self._runner, info, lease, full), self._driver)
 
     # -- lifetime ---------------------------------------------------------

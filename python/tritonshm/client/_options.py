@@ -235,15 +235,21 @@ def _check_compression(option: str, value: Any) -> str | None:
     return value.lower()
 
 
+#: The longest wait in seconds a timeout may name (about 68 years): past about 2**32 s a gRPC
+#: deadline (now plus the timeout, in int64 nanoseconds) and Python's lock waits overflow -- a
+#: call that "waits for ever" would fail at once, as timed out.  None is for ever.
+LONGEST_WAIT = float(2 ** 31)
+
+
 def check_slot_timeout(value: Any) -> float | None:
     """*value* as a wait for a slot: None (for ever) or a finite number of seconds >= 0."""
     if value is None:
         return None
     if not (_is_int(value) or _is_float(value)):
         raise _wrong_type("slot_timeout", "None or a number of seconds >= 0", value)
-    if not (math.isfinite(value) and value >= 0):
-        raise InvalidOption(f"slot_timeout must be None or a finite number of seconds >= 0, not {value!r} "
-                            f"(the server's timeout, in microseconds, is timeout=)")
+    if not (math.isfinite(value) and 0 <= value <= LONGEST_WAIT):
+        raise InvalidOption(f"slot_timeout must be None (for ever) or a number of seconds from 0 to 2**31, not "
+                            f"{value!r} (the server's timeout, in microseconds, is timeout=)")
     return float(value)
 
 
@@ -278,8 +284,9 @@ def _check(name: str, value: Any) -> Any:
             return None
         if not (_is_int(value) or _is_float(value)):
             raise _wrong_type(name, "None or a number of seconds > 0", value)
-        if not (math.isfinite(value) and value > 0):
-            raise InvalidOption(f"client_timeout must be a finite number of seconds > 0, not {value}")
+        if not (math.isfinite(value) and 0 < value <= LONGEST_WAIT):
+            raise InvalidOption(f"client_timeout must be None (for ever) or a number of seconds above 0, at most "
+                                f"2**31, not {value}")
         return float(value)
     if name == "sequence_id":
         if isinstance(value, str):
