@@ -306,6 +306,15 @@ def test_out_is_checked_before_anything_is_sent(url, torch_caching):
         with pytest.raises(tritonshm.ShapeMismatch, match="out"):  # the server's shape is checked too
             c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": torch_caching.empty(16, np.float32)})
         assert c.stats().inputs_lent <= 1
+        # one tensor for two outputs: both would be written there, one result silently lost
+        ones = torch_caching.from_numpy(np.ones(16, np.float32))
+        y, z = torch_caching.empty(16, np.float32), torch_caching.empty(16, np.float32)
+        with pytest.raises(tritonshm.InvalidOption, match="overlap"):
+            c.infer("add_sub", {"INPUT0": ones, "INPUT1": ones}, out={"OUTPUT0": y, "OUTPUT1": y})
+        got = c.infer("add_sub", {"INPUT0": ones, "INPUT1": ones}, out={"OUTPUT0": y, "OUTPUT1": z})
+        np.testing.assert_array_equal(got["OUTPUT0"].numpy(), np.full(16, 2, np.float32))
+        np.testing.assert_array_equal(got["OUTPUT1"].numpy(), np.zeros(16, np.float32))
+        del got, ones, y, z
     del x
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import DTypeMismatch, InvalidOption, NameMismatch, ReadOnlyRegion, ShapeMismatch
 from . import _bytes, _devices
+from ._claim import Span
 from ._devices import Placement
 from ._model import ModelInfo, shape_fits
 
@@ -131,6 +132,12 @@ def check_out(info: ModelInfo, out: Mapping[str, _devices.OutTensor], names: Seq
         if not shape_fits(want, tensor.shape):
             raise ShapeMismatch(f"out[{name!r}] has shape {list(tensor.shape)}, but output {name!r} of model "
                                 f"{info.name!r} has shape {list(want)} (-1 = any) for this request")
+    spans = [(name, Span.of(given.tensor, writes=True)) for name, given in out.items()]
+    for index, (name, span) in enumerate(spans):
+        for other, other_span in spans[index + 1:]:
+            if span.clashes(other_span):
+                raise InvalidOption(f"out[{name!r}] and out[{other!r}] overlap: the server would write outputs "
+                                    f"{name!r} and {other!r} of model {info.name!r} into the same memory")
 
 
 def split_batch(info: ModelInfo, arrays: dict[str, np.ndarray], batch: int) -> list[dict[str, np.ndarray]]:
