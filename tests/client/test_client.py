@@ -199,6 +199,8 @@ def test_request_gives_views_into_the_slot(client):
         # Running again on changed inputs reuses the slot.
         x += 1
         again = req.run()
+        with pytest.raises(TypeError):  # an input rebound rather than filled: never silently ignored
+            req.inputs["INPUT0"] = floats(3, 4)  # type: ignore[index]
     assert np.array_equal(again["OUTPUT0"], x * 2)
     assert not out["OUTPUT0"].flags.owndata  # a view of the slot, not a copy
 

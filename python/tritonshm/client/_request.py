@@ -8,6 +8,7 @@ steps with their client's driver, so neither is a subclass of the other.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeVar
 
 from ..errors import ClientClosed
@@ -36,10 +37,12 @@ class SlotRequest:
         # own, made at the first such run: the slot and shapes never change, nor does the message.
         self._usual: tuple[list, list, Any] | None = None
         memory, layout = lease.extent.memory, lease.pool.layout
-        self.inputs: dict[str, Any] = {
+        # Read-only: an input is filled in place (``inputs[name][...] = x``); one rebound instead
+        # would be silently ignored -- the run sends what the slot holds.
+        self.inputs: Mapping[str, Any] = MappingProxyType({
             spec.name: memory.view(lease.handle, layout.offsets[spec.name], spec.dtype, self._shapes[spec.name])
             for spec in info.inputs
-        }
+        })
 
     def run_steps(self, outputs: Sequence[str] | None, stream: Any = None,
                   options: Mapping[str, Any] | None = None) -> Steps:
@@ -69,7 +72,7 @@ class SlotRequest:
         """Give up the hold on the slot (views keep it until they go); idempotent."""
         lease, self._lease = self._lease, None
         if lease is not None:
-            self.inputs = {}
+            self.inputs = MappingProxyType({})
             lease.pool.finished(lease)
 
     def __del__(self) -> None:
@@ -85,8 +88,9 @@ class RequestFace:
         self._driver = driver
 
     @property
-    def inputs(self) -> dict[str, Any]:
-        """Views of the slot's inputs, by name, to fill in place (empty once closed)."""
+    def inputs(self) -> Mapping[str, Any]:
+        """Views of the slot's inputs, by name, to fill in place -- ``inputs[name][...] = x``
+        (the mapping itself is read-only); empty once closed."""
         return self._core.inputs
 
     @property
