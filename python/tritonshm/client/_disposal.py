@@ -280,15 +280,19 @@ class Disposals:
             yield Unregister(name)
         except ServerError:
             return False  # in use (Triton 2.50-2.52), or unreachable: ask again later
+        if not pool.start_reregistering(extent):
+            return True  # its pool closed meanwhile: its close lets go of it
         try:
             yield Register(extent.memory, name)
         except RegistrationError as exc:
-            if "already" in str(exc):
-                return False  # the old registration lives on: a request still uses it (2.53+)
+            if "already" in str(exc):  # the old registration lives on: a request still uses it (2.53+)
+                return self._ask_again_unless_closed(pool, extent)
             self._drop(pool, extent)  # it cannot be registered again: let go of, its slots with it
             return True
         except ServerError:
-            return False  # unreachable: register it when the server is back
+            # Unreachable, or cut off: the server may have registered it -- asked about again, or,
+            # its pool closed meanwhile, unregistered (held while refused) as it is let go of.
+            return self._ask_again_unless_closed(pool, extent)
         except GeneratorExit:
             # Whether the server registered it is unknown: out of the pool, unregistered later.
             pool.drop_extent(extent)
@@ -298,6 +302,14 @@ class Disposals:
             self._drop(pool, extent)
             return True
         return True
+
+    def _ask_again_unless_closed(self, pool: SlotPool, extent: Extent) -> bool:
+        """*extent*'s registration again did not happen, or its outcome is unknown: asked about
+        again later (False), unless its pool closed meanwhile and left it to us: let go of (True)."""
+        if pool.stop_reregistering(extent):
+            self._drop(pool, extent)
+            return True
+        return False
 
     def _drop(self, pool: SlotPool, extent: Extent) -> None:
         """*extent* leaves *pool*, registered with the server or not: parked, its unregister

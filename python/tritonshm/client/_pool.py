@@ -229,6 +229,10 @@ class Extent(Generic[_Memory]):
         #: views gone, or it had none): out of service until an unregister proves the server done.
         self.for_server: dict[int, bool] = {}
         self.suspended = False         # out of leasing until then (see SlotPool.hold_for_server)
+        #: The server let go of it and its prover registers it again: the pool's close leaves it
+        #: to the prover, which lets go of it after (else the memory could be freed between the
+        #: server's registering it again and the prover's hearing so).
+        self.reregistering = False
         self.idle: list[int] = []      # slots that came back meanwhile
         self.retry_at = 0.0            # when to ask the server again, and how long after that
         self.backoff = 0.0
@@ -668,11 +672,31 @@ class SlotPool:
             out, self._to_prove = self._to_prove, []
             return out
 
+    def start_reregistering(self, extent: Extent) -> bool:
+        """The server let go of *extent*, held for it: its prover registers it again, and until
+        :meth:`restore`, :meth:`stop_reregistering` or :meth:`drop_extent` the pool's
+        :meth:`close` leaves it to the prover.  False, nothing done, when the pool closed
+        meanwhile (its close lets go of it)."""
+        with self._lock:
+            if extent.closed:
+                return False
+            extent.reregistering = True
+            return True
+
+    def stop_reregistering(self, extent: Extent) -> bool:
+        """The prover's registration did not happen, or its outcome is unknown: *extent* is to
+        be asked about again -- False -- unless the pool closed meanwhile, which left it to the
+        prover -- True: the prover lets go of it."""
+        with self._lock:
+            extent.reregistering = False
+            return extent.closed
+
     def restore(self, extent: Extent) -> bool:
         """The server let go of *extent* and it is registered again: back in service, with the
         slots held for the server free (those whose lease is still out come back with it).
         False, nothing done, when the pool no longer serves (then :meth:`drop_extent`)."""
         with self._lock:
+            extent.reregistering = False
             if self.retired or self.closed or extent.closed or not extent.suspended:
                 return False
             extent.suspended = False
@@ -689,6 +713,7 @@ class SlotPool:
         """*extent* leaves the pool for good (a retired pool's, proven; or one that could not be
         registered again): its slots with it; the caller closes its memory."""
         with self._lock:
+            extent.reregistering = False
             if extent in self._extents:
                 self._extents.remove(extent)
             if extent.suspended:
@@ -811,7 +836,10 @@ class SlotPool:
             if self.closed:
                 out, self._surplus = self._surplus, []
             else:
-                out = self._extents + self._surplus
+                # (one being registered again is its prover's to let go of: marked closed below)
+                out = [extent for extent in self._extents if not extent.reregistering] + self._surplus
+                for extent in self._extents:
+                    extent.closed = True
                 self._extents, self._surplus = [], []
                 self.closed = self.retired = True
             self._free.clear()
