@@ -57,6 +57,19 @@ def hung(srv: LocalServer) -> Iterator[None]:
         os.killpg(srv.pid, signal.SIGCONT)
 
 
+def while_hung(srv: LocalServer, fn: Any) -> list:
+    """``[fn()]`` called on a thread of its own while *srv* hangs, if it returned within
+    RETURNS_WITHIN (else ``[]``: the thread is left to end once the server answers again)."""
+    box: list = []
+    ended = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    with hung(srv):
+        ended.start()
+        ended.join(RETURNS_WITHIN)
+        in_time = not ended.is_alive()
+    ended.join()
+    return box if in_time else []
+
+
 def _http_io_threads() -> int:
     return sum(thread.name.startswith("tritonshm-http") for thread in threading.enumerate())
 
@@ -119,19 +132,9 @@ def test_client_timeout_bounds_the_clients_own_calls_while_the_server_hangs(hang
             except tritonshm.Error as exc:
                 return exc
 
-        def while_hung(fn) -> list:  # fn's outcome, if it came within RETURNS_WITHIN
-            box: list = []
-            ended = threading.Thread(target=lambda: box.append(fn()), daemon=True)
-            with hung(hanging_server):
-                ended.start()
-                ended.join(RETURNS_WITHIN)
-                in_time = not ended.is_alive()
-            ended.join()
-            return box if in_time else []
-
-        cold = (while_hung(infer) or ["still waiting after %s s" % RETURNS_WITHIN])[0]  # (the model not read yet)
+        cold = (while_hung(hanging_server, infer) or ["still waiting after %s s" % RETURNS_WITHIN])[0]  # (cold)
         c.infer("identity_fp32", X)  # warm: model read, its pool's one extent registered
-        box = while_hung(lambda: calls(infer))
+        box = while_hung(hanging_server, lambda: calls(infer))
         c.close()
     else:
         async def main() -> tuple[Any, list]:
@@ -174,15 +177,8 @@ def test_client_timeout_bounds_a_cold_streams_own_calls_while_the_server_hangs(h
             except tritonshm.Error as exc:
                 return exc
 
-        box: list = []
-        ended = threading.Thread(target=lambda: box.append(first_response()), daemon=True)
-        with hung(hanging_server):
-            ended.start()
-            ended.join(RETURNS_WITHIN)
-            in_time = not ended.is_alive()
-        ended.join()
+        cold = (while_hung(hanging_server, first_response) or [f"still waiting after {RETURNS_WITHIN} s"])[0]
         c.close()
-        cold = box[0] if in_time else f"still waiting after {RETURNS_WITHIN} s"
     else:
         async def main() -> Any:
             c = tritonshm.aio.Client(url, slots=1, slot_timeout=SLOT_TIMEOUT)

@@ -69,14 +69,12 @@ class Pin:
         self.registered = threading.Event()     # the prover's re-registration was answered
         self.register_outcome = []
         self.closing_thread = closing_thread
-        self.log = []
         real = client_module.unregister_now
 
         def unregister_now(tc, name, headers=None, timeout=None):
             out = real(tc, name, headers=headers, timeout=timeout)
             if self.mode == "between" and name == self.target and threading.current_thread() is self.closing_thread() \
                     and self.at_register.is_set() and not self.close_unregistered.is_set():
-                self.log.append(("close unregistered", time.monotonic()))
                 self.close_unregistered.set()
                 self.registered.wait(10)  # its answer comes back after the re-registration's
                 if self.probe is not None:
@@ -90,7 +88,6 @@ class Pin:
                 out = await coro
                 if self.mode == "between" and name == self.target and self.at_register.is_set() \
                         and not self.close_unregistered.is_set():
-                    self.log.append(("close unregistered", time.monotonic()))
                     self.close_unregistered.set()
                     loop = asyncio.get_running_loop()
                     await loop.run_in_executor(None, self.registered.wait, 10)
@@ -104,62 +101,56 @@ class Pin:
             monkeypatch.setattr(_aio, "unregister_now", aio_unregister_now)
         monkeypatch.setattr(client_module, "unregister_now", unregister_now)
 
+    def _pinned(self, step) -> bool:
+        """Whether *step* is the prover's re-registration of the target (the first one)."""
+        return step.name is not None and step.name == self.target and not self.at_register.is_set()
+
+    def _before_register(self) -> None:
+        self.at_register.set()
+        if self.mode == "between":
+            self.close_unregistered.wait(10)  # still on the wire when close() unregisters
+        elif self.mode == "before_send":
+            self.closed.wait(10)
+
+    def _after_register(self, step) -> None:
+        if self.mode == "answer_late":
+            self.closed.wait(10)
+        self.register_outcome.append("ok")
+        if self.mode == "between":  # its answer reaches the prover once close() let go of the memory
+            self.registered.set()
+            deadline = time.monotonic() + 5
+            while not step.memory.closed and time.monotonic() < deadline:
+                time.sleep(0.005)
+
     def sync_register(self, register):
         def handler(step):
-            if step.name is None or step.name != self.target or self.at_register.is_set():
+            if not self._pinned(step):
                 return register(step)
-            self.log.append(("prover registers", time.monotonic()))
-            self.at_register.set()
-            if self.mode == "between":
-                self.close_unregistered.wait(10)  # still on the wire when close() unregisters
-            elif self.mode == "before_send":
-                self.closed.wait(10)
+            self._before_register()
             try:
                 name = register(step)
-                if self.mode == "answer_late":
-                    self.closed.wait(10)
-                self.register_outcome.append("ok")
-                if self.mode == "between":  # its answer reaches the prover once close() let go of the memory
-                    self.registered.set()
-                    deadline = time.monotonic() + 5
-                    while not step.memory.closed and time.monotonic() < deadline:
-                        time.sleep(0.005)
+                self._after_register(step)
                 return name
             except BaseException as exc:
                 self.register_outcome.append(repr(exc))
                 raise
             finally:
-                self.log.append(("prover registered", time.monotonic()))
                 self.registered.set()
         return handler
 
     def aio_register(self, register):
         async def handler(step):
-            if step.name is None or step.name != self.target or self.at_register.is_set():
+            if not self._pinned(step):
                 return await register(step)
-            self.log.append(("prover registers", time.monotonic()))
-            self.at_register.set()
-            loop = asyncio.get_running_loop()
-            if self.mode == "between":
-                await loop.run_in_executor(None, self.close_unregistered.wait, 10)
-            elif self.mode == "before_send":
-                await loop.run_in_executor(None, self.closed.wait, 10)
+            await asyncio.to_thread(self._before_register)
             try:
                 name = await register(step)
-                if self.mode == "answer_late":
-                    await loop.run_in_executor(None, self.closed.wait, 10)
-                self.register_outcome.append("ok")
-                if self.mode == "between":  # its answer reaches the prover once close() let go of the memory
-                    self.registered.set()
-                    deadline = time.monotonic() + 5
-                    while not step.memory.closed and time.monotonic() < deadline:
-                        await asyncio.sleep(0.005)
+                await asyncio.to_thread(self._after_register, step)
                 return name
             except BaseException as exc:
                 self.register_outcome.append(repr(exc))
                 raise
             finally:
-                self.log.append(("prover registered", time.monotonic()))
                 self.registered.set()
         return handler
 

@@ -38,35 +38,14 @@ it replaces.
 from __future__ import annotations
 
 import threading
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..errors import Outcome, outcome_of
-from ._devices import DeviceTensor
+from ._devices import DeviceTensor, Span
 from ._lent import Lent, LentAllocations
 from ._pool import Extent, Lease
 
-__all__ = ["Claim", "Claims", "Span"]
-
-
-class Span(NamedTuple):
-    """Bytes ``[start, end)`` of the caller's memory on *device* that a request names; *writes*:
-    the server writes them (an ``out=`` result), else it reads them."""
-
-    device: int
-    start: int
-    end: int
-    writes: bool
-
-    @classmethod
-    def of(cls, tensor: DeviceTensor, writes: bool) -> "Span":
-        """Where *tensor* is."""
-        start = tensor.source.ptr + tensor.offset
-        return cls(tensor.device, start, start + tensor.nbytes, writes)
-
-    def clashes(self, other: "Span") -> bool:
-        """Whether the two overlap and one of them is written (two readers never clash)."""
-        return (self.writes or other.writes) and self.device == other.device \
-            and self.start < other.end and other.start < self.end
+__all__ = ["Claim", "Claims"]
 
 
 class Claim:

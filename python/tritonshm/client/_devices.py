@@ -43,7 +43,7 @@ from .._memory._cuda_array import empty as cuda_empty
 from .._memory._stream import Pending, Stream, copy_stream as thread_copy_stream, current_stream, ordering_event
 from ..errors import CudaUnavailable, DTypeMismatch, Error, InvalidOption, ShapeMismatch, UnsupportedBuffer
 
-__all__ = ["DeviceTensor", "OutTensor", "Placement", "capture_call", "capture_out", "as_device_tensor", "capture_inputs",
+__all__ = ["DeviceTensor", "OutTensor", "Placement", "Span", "capture_call", "capture_out", "as_device_tensor", "capture_inputs",
            "empty", "to_host", "to_device", "concatenate", "copy_bytes", "copy_stream", "current_stream_event", "parse_device",
            "require_cuda", "library_of", "one_ordering_point", "ordering_event", "distinct", "ResultBlocks",
            "Pending", "Stream", "stream_waited", "waited"]
@@ -307,6 +307,27 @@ def capture_call(inputs: Any, out: Any) -> tuple[Any, dict[str, OutTensor] | Non
     one wait for the request."""
     with one_ordering_point():
         return _captured_inputs(inputs), _captured_out(out)
+
+
+class Span(NamedTuple):
+    """Bytes ``[start, end)`` of the caller's memory on *device* that a request names; *writes*:
+    the server writes them (an ``out=`` result), else it reads them."""
+
+    device: int
+    start: int
+    end: int
+    writes: bool
+
+    @classmethod
+    def of(cls, tensor: DeviceTensor, writes: bool) -> "Span":
+        """Where *tensor* is."""
+        start = tensor.source.ptr + tensor.offset
+        return cls(tensor.device, start, start + tensor.nbytes, writes)
+
+    def clashes(self, other: "Span") -> bool:
+        """Whether the two overlap and one of them is written (two readers never clash)."""
+        return (self.writes or other.writes) and self.device == other.device \
+            and self.start < other.end and other.start < self.end
 
 
 class OutTensor(NamedTuple):

@@ -16,8 +16,7 @@ import numpy as np
 
 from ..errors import DTypeMismatch, InvalidOption, NameMismatch, ReadOnlyRegion, ShapeMismatch
 from . import _bytes, _devices
-from ._claim import Span
-from ._devices import Placement
+from ._devices import Placement, Span
 from ._model import ModelInfo, shape_fits
 
 __all__ = ["bytes_sizes", "check_inputs", "check_out", "output_names", "slot_needs", "split_batch"]

@@ -23,8 +23,8 @@ import numpy as np
 from ..errors import (ClientClosed, DTypeMismatch, ModelChanged, NameMismatch, OutputTooSmall, RegionNotRegistered,
                       ServerError, ShapeMismatch, SharedMemoryRefused, TensorInUse)
 from . import _bytes, _devices, _intake, _messages, _results
-from ._claim import Claim, Span
-from ._devices import DeviceTensor, OutTensor, Placement
+from ._claim import Claim
+from ._devices import DeviceTensor, OutTensor, Placement, Span
 from ._engine import Engine
 from ._model import ModelInfo
 from ._options import RequestOptions

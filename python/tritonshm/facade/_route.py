@@ -26,11 +26,11 @@ import json
 import math
 import threading
 import weakref
-from typing import Any, Callable, Collection, Generator, Mapping, NamedTuple, Sequence
+from typing import Any, Awaitable, Callable, Collection, Generator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .. import _tritonclient_compat as compat
+from .. import _tritonclient_compat as compat, triton
 from ..client import RequestOptions
 from ..errors import ClientClosed, InferenceServerException, ServerError, ServerTimeout
 
@@ -253,10 +253,28 @@ class SlotRoute:
                                                None if outputs is None else list(outputs), model_version,
                                                planned.options)
 
-    def only_slots_left(self, registered: Collection[str]) -> bool:
-        """Whether the server's system regions *registered* (left after an "unregister
-        everything" it refused) are all the held client's slots: the refusal was for them alone
-        -- a request of ours running on them -- and every other region is gone."""
+    def unregister(self, facade: Any, unregister: Callable[[], Any], name: str, headers: Any) -> None:
+        """tritonclient's ``unregister_system_shared_memory`` of *facade* (*unregister*: the
+        call, made): with no *name* (every region), a refusal for nothing but the held client's
+        slots is no failure -- a request of ours runs on them, the server refuses to let go of
+        a region in use and unregisters the rest, and tritonclient's client has no slots."""
+        try:
+            unregister()
+        except InferenceServerException:
+            if name or not self._only_slots_left(triton.status(facade, headers=headers)):
+                raise
+
+    async def unregister_aio(self, facade: Any, unregister: Callable[[], Awaitable[Any]], name: str,
+                             headers: Any) -> None:
+        """:meth:`unregister` of an asyncio facade."""
+        try:
+            await unregister()
+        except InferenceServerException:
+            if name or not self._only_slots_left(await triton.status(facade, headers=headers)):
+                raise
+
+    def _only_slots_left(self, registered: Collection[str]) -> bool:
+        """Whether the server's system regions *registered* are all the held client's slots."""
         client = self._client
         ours = set() if client is None else {name for pool in client.pools() for name in pool.regions}
         return bool(registered) and set(registered) <= ours

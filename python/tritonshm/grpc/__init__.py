@@ -30,7 +30,7 @@ from typing import Any
 
 import tritonclient.grpc as _tritonclient_grpc
 
-from .. import _tritonclient_compat, triton
+from .. import _tritonclient_compat
 from ..errors import InferenceServerException
 from ..facade import _route, _stream
 
@@ -189,15 +189,11 @@ class InferenceServerClient(_route.HeldSlots, _tritonclient_grpc.InferenceServer
         super().stop_stream(cancel_requests)
 
     def unregister_system_shared_memory(self, name: str = "", headers: Any = None, client_timeout: Any = None) -> None:
-        """tritonclient.grpc's ``unregister_system_shared_memory``.  With no *name* (every region), a refusal for nothing but the slots of this client's
-        requests still running is no failure: every other region is gone, as with tritonclient,
-        whose client has no slots (the server refuses to let go of a region a request uses;
-        the slots it let go of are registered again when a request next needs them)."""
-        try:
-            super().unregister_system_shared_memory(name, headers, client_timeout)
-        except InferenceServerException:
-            if name or not self._tritonshm_slots.only_slots_left(triton.status(self, headers=headers)):
-                raise
+        """tritonclient.grpc's ``unregister_system_shared_memory``; with no *name*, a refusal for
+        nothing but this client's slots a request runs on is no failure (see
+        :meth:`~tritonshm.facade._route.SlotRoute.unregister`)."""
+        self._tritonshm_slots.unregister(
+            self, functools.partial(super().unregister_system_shared_memory, name, headers, client_timeout), name, headers)
 
     def close(self) -> None:
         """Stop the stream as tritonclient's ``close`` does (waiting for its requests), then

@@ -11,13 +11,12 @@ every other method is tritonclient's own.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
 import tritonclient.grpc.aio as _tritonclient_grpc_aio
 
-from .. import triton
-from ..errors import InferenceServerException
 from ..facade import _route, _stream
 from . import _INLINE_BYTES, InferInput as _KeptInput, _SlotResult
 
@@ -81,15 +80,11 @@ class InferenceServerClient(_route.AioHeldSlots, _tritonclient_grpc_aio.Inferenc
 
     async def unregister_system_shared_memory(self, name: str = "", headers: Any = None,
                                               client_timeout: Any = None) -> None:
-        """tritonclient.grpc.aio's ``unregister_system_shared_memory``.  With no *name* (every region), a refusal for nothing but the slots of this client's
-        requests still running is no failure: every other region is gone, as with tritonclient,
-        whose client has no slots (the server refuses to let go of a region a request uses;
-        the slots it let go of are registered again when a request next needs them)."""
-        try:
-            await super().unregister_system_shared_memory(name, headers, client_timeout)
-        except InferenceServerException:
-            if name or not self._tritonshm_slots.only_slots_left(await triton.status(self, headers=headers)):
-                raise
+        """tritonclient.grpc.aio's ``unregister_system_shared_memory``; with no *name*, a refusal for
+        nothing but this client's slots a request runs on is no failure (see
+        :meth:`~tritonshm.facade._route.SlotRoute.unregister`)."""
+        await self._tritonshm_slots.unregister_aio(
+            self, functools.partial(super().unregister_system_shared_memory, name, headers, client_timeout), name, headers)
 
 _DEFAULTS = {name: parameter.default
              for name, parameter in inspect.signature(_tritonclient_grpc_aio.InferenceServerClient.infer).parameters.items()}

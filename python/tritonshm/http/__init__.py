@@ -21,14 +21,14 @@ What goes through shared memory (this release): :meth:`InferenceServerClient.inf
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from typing import Any
 
 import tritonclient.http as _tritonclient_http
 
-from .. import _tritonclient_compat, triton
-from ..errors import InferenceServerException
+from .. import _tritonclient_compat
 from ..facade import _route
 
 __all__ = _route.reexport(_tritonclient_http, globals(), own=("aio",))
@@ -139,15 +139,11 @@ class InferenceServerClient(_route.HeldSlots, _tritonclient_http.InferenceServer
 
 
     def unregister_system_shared_memory(self, name: str = "", headers: Any = None, query_params: Any = None) -> None:
-        """tritonclient.http's ``unregister_system_shared_memory``.  With no *name* (every region), a refusal for nothing but the slots of this client's
-        requests still running is no failure: every other region is gone, as with tritonclient,
-        whose client has no slots (the server refuses to let go of a region a request uses;
-        the slots it let go of are registered again when a request next needs them)."""
-        try:
-            super().unregister_system_shared_memory(name, headers, query_params)
-        except InferenceServerException:
-            if name or not self._tritonshm_slots.only_slots_left(triton.status(self, headers=headers)):
-                raise
+        """tritonclient.http's ``unregister_system_shared_memory``; with no *name*, a refusal for
+        nothing but this client's slots a request runs on is no failure (see
+        :meth:`~tritonshm.facade._route.SlotRoute.unregister`)."""
+        self._tritonshm_slots.unregister(
+            self, functools.partial(super().unregister_system_shared_memory, name, headers, query_params), name, headers)
 
 _DEFAULTS = {name: parameter.default
              for name, parameter in inspect.signature(_tritonclient_http.InferenceServerClient.infer).parameters.items()}
