@@ -617,8 +617,8 @@ class Client(ClientFace):
     def close(self, *, cancel_requests: bool = False) -> None:
         """Unregister and unlink this client's regions and close its connections; idempotent.
 
-        New requests are refused at once; requests already in flight (on any
-        thread, and those :meth:`infer_async` queued) are waited for -- up to the
+        New requests are refused at once; those :meth:`infer_async` queued are
+        run, and requests in flight (on any thread) waited for -- up to the
         client's *slot_timeout* -- before the memory they use is unregistered.
         With *cancel_requests* (tritonclient's ``close()``, and its
         ``stop_stream(cancel_requests=True)``) none is waited for: those queued end
