@@ -252,6 +252,20 @@ typedef struct entry {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *entries;
 static pid_t owner_pid;   /* the process that first used the fake */
+/* This process's pid, read once per process: every entry point checks it (CUDA after a fork
+ * fails), and getpid() is a system call -- CUDA makes none per call.  A forked child reads it
+ * again (after_fork_child). */
+static pid_t self_pid;
+
+static pid_t my_pid(void)
+{
+    pid_t pid = __atomic_load_n(&self_pid, __ATOMIC_RELAXED);
+    if (pid == 0) {
+        pid = getpid();
+        __atomic_store_n(&self_pid, pid, __ATOMIC_RELAXED);
+    }
+    return pid;
+}
 static __thread int current_device;
 static __thread int last_error;      /* cudaGetLastError's: the thread's last failure */
 static unsigned long long last_buffer_id;  /* ids handed out so far (under the lock) */
@@ -390,7 +404,7 @@ static int check_state(const char *fn, int need_device)
 {
     if (driver_missing())
         return INSUFFICIENT_DRIVER;
-    pid_t me = getpid(), expected = 0;
+    pid_t me = my_pid(), expected = 0;
     if (!__atomic_compare_exchange_n(&owner_pid, &expected, me, 0, __ATOMIC_SEQ_CST,
                                      __ATOMIC_SEQ_CST) && expected != me)
         return INITIALIZATION;
@@ -856,10 +870,15 @@ static int sync_stream(fake_stream *s)
 
 static void prepare_fork(void) { pthread_mutex_lock(&lock); }
 static void after_fork(void) { pthread_mutex_unlock(&lock); }
+static void after_fork_child(void)
+{
+    __atomic_store_n(&self_pid, 0, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&lock);
+}
 
 __attribute__((constructor)) static void fake_init(void)
 {
-    pthread_atfork(prepare_fork, after_fork, after_fork);
+    pthread_atfork(prepare_fork, after_fork, after_fork_child);
     pthread_key_create(&thread_key, release_thread_streams);
 }
 
