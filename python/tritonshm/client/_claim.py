@@ -178,7 +178,8 @@ class Claims:
         unfinished request names: then that span, and nothing entered (wait, and try again).
         One step under the lock: no other request can enter a clashing span in between."""
         with self._lock:
-            self._forget_released()
+            if self._abandoned:
+                self._forget_released()
             for span in spans:
                 for other in self._running:
                     if other is not claim and any(span.clashes(theirs) for theirs in other.spans):

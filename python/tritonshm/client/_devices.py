@@ -238,19 +238,34 @@ def distinct(events: Sequence[Any]) -> list[Any]:
     return list(dict.fromkeys(events))
 
 
+#: Types whose ``__dlpack__`` and ``__dlpack_device__`` are the type's own -> the library that
+#: allocates results like them (:func:`library_of`): a warm call's tensors are recognised by one
+#: look-up, not a chain of isinstance() and hasattr() (a few types at most; bounded all the same).
+_dlpack_types: dict[type, str] = {}
+_NOT_DEVICE = (np.ndarray, list, tuple, int, float, bytes, str)
+
+
 def as_device_tensor(value: Any) -> DeviceTensor | None:
     """*value* described as a :class:`DeviceTensor`, or None when it is not on a GPU.
 
     Only objects that speak the CUDA Array Interface or DLPack are looked
     at, so plain numpy and lists never reach the CUDA runtime.
     """
-    if isinstance(value, (np.ndarray, list, tuple, int, float, bytes, str)):
-        return None
-    kind = type(value)  # looked up on the type first: the CAI is often a property that builds a dict
-    if not (hasattr(kind, "__dlpack_device__") or hasattr(kind, "__cuda_array_interface__")
-            or hasattr(value, "__cuda_array_interface__")):
-        return None
-    where = _gpu_memory_at(value) if hasattr(kind, "__dlpack__") else None
+    kind = type(value)
+    library = _dlpack_types.get(kind)
+    if library is None:
+        if isinstance(value, _NOT_DEVICE):
+            return None
+        # (looked up on the type first: the CAI is often a property that builds a dict)
+        if not (hasattr(kind, "__dlpack_device__") or hasattr(kind, "__cuda_array_interface__")
+                or hasattr(value, "__cuda_array_interface__")):
+            return None
+        library = library_of(value)
+        if hasattr(kind, "__dlpack__") and hasattr(kind, "__dlpack_device__") and len(_dlpack_types) < 64:
+            _dlpack_types[kind] = library
+        where = _gpu_memory_at(value) if hasattr(kind, "__dlpack__") else None
+    else:
+        where = _gpu_memory_at(value)
     pending = _capturing.pending  # inside one_ordering_point(): the capture joins the call's others
     if where is not None:
         # A DLPack tensor in device memory (torch, cupy, jax): taken at once, its dtype, shape and
@@ -271,11 +286,12 @@ def as_device_tensor(value: Any) -> DeviceTensor | None:
             return None
         dtype, shape, device = described
         captured = capture(value, device, pending=pending)  # a producer's refusal is UnsupportedBuffer there
+        dtype, shape = np.dtype(dtype), tuple(shape)
     try:
         origin = weakref.ref(value)
     except TypeError:  # an object that takes no weak references: never known to be dropped
         origin = None
-    return DeviceTensor(captured, np.dtype(dtype), tuple(shape), device, library=library_of(value), origin=origin)
+    return DeviceTensor(captured, dtype, shape, device, library=library, origin=origin)
 
 
 def capture_inputs(inputs: Any) -> Any:

@@ -202,9 +202,12 @@ def _lent_output(wire: Any, output: str, where: Any) -> Any:
 def _lent_places(lent: Any) -> tuple:
     """Where a request's lent tensors are (registration names and offsets), for the keys of
     what is kept for it."""
-    return tuple((kind, key, where.name, where.offset)
-                 for kind, table in (("in", lent.inputs), ("out", lent.outputs))
-                 for key, where in table.items())
+    places: list[tuple] = []  # (loops, not comprehensions: every warm lent request makes this key)
+    for key, where in lent.inputs.items():
+        places.append(("in", key, where.name, where.offset))
+    for key, where in lent.outputs.items():
+        places.append(("out", key, where.name, where.offset))
+    return tuple(places)
 
 
 def wire_request(wire: Any, info: ModelInfo, arrays: Mapping[str, np.ndarray],

@@ -228,18 +228,19 @@ class Runner:
         it is in (the usual case: no steps), else the steps that wait until no unfinished request
         names memory this one writes, or writes what this one reads (a request the client gave up
         on, still running on the server) -- :class:`TensorInUse` after the request's slot_timeout."""
-        # (name, writes, span): each span named only if the wait times out
-        named = [(name, writes, Span.of(tensor, writes)) for name, tensor, writes in tensors]
-        if not named:  # (host tensors are the client's copies: nothing to clash)
+        spans = []
+        for _, tensor, writes in tensors:
+            spans.append(Span.of(tensor, writes))
+        if not spans:  # (host tensors are the client's copies: nothing to clash)
             return None
-        spans = [span for *_, span in named]
         # Checked and entered in one step: a request starting meanwhile sees these.
         clash = self.claims.enter(claim, spans)
-        return None if clash is None else self._wait_for_clashes(plan, claim, named, spans, clash)
+        return None if clash is None else self._wait_for_clashes(plan, claim, tensors, spans, clash)
 
-    def _wait_for_clashes(self, plan: Plan, claim: Claim, named: list[tuple[str, bool, Span]], spans: list[Span],
-                          clash: Span | None) -> Steps:
-        """:meth:`_enter_claims`' wait: until *claim* enters *spans* (*clash*: the first in the way)."""
+    def _wait_for_clashes(self, plan: Plan, claim: Claim, tensors: Sequence[tuple[str, DeviceTensor, bool]],
+                          spans: list[Span], clash: Span | None) -> Steps:
+        """:meth:`_enter_claims`' wait: until *claim* enters *spans*, where *tensors* are (*clash*:
+        the first in the way)."""
 
         def entered() -> bool:
             nonlocal clash
@@ -247,7 +248,7 @@ class Runner:
             return clash is None
 
         def timed_out() -> TensorInUse:
-            name, writes = next((name, writes) for name, writes, span in named if span is clash)
+            name, writes = next((name, writes) for (name, _, writes), span in zip(tensors, spans) if span is clash)
             what = f"out[{name!r}]" if writes else f"input {name!r}"
             return TensorInUse(
                 f"{what} of this request on model {plan.info.name!r} is memory another request still "
@@ -277,7 +278,10 @@ class Runner:
         # An allocation lent before is known by its id -- never one of our slots in service:
         # own_slot() names a view of those (an input, or a result given as out=) before it could
         # be lent (the lent table would register the slot's memory again, and hold the slot).
-        for (name, tensor, writes), where in zip(tensors, self.lent_table.lend_known([t for _, t, _ in tensors])):
+        each = []
+        for _, tensor, _ in tensors:  # (a loop: see lent_quick_steps)
+            each.append(tensor)
+        for (name, tensor, writes), where in zip(tensors, self.lent_table.lend_known(each)):
             if where is None:
                 where = self.pool_table.own_slot(tensor)
             if where is None:
@@ -356,8 +360,10 @@ class Runner:
             device_signature = self._device_signature(info, inputs, outputs, copy, output_device, slot_timeout, out)
         known = None if device_signature is None else self._device_plans.get(device_signature)
         if known is not None:  # (a Plan made whole: namedtuple's _replace costs two Python calls)
-            plan = Plan(info, [{spec.name: inputs[spec.name] for spec in info.inputs}], known.names, known.route,
-                        known.copy, known.slot_timeout, options, out)
+            chunk = {}
+            for spec in info.inputs:
+                chunk[spec.name] = inputs[spec.name]
+            plan = Plan(info, [chunk], known.names, known.route, known.copy, known.slot_timeout, options, out)
         else:
             with _devices.one_ordering_point():  # whatever planning takes: one event per stream too
                 plan = self.planner.plan(info, inputs, outputs, copy, output_device, slot_timeout, options,
@@ -371,8 +377,9 @@ class Runner:
             options, out)
         if len(plan.chunks) == 1:
             chunk = plan.chunks[0]
-            if known is not None and self._all_lent(plan, chunk):
-                return InferRun([self.lent_quick_steps(plan, chunk, again)])
+            lent = None if known is None else self._all_lent(plan, chunk)
+            if lent is not None:
+                return InferRun([self.lent_quick_steps(plan, chunk, lent, again)])
             return InferRun([self._changed_steps(self.chunk_steps(plan, chunk), info, again)])
         rows = _results.result_rows(info, plan.names, plan.chunks, plan.route.results)
         # (a batch in chunks is not run again: its joining follows the old plan)
@@ -383,30 +390,39 @@ class Runner:
 
     # -- the lent quick path: every tensor the caller's GPU memory, registered before ---------
 
-    def _all_lent(self, plan: Plan, arrays: Mapping[str, Any]) -> bool:
-        """Whether *plan*'s request names only the caller's GPU memory: every input a GPU tensor,
-        every output asked for an ``out=`` tensor -- all of them to be lent, none empty."""
+    def _all_lent(self, plan: Plan, arrays: Mapping[str, Any]) -> list[tuple[str, DeviceTensor, bool]] | None:
+        """The request's tensors (as :func:`_callers_tensors` gives them) where *plan*'s request
+        names only the caller's GPU memory: every input a GPU tensor, every output asked for an
+        ``out=`` tensor -- all of them to be lent, none empty; else None."""
         out = plan.out
         if out is None or not plan.route.lent or self.fallback.wire or len(out) != len(plan.names):
-            return False
-        for array in arrays.values():
+            return None
+        tensors = []
+        for name, array in arrays.items():
             if type(array) is not DeviceTensor or not array.nbytes:
-                return False
+                return None
+            tensors.append((name, array, False))
         for name in plan.names:
             given = out.get(name)
             if given is None or not given.tensor.nbytes:
-                return False
-        return True
+                return None
+            tensors.append((name, given.tensor, True))
+        return tensors
 
-    def lent_quick_steps(self, plan: Plan, arrays: Mapping[str, Any], again: Callable[..., Steps] | None) -> Steps:
-        """A warm request of :meth:`_all_lent` tensors, each in an allocation the lent table
+    def lent_quick_steps(self, plan: Plan, arrays: Mapping[str, Any], tensors: list[tuple[str, DeviceTensor, bool]],
+                         again: Callable[..., Steps] | None) -> Steps:
+        """A warm request of :meth:`_all_lent` *tensors*, each in an allocation the lent table
         registered before (known by the driver's id of it), as straight-line code -- the GPU twin
         of :meth:`quick_steps`: no slot, no copy, no registration; its claim entered, the call's
         one ordering point waited for, the kept message sent, the answer checked.  Where it is not
         that (a tensor not known yet, memory another request still uses) the full way
         (:meth:`chunk_steps`) waits and registers.  Ended as :meth:`chunk_steps` ends a chunk; a
         model that changed is read again and the request run *again* as :meth:`_changed_steps`
-        does."""
+        does.
+
+        (On this way, and in what it calls, loops rather than comprehensions: each comprehension
+        is a function made and called per request, and what a warm request costs between a
+        server's answers is mostly how much code it runs cold -- ``bench/client_overhead.py --gpu``.)"""
         if self.engine.closed:
             self.engine.check_open()
         info, out = plan.info, plan.out
@@ -416,13 +432,14 @@ class Runner:
         with self._flight:
             claim = Claim(self.claims, self.lent_table)
             try:
-                tensors = _callers_tensors(arrays, out)
                 # Entered and lent with no steps, or not taken: a clash to wait out, or a tensor to
                 # register (what was lent stays in the claim, to end with it).
                 if self._enter_claims(plan, tensors, claim) is None and self._lend(tensors, claim) is None:
                     for event in _devices.distinct(claim.waits):  # (one: the call's ordering point)
                         yield WaitForDevice(event)
-                    shapes = {name: array.shape for name, array in arrays.items()}
+                    shapes = {}
+                    for name, array in arrays.items():
+                        shapes[name] = array.shape
                     inputs, requested, message = _messages.slot_request(
                         self.wire, info, None, shapes, plan.names, {}, prepare=plan.options is None, lent=claim,
                         kept=self._lent_messages)
