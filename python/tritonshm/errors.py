@@ -65,6 +65,7 @@ __all__ = [
     "ClientClosed",
     "InvalidOption",
     "InvalidOptionType",
+    "DecoupledModel",
     "MalformedBytes",
     "Outcome",
     "OUTCOMES",
@@ -291,6 +292,12 @@ class InvalidOption(Error, ValueError):
 class InvalidOptionType(InvalidOption, TypeError):
     """A client option or call argument is of the wrong type, or is not an option at all
     (an unknown name); an :class:`InvalidOption` that is also a ``TypeError``."""
+
+
+class DecoupledModel(InvalidOption):
+    """The model is decoupled (any number of responses per request): Triton answers it over a
+    gRPC stream only -- ``stream()``, not ``infer()`` or ``request()``.  Raised after the client
+    read the model again (it may have been reloaded decoupled, or no longer be)."""
 
 
 class MalformedBytes(Error, ValueError):

@@ -28,10 +28,25 @@ from triton_fixtures import client_url, start_or_skip
 MODEL = "changing"
 
 
-def config(output: str = "OUTPUT0", output_type: str = "TYPE_INT32", input_type: str = "TYPE_INT32") -> dict:
-    return {"name": MODEL, "backend": "python", "max_batch_size": 0,
-            "input": [{"name": "INPUT0", "data_type": input_type, "dims": [-1]}],
-            "output": [{"name": output, "data_type": output_type, "dims": [-1]}],
+def config(output: str = "OUTPUT0", output_type: str = "TYPE_INT32", input_type: str = "TYPE_INT32",
+           max_batch_size: int = 0, dims: tuple = (-1,), streaming: bool | None = None) -> dict:
+    """The model's config.  *streaming* (True or False) gives another model: FP32 INPUT0 and INT32
+    COUNT in, OUTPUT0 and INDEX out -- decoupled, COUNT responses (the bundled model's "stream"
+    op), or not, one (its "identity" op: OUTPUT0 = INPUT0, INDEX = COUNT)."""
+    if streaming is not None:
+        made = {"name": MODEL, "backend": "python", "max_batch_size": 0,
+                "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]},
+                          {"name": "COUNT", "data_type": "TYPE_INT32", "dims": [1]}],
+                "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]},
+                           {"name": "INDEX", "data_type": "TYPE_INT32", "dims": [1]}],
+                "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+                "parameters": {"op": {"string_value": "stream" if streaming else "identity"}}}
+        if streaming:
+            made["model_transaction_policy"] = {"decoupled": True}
+        return made
+    return {"name": MODEL, "backend": "python", "max_batch_size": max_batch_size,
+            "input": [{"name": "INPUT0", "data_type": input_type, "dims": list(dims)}],
+            "output": [{"name": output, "data_type": output_type, "dims": list(dims)}],
             "instance_group": [{"kind": "KIND_CPU", "count": 1}]}
 
 
@@ -239,3 +254,141 @@ def test_the_facade_raises_the_servers_words_for_a_model_unloaded_under_it(expli
             client.close()
     assert seen[0][1] == f"Request for unknown model: '{MODEL}' has no available versions"
     assert seen[1] == seen[0]
+
+
+# -- what the model's config no longer takes; the other ways in: stream(), request() ------------
+
+
+@pytest.mark.server
+def test_a_smaller_max_batch_size_is_read_again_and_the_batch_split(explicit_server, load, protocol):
+    """max_batch_size 8 -> 2 under a client that ran batches of 4: the server's refusal ("batch-size
+    must be <= 2") makes the client read the model again, and the next call splits the batch.
+    (Before, every call was refused, for ever: the client never read the model again.)"""
+    load(max_batch_size=8, dims=(4,))
+    x = np.arange(16, dtype=np.int32).reshape(4, 4)
+    with tritonshm.Client(client_url(explicit_server, protocol)) as c:
+        for _ in range(2):
+            np.testing.assert_array_equal(c.infer(MODEL, {"INPUT0": x})["OUTPUT0"], x)
+        load(max_batch_size=2, dims=(4,))
+        with pytest.raises(tritonshm.ServerError, match="batch-size must be <= 2|now runs in chunks"):
+            c.infer(MODEL, {"INPUT0": x})
+        assert c.model_info(MODEL).max_batch_size == 2
+        np.testing.assert_array_equal(c.infer(MODEL, {"INPUT0": x})["OUTPUT0"], x)
+
+
+@pytest.mark.server
+def test_a_decoupled_model_made_plain_runs_by_infer(explicit_server, load):
+    """A model the client streamed as decoupled, reloaded not decoupled: infer() reads it again and
+    runs it (it raised "decoupled ... use stream()" against what it had read, for ever)."""
+    load(streaming=True)
+    x = {"INPUT0": np.arange(3, dtype=np.float32), "COUNT": np.array([2], np.int32)}
+    with tritonshm.Client(explicit_server.grpc_url) as c:
+        assert len(list(c.stream(MODEL, x))) == 2
+        load(streaming=False)
+        np.testing.assert_array_equal(c.infer(MODEL, x)["OUTPUT0"], x["INPUT0"])
+
+
+@pytest.mark.server
+def test_a_model_made_decoupled_says_to_stream(explicit_server, load, protocol):
+    """A model the client ran by infer(), reloaded decoupled: the server's refusal makes the client
+    read it again, and the next call says to stream (DecoupledModel) before sending anything."""
+    load(streaming=False)
+    x = {"INPUT0": np.arange(3, dtype=np.float32), "COUNT": np.array([2], np.int32)}
+    with tritonshm.Client(client_url(explicit_server, protocol)) as c:
+        for _ in range(2):
+            c.infer(MODEL, x)
+        load(streaming=True)
+        with pytest.raises(tritonshm.ServerError, match="decoupled transaction policy"):
+            c.infer(MODEL, x)  # (the server's words)
+        assert c.model_info(MODEL).decoupled
+        with pytest.raises(tritonshm.DecoupledModel, match="use stream"):
+            c.infer(MODEL, x)
+
+
+@pytest.mark.server
+@both_ways
+def test_stream_reads_a_model_whose_input_datatype_changed(explicit_server, load, aio):
+    """stream() with an FP32 input after INT32 -> FP32 runs (the model read again), as infer() does --
+    it raised DTypeMismatch against what the client had read, for ever."""
+    x = np.arange(3, dtype=np.int32)
+
+    async def main():
+        c = (tritonshm.aio.Client if aio else tritonshm.Client)(explicit_server.grpc_url)
+
+        async def streamed(inputs):
+            if aio:
+                return [response async for response in c.stream(MODEL, inputs)]
+            return list(c.stream(MODEL, inputs))
+
+        try:
+            assert len(await streamed({"INPUT0": x})) == 1
+            await asyncio.to_thread(load, input_type="TYPE_FP32")
+            (out,) = await streamed({"INPUT0": x.astype(np.float32)})
+            np.testing.assert_array_equal(out["OUTPUT0"], x)
+        finally:
+            await c.close() if aio else c.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.server
+def test_stream_after_an_output_renamed_returns_it_by_its_new_name(explicit_server, load):
+    """The server's refusal of a streamed request ("unexpected inference output") makes the client
+    read the model again: the next stream() returns RENAMED (OUTPUT0 was refused for ever)."""
+    x = np.arange(3, dtype=np.int32)
+    with tritonshm.Client(explicit_server.grpc_url) as c:
+        assert len(list(c.stream(MODEL, {"INPUT0": x}))) == 1
+        load(output="RENAMED")
+        with pytest.raises(tritonshm.ServerError, match="unexpected inference output"):
+            list(c.stream(MODEL, {"INPUT0": x}))
+        (out,) = list(c.stream(MODEL, {"INPUT0": x}))
+        assert list(out) == ["RENAMED"]
+
+
+@pytest.mark.server
+def test_a_zero_copy_request_after_an_input_datatype_changed(explicit_server, load, protocol):
+    """request() after INT32 -> FP32: the run the server refuses ("data-type is 'INT32', but model
+    ... expects 'FP32'") makes the client read the model again, and the next request() hands out
+    FP32 views (they stayed INT32, each run refused, for ever)."""
+    with tritonshm.Client(client_url(explicit_server, protocol)) as c:
+        with c.request(MODEL, shapes={"INPUT0": (3,)}) as r:
+            r.inputs["INPUT0"][...] = np.arange(3)
+            r.run()
+        load(input_type="TYPE_FP32")
+        with c.request(MODEL, shapes={"INPUT0": (3,)}) as r:
+            r.inputs["INPUT0"][...] = np.arange(3)
+            with pytest.raises(tritonshm.ServerError, match="expects 'FP32'"):
+                r.run()
+        with c.request(MODEL, shapes={"INPUT0": (3,)}) as r:
+            assert r.inputs["INPUT0"].dtype == np.float32
+            r.inputs["INPUT0"][...] = np.arange(3)
+            np.testing.assert_array_equal(r.run()["OUTPUT0"], np.arange(3))
+
+
+@pytest.mark.server
+def test_the_facade_raises_the_servers_words_for_an_input_of_a_datatype_no_longer_taken(explicit_server, load,
+                                                                                        protocol):
+    """tritonshm.grpc / .http: an INT32 input sent to the model reloaded with an FP32 input raises
+    what tritonclient's call raises (the held client, which reads the model again, must not answer
+    in its own words)."""
+    import importlib
+
+    url = explicit_server.grpc_url if protocol == "grpc" else explicit_server.http_url
+    x = np.arange(40000, dtype=np.int32)  # (what the slots carry)
+    seen = []
+    for module in (importlib.import_module(f"tritonclient.{protocol}"), importlib.import_module(f"tritonshm.{protocol}")):
+        load()
+        client = module.InferenceServerClient(url)
+        try:
+            given = module.InferInput("INPUT0", [len(x)], "INT32")
+            given.set_data_from_numpy(x)
+            for _ in range(2):
+                client.infer(MODEL, [given])
+            load(input_type="TYPE_FP32")
+            for _ in range(2):
+                with pytest.raises(module.InferenceServerException) as raised:
+                    client.infer(MODEL, [given])
+                seen.append((raised.value.status(), raised.value.message()))
+        finally:
+            client.close()
+    assert seen[2:] == seen[:2]

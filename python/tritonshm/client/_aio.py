@@ -416,7 +416,9 @@ class Client(ClientFace):
                       options: RequestOptions | None) -> AsyncIterator[dict[str, Any]]:
         bound = answer_bound(options)  # (its client_timeout bounds the client's own calls too)
         info = await self._model_info(model, version, bound)
-        plan = self._engine.planner.stream_plan(info, inputs, outputs, output_device, slot_timeout, options)
+        planner = self._engine.planner
+        plan = await self._driver.drive(self._runner.replanned_steps(info, lambda info: planner.stream_plan(
+            info, inputs, outputs, output_device, slot_timeout, options)), bound)
         async with contextlib.aclosing(self._driver.iterate(self._runner.stream_steps(plan), bound)) as responses:
             async for outputs_of_one in responses:
                 yield outputs_of_one
@@ -424,9 +426,10 @@ class Client(ClientFace):
     async def _stream_to(self, stream: Any, model: str, inputs: Mapping[str, Any], requested: list | None,
                          version: str, options: RequestOptions | None) -> Any:
         """:meth:`tritonshm.Client._stream_to`, awaited (for tritonshm.grpc.aio's ``stream_infer``)."""
-        engine = self._engine
+        planner = self._engine.planner
         info = await self.model_info(model, version)
-        plan = engine.planner.stream_plan(info, inputs, None, "auto", None, options)
+        plan = await self._driver.drive(self._runner.replanned_steps(info, lambda info: planner.stream_plan(
+            info, inputs, None, "auto", None, options)))
         return await self._driver.drive(self._runner.stream_send_steps(plan, stream, requested))
 
     async def request(self, model: str, batch_size: int | None = None, *,
@@ -436,8 +439,9 @@ class Client(ClientFace):
         """Like :meth:`tritonshm.Client.request`; the request's ``run()`` returns an awaitable."""
         engine = self._engine
         engine.planner.refuse_lease_options(misplaced)
-        info = await self.model_info(model, version)
-        full = engine.planner.request_shapes(info, batch_size, shapes)
+        info, full = await self._driver.drive(self._runner.replanned_steps(
+            await self.model_info(model, version),
+            lambda info: (info, engine.planner.request_shapes(info, batch_size, shapes))))
         kind = engine.routing.request_memory(info, device)
         wait = engine.planner.slot_wait(slot_timeout)  # (checked though a slot is free now)
         lease = self._runner.lease_now(info, full, kind) or \

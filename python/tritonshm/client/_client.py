@@ -558,7 +558,8 @@ class Client(ClientFace):
         checked = planner.request_options(options)
         bound = answer_bound(checked)  # (its client_timeout bounds the client's own calls too)
         info = self._model_info(model, version, bound)
-        plan = planner.stream_plan(info, inputs, outputs, output_device, slot_timeout, checked)
+        plan = self._driver.drive(self._runner.replanned_steps(info, lambda info: planner.stream_plan(
+            info, inputs, outputs, output_device, slot_timeout, checked)), bound)
         return self._driver.iterate(self._runner.stream_steps(plan), bound)
 
     def _stream_to(self, stream: Any, model: str, inputs: Mapping[str, Any], requested: list | None,
@@ -568,9 +569,10 @@ class Client(ClientFace):
         sends them, its outputs asked for with tritonclient's *requested* objects (None:
         all); its :class:`~._stream.Streamed` entry (the slot comes back after the request's
         final response, or once the server lets go of it)."""
-        engine = self._engine
+        planner = self._engine.planner
         info = self.model_info(model, version)
-        plan = engine.planner.stream_plan(info, inputs, None, "auto", None, options)
+        plan = self._driver.drive(self._runner.replanned_steps(info, lambda info: planner.stream_plan(
+            info, inputs, None, "auto", None, options)))
         return self._driver.drive(self._runner.stream_send_steps(plan, stream, requested))
 
     def infer_async(self, model: str, inputs: Mapping[str, Any], **kwargs: Any) -> concurrent.futures.Future:
@@ -604,8 +606,9 @@ class Client(ClientFace):
         """
         engine = self._engine
         engine.planner.refuse_lease_options(misplaced)
-        info = self.model_info(model, version)
-        full = engine.planner.request_shapes(info, batch_size, shapes)
+        info, full = self._driver.drive(self._runner.replanned_steps(
+            self.model_info(model, version),
+            lambda info: (info, engine.planner.request_shapes(info, batch_size, shapes))))
         kind = engine.routing.request_memory(info, device)
         wait = engine.planner.slot_wait(slot_timeout)  # (checked though a slot is free now)
         lease = self._runner.lease_now(info, full, kind) or \

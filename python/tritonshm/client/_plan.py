@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from ..errors import DTypeMismatch, InvalidOption, InvalidOptionType, ShapeMismatch
+from ..errors import DecoupledModel, DTypeMismatch, InvalidOption, InvalidOptionType, ShapeMismatch
 from . import _devices, _intake
 from ._devices import DeviceTensor, OutTensor, Placement
 from ._fallback import Fallback
@@ -198,8 +198,8 @@ class Planner:
         arrays, batch = _intake.check_inputs(info, inputs)
         names = _intake.output_names(info, outputs)
         if info.decoupled and not streamed:
-            raise InvalidOption(f"model {info.name!r} is decoupled (any number of responses per request): "
-                                f"Triton answers it over a gRPC stream only; use stream()")
+            raise DecoupledModel(f"model {info.name!r} is decoupled (any number of responses per request): "
+                                 f"Triton answers it over a gRPC stream only; use stream()")
         chunks = _intake.split_batch(info, arrays, batch)
         if len(chunks) > 1 and not copy:
             raise InvalidOption(
@@ -232,8 +232,8 @@ class Planner:
                        shapes: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
         """Checked full input shapes of a zero-copy request."""
         if info.decoupled:
-            raise InvalidOption(f"model {info.name!r} is decoupled: Triton answers it over a gRPC stream "
-                                f"only; use stream()")
+            raise DecoupledModel(f"model {info.name!r} is decoupled: Triton answers it over a gRPC stream "
+                                 f"only; use stream()")
         if self.fallback.wire:
             raise InvalidOption("request() needs shared memory, but this client is on the wire transport")
         given = {k: tuple(v) for k, v in (shapes or {}).items()}

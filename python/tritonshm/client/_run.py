@@ -20,8 +20,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from ..errors import (ClientClosed, DTypeMismatch, ModelChanged, NameMismatch, OutputTooSmall, RegionNotRegistered,
-                      ServerError, ShapeMismatch, SharedMemoryRefused, TensorInUse)
+from ..errors import (ClientClosed, DecoupledModel, DTypeMismatch, ModelChanged, NameMismatch, OutputTooSmall,
+                      RegionNotRegistered, ServerError, ShapeMismatch, SharedMemoryRefused, TensorInUse)
 from . import _bytes, _devices, _intake, _messages, _results
 from ._claim import Claim
 from ._devices import DeviceTensor, OutTensor, Placement, Span
@@ -36,17 +36,22 @@ from ._steps import Emit, NextResponse, Pause, Send, Steps, StreamSend, WaitForD
 __all__ = ["InferRun", "Runner"]
 
 # The server's refusals of a tensor the client named from the model's metadata (it changed since),
-# and of the model itself (unloaded: the next call reads it again, and says so).
+# of a request the model's config no longer takes (a smaller max_batch_size; made decoupled), and of
+# the model itself (unloaded: the next call reads it again, and says so).
 _STALE_METADATA = re.compile(r"unexpected inference (input|output)|unexpected datatype|unexpected shape for input|"
-                             r"expected \d+ inputs? but got|unknown model|is not found|is not ready", re.IGNORECASE)
+                             r"data-type is '[^']*', but model '[^']*' expects|"
+                             r"expected \d+ inputs? but got|batch-size must be <=|"
+                             r"doesn't support models with decoupled transaction policy|"
+                             r"unknown model|is not found|is not ready", re.IGNORECASE)
 def _stale(exc: ServerError) -> bool:
     """Whether *exc* says that the model is not what the client read (see _STALE_METADATA)."""
     return isinstance(exc, ModelChanged) or _STALE_METADATA.search(str(exc)) is not None
 
 
 #: The client's own refusals of a request, read against what it knew of the model: a model that
-#: changed under it (an input renamed, a datatype or shape changed) is read again before they hold.
-PLAN_REFUSALS = (NameMismatch, DTypeMismatch, ShapeMismatch)
+#: changed under it (an input renamed, a datatype or shape changed, decoupled no longer) is read
+#: again before they hold (:meth:`Runner.replanned_steps`).
+PLAN_REFUSALS = (NameMismatch, DTypeMismatch, ShapeMismatch, DecoupledModel)
 _GROW_ATTEMPTS = 3  # runs of one request while growing undersized outputs
 _CLASH_POLL = 0.005  # how often a request waiting for clashing memory to be let go of looks again
 _NAMES: Any = object()  # a streamed request asks for its plan's outputs by name (not for objects given)
@@ -518,11 +523,26 @@ class Runner:
                                f"run again: call again to run it on the model as it is now",
                                status="model changed", model=model) from None
         # (once: if it changed again meanwhile, that run's error is raised)
-        run = self.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, options, out, rerun=False)
+        try:
+            run = self.infer_steps(info, inputs, outputs, copy, output_device, slot_timeout, options, out,
+                                   rerun=False)
+        except PLAN_REFUSALS:
+            raise failure from None  # the request does not fit the model as it is now: the server said why
         if run.join is None:
             return (yield from run.steps[0])
         raise ModelChanged(f"model {model!r} changed on the server since the client read it: a batch of this size "
                            f"now runs in chunks -- call again", status="model changed", model=model)
+
+    def replanned_steps(self, info: ModelInfo, make: Callable[[ModelInfo], Any]) -> Steps:
+        """``make(info)``: a plan of a request against what the client knew of the model; where that
+        refuses it (one of :data:`PLAN_REFUSALS`: the model may have changed), ``make`` of the model
+        read again (:meth:`reread_steps`: where nothing changed, the refusal stands).  No steps
+        where the first holds.  (``infer`` writes this out: every request plans.)"""
+        try:
+            return make(info)
+        except PLAN_REFUSALS as refusal:
+            fresh = yield from self.reread_steps(info, refusal)
+        return make(fresh)
 
     def reread_steps(self, info: ModelInfo, refusal: BaseException) -> Steps:
         """The model read again after the client refused a request against *info*, what it knew
@@ -742,8 +762,9 @@ class Runner:
         """
         try:
             return (yield from self._stream_attempts(plan))
-        except ModelChanged:
-            self.forget_model(plan.info.name)  # (responses may have been handed out: no second run)
+        except ServerError as exc:
+            if _stale(exc):  # the model changed: the next call reads it again
+                self.forget_model(plan.info.name)  # (responses may have been handed out: no second run)
             raise
 
     def _stream_attempts(self, plan: Plan) -> Steps:
@@ -966,8 +987,9 @@ class Runner:
                 # (views of the slot, BYTES decoded out of it: nothing queued on a GPU)
                 return _results.collect(info, lease, result, names, False, Placement(lease.extent.memory.device),
                                         ready=message)[0]
-            except ModelChanged:
-                self.forget_model(info.name)  # (its views are of the old model's tensors: no second run)
+            except ServerError as exc:
+                if _stale(exc):  # the model changed: the next request() reads it again
+                    self.forget_model(info.name)  # (its views are of the old model's tensors: no second run)
                 raise
             finally:
                 self._end_claim(claim)
