@@ -415,6 +415,48 @@ def test_server_restart_mid_stream_reregisters(fresh_server, protocol):
         assert pool.extents[0].name in tritonshm.status(c.tritonclient)
 
 
+def restarted_unable_to_open_our_memory(server):
+    """*server* stopped, and one with a /dev/shm of its own started on its ports: a container
+    restarted without ``--ipc=host`` (or client shared memory turned off), as a client sees it."""
+    from tritonshm.server import LocalServer
+
+    server.stop()
+    port = lambda url: int(url.rsplit(":", 1)[1])  # noqa: E731
+    return start_or_skip(LocalServer(grpc_port=port(server.grpc_url), http_port=port(server.http_url),
+                                     private_shm=True))
+
+
+def test_a_server_restarted_unable_to_open_our_memory_is_fallen_back_from(fresh_server, protocol):
+    """transport="auto" falls back to the wire, with its one warning, from the first request after
+    such a restart.  (Every request failed, for ever: each registered the pool again, was refused
+    -- SharedMemoryRefused -- and the next found the pool unregistered again.)"""
+    data = floats(64)
+    with tritonshm.Client(client_url(fresh_server, protocol)) as c:
+        assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data})["OUTPUT0"], data)
+        with restarted_unable_to_open_our_memory(fresh_server):
+            with pytest.warns(RuntimeWarning, match="falling back.*cannot open our shared memory"):
+                out = c.infer("identity_fp32", {"INPUT0": data + 1})
+            assert np.array_equal(out["OUTPUT0"], data + 1)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # one warning, not one per request
+                assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data + 2})["OUTPUT0"], data + 2)
+
+
+def test_a_stream_after_a_restart_unable_to_open_our_memory_goes_on_the_wire(fresh_server):
+    """stream()'s request after such a restart goes on the wire (its registering again refused
+    was the caller's error, and every stream request after it too)."""
+    data = floats(64)
+    with tritonshm.Client(fresh_server.grpc_url) as c:
+        (out,) = list(c.stream("identity_fp32", {"INPUT0": data}))
+        assert np.array_equal(out["OUTPUT0"], data)
+        with restarted_unable_to_open_our_memory(fresh_server):
+            for i in range(2):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # (the one warning of falling back)
+                    (out,) = list(c.stream("identity_fp32", {"INPUT0": data + i}))
+                assert np.array_equal(out["OUTPUT0"], data + i)
+
+
 def test_wire_transport_never_touches_shared_memory(server, protocol):
     with tritonshm.Client(client_url(server, protocol), transport="wire") as c:
         data = floats(64)

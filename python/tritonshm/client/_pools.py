@@ -319,6 +319,15 @@ class PoolTable:
                 self._retire(pool)
             self._pools.clear()
 
+    def retire(self, pool: SlotPool) -> None:
+        """*pool* out of service, where it still is (the server cannot open its memory): it
+        drains, then it is let go of."""
+        with self._lock:
+            for key, serving in list(self._pools.items()):
+                if serving is pool:
+                    del self._pools[key]
+                    self._retire(pool)
+
     def _take_out_of_service(self, key: tuple[str, str, SlotKind], pool: SlotPool) -> None:
         """A pool whose first extent could not be made: out of the pools, its waiters woken."""
         with self._lock:

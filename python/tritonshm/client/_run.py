@@ -15,6 +15,7 @@ import functools
 import math
 import re
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -26,6 +27,7 @@ from . import _bytes, _devices, _intake, _messages, _results
 from ._claim import Claim
 from ._devices import DeviceTensor, OutTensor, Placement, Span
 from ._engine import Engine
+from ._fallback import Next
 from ._model import ModelInfo
 from ._options import RequestOptions
 from ._plan import Plan
@@ -219,6 +221,11 @@ class Runner:
                 needs = {**needs, exc.output: exc.needed}
                 claim.end_lease()
                 continue
+            except SharedMemoryRefused as exc:  # (healing: the restarted server cannot open our memory)
+                if not self._heal_refused(lease.pool, exc, strict=not plan.copy) or attempt + 1 == _GROW_ATTEMPTS:
+                    raise
+                claim.end_lease()  # (refused before it ran: back to its pool, out of service now)
+                continue  # on the wire
             finally:
                 del lease  # now, not when a traceback holding this frame dies
             if claim.tensors:
@@ -779,7 +786,11 @@ class Runner:
                 if response.error is not None:
                     if isinstance(response.error, RegionNotRegistered) and pool is not None \
                             and not answered and attempt == 0:
-                        yield from self._register_again_steps(pool)
+                        try:
+                            yield from self._register_again_steps(pool)
+                        except SharedMemoryRefused as exc:  # (restarted as a server that cannot open it)
+                            if not self._heal_refused(pool, exc, strict=False):
+                                raise
                         break
                     try:
                         raise response.error
@@ -858,6 +869,22 @@ class Runner:
         (the server may still run it): its claim ends."""
         claim.unanswered = not answered
         self._end_claim(claim)
+
+    def _heal_refused(self, pool: SlotPool, refusal: SharedMemoryRefused, strict: bool) -> bool:
+        """The server refused *pool*'s memory as a request registered it again: it restarted as
+        one that cannot open our memory (a container restarted without ``--ipc=host``, client
+        shared memory turned off).  The client steps down as at a first registration
+        (:meth:`~._fallback.Fallback.refused`: one warning, for the client's life; *strict*: the
+        caller insists on slots) and the pool leaves service -- every request would be refused
+        on it, healing it again, for ever.  True where the request may go on the wire now."""
+        on_gpu = any(extent.memory.device is not None for extent in pool.extents)
+        step = self.fallback.refused(on_gpu, str(refusal), strict)
+        if step.next is Next.RAISE:
+            return False
+        if step.warning is not None:
+            warnings.warn(step.warning, RuntimeWarning, stacklevel=2)
+        self.pool_table.retire(pool)
+        return step.next is Next.WIRE
 
     def _register_again_steps(self, pool: SlotPool | None) -> Steps:
         """Register every extent of *pool*, and every lent allocation, again under its name
