@@ -577,6 +577,96 @@ def test_objects_not_made_by_their_factories_raise_instead_of_crashing(fake_cuda
     cap.release()
 
 
+def test_a_runtime_not_loaded_raises_instead_of_crashing(fake_cudart_path):
+    """A Runtime made without load() (its C entry points NULL) raises on every method; in a
+    process of its own, since the old code crashed it (SIGSEGV)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        from tritonshm._memory._runtime import Runtime
+        r = Runtime.__new__(Runtime)
+        for call in (r.versions, r.device_count, lambda: r.library, lambda: r.device_info(0),
+                     lambda: r.mem_info(0), lambda: r.check_device(0), lambda: r.error_name(1)):
+            try:
+                call()
+            except TypeError as exc:
+                assert "not loaded" in str(exc), exc
+            else:
+                raise AssertionError("no TypeError")
+        print(repr(r))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "<Runtime not loaded>"), done.stderr[-2000:]
+
+
+def _pending_result(nbytes: int = 4096) -> tuple[cuda.CudaArray, cuda.Stream]:
+    """A CudaArray marked as a client marks a result whose copy is queued (its Pending)."""
+    from tritonshm._memory._stream import Pending
+
+    region = cuda.CudaRegion.create(nbytes)
+    region.write(np.arange(nbytes // 4, dtype=np.float32))
+    view = region.view(np.float32, (nbytes // 4,))
+    region.close()
+    stream = cuda.Stream.create(0)
+    view._after(Pending(stream.record()))
+    return view, stream
+
+
+def test_a_pending_result_read_by_another_reader_during_get(fake_cuda, monkeypatch):
+    """get() releases the GIL for its copy: another reader (a thread's get(), synchronize() or
+    __cuda_array_interface__) waits for the same copy meanwhile and lets go of it.  get() then
+    raised AttributeError ('NoneType' object has no attribute 'completed').  The other reader
+    runs here where get() makes its host array."""
+    from tritonshm._memory import _cuda_array
+
+    view, stream = _pending_result()
+    real_np = _cuda_array.np
+
+    class AnotherReaderMeanwhile:
+        def __getattr__(self, name):
+            return getattr(real_np, name)
+
+        def empty(self, *args, **kwargs):
+            view.__cuda_array_interface__  # waits for the copy, and lets go of it
+            return real_np.empty(*args, **kwargs)
+
+    monkeypatch.setattr(_cuda_array, "np", AnotherReaderMeanwhile())
+    got = view.get()
+    monkeypatch.setattr(_cuda_array, "np", real_np)
+    np.testing.assert_array_equal(got, np.arange(1024, dtype=np.float32))
+    assert not view.pending
+    del view
+    stream.close()
+
+
+def test_a_pending_result_read_from_two_threads_at_once(fake_cuda):
+    """The same, undriven: two threads get() each of many pending results."""
+    errors: list[BaseException] = []
+    for _ in range(100):
+        view, stream = _pending_result(1 << 20)
+        barrier = threading.Barrier(2)
+
+        def read():
+            barrier.wait()
+            try:
+                np.testing.assert_array_equal(view.get()[:4], [0, 1, 2, 3])
+            except BaseException as exc:  # noqa: BLE001 (reported below)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=read) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        del view
+        stream.close()
+        if errors:
+            break
+    assert not errors, f"a reader of a pending result failed: {errors[0]!r}"
+
+
 def test_a_reader_whose_stream_is_gone_is_waited_for_by_a_device_sync(fake_cuda):
     from fake_cuda import consume_dlpack
 

@@ -18,6 +18,7 @@ cdef class CudaArray:
     cdef tshm_cuda_alloc *_a(self) except NULL
     cdef Event _pending_event(self)
     cdef int _order_before(self, size_t stream) except -1
+    cdef void _landed(self, Pending p)
 
 
 cdef CudaArray make_view(Runtime rt, tshm_cuda_alloc *a, size_t offset, object dtype, tuple shape,

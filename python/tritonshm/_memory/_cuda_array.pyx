@@ -183,6 +183,12 @@ cdef class CudaArray:
         cdef Pending p = self._pending
         if p is not None:
             p.synchronize()
+            self._landed(p)
+
+    cdef void _landed(self, Pending p):
+        # *p*, waited for, is complete: let go of it -- unless another reader's wait (the GIL was
+        # released meanwhile) let go of it first, or a newer copy took its place.
+        if self._pending is p:
             self._pending = None
 
     def __dealloc__(self):
@@ -297,14 +303,15 @@ cdef class CudaArray:
 
     def get(self):
         """A host copy of this array, as numpy (after a copy into it still pending, if any)."""
+        cdef Pending p = self._pending  # (taken now: another reader may let go of it meanwhile)
         cdef Event pending = self._pending_event()
         if pending is None:
             return to_host(self._runtime, self._a(), self._offset, self.nbytes, self.dtype, self.shape, self)
         out = to_host(self._runtime, self._a(), self._offset, self.nbytes, self.dtype, self.shape, self,
                       <void *><size_t>pending.handle)
         if self.nbytes:  # (our copy stream waited for it, and was synchronized: it is complete)
-            self._pending.completed()
-            self._pending = None
+            p.completed()
+            self._landed(p)
         return out
 
     def __array__(self, *args, **kwargs):

@@ -66,23 +66,32 @@ cdef class Runtime:
         self.requested = path
         return self
 
+    cdef tshm_cudart *_rt(self) except NULL:
+        """The loaded runtime; TypeError for a Runtime made without :meth:`load` (its entry points
+        would be NULL)."""
+        if self.rt == NULL:
+            raise TypeError("this Runtime was not loaded: use tritonshm.cuda.runtime_info(), or Runtime.load(path)")
+        return self.rt
+
     @property
     def library(self):
         """The file the runtime was loaded from."""
-        cdef const char *p = tshm_cudart_path(self.rt)
+        cdef const char *p = tshm_cudart_path(self._rt())
         return os.fsdecode(p) if p != NULL else self.requested
 
     def versions(self):
         """``(runtime, driver)`` versions as ints (e.g. 12060, 13000); the driver's is 0 without one."""
         cdef int runtime = 0, driver = 0
-        tshm_cuda_settle(self.rt, self.rt.RuntimeGetVersion(&runtime))
-        tshm_cuda_settle(self.rt, self.rt.DriverGetVersion(&driver))
+        cdef tshm_cudart *rt = self._rt()
+        tshm_cuda_settle(rt, rt.RuntimeGetVersion(&runtime))
+        tshm_cuda_settle(rt, rt.DriverGetVersion(&driver))
         return runtime, driver
 
     def device_count(self):
         """The number of visible devices; raises CudaUnavailable when there are none."""
         cdef int count = 0
-        self.check(tshm_cuda_settle(self.rt, self.rt.GetDeviceCount(&count)), "counting CUDA devices")
+        cdef tshm_cudart *rt = self._rt()
+        self.check(tshm_cuda_settle(rt, rt.GetDeviceCount(&count)), "counting CUDA devices")
         if count == 0:
             self.check(TSHM_CUDA_ERROR_NO_DEVICE, "counting CUDA devices")
         return count
@@ -91,10 +100,11 @@ cdef class Runtime:
         """What the runtime says of *device*, as a dict (no context is created)."""
         cdef char props[_PROPS_BYTES]
         cdef int value = 0
+        cdef tshm_cudart *rt = self._rt()
         memset(props, 0, sizeof(props))
         info = {"index": device}
         # Probes: a refusal leaves the key out (and off the thread's last error).
-        if tshm_cuda_settle(self.rt, self.rt.GetDeviceProperties(<void *>props, device)) == 0:
+        if tshm_cuda_settle(rt, rt.GetDeviceProperties(<void *>props, device)) == 0:
             props[255] = 0
             info["name"] = props[:255].split(b"\0", 1)[0].decode(errors="replace")
         for key, attr in (("multiprocessors", TSHM_CUDA_ATTR_MULTIPROCESSOR_COUNT),
@@ -102,7 +112,7 @@ cdef class Runtime:
                           ("cc_major", TSHM_CUDA_ATTR_COMPUTE_CAPABILITY_MAJOR),
                           ("cc_minor", TSHM_CUDA_ATTR_COMPUTE_CAPABILITY_MINOR),
                           ("host_register_supported", TSHM_CUDA_ATTR_HOST_REGISTER_SUPPORTED)):
-            if tshm_cuda_settle(self.rt, self.rt.DeviceGetAttribute(&value, attr, device)) == 0:
+            if tshm_cuda_settle(rt, rt.DeviceGetAttribute(&value, attr, device)) == 0:
                 info[key] = value
         if "cc_major" in info and "cc_minor" in info:
             info["compute_capability"] = f"{info.pop('cc_major')}.{info.pop('cc_minor')}"
@@ -139,7 +149,8 @@ cdef class Runtime:
         dev = _device_of(device)
         if dev < self._devices_seen:
             return dev
-        self.check(tshm_cuda_settle(self.rt, self.rt.GetDeviceCount(&count)), "counting CUDA devices")
+        cdef tshm_cudart *rt = self._rt()
+        self.check(tshm_cuda_settle(rt, rt.GetDeviceCount(&count)), "counting CUDA devices")
         self._devices_seen = count
         if dev >= count:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -155,7 +166,7 @@ cdef class Runtime:
 
     def error_name(self, int code):
         """``cudaGetErrorName(code)``."""
-        return tshm_cuda_error_name(self.rt, code).decode(errors="replace")
+        return tshm_cuda_error_name(self._rt(), code).decode(errors="replace")
 
     cdef int check(self, int rc, str what) except -1:
         """Raise the tritonshm error for a C-core or CUDA return code; 0 passes."""
@@ -165,8 +176,8 @@ cdef class Runtime:
             if -rc == errno.ERANGE:
                 raise OutOfBounds(f"{what}: out of range")
             raise os_error(-rc, what)
-        name = tshm_cuda_error_name(self.rt, rc).decode(errors="replace")
-        text = tshm_cuda_error_string(self.rt, rc).decode(errors="replace")
+        name = tshm_cuda_error_name(self._rt(), rc).decode(errors="replace")
+        text = tshm_cuda_error_string(self._rt(), rc).decode(errors="replace")
         detail = f"{what}: {name} ({rc}): {text}"
         if rc == TSHM_CUDA_ERROR_INSUFFICIENT_DRIVER:
             raise CudaUnavailable(f"{detail}; the CUDA driver is missing or older than {self.library}")
@@ -187,7 +198,7 @@ cdef class Runtime:
         raise CudaError(detail + hint, rc, name)
 
     def __repr__(self):
-        return f"<Runtime {self.library!r}>"
+        return f"<Runtime {self.library!r}>" if self.rt != NULL else "<Runtime not loaded>"
 
 
 cdef Runtime _current = None
