@@ -484,6 +484,43 @@ def test_gpu_tensors_of_a_request_on_the_wire_are_counted_as_copied(fake_cuda, t
     del x, y
 
 
+@pytest.mark.server
+def test_a_server_restarted_unable_to_open_lent_tensors_gets_copies(fake_cudart_path, fake_cuda, torch_caching):
+    """The server that had our lent tensors restarts as one that cannot open our memory (a
+    container restarted without --ipc=host): the request that finds it may fail (its lent tensors,
+    registered again, are refused), and from the next on the tensors are copied -- here onto the
+    wire, the slots refused too -- where every request was refused, for ever."""
+    import warnings
+
+    from tritonshm.server import LocalServer
+    from fake_cuda import server_env
+    from triton_fixtures import start_or_skip
+
+    data = sample(np.float32, 64)
+    x, y = torch_caching.from_numpy(data), torch_caching.empty(64, np.float32)
+    with start_or_skip(LocalServer(env=server_env(fake_cudart_path))) as srv:
+        port = lambda url: int(url.rsplit(":", 1)[1])  # noqa: E731
+        ports = {"grpc_port": port(srv.grpc_url), "http_port": port(srv.http_url)}
+        with tritonshm.Client(srv.grpc_url) as c:
+            for _ in range(2):
+                c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+            assert c.stats().inputs_lent == c.stats().outputs_lent == 2
+            srv.stop()
+            with start_or_skip(LocalServer(private_shm=True, env=server_env(fake_cudart_path), **ports)):
+                outcomes = []
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # (falling back to the wire)
+                    for i in range(3):
+                        try:
+                            y.fill_(-1.0)
+                            c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
+                            outcomes.append(bool(np.array_equal(y.numpy(), data)))
+                        except tritonshm.SharedMemoryRefused:
+                            outcomes.append("refused")
+                assert outcomes[0] in ("refused", True) and outcomes[1:] == [True, True], outcomes
+    del x, y
+
+
 def test_tensors_lent_from_one_allocation_are_each_named_where_they_are(url, fake_cuda, torch_caching):
     """Two tensors in one segment of the caching allocator (one registration, two offsets), sent
     in turn with the same shape: each request names its own tensor -- the request objects and

@@ -222,8 +222,9 @@ class Runner:
                 claim.end_lease()
                 continue
             except SharedMemoryRefused as exc:  # (healing: the restarted server cannot open our memory)
-                if not self._heal_refused(lease.pool, exc, strict=not plan.copy) or attempt + 1 == _GROW_ATTEMPTS:
-                    raise
+                if lease is None or attempt + 1 == _GROW_ATTEMPTS \
+                        or not self._heal_refused(lease.pool, exc, strict=not plan.copy):
+                    raise  # (no lease: a lent allocation refused, which the next request lends again)
                 claim.end_lease()  # (refused before it ran: back to its pool, out of service now)
                 continue  # on the wire
             finally:
@@ -892,7 +893,12 @@ class Runner:
         self.disposals.server_restarted()
         lent = self.lent_table.healing()  # (held meanwhile: never let go of under its registration)
         try:
-            yield from register_again_steps([*(pool.extents if pool is not None else ()), *lent])
+            yield from register_again_steps(pool.extents if pool is not None else [])
+            try:
+                yield from register_again_steps(lent)
+            except SharedMemoryRefused as exc:  # (restarted as a server that cannot open the caller's memory)
+                self.fallback.lending_refused_because(str(exc))  # copied from now on, as at a first refusal
+                raise
         finally:
             self.lent_table.healed(lent)
 
