@@ -138,3 +138,37 @@ def test_a_burst_of_growing_requests_keeps_max_pool_bytes(server, slot_memory_pe
     print(f"\ngrowing: 200 requests of 1 to 8 KiB, {slot_memory_peak.made} extents made, "
           f"peak {slot_memory_peak.peak} bytes of max_pool_bytes={cap}")
     assert slot_memory_peak.peak <= cap
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_larger_pool_is_not_starved_by_the_models_smaller_requests(server, slot_memory_peak, protocol):
+    """A request outgrows its model's pool under max_pool_bytes that holds the larger pool alone,
+    while other threads keep sending the model's small requests.  The larger pool is in service at
+    once, and they wait for its slots: before, finding no pool while it waited for the old one's
+    bytes, each made a fresh small pool that took them back, until its slot_timeout
+    (PoolExhausted)."""
+    small, large = sample(np.float32, 1024), sample(np.float32, 4096)  # 8 KiB and 32 KiB slots
+    cap = 64 << 10  # two slots of the larger pool: nothing beside it
+    with tritonshm.Client(url_of(server, protocol), slots=2, max_pool_bytes=cap, slot_timeout=10) as c:
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": small})["OUTPUT0"], small)
+        stop, failures = threading.Event(), []
+
+        def small_requests():
+            while not stop.is_set():
+                try:
+                    np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": small})["OUTPUT0"], small)
+                except BaseException as exc:  # noqa: BLE001 (reported below)
+                    failures.append(exc)
+                    return
+
+        others = [threading.Thread(target=small_requests) for _ in range(3)]
+        for thread in others:
+            thread.start()
+        try:
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": large})["OUTPUT0"], large)
+        finally:
+            stop.set()
+            for thread in others:
+                thread.join()
+        assert failures == []
+    assert slot_memory_peak.peak <= cap

@@ -230,6 +230,20 @@ def test_the_kernels_enospc_while_growing_waits_for_a_slot(fake_triton, small_sh
         assert pool_slots(c) == [1]
 
 
+def test_several_models_pools_together_take_at_most_half_of_dev_shm(fake_triton, small_shm):
+    """Each model's pool takes of what the client's other pools left, and all of them together at
+    most half of /dev/shm: the server copies their requests there too.  (Each took half of what
+    was free after the others: two models' pools took three quarters, and a real Triton in 64 MiB
+    failed their requests -- "Failed to increase the shared memory pool size".)"""
+    with fake_triton.client() as c, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (a model with no room left goes on the wire)
+        x = floats()
+        np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": x})["OUTPUT0"], x)
+        np.testing.assert_array_equal(c.infer("repeat_fp32", {"INPUT0": x})["OUTPUT0"], np.tile(x, 3))
+        pools = [(pool.model, pool.slot_bytes, pool.slots) for pool in c.pools()]
+        assert sum(nbytes * slots for _, nbytes, slots in pools) <= small_shm.size // 2, pools
+
+
 def test_a_pool_replaced_by_a_larger_one_gives_its_room_first(fake_triton, small_shm):
     small_shm.size = 3 * MiB // 2
     x = floats()

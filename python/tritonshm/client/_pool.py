@@ -120,7 +120,9 @@ def slots_with_room(slot_bytes: int, slots: int, free: int | None) -> int:
 
     At most half of what is free: the server shares /dev/shm with us and may need as much again
     for the same requests (Triton's Python backend copies each request's inputs and outputs into
-    a segment of its own there, and keeps that room), and other processes take their share."""
+    a segment of its own there, and keeps that room), and other processes take their share.  So
+    *free* is what is free less what the client's pools hold there already (they took theirs of
+    it: :meth:`PoolTable._free_bytes`), and all of them together stay within half."""
     if free is None:
         return slots
     return min(slots, free // 2 // slot_bytes)
@@ -330,8 +332,10 @@ class SlotPool:
 
     def __init__(self, info: ModelInfo, layout: Layout, slots: int, budget: ByteBudget,
                  make_memory: Callable[[int], SlotMemory], notice_surplus: Callable[[], None] = lambda: None,
-                 *, wanted: int | None = None, room: Callable[[int], bool] = lambda nbytes: True):
+                 *, wanted: int | None = None, room: Callable[[int], bool] = lambda nbytes: True,
+                 in_dev_shm: bool = False):
         self.info = info
+        self.in_dev_shm = in_dev_shm  # its memory is in /dev/shm (host slots): it takes of its room
         self.layout = layout
         self.slots_per_extent = slots
         self.wanted = slots if wanted is None else wanted
@@ -392,6 +396,14 @@ class SlotPool:
         if not self._suspended:
             return 0
         return sum(len(e.for_server) + len(e.idle) for e in self._extents if e.suspended)
+
+    @property
+    def dev_shm_bytes(self) -> int:
+        """Bytes of /dev/shm the pool holds, or is making (an extent on its way counts); 0 for
+        memory elsewhere.  No lock: read while other pools' locks may be held."""
+        if not self.in_dev_shm:
+            return 0
+        return (len(self._extents) + (1 if self._growing else 0)) * self.extent_bytes
 
     @property
     def extents(self) -> list[Extent]:

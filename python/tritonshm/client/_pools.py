@@ -158,12 +158,18 @@ class PoolTable:
         return SYSTEM if self._pinned_host else SlotKind.pinned(kind.device)
 
     def _free_bytes(self, kind: SlotKind) -> int | None:
-        """Bytes free where slots of *kind* are made: in /dev/shm for host memory (None: unknown);
-        None for device memory, which /dev/shm does not hold."""
+        """Bytes free where slots of *kind* are made, for :func:`slots_with_room`: in /dev/shm for
+        host memory, less what this client's pools hold or are making there (the server needs
+        room for their requests too: each pool taking half of what the others left would take
+        it all); None for device memory, which /dev/shm does not hold, or where it is unknown."""
         if kind.on_gpu:
             return None
         space = _segments.space()
-        return None if space is None else space.free
+        if space is None:
+            return None
+        # (list(): taken at once, no lock -- a pool's should_grow() asks this under its own lock)
+        held = sum(pool.dev_shm_bytes for pool in [*list(self._pools.values()), *list(self._retired)])
+        return max(space.free - held, 0)
 
     def _room(self, kind: SlotKind, nbytes: int) -> bool:
         """Whether an extent of *nbytes* of *kind* may be made now (see :func:`slots_with_room`)."""
@@ -228,18 +234,23 @@ class PoolTable:
                 slots = slots_with_room(layout.slot_bytes, self.slots, free)
                 if slots:
                     pool = SlotPool(info, layout, slots, self.budget, self._memory_for(kind), self._disposals.notice,
-                                    wanted=self.slots, room=functools.partial(self._room, kind))
+                                    wanted=self.slots, room=functools.partial(self._room, kind),
+                                    in_dev_shm=not kind.on_gpu)
                     fits = self.budget.fits(pool.extent_bytes)
-                    if fits:
-                        pool.claim_first_extent()
-                        self._pools[key] = pool
-                        if old is not None:
-                            self._retire(old)
+                    # In service at once, fitting the budget or not: the model's requests that it
+                    # fits wait for its first slots -- not each making a pool of the old size that
+                    # takes back the bytes this one waits for (the old one drains meanwhile).
+                    pool.claim_first_extent()
+                    self._pools[key] = pool
+                    if old is not None:
+                        self._retire(old)
             if not slots:
                 assert free is not None
                 # What the pool this one replaces holds, or retired pools, may make the room: once.
-                making_room = old if old is not None and slots_with_room(layout.slot_bytes, 1, free + old.nbytes) \
-                    else None
+                # (Letting go of the old pool gives its bytes back to /dev/shm, and takes them off
+                # what the client holds there: twice its bytes in *free*'s terms.)
+                making_room = old if old is not None and slots_with_room(
+                    layout.slot_bytes, 1, free + 2 * old.dev_shm_bytes) else None
                 if not looked_again and (making_room is not None or self._retired):
                     looked_again = True
                     if making_room is not None:
@@ -253,14 +264,12 @@ class PoolTable:
                     return None
                 raise os_error(errno.ENOSPC, f"a slot of model {info.name!r} ({in_units(layout.slot_bytes)}, and "
                                              f"as much again left for the server) has no room in /dev/shm")
-            if not fits:  # the old pool (if any) stays in service meanwhile
-                if old is not None:
-                    with self._lock:
-                        if self._pools.get(key) is old:  # retire it: it drains, and its bytes come back
-                            del self._pools[key]
-                            self._retire(old)
-                yield from self._budget_steps(pool.extent_bytes, deadline, info)
-                continue
+            if not fits:  # its bytes come back as the pool it replaces drains, or others let go
+                try:
+                    yield from self._budget_steps(pool.extent_bytes, deadline, info)
+                except BaseException:
+                    self._take_out_of_service(key, pool)  # (its waiters wake, and make it themselves)
+                    raise
             try:
                 extent = yield from self._register_extent_steps(pool)
                 if extent is None:  # another pool took the bytes meanwhile: wait for them
