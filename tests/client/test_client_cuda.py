@@ -484,6 +484,37 @@ def test_cuda_pools_are_registered_again_after_a_real_server_restart(fake_cudart
             assert before in tritonshm.status(c.tritonclient, kind="cuda")
 
 
+@pytest.mark.server
+def test_cuda_pools_after_a_restart_unable_to_open_our_memory_step_down(fake_cudart_path, fake_cuda):
+    """The server restarts as one that cannot open our memory: the request that finds its CUDA slots
+    refused as they are registered again fails (SharedMemoryRefused), and from the next on the
+    client steps down as at a first refusal -- host slots, refused too here, then the wire -- where
+    every request was refused for ever."""
+    import warnings
+
+    from tritonshm.server import LocalServer
+
+    from fake_cuda import server_env
+    from triton_fixtures import start_or_skip
+
+    data = sample(np.float32, 256)
+    with start_or_skip(LocalServer(env=server_env(fake_cudart_path))) as srv:
+        port = lambda url: int(url.rsplit(":", 1)[1])  # noqa: E731
+        ports = {"grpc_port": port(srv.grpc_url), "http_port": port(srv.http_url)}
+        with tritonshm.Client(srv.grpc_url, by_reference=False) as c:
+            np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"].get(), data)
+            srv.stop()
+            with start_or_skip(LocalServer(private_shm=True, env=server_env(fake_cudart_path), **ports)):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # (the steps down, each warned of once)
+                    with pytest.raises(tritonshm.SharedMemoryRefused):
+                        c.infer("identity_fp32", {"INPUT0": device_array(data)})
+                    for _ in range(2):
+                        out = c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"]
+                        np.testing.assert_array_equal(out.get(), data)
+                        del out
+
+
 @pytest.mark.parametrize("slots_on", ["host", "device"])
 def test_chunked_results_are_written_straight_into_their_rows(url, fake_cuda, slots_on):
     batch = sample(np.float32, 21 * 4).reshape(21, 4)  # 3 chunks of max_batch_size 8

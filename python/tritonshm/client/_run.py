@@ -224,7 +224,7 @@ class Runner:
             except SharedMemoryRefused as exc:  # (healing: the restarted server cannot open our memory)
                 if lease is None or attempt + 1 == _GROW_ATTEMPTS \
                         or not self._heal_refused(lease.pool, exc, strict=not plan.copy):
-                    raise  # (no lease: a lent allocation refused, which the next request lends again)
+                    raise  # (no lease: lent tensors refused -- copied from the next request on)
                 claim.end_lease()  # (refused before it ran: back to its pool, out of service now)
                 continue  # on the wire
             finally:
@@ -878,8 +878,7 @@ class Runner:
         (:meth:`~._fallback.Fallback.refused`: one warning, for the client's life; *strict*: the
         caller insists on slots) and the pool leaves service -- every request would be refused
         on it, healing it again, for ever.  True where the request may go on the wire now."""
-        on_gpu = any(extent.memory.device is not None for extent in pool.extents)
-        step = self.fallback.refused(on_gpu, str(refusal), strict)
+        step = self.fallback.refused(not pool.in_dev_shm, str(refusal), strict)  # (else CUDA slots)
         if step.next is Next.RAISE:
             return False
         if step.warning is not None:
