@@ -244,6 +244,22 @@ def test_several_models_pools_together_take_at_most_half_of_dev_shm(fake_triton,
         assert sum(nbytes * slots for _, nbytes, slots in pools) <= small_shm.size // 2, pools
 
 
+def test_an_output_that_outgrows_a_slot_with_no_room_to_grow_runs_once_a_request(fake_triton, small_shm):
+    """A variable output larger than its slot, where /dev/shm has no room for a larger one: the
+    request goes on the wire -- and so do the later requests of those shapes, once each, not run
+    first on the slot they outgrow (the model ran twice a request, for good)."""
+    small_shm.others = small_shm.size - (300 << 10)   # room for a 128 KiB slot, not for a 256 KiB one
+    x = floats()
+    with fake_triton.client() as c, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (no room: the wire, with the one warning)
+        for _ in range(2):  # (the first learns how large the output is; the second, its quick plan)
+            np.testing.assert_array_equal(c.infer("repeat_fp32", {"INPUT0": x})["OUTPUT0"], np.tile(x, 3))
+        before = fake_triton.calls["send"]
+        for _ in range(3):
+            np.testing.assert_array_equal(c.infer("repeat_fp32", {"INPUT0": x})["OUTPUT0"], np.tile(x, 3))
+        assert fake_triton.calls["send"] - before == 3
+
+
 def test_a_pool_replaced_by_a_larger_one_gives_its_room_first(fake_triton, small_shm):
     small_shm.size = 3 * MiB // 2
     x = floats()

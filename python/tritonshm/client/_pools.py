@@ -455,6 +455,20 @@ class PoolTable:
         return needs
 
 
+    def outgrown(self, info: ModelInfo, shapes: Mapping[str, tuple[int, ...]], output: str,
+                 needed: int) -> dict[str, int]:
+        """A request of these input *shapes* made *output* larger than its room (*needed* bytes):
+        what its slot must hold from now on, kept as :meth:`needs` for requests of these shapes --
+        which then start on a slot that large, or on the wire where that has no room, not on a
+        slot they outgrow (the model run twice, every request)."""
+        key = (info.name, info.version, tuple(shapes.items()))
+        needs = self._needs_by_shapes.get(key)
+        if needs is None:
+            needs = _intake.slot_needs(info, shapes, {})
+        grown = {**needs, output: max(needs.get(output, 0), needed)}
+        self._needs_by_shapes[key] = grown
+        return grown
+
     def snapshot(self) -> list[PoolInfo]:
         """What this client holds now: one snapshot per slot pool in service
         (model, version, the memory its slots are in, slots running and held,

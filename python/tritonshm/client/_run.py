@@ -219,6 +219,8 @@ class Runner:
                         or not (plan.options is None or plan.options.may_run_twice):
                     raise
                 needs = {**needs, exc.output: exc.needed}
+                if not bytes_sizes:  # (remembered: requests of these shapes start on a slot this large)
+                    self.pool_table.outgrown(info, shapes, exc.output, exc.needed)
                 claim.end_lease()
                 continue
             except SharedMemoryRefused as exc:  # (healing: the restarted server cannot open our memory)
@@ -686,10 +688,16 @@ class Runner:
                     result = yield from self._send_claimed(Send(
                         info.name, info.version, inputs, requested, options, message if options is None else None,
                         claim), claim, heal=False)
-                except OutputTooSmall:
+                except OutputTooSmall as exc:
                     if options is not None and not options.may_run_twice:
                         raise  # it ran: not again (the full way says the same)
                     result = None  # the full way grows
+                    if exc.output is not None and exc.needed is not None:
+                        # It, and later requests of the plan, start on a slot that large (or on the
+                        # wire, where one has no room), not on this one they outgrow.
+                        quick.needs = self.pool_table.outgrown(
+                            info, {name: array.shape for name, array in arrays.items()}, exc.output, exc.needed)
+                        quick.pool = None
                 if isinstance(result, RegionNotRegistered):
                     result = None  # the full way registers again; the server ran nothing
                 if result is not None:
