@@ -62,6 +62,19 @@ def start_or_skip(srv: LocalServer) -> LocalServer:
                     f"set TRITONSHM_REQUIRE_SERVER=1 to fail instead")
 
 
+def restarted_unable_to_open_our_memory(server: LocalServer, **options) -> LocalServer:
+    """*server* stopped, and one with a /dev/shm of its own started on its ports (*options*: more
+    of LocalServer's, e.g. the fake CUDA runtime's ``env``): a container restarted without
+    ``--ipc=host``, or with client shared memory turned off, as its clients see it."""
+    server.stop()
+
+    def port(url: str) -> int:
+        return int(url.rsplit(":", 1)[1])
+
+    return start_or_skip(LocalServer(grpc_port=port(server.grpc_url), http_port=port(server.http_url),
+                                     private_shm=True, **options))
+
+
 #: The session's shared server once the ``server`` fixture started it (for ``session_server_survives``).
 _session_server: LocalServer | None = None
 

@@ -19,7 +19,8 @@ import pytest
 
 import tritonshm
 from tritonshm.client._slots import SYSTEM, SlotKind  # noqa: F401 (the private pool keys)
-from triton_fixtures import refuse_unregister, NUMERIC_IDENTITY_MODELS, client_url, sample, start_or_skip
+from triton_fixtures import (refuse_unregister, NUMERIC_IDENTITY_MODELS, client_url, restarted_unable_to_open_our_memory,
+                             sample, start_or_skip)
 from support.insides import live_pool, live_pools, run_finalizer
 
 
@@ -413,17 +414,6 @@ def test_server_restart_mid_stream_reregisters(fresh_server, protocol):
             assert np.array_equal(c.infer("identity_fp32", {"INPUT0": data - i})["OUTPUT0"], data - i)
         pool = live_pool(c, "identity_fp32")
         assert pool.extents[0].name in tritonshm.status(c.tritonclient)
-
-
-def restarted_unable_to_open_our_memory(server):
-    """*server* stopped, and one with a /dev/shm of its own started on its ports: a container
-    restarted without ``--ipc=host`` (or client shared memory turned off), as a client sees it."""
-    from tritonshm.server import LocalServer
-
-    server.stop()
-    port = lambda url: int(url.rsplit(":", 1)[1])  # noqa: E731
-    return start_or_skip(LocalServer(grpc_port=port(server.grpc_url), http_port=port(server.http_url),
-                                     private_shm=True))
 
 
 def test_a_server_restarted_unable_to_open_our_memory_is_fallen_back_from(fresh_server, protocol):

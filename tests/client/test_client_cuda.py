@@ -495,16 +495,13 @@ def test_cuda_pools_after_a_restart_unable_to_open_our_memory_step_down(fake_cud
     from tritonshm.server import LocalServer
 
     from fake_cuda import server_env
-    from triton_fixtures import start_or_skip
+    from triton_fixtures import restarted_unable_to_open_our_memory, start_or_skip
 
     data = sample(np.float32, 256)
     with start_or_skip(LocalServer(env=server_env(fake_cudart_path))) as srv:
-        port = lambda url: int(url.rsplit(":", 1)[1])  # noqa: E731
-        ports = {"grpc_port": port(srv.grpc_url), "http_port": port(srv.http_url)}
         with tritonshm.Client(srv.grpc_url, by_reference=False) as c:
             np.testing.assert_array_equal(c.infer("identity_fp32", {"INPUT0": device_array(data)})["OUTPUT0"].get(), data)
-            srv.stop()
-            with start_or_skip(LocalServer(private_shm=True, env=server_env(fake_cudart_path), **ports)):
+            with restarted_unable_to_open_our_memory(srv, env=server_env(fake_cudart_path)):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)  # (the steps down, each warned of once)
                     with pytest.raises(tritonshm.SharedMemoryRefused):

@@ -494,19 +494,16 @@ def test_a_server_restarted_unable_to_open_lent_tensors_gets_copies(fake_cudart_
 
     from tritonshm.server import LocalServer
     from fake_cuda import server_env
-    from triton_fixtures import start_or_skip
+    from triton_fixtures import restarted_unable_to_open_our_memory, start_or_skip
 
     data = sample(np.float32, 64)
     x, y = torch_caching.from_numpy(data), torch_caching.empty(64, np.float32)
     with start_or_skip(LocalServer(env=server_env(fake_cudart_path))) as srv:
-        port = lambda url: int(url.rsplit(":", 1)[1])  # noqa: E731
-        ports = {"grpc_port": port(srv.grpc_url), "http_port": port(srv.http_url)}
         with tritonshm.Client(srv.grpc_url) as c:
             for _ in range(2):
                 c.infer("identity_fp32", {"INPUT0": x}, out={"OUTPUT0": y})
             assert c.stats().inputs_lent == c.stats().outputs_lent == 2
-            srv.stop()
-            with start_or_skip(LocalServer(private_shm=True, env=server_env(fake_cudart_path), **ports)):
+            with restarted_unable_to_open_our_memory(srv, env=server_env(fake_cudart_path)):
                 outcomes = []
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)  # (falling back to the wire)
