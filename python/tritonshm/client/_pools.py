@@ -284,14 +284,10 @@ class PoolTable:
                     raise
                 if not isinstance(exc, SharedMemoryRefused):
                     raise
-                # The state steps before the warning (warnings may be errors); concurrent first
-                # requests may each be refused: the first one to report it warns.
-                step = self._fallback.refused(kind.on_gpu, str(exc), strict)
-                if step.next is Next.RAISE:
+                step = self.refused(kind.on_gpu, exc, strict)
+                if step is Next.RAISE:
                     raise
-                if step.warning is not None:
-                    warnings.warn(step.warning, RuntimeWarning, stacklevel=2)
-                if step.next is Next.HOST:
+                if step is Next.HOST:
                     continue
                 return None
             added = pool.add_extent(extent)
@@ -327,6 +323,18 @@ class PoolTable:
             for pool in self._pools.values():
                 self._retire(pool)
             self._pools.clear()
+
+    def refused(self, on_gpu: bool, refusal: SharedMemoryRefused, strict: bool) -> Next:
+        """The server refused slot memory of ours (*on_gpu*: CUDA slots), as a pool registered
+        it or as a request registered it again after a restart: the client steps down
+        (:meth:`~._fallback.Fallback.refused`; *strict*: the caller insists on it), warning once
+        in its life for each step; what the request does next."""
+        # The state steps before the warning (warnings may be errors); concurrent requests may
+        # each be refused: the first one to report it warns.
+        step = self._fallback.refused(on_gpu, str(refusal), strict)
+        if step.next is not Next.RAISE and step.warning is not None:
+            warnings.warn(step.warning, RuntimeWarning, stacklevel=3)
+        return step.next
 
     def retire(self, pool: SlotPool) -> None:
         """*pool* out of service, where it still is (the server cannot open its memory): it

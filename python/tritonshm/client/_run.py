@@ -15,7 +15,6 @@ import functools
 import math
 import re
 import time
-import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -886,13 +885,11 @@ class Runner:
         (:meth:`~._fallback.Fallback.refused`: one warning, for the client's life; *strict*: the
         caller insists on slots) and the pool leaves service -- every request would be refused
         on it, healing it again, for ever.  True where the request may go on the wire now."""
-        step = self.fallback.refused(not pool.in_dev_shm, str(refusal), strict)  # (else CUDA slots)
-        if step.next is Next.RAISE:
+        step = self.pool_table.refused(not pool.in_dev_shm, refusal, strict)  # (else CUDA slots)
+        if step is Next.RAISE:
             return False
-        if step.warning is not None:
-            warnings.warn(step.warning, RuntimeWarning, stacklevel=2)
         self.pool_table.retire(pool)
-        return step.next is Next.WIRE
+        return step is Next.WIRE
 
     def _register_again_steps(self, pool: SlotPool | None) -> Steps:
         """Register every extent of *pool*, and every lent allocation, again under its name
